@@ -1,0 +1,11 @@
+//! csi-kit: building blocks for Kubernetes CSI drivers.
+//!
+//! This crate re-exports the workspace crates under short names:
+//! [`proto`] (CSI v1.12.0 types, clients and servers), [`server`] (driver
+//! scaffolding), [`mount`] (node-side mount utilities) and [`state`]
+//! (volume lifecycle reconciliation).
+
+pub use csi_proto as proto;
+pub use csi_server as server;
+pub use mount_utils as mount;
+pub use volume_state as state;
