@@ -1,0 +1,170 @@
+//! A typed CSI client for tools and tests: one connection to an endpoint,
+//! with a connect timeout, a per-call timeout and transparent reconnects
+//! (tonic re-dials a broken channel on the next call).
+
+use std::time::Duration;
+
+use csi_proto::v1::controller_client::ControllerClient;
+use csi_proto::v1::group_controller_client::GroupControllerClient;
+use csi_proto::v1::identity_client::IdentityClient;
+use csi_proto::v1::node_client::NodeClient;
+use csi_proto::v1::snapshot_metadata_client::SnapshotMetadataClient;
+use tonic::transport::Channel;
+
+use crate::endpoint::{Endpoint, EndpointError};
+
+/// Why a connection could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    /// The endpoint string is not valid.
+    #[error(transparent)]
+    Endpoint(#[from] EndpointError),
+    /// Dialing failed or timed out.
+    #[error("cannot connect to {endpoint}: {source}")]
+    Transport {
+        /// Where we tried to connect.
+        endpoint: String,
+        /// The transport error.
+        #[source]
+        source: tonic::transport::Error,
+    },
+    /// The plugin did not answer within the wait budget.
+    #[error("{endpoint} did not become reachable within {waited:?}")]
+    NotReady {
+        /// Where we tried to connect.
+        endpoint: String,
+        /// How long we waited.
+        waited: Duration,
+    },
+}
+
+/// Connection options.
+#[derive(Debug, Clone)]
+pub struct ClientOptions {
+    /// Dial timeout for each connection attempt.
+    pub connect_timeout: Duration,
+    /// Deadline for each call (`None` = no deadline).
+    pub call_timeout: Option<Duration>,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        Self {
+            connect_timeout: Duration::from_secs(5),
+            call_timeout: Some(Duration::from_secs(60)),
+        }
+    }
+}
+
+/// A connection to a CSI plugin, handing out a client per service. Cloning
+/// is cheap and shares the connection.
+#[derive(Debug, Clone)]
+pub struct CsiClient {
+    channel: Channel,
+    endpoint: Endpoint,
+}
+
+impl CsiClient {
+    /// Connects to `endpoint` (e.g. `unix:///run/csi/csi.sock`) with default options.
+    pub async fn connect(endpoint: &str) -> Result<Self, ConnectError> {
+        Self::connect_with(endpoint.parse()?, ClientOptions::default()).await
+    }
+
+    /// Connects to a parsed endpoint with explicit options.
+    pub async fn connect_with(
+        endpoint: Endpoint,
+        options: ClientOptions,
+    ) -> Result<Self, ConnectError> {
+        let tonic_endpoint = Self::tonic_endpoint(&endpoint, &options)?;
+        let channel = tonic_endpoint
+            .connect()
+            .await
+            .map_err(|source| ConnectError::Transport {
+                endpoint: endpoint.to_string(),
+                source,
+            })?;
+        Ok(Self { channel, endpoint })
+    }
+
+    /// Retries [`connect_with`](Self::connect_with) until it succeeds or `wait`
+    /// elapses: for tests and tools that start a plugin and then talk to it.
+    pub async fn connect_when_ready(
+        endpoint: Endpoint,
+        options: ClientOptions,
+        wait: Duration,
+    ) -> Result<Self, ConnectError> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            match Self::connect_with(endpoint.clone(), options.clone()).await {
+                Ok(client) => return Ok(client),
+                Err(ConnectError::Transport { .. }) if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(ConnectError::Transport { .. }) => {
+                    return Err(ConnectError::NotReady {
+                        endpoint: endpoint.to_string(),
+                        waited: wait,
+                    });
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// A client that dials on first use instead of now.
+    pub fn connect_lazy(endpoint: Endpoint, options: ClientOptions) -> Result<Self, ConnectError> {
+        let channel = Self::tonic_endpoint(&endpoint, &options)?.connect_lazy();
+        Ok(Self { channel, endpoint })
+    }
+
+    fn tonic_endpoint(
+        endpoint: &Endpoint,
+        options: &ClientOptions,
+    ) -> Result<tonic::transport::Endpoint, ConnectError> {
+        let mut e = tonic::transport::Endpoint::from_shared(endpoint.connect_uri())
+            .map_err(|source| ConnectError::Transport {
+                endpoint: endpoint.to_string(),
+                source,
+            })?
+            .connect_timeout(options.connect_timeout);
+        if let Some(t) = options.call_timeout {
+            e = e.timeout(t);
+        }
+        Ok(e)
+    }
+
+    /// The endpoint this client talks to.
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.endpoint
+    }
+
+    /// The underlying channel, for generated clients not covered here.
+    pub fn channel(&self) -> Channel {
+        self.channel.clone()
+    }
+
+    /// The Identity service.
+    pub fn identity(&self) -> IdentityClient<Channel> {
+        IdentityClient::new(self.channel.clone())
+    }
+
+    /// The Controller service.
+    pub fn controller(&self) -> ControllerClient<Channel> {
+        ControllerClient::new(self.channel.clone())
+    }
+
+    /// The Node service.
+    pub fn node(&self) -> NodeClient<Channel> {
+        NodeClient::new(self.channel.clone())
+    }
+
+    /// The GroupController service.
+    pub fn group_controller(&self) -> GroupControllerClient<Channel> {
+        GroupControllerClient::new(self.channel.clone())
+    }
+
+    /// The SnapshotMetadata service.
+    pub fn snapshot_metadata(&self) -> SnapshotMetadataClient<Channel> {
+        SnapshotMetadataClient::new(self.channel.clone())
+    }
+}
