@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The project's test command (see README). Runs every test in the workspace.
+# As root, tests that need mounts and loop devices run for real; otherwise
+# they print why they are skipped.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { printf '== %s\n' "$*"; }
+
+# Optional filesystem tools: installed when we can (root + apt), otherwise the
+# tests that need them print a skip reason.
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  missing=()
+  command -v mkfs.xfs >/dev/null || missing+=(xfsprogs)
+  command -v mkfs.btrfs >/dev/null || missing+=(btrfs-progs)
+  if [ ${#missing[@]} -gt 0 ]; then
+    log "installing ${missing[*]} (best effort)"
+    if ! { timeout 300 apt-get update -qq >/dev/null 2>&1 &&
+           DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y -qq "${missing[@]}" >/dev/null 2>&1; }; then
+      echo "could not install ${missing[*]}; tests that need them will say they are skipped"
+    fi
+  fi
+fi
+
+# Leak accounting: nothing the tests do may stay mounted or attached.
+snapshot_leaks() {
+  { awk '$5 ~ "^/(tmp|var/tmp)/" {print "mount " $5}' /proc/self/mountinfo; losetup -a 2>/dev/null | sed 's/^/loop /'; } | sort
+}
+before=$(snapshot_leaks)
+
+# csi-proto must build with no protoc anywhere on PATH.
+log "building csi-proto with protoc removed from PATH"
+clean_path=$(printf '%s' "$PATH" | tr ':' '\n' | while read -r d; do [ -x "$d/protoc" ] || printf '%s:' "$d"; done)
+PATH="${clean_path%:}" PROTOC=/nonexistent/protoc cargo build -p csi-proto --quiet
+
+log "cargo test --workspace"
+set +e
+cargo test --workspace --all-features 2>&1 | tee target/test-output.log
+status=${PIPESTATUS[0]}
+set -e
+
+# Wire compatibility with the CSI v1.12.0 schema, when the checker is present.
+checker=../shared/tools/csi-schema-check
+if [ -x "$checker" ]; then
+  python3 -c 'import grpc_tools' 2>/dev/null || timeout 300 pip install -q grpcio-tools protobuf >/dev/null 2>&1 || true
+  log "csi-schema-check"
+  "$checker" crates/csi-proto/proto/csi.proto | tail -1 | tee /dev/stderr | grep -q '^0 differences' || status=1
+fi
+
+after=$(snapshot_leaks)
+leaked=$(comm -13 <(printf '%s\n' "$before") <(printf '%s\n' "$after") | sed '/^$/d')
+if [ -n "$leaked" ]; then
+  echo "tests left these behind:"; printf '  %s\n' "$leaked"; status=1
+fi
+
+# One closing line counting every test binary's results.
+awk '/^test result:/ {p+=$4; f+=$6; i+=$8} END {printf "tests: %d passed, %d failed, %d skipped\n", p, f, i}' target/test-output.log
+exit "$status"
