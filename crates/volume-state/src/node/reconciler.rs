@@ -1,0 +1,341 @@
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use futures::future::{BoxFuture, FutureExt, join_all};
+use tokio::sync::Notify;
+
+use super::actual::{ActualSnapshot, ActualStateOfWorld};
+use super::desired::DesiredStateOfWorld;
+use super::plan::{AttachMode, Operation, plan};
+use crate::clock::{Clock, SystemClock};
+use crate::error::{GateError, PluginError};
+use crate::gate::OperationGate;
+use crate::plugin::{ExpandRequest, PublishRequest, StageRequest, VolumePlugin};
+use crate::runner::Reconcile;
+use crate::types::Key;
+
+/// What happened to one operation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExecutionResult {
+    /// Bookkeeping applied to the actual state; no plugin call.
+    Applied,
+    /// Not started: the gate refused.
+    Skipped(GateError),
+    /// The plugin call succeeded.
+    Succeeded,
+    /// The plugin call failed.
+    Failed(PluginError),
+}
+
+/// Summary of [`Reconciler::run_pass`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PassReport {
+    /// Operations planned.
+    pub planned: usize,
+    /// Plugin calls that failed.
+    pub failed: usize,
+    /// Operations the gate refused.
+    pub skipped: usize,
+}
+
+/// The node-mode reconciler: plans passes over the desired and actual state
+/// and executes the operations through the gate and the plugin.
+pub struct Reconciler<V: Key, P: Key, N: Key> {
+    node: N,
+    mode: AttachMode,
+    desired: Arc<DesiredStateOfWorld<V, P>>,
+    actual: Arc<ActualStateOfWorld<V, P>>,
+    gate: Arc<OperationGate<V, P, N>>,
+    plugin: Arc<dyn VolumePlugin<V, N>>,
+    clock: Arc<dyn Clock>,
+    passes: AtomicU64,
+}
+
+impl<V: Key, P: Key, N: Key> std::fmt::Debug for Reconciler<V, P, N> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reconciler")
+            .field("node", &self.node)
+            .field("mode", &self.mode)
+            .field("passes", &self.passes)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<V: Key, P: Key, N: Key> Reconciler<V, P, N> {
+    /// A reconciler for `node` with a default gate and the system clock.
+    pub fn new(
+        node: N,
+        mode: AttachMode,
+        desired: Arc<DesiredStateOfWorld<V, P>>,
+        actual: Arc<ActualStateOfWorld<V, P>>,
+        plugin: Arc<dyn VolumePlugin<V, N>>,
+    ) -> Self {
+        Self {
+            node,
+            mode,
+            desired,
+            actual,
+            gate: Arc::default(),
+            plugin,
+            clock: Arc::new(SystemClock),
+            passes: AtomicU64::new(0),
+        }
+    }
+
+    /// Uses `clock` for backoff decisions.
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Uses `gate` (e.g. with a custom backoff).
+    pub fn with_gate(mut self, gate: Arc<OperationGate<V, P, N>>) -> Self {
+        self.gate = gate;
+        self
+    }
+
+    /// The desired state.
+    pub fn desired(&self) -> &Arc<DesiredStateOfWorld<V, P>> {
+        &self.desired
+    }
+
+    /// The actual state.
+    pub fn actual(&self) -> &Arc<ActualStateOfWorld<V, P>> {
+        &self.actual
+    }
+
+    /// Snapshot of the actual state.
+    pub fn actual_snapshot(&self) -> Arc<ActualSnapshot<V, P>> {
+        self.actual.snapshot()
+    }
+
+    /// The gate.
+    pub fn gate(&self) -> &Arc<OperationGate<V, P, N>> {
+        &self.gate
+    }
+
+    /// How many passes were planned so far.
+    pub fn passes(&self) -> u64 {
+        self.passes.load(Ordering::Relaxed)
+    }
+
+    /// Plans one pass over the current snapshots.
+    pub fn plan(&self) -> Vec<Operation<V, P>> {
+        self.passes.fetch_add(1, Ordering::Relaxed);
+        let desired = self.desired.snapshot();
+        let actual = self.actual.snapshot();
+        let gate = self.gate.state();
+        plan(&desired, &actual, &gate, self.clock.now(), self.mode)
+    }
+
+    /// Plans one pass and runs its operations to completion, concurrently.
+    pub async fn run_pass(&self) -> PassReport {
+        let operations = self.plan();
+        let mut report = PassReport {
+            planned: operations.len(),
+            ..PassReport::default()
+        };
+        for result in join_all(operations.into_iter().map(|op| self.execute(op))).await {
+            match result {
+                ExecutionResult::Failed(_) => report.failed += 1,
+                ExecutionResult::Skipped(_) => report.skipped += 1,
+                ExecutionResult::Applied | ExecutionResult::Succeeded => {}
+            }
+        }
+        report
+    }
+
+    /// Runs passes until one plans nothing or `max_passes` ran; returns the
+    /// number of passes that planned work.
+    pub async fn run_until_idle(&self, max_passes: usize) -> usize {
+        for pass in 0..max_passes {
+            if self.run_pass().await.planned == 0 {
+                return pass;
+            }
+        }
+        max_passes
+    }
+
+    /// Executes one operation: takes the gate, calls the plugin and applies
+    /// the result to the actual state through its updaters.
+    pub async fn execute(&self, op: Operation<V, P>) -> ExecutionResult {
+        let op = match op {
+            Operation::MarkAttached { volume, spec } => {
+                self.actual.mark_attached(&volume, &spec);
+                return ExecutionResult::Applied;
+            }
+            Operation::MarkDetached { volume } => {
+                // Re-checked here: something may have started since planning.
+                if self.gate.is_pending(&volume, None, None) {
+                    return ExecutionResult::Skipped(GateError::AlreadyExists);
+                }
+                self.actual.mark_detached(&volume);
+                return ExecutionResult::Applied;
+            }
+            Operation::ForgetOrphan { volume, pod } => {
+                self.actual.forget_orphan(&volume, &pod);
+                return ExecutionResult::Applied;
+            }
+            op => op,
+        };
+        let Some(key) = op.gate_key::<N>() else {
+            return ExecutionResult::Applied;
+        };
+        if let Err(e) = self.gate.try_start(&key, self.clock.now()) {
+            return ExecutionResult::Skipped(e);
+        }
+        let result = self.call_plugin(op).await;
+        self.gate.finish(
+            &key,
+            result.as_ref().map_err(|e| e.message.clone()).map(|_| ()),
+            self.clock.now(),
+        );
+        match result {
+            Ok(()) => ExecutionResult::Succeeded,
+            Err(e) => {
+                tracing::debug!(?key, error = %e, "volume operation failed");
+                ExecutionResult::Failed(e)
+            }
+        }
+    }
+
+    async fn call_plugin(&self, op: Operation<V, P>) -> Result<(), PluginError> {
+        let plugin = &self.plugin;
+        let actual = &self.actual;
+        match op {
+            Operation::Attach { volume, spec } => {
+                let result = plugin.attach(&volume, &self.node, &spec).await;
+                actual.apply_attach(&volume, &spec, &result);
+                result.map(|_| ())
+            }
+            Operation::VerifyAttached { volume, spec } => {
+                let result = plugin.wait_for_attach(&volume, &self.node, &spec).await;
+                actual.apply_attach(&volume, &spec, &result);
+                result.map(|_| ())
+            }
+            Operation::Detach { volume } => {
+                let result = plugin.detach(&volume, &self.node).await;
+                actual.apply_detach(&volume, &result);
+                result
+            }
+            Operation::Stage {
+                volume,
+                spec,
+                staging_path,
+                attach,
+            } => {
+                let request = StageRequest {
+                    volume,
+                    spec,
+                    staging_path,
+                    attach,
+                };
+                let result = plugin.stage(&request).await;
+                actual.apply_stage(&request.volume, &request.staging_path, &result);
+                result
+            }
+            Operation::Unstage {
+                volume,
+                staging_path,
+            } => {
+                let result = plugin.unstage(&volume, &staging_path).await;
+                actual.apply_unstage(&volume, &result);
+                result
+            }
+            Operation::Publish {
+                volume,
+                pod,
+                spec,
+                target_path,
+                staging_path,
+                attach,
+            } => {
+                let request = PublishRequest {
+                    volume,
+                    spec,
+                    target_path,
+                    staging_path,
+                    attach,
+                };
+                let result = plugin.publish(&request).await;
+                actual.apply_publish(&request.volume, &pod, &request.target_path, &result);
+                result
+            }
+            Operation::Unpublish {
+                volume,
+                pod,
+                target_path,
+            } => {
+                let result = plugin.unpublish(&volume, &target_path).await;
+                actual.apply_unpublish(&volume, &pod, &result);
+                result
+            }
+            Operation::Expand {
+                volume,
+                spec,
+                volume_path,
+                staging_path,
+                new_size,
+            } => {
+                let request = ExpandRequest {
+                    volume,
+                    spec,
+                    volume_path,
+                    staging_path,
+                    new_size,
+                };
+                let result = plugin.expand(&request).await;
+                actual.apply_expand(&request.volume, &result);
+                result.map(|_| ())
+            }
+            Operation::CleanupOrphan { mount } => {
+                let mut result = plugin.unpublish(&mount.volume, &mount.target_path).await;
+                let volume_in_use = actual.snapshot().get(&mount.volume).is_some()
+                    || self.desired.snapshot().get(&mount.volume).is_some();
+                if result.is_ok()
+                    && !volume_in_use
+                    && let Some(staging_path) = &mount.staging_path
+                {
+                    result = plugin.unstage(&mount.volume, staging_path).await;
+                }
+                if let Err(e) = &result {
+                    tracing::warn!(volume = ?mount.volume, error = %e, "orphan cleanup failed; not retried");
+                }
+                // Orphans are cleaned once, whatever the result.
+                actual.forget_orphan(&mount.volume, &mount.pod);
+                Ok(())
+            }
+            Operation::MarkAttached { .. }
+            | Operation::MarkDetached { .. }
+            | Operation::ForgetOrphan { .. } => Ok(()),
+        }
+    }
+}
+
+impl<V: Key, P: Key, N: Key> Reconcile for Reconciler<V, P, N> {
+    type Operation = Operation<V, P>;
+
+    fn plan_pass(&self) -> Vec<Self::Operation> {
+        self.plan()
+    }
+
+    fn execute_operation(self: Arc<Self>, op: Self::Operation) -> BoxFuture<'static, ()> {
+        async move {
+            self.execute(op).await;
+        }
+        .boxed()
+    }
+
+    fn change_signals(&self) -> [Arc<Notify>; 2] {
+        [self.desired.changed(), self.actual.changed()]
+    }
+
+    fn next_retry_in(&self) -> Option<Duration> {
+        let now = self.clock.now();
+        self.gate
+            .state()
+            .next_retry_at(now)
+            .map(|at| at.saturating_duration_since(now))
+    }
+}
