@@ -20,6 +20,17 @@ impl Clock for SystemClock {
     }
 }
 
+/// The tokio clock (`tokio::time::Instant`), which follows a paused test
+/// runtime's virtual time. Must be read inside a tokio runtime.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TokioClock;
+
+impl Clock for TokioClock {
+    fn now(&self) -> Instant {
+        tokio::time::Instant::now().into_std()
+    }
+}
+
 /// A clock that only moves when [`FakeClock::advance`] is called.
 ///
 /// Clones share the same time.

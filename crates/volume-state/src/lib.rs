@@ -53,7 +53,7 @@ mod runner;
 pub mod transition;
 mod types;
 
-pub use clock::{Clock, FakeClock, SystemClock};
+pub use clock::{Clock, FakeClock, SystemClock, TokioClock};
 pub use error::{ErrorKind, GateError, GrpcCode, PluginError, error_kind_for_grpc_code};
 pub use gate::{BackoffConfig, GateState, OperationGate, OperationKey, next_wait_after_failure};
 pub use plugin::{

@@ -1,0 +1,497 @@
+//! Scenario tests for the node (kubelet) reconciler with the fake plugin and
+//! a fake clock.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use volume_state::node::{
+    ActualStateOfWorld, AttachMode, AttachState, DesiredStateOfWorld, DeviceState,
+    DiscoveredMount, ExecutionResult, Operation, Phase, PodMountState, Reconciler,
+};
+use volume_state::{ErrorKind, FakeClock, FakeVolumePlugin, GateError, PluginMethod, VolumeSpec};
+use PluginMethod::*;
+
+type Desired = DesiredStateOfWorld<String, String>;
+type Actual = ActualStateOfWorld<String, String>;
+type Plugin = FakeVolumePlugin<String, String>;
+
+struct Env {
+    desired: Arc<Desired>,
+    actual: Arc<Actual>,
+    plugin: Arc<Plugin>,
+    clock: FakeClock,
+    reconciler: Arc<Reconciler<String, String, String>>,
+}
+
+fn env(mode: AttachMode) -> Env {
+    let desired = Arc::new(Desired::new());
+    let actual = Arc::new(Actual::new());
+    let plugin = Arc::new(Plugin::new());
+    let clock = FakeClock::new();
+    let reconciler = Arc::new(
+        Reconciler::new(
+            "node-1".to_string(),
+            mode,
+            desired.clone(),
+            actual.clone(),
+            plugin.clone(),
+        )
+        .with_clock(Arc::new(clock.clone())),
+    );
+    desired.mark_populated();
+    Env {
+        desired,
+        actual,
+        plugin,
+        clock,
+        reconciler,
+    }
+}
+
+fn spec(volume: &str) -> VolumeSpec {
+    VolumeSpec {
+        attachable: true,
+        staging_path: Some(staging(volume)),
+        desired_size: Some(10),
+        ..VolumeSpec::default()
+    }
+}
+
+fn staging(volume: &str) -> PathBuf {
+    PathBuf::from(format!("/staging/{volume}"))
+}
+
+fn target(pod: &str, volume: &str) -> PathBuf {
+    PathBuf::from(format!("/pods/{pod}/{volume}"))
+}
+
+impl Env {
+    fn add(&self, volume: &str, pod: &str) {
+        self.add_spec(volume, pod, spec(volume));
+    }
+
+    fn add_spec(&self, volume: &str, pod: &str, spec: VolumeSpec) {
+        self.desired
+            .add_pod(volume.into(), spec, pod.into(), target(pod, volume));
+    }
+
+    fn remove(&self, volume: &str, pod: &str) {
+        assert!(self.desired.remove_pod(&volume.into(), &pod.into()));
+    }
+
+    /// Recorded (method, volume) pairs since the last call.
+    fn calls(&self) -> Vec<(PluginMethod, String)> {
+        self.plugin
+            .take_calls()
+            .into_iter()
+            .map(|c| (c.method, c.volume))
+            .collect()
+    }
+
+    fn pod_state(&self, volume: &str, pod: &str) -> Option<PodMountState> {
+        self.actual
+            .snapshot()
+            .pod_mount(&volume.into(), &pod.into())
+            .map(|m| m.state)
+    }
+
+    fn device(&self, volume: &str) -> Option<DeviceState> {
+        self.actual
+            .snapshot()
+            .get(&volume.into())
+            .map(|v| v.device.clone())
+    }
+
+    async fn settle(&self) {
+        let passes = self.reconciler.run_until_idle(20).await;
+        assert!(passes < 20, "did not settle");
+    }
+}
+
+fn v(method: PluginMethod, volume: &str) -> (PluginMethod, String) {
+    (method, volume.to_string())
+}
+
+#[tokio::test]
+async fn node_mode_happy_path_and_teardown_in_reverse() {
+    let env = env(AttachMode::ByNode);
+    env.add("v1", "a");
+    // One step per pass: attach, stage, publish.
+    assert_eq!(env.reconciler.run_pass().await.planned, 1);
+    assert_eq!(env.calls(), [v(Attach, "v1")]);
+    env.reconciler.run_pass().await;
+    assert_eq!(env.calls(), [v(Stage, "v1")]);
+    env.reconciler.run_pass().await;
+    assert_eq!(env.calls(), [v(Publish, "v1")]);
+    assert_eq!(env.reconciler.run_pass().await.planned, 0);
+
+    let snapshot = env.actual.snapshot();
+    let volume = snapshot.get(&"v1".into()).unwrap();
+    assert_eq!(volume.attach, AttachState::Attached);
+    assert_eq!(
+        volume.device,
+        DeviceState::Mounted {
+            device_path: Some("/dev/fake/\"v1\"".into()),
+            staging_path: staging("v1"),
+        }
+    );
+    assert_eq!(env.pod_state("v1", "a"), Some(PodMountState::Mounted));
+    assert_eq!(volume.size, Some(10));
+
+    env.remove("v1", "a");
+    env.settle().await;
+    assert_eq!(
+        env.calls(),
+        [v(Unpublish, "v1"), v(Unstage, "v1"), v(Detach, "v1")]
+    );
+    assert!(env.actual.snapshot().is_empty());
+}
+
+#[tokio::test]
+async fn controller_attach_mode_verifies_only_when_reported_in_use_and_never_detaches() {
+    let env = env(AttachMode::ByController);
+    env.add("v1", "a");
+    assert_eq!(env.reconciler.run_pass().await.planned, 0);
+    assert!(env.calls().is_empty());
+    env.desired.mark_volumes_reported_in_use([&"v1".to_string()]);
+    env.settle().await;
+    assert_eq!(
+        env.calls(),
+        [v(WaitForAttach, "v1"), v(Stage, "v1"), v(Publish, "v1")]
+    );
+    env.remove("v1", "a");
+    env.settle().await;
+    assert_eq!(env.calls(), [v(Unpublish, "v1"), v(Unstage, "v1")]);
+    assert!(env.actual.snapshot().is_empty());
+}
+
+#[tokio::test]
+async fn volume_without_attach_or_stage_goes_straight_to_publish() {
+    let env = env(AttachMode::ByNode);
+    env.add_spec("nfs", "a", VolumeSpec::default());
+    env.settle().await;
+    assert_eq!(env.calls(), [v(Publish, "nfs")]);
+    env.remove("nfs", "a");
+    env.settle().await;
+    assert_eq!(env.calls(), [v(Unpublish, "nfs")]);
+    assert!(env.actual.snapshot().is_empty());
+}
+
+#[tokio::test]
+async fn volume_moves_between_pods_without_restaging() {
+    let env = env(AttachMode::ByNode);
+    env.add("v1", "a");
+    env.settle().await;
+    env.calls();
+    env.remove("v1", "a");
+    env.add("v1", "b");
+    let plan = env.reconciler.plan();
+    assert_eq!(plan.len(), 2);
+    assert!(matches!(&plan[0], Operation::Unpublish { pod, .. } if pod == "a"));
+    assert!(matches!(&plan[1], Operation::Publish { pod, .. } if pod == "b"));
+    env.settle().await;
+    let calls = env.plugin.take_calls();
+    let paths: Vec<_> = calls.iter().map(|c| (c.method, c.path.clone().unwrap())).collect();
+    assert_eq!(
+        paths,
+        [(Unpublish, target("a", "v1")), (Publish, target("b", "v1"))]
+    );
+    assert_eq!(env.pod_state("v1", "a"), None);
+    assert_eq!(env.pod_state("v1", "b"), Some(PodMountState::Mounted));
+}
+
+#[tokio::test]
+async fn stage_timeout_is_uncertain_and_still_unstaged_on_delete() {
+    let env = env(AttachMode::ByNode);
+    env.plugin
+        .fail_once(Stage, Some("v1".into()), ErrorKind::Uncertain);
+    env.add("v1", "a");
+    env.reconciler.run_pass().await; // attach
+    let report = env.reconciler.run_pass().await; // stage times out
+    assert_eq!(report.failed, 1);
+    assert_eq!(env.device("v1"), Some(DeviceState::Uncertain));
+    env.remove("v1", "a");
+    env.settle().await;
+    assert_eq!(
+        env.calls(),
+        [v(Attach, "v1"), v(Stage, "v1"), v(Unstage, "v1"), v(Detach, "v1")]
+    );
+    assert!(env.actual.snapshot().is_empty());
+}
+
+#[tokio::test]
+async fn final_stage_error_after_uncertain_means_not_mounted() {
+    let env = env(AttachMode::ByNode);
+    env.plugin
+        .fail_once(Stage, Some("v1".into()), ErrorKind::Uncertain);
+    env.add("v1", "a");
+    env.reconciler.run_pass().await;
+    env.reconciler.run_pass().await;
+    assert_eq!(env.device("v1"), Some(DeviceState::Uncertain));
+    env.plugin.fail_once(Stage, Some("v1".into()), ErrorKind::Final);
+    env.clock.advance(Duration::from_millis(500));
+    env.reconciler.run_pass().await;
+    assert_eq!(env.device("v1"), Some(DeviceState::NotMounted));
+    // Not mounted any more: deleting needs no unstage.
+    env.remove("v1", "a");
+    env.calls();
+    env.settle().await;
+    assert_eq!(env.calls(), [v(Detach, "v1")]);
+}
+
+#[tokio::test]
+async fn publish_timeout_is_retried_after_backoff() {
+    let env = env(AttachMode::ByNode);
+    env.plugin
+        .fail_once(Publish, Some("v1".into()), ErrorKind::Uncertain);
+    env.add("v1", "a");
+    env.reconciler.run_until_idle(3).await;
+    assert_eq!(env.pod_state("v1", "a"), Some(PodMountState::Uncertain));
+    // Inside the 500 ms backoff window: nothing to do.
+    assert!(env.reconciler.plan().is_empty());
+    env.clock.advance(Duration::from_millis(499));
+    assert!(env.reconciler.plan().is_empty());
+    env.clock.advance(Duration::from_millis(1));
+    env.settle().await;
+    assert_eq!(env.pod_state("v1", "a"), Some(PodMountState::Mounted));
+    assert_eq!(env.plugin.count(Publish), 2);
+    assert!(env.reconciler.gate().state().is_empty());
+}
+
+#[tokio::test]
+async fn failed_unpublish_makes_a_returning_pod_publish_again() {
+    let env = env(AttachMode::ByNode);
+    env.add("v1", "a");
+    env.settle().await;
+    env.plugin
+        .fail_once(Unpublish, Some("v1".into()), ErrorKind::Final);
+    env.remove("v1", "a");
+    env.reconciler.run_pass().await;
+    assert_eq!(env.pod_state("v1", "a"), Some(PodMountState::Uncertain));
+    env.calls();
+    env.add("v1", "a");
+    env.settle().await;
+    assert_eq!(env.calls(), [v(Publish, "v1")]);
+    assert_eq!(env.pod_state("v1", "a"), Some(PodMountState::Mounted));
+}
+
+#[tokio::test]
+async fn failed_unstage_makes_a_new_pod_stage_again() {
+    let env = env(AttachMode::ByNode);
+    env.add("v1", "a");
+    env.settle().await;
+    env.plugin
+        .fail_once(Unstage, Some("v1".into()), ErrorKind::Uncertain);
+    env.remove("v1", "a");
+    env.reconciler.run_pass().await; // unpublish
+    env.reconciler.run_pass().await; // unstage fails
+    assert_eq!(env.device("v1"), Some(DeviceState::Uncertain));
+    env.calls();
+    env.add("v1", "b");
+    env.settle().await;
+    assert_eq!(env.calls(), [v(Stage, "v1"), v(Publish, "v1")]);
+    assert!(matches!(env.device("v1"), Some(DeviceState::Mounted { .. })));
+}
+
+#[tokio::test]
+async fn remount_failure_never_downgrades_a_mounted_pod() {
+    let env = env(AttachMode::ByNode);
+    env.add("v1", "a");
+    env.settle().await;
+    env.actual.mark_remount_required(&"v1".into());
+    env.plugin.fail_once(Publish, None, ErrorKind::Final);
+    env.reconciler.run_pass().await;
+    let mount = env
+        .actual
+        .snapshot()
+        .pod_mount(&"v1".into(), &"a".into())
+        .cloned()
+        .unwrap();
+    assert_eq!(mount.state, PodMountState::Mounted);
+    assert!(mount.remount_required);
+    env.clock.advance(Duration::from_secs(1));
+    env.settle().await;
+    let mount = env
+        .actual
+        .snapshot()
+        .pod_mount(&"v1".into(), &"a".into())
+        .cloned()
+        .unwrap();
+    assert!(!mount.remount_required);
+    assert_eq!(env.plugin.count(Publish), 3);
+}
+
+#[tokio::test]
+async fn larger_desired_size_expands_once() {
+    let env = env(AttachMode::ByNode);
+    env.add("v1", "a");
+    env.settle().await;
+    env.calls();
+    env.add_spec(
+        "v1",
+        "a",
+        VolumeSpec {
+            desired_size: Some(20),
+            ..spec("v1")
+        },
+    );
+    env.settle().await;
+    assert_eq!(env.calls(), [v(Expand, "v1")]);
+    assert_eq!(env.actual.snapshot().get(&"v1".into()).unwrap().size, Some(20));
+}
+
+#[tokio::test]
+async fn plan_emits_operations_in_the_fixed_phase_order() {
+    // Build one volume at every stage from a settled state.
+    let env = env(AttachMode::ByNode);
+    for volume in ["u", "x", "d"] {
+        env.add(volume, "a");
+    }
+    env.settle().await;
+    env.add("a", "a"); // needs attach
+    env.remove("u", "a"); // needs unpublish
+    env.reconciler.execute(Operation::Unpublish {
+        volume: "x".into(),
+        pod: "a".into(),
+        target_path: target("a", "x"),
+    }).await;
+    env.remove("x", "a"); // mounted device, no pods: needs unstage
+    env.reconciler.execute(Operation::Unpublish {
+        volume: "d".into(),
+        pod: "a".into(),
+        target_path: target("a", "d"),
+    }).await;
+    env.reconciler.execute(Operation::Unstage {
+        volume: "d".into(),
+        staging_path: staging("d"),
+    }).await;
+    env.remove("d", "a"); // attached only: needs detach
+    env.actual.apply_attach(&"s".into(), &Arc::new(spec("s")), &Ok(Default::default()));
+    env.add("s", "a"); // attached, needs stage
+    env.actual.mark_attached(&"p".into(), &Arc::new(VolumeSpec::default()));
+    env.add_spec("p", "a", VolumeSpec::default()); // attached, needs publish
+
+    let plan = env.reconciler.plan();
+    let phases: Vec<Phase> = plan.iter().map(|op| op.phase()).collect();
+    let volumes: Vec<&str> = plan.iter().map(|op| op.volume().as_str()).collect();
+    assert_eq!(
+        phases,
+        [
+            Phase::Unpublish,
+            Phase::Attach,
+            Phase::Stage,
+            Phase::Publish,
+            Phase::Unstage,
+            Phase::Detach
+        ]
+    );
+    assert_eq!(volumes, ["u", "a", "s", "p", "x", "d"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn never_detached_while_an_operation_on_the_volume_is_pending() {
+    let env = env(AttachMode::ByNode);
+    env.plugin
+        .delay(Stage, Some("v1".into()), 1, Duration::from_secs(10));
+    env.add("v1", "a");
+    env.reconciler.run_pass().await; // attach
+    let reconciler = env.reconciler.clone();
+    let stage = tokio::spawn(async move { reconciler.run_pass().await });
+    while env.plugin.count(Stage) == 0 {
+        tokio::task::yield_now().await;
+    }
+    env.remove("v1", "a");
+    // The volume is unwanted and its device not (yet) mounted, but stage runs.
+    assert!(env.reconciler.plan().is_empty());
+    assert_eq!(
+        env.reconciler
+            .execute(Operation::MarkDetached { volume: "v1".into() })
+            .await,
+        ExecutionResult::Skipped(GateError::AlreadyExists)
+    );
+    assert_eq!(
+        env.reconciler
+            .execute(Operation::Detach { volume: "v1".into() })
+            .await,
+        ExecutionResult::Skipped(GateError::AlreadyExists)
+    );
+    assert!(env.actual.snapshot().get(&"v1".into()).is_some());
+    stage.await.unwrap();
+    env.settle().await;
+    assert_eq!(
+        env.calls(),
+        [v(Attach, "v1"), v(Stage, "v1"), v(Unstage, "v1"), v(Detach, "v1")]
+    );
+}
+
+#[tokio::test]
+async fn restart_reconstruction_waits_for_populated_desired_state_and_cleans_orphans_once() {
+    let desired = Arc::new(Desired::new());
+    let actual = Arc::new(Actual::new());
+    let plugin = Arc::new(Plugin::new());
+    let reconciler = Reconciler::new(
+        "node-1".to_string(),
+        AttachMode::ByNode,
+        desired.clone(),
+        actual.clone(),
+        plugin.clone(),
+    )
+    .with_clock(Arc::new(FakeClock::new()));
+    let mount = |volume: &str, pod: &str| DiscoveredMount {
+        volume: volume.to_string(),
+        pod: pod.to_string(),
+        target_path: target(pod, volume),
+        staging_path: Some(staging(volume)),
+        device_path: Some(PathBuf::from("/dev/sdx")),
+    };
+    let report = actual.reconstruct(
+        [mount("kept", "a"), mount("gone", "b"), mount("orphan", "c")],
+        |volume| (volume != "orphan").then(|| spec(volume)),
+    );
+    assert_eq!(report.reconstructed, 2);
+    assert_eq!(report.orphans, 1);
+    let snapshot = actual.snapshot();
+    for volume in ["kept", "gone"] {
+        let entry = snapshot.get(&volume.into()).unwrap();
+        assert_eq!(entry.attach, AttachState::Uncertain);
+        assert_eq!(entry.device, DeviceState::Uncertain);
+        assert!(entry.pods.values().all(|m| m.state == PodMountState::Uncertain));
+    }
+
+    // The populator has added "kept" but is not done: nothing is torn down.
+    desired.add_pod("kept".into(), spec("kept"), "a".into(), target("a", "kept"));
+    reconciler.run_until_idle(10).await;
+    let calls = plugin.take_calls();
+    assert!(calls.iter().all(|c| c.volume == "kept"), "{calls:?}");
+    assert_eq!(
+        calls.iter().map(|c| c.method).collect::<Vec<_>>(),
+        [Attach, Stage, Publish]
+    );
+
+    // Populated: the unwanted volume is torn down, the orphan cleaned once.
+    plugin.fail_once(Unpublish, Some("orphan".into()), ErrorKind::Final);
+    desired.mark_populated();
+    reconciler.run_until_idle(10).await;
+    let summary: Vec<_> = plugin
+        .take_calls()
+        .into_iter()
+        .map(|c| (c.method, c.volume))
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            v(Unpublish, "gone"),
+            v(Unpublish, "orphan"),
+            v(Unstage, "gone"),
+            v(Detach, "gone")
+        ]
+    );
+    let snapshot = actual.snapshot();
+    assert_eq!(snapshot.orphans().count(), 0);
+    assert_eq!(snapshot.len(), 1);
+    assert_eq!(
+        snapshot.pod_mount(&"kept".into(), &"a".into()).unwrap().state,
+        PodMountState::Mounted
+    );
+}
