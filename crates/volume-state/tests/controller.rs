@@ -1,0 +1,282 @@
+//! Scenario tests for the attach/detach controller reconciler.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use volume_state::controller::{
+    ActualStateOfWorld, ControllerConfig, DesiredStateOfWorld, NodeHealth, Operation, Reconciler,
+};
+use volume_state::node::AttachState;
+use volume_state::{
+    AccessMode, ErrorKind, FakeClock, FakeVolumePlugin, PluginCall, PluginMethod, VolumeSpec,
+};
+
+type Desired = DesiredStateOfWorld<String, String, String>;
+type Actual = ActualStateOfWorld<String, String>;
+type Plugin = FakeVolumePlugin<String, String>;
+
+struct Env {
+    desired: Arc<Desired>,
+    actual: Arc<Actual>,
+    plugin: Arc<Plugin>,
+    clock: FakeClock,
+    reconciler: Arc<Reconciler<String, String, String>>,
+}
+
+fn env(config: ControllerConfig) -> Env {
+    let desired = Arc::new(Desired::new());
+    let actual = Arc::new(Actual::new());
+    let plugin = Arc::new(Plugin::new());
+    let clock = FakeClock::new();
+    let reconciler = Arc::new(
+        Reconciler::new(config, desired.clone(), actual.clone(), plugin.clone())
+            .with_clock(Arc::new(clock.clone())),
+    );
+    Env {
+        desired,
+        actual,
+        plugin,
+        clock,
+        reconciler,
+    }
+}
+
+fn spec(mode: AccessMode) -> VolumeSpec {
+    VolumeSpec {
+        attachable: true,
+        access_mode: mode,
+        ..VolumeSpec::default()
+    }
+}
+
+impl Env {
+    fn add(&self, node: &str, mode: AccessMode) {
+        self.desired
+            .add_pod(node.into(), "v1".into(), spec(mode), format!("pod-{node}"));
+    }
+
+    fn remove(&self, node: &str) {
+        assert!(
+            self.desired
+                .remove_pod(&node.into(), &"v1".into(), &format!("pod-{node}"))
+        );
+    }
+
+    fn not_in_use(&self, node: &str) {
+        self.actual.set_volumes_in_use(&node.into(), []);
+    }
+
+    fn state(&self, node: &str) -> Option<AttachState> {
+        self.actual
+            .snapshot()
+            .attachment(&"v1".into(), &node.into())
+            .map(|a| a.state)
+    }
+
+    /// (method, node) of the recorded calls since the last call.
+    fn calls(&self) -> Vec<(PluginMethod, String)> {
+        self.plugin
+            .take_calls()
+            .into_iter()
+            .map(|c: PluginCall<String, String>| (c.method, c.node.unwrap()))
+            .collect()
+    }
+}
+
+fn n(method: PluginMethod, node: &str) -> (PluginMethod, String) {
+    (method, node.to_string())
+}
+
+#[tokio::test]
+async fn attach_then_detach_once_the_node_stops_using_the_volume() {
+    let env = env(ControllerConfig::default());
+    env.add("n1", AccessMode::SingleNode);
+    env.reconciler.run_until_idle(5).await;
+    assert_eq!(env.calls(), [n(PluginMethod::Attach, "n1")]);
+    let snapshot = env.actual.snapshot();
+    let attachment = snapshot.attachment(&"v1".into(), &"n1".into()).unwrap();
+    assert_eq!(attachment.state, AttachState::Attached);
+    assert!(attachment.mounted_by_node, "assumed mounted until reported otherwise");
+    assert_eq!(snapshot.attached_as_reported(&"n1".into()), ["v1"]);
+
+    env.remove("n1");
+    env.reconciler.run_until_idle(5).await;
+    assert!(env.calls().is_empty(), "still reported in use");
+    assert!(env.actual.snapshot().attachment(&"v1".into(), &"n1".into()).unwrap().detach_requested_at.is_some());
+    env.not_in_use("n1");
+    env.reconciler.run_until_idle(5).await;
+    assert_eq!(env.calls(), [n(PluginMethod::Detach, "n1")]);
+    assert!(env.actual.snapshot().is_empty());
+}
+
+#[tokio::test]
+async fn detach_before_attach_for_single_node_volumes() {
+    let env = env(ControllerConfig::default());
+    env.add("n1", AccessMode::SingleNode);
+    env.reconciler.run_until_idle(5).await;
+    env.not_in_use("n1");
+    env.calls();
+    // The pod moves to n2.
+    env.remove("n1");
+    env.add("n2", AccessMode::SingleNode);
+    // Single-node attaches share a volume-level key, so wait out n1's backoff.
+    env.clock.advance(Duration::from_millis(500));
+    let plan = env.reconciler.plan();
+    assert!(plan.iter().any(|op| matches!(op, Operation::Detach { node, forced: false, .. } if node == "n1")));
+    assert!(!plan.iter().any(|op| matches!(op, Operation::Attach { .. })), "{plan:?}");
+    env.reconciler.run_until_idle(5).await;
+    assert_eq!(
+        env.calls(),
+        [n(PluginMethod::Detach, "n1"), n(PluginMethod::Attach, "n2")]
+    );
+    assert_eq!(env.state("n1"), None);
+    assert_eq!(env.state("n2"), Some(AttachState::Attached));
+}
+
+#[tokio::test]
+async fn multi_attach_is_blocked_only_by_confirmed_attachments_when_forbidden() {
+    // Confirmed on n1, still used there: n2 must wait.
+    let env = env(ControllerConfig::default());
+    env.add("n1", AccessMode::SingleNode);
+    env.reconciler.run_until_idle(5).await;
+    env.add("n2", AccessMode::SingleNode);
+    env.reconciler.run_until_idle(5).await;
+    assert_eq!(env.calls(), [n(PluginMethod::Attach, "n1")]);
+    assert_eq!(env.state("n2"), None);
+
+    // Multi-node volumes attach everywhere.
+    let env = crate::env(ControllerConfig::default());
+    env.add("n1", AccessMode::MultiNode);
+    env.add("n2", AccessMode::MultiNode);
+    env.reconciler.run_until_idle(5).await;
+    assert_eq!(
+        env.calls(),
+        [n(PluginMethod::Attach, "n1"), n(PluginMethod::Attach, "n2")]
+    );
+
+    // An uncertain attachment elsewhere does not block.
+    let env = crate::env(ControllerConfig::default());
+    env.plugin
+        .fail_once(PluginMethod::Attach, None, ErrorKind::Uncertain);
+    env.add("n1", AccessMode::SingleNode);
+    env.reconciler.run_pass().await;
+    assert_eq!(env.state("n1"), Some(AttachState::Uncertain));
+    env.add("n2", AccessMode::SingleNode);
+    // Single-node attaches share a volume-level key, so wait out n1's backoff.
+    env.clock.advance(Duration::from_millis(500));
+    let plan = env.reconciler.plan();
+    assert!(plan.iter().any(|op| matches!(op, Operation::Attach { node, .. } if node == "n2")), "{plan:?}");
+}
+
+#[tokio::test]
+async fn force_detach_only_for_an_unhealthy_node_past_the_max_wait() {
+    let env = env(ControllerConfig::default());
+    env.add("n1", AccessMode::SingleNode);
+    env.reconciler.run_until_idle(5).await;
+    env.calls();
+    env.remove("n1");
+    env.reconciler.run_until_idle(5).await; // detach requested now
+
+    // Healthy but still mounted: wait forever.
+    env.clock.advance(Duration::from_secs(7 * 60));
+    env.reconciler.run_until_idle(5).await;
+    assert!(env.calls().is_empty());
+
+    // Unhealthy: the request is 7 min old, past the 6 min maximum.
+    env.actual.set_node_health("n1".into(), NodeHealth { unhealthy: true, out_of_service: false });
+    let plan = env.reconciler.plan();
+    assert!(matches!(plan.as_slice(), [Operation::Detach { forced: true, .. }]), "{plan:?}");
+    env.reconciler.run_until_idle(5).await;
+    assert_eq!(env.calls(), [n(PluginMethod::Detach, "n1")]);
+}
+
+#[tokio::test]
+async fn unhealthy_node_within_the_max_wait_or_with_force_disabled_is_not_detached() {
+    for (config, advance) in [
+        (ControllerConfig::default(), Duration::from_secs(5 * 60)),
+        (ControllerConfig { max_wait_for_unmount: None }, Duration::from_secs(3600)),
+    ] {
+        let env = env(config);
+        env.add("n1", AccessMode::SingleNode);
+        env.reconciler.run_until_idle(5).await;
+        env.calls();
+        env.actual.set_node_health("n1".into(), NodeHealth { unhealthy: true, out_of_service: false });
+        env.remove("n1");
+        env.reconciler.run_until_idle(5).await;
+        env.clock.advance(advance);
+        env.reconciler.run_until_idle(5).await;
+        assert!(env.calls().is_empty(), "{config:?}");
+        assert_eq!(env.state("n1"), Some(AttachState::Attached));
+    }
+}
+
+#[tokio::test]
+async fn out_of_service_node_is_detached_at_once() {
+    let env = env(ControllerConfig { max_wait_for_unmount: None });
+    env.add("n1", AccessMode::SingleNode);
+    env.reconciler.run_until_idle(5).await;
+    env.calls();
+    env.actual.set_node_health("n1".into(), NodeHealth { unhealthy: false, out_of_service: true });
+    env.remove("n1");
+    env.reconciler.run_until_idle(5).await;
+    assert_eq!(env.calls(), [n(PluginMethod::Detach, "n1")]);
+    assert!(env.actual.snapshot().is_empty());
+}
+
+#[tokio::test]
+async fn failed_detach_is_uncertain_reported_again_and_retried_after_backoff() {
+    let env = env(ControllerConfig::default());
+    env.add("n1", AccessMode::SingleNode);
+    env.reconciler.run_until_idle(5).await;
+    env.calls();
+    env.plugin
+        .fail_once(PluginMethod::Detach, None, ErrorKind::Uncertain);
+    env.remove("n1");
+    env.not_in_use("n1");
+    env.reconciler.run_until_idle(5).await;
+    assert_eq!(env.state("n1"), Some(AttachState::Uncertain));
+    assert_eq!(env.actual.snapshot().attached_as_reported(&"n1".into()), ["v1"]);
+    assert!(env.reconciler.plan().is_empty(), "in backoff");
+    env.clock.advance(Duration::from_millis(500));
+    env.reconciler.run_until_idle(5).await;
+    assert_eq!(
+        env.calls(),
+        [n(PluginMethod::Detach, "n1"), n(PluginMethod::Detach, "n1")]
+    );
+    assert!(env.actual.snapshot().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn never_detached_while_an_operation_on_the_volume_is_pending() {
+    let env = env(ControllerConfig::default());
+    env.add("n1", AccessMode::SingleNode);
+    env.reconciler.run_until_idle(5).await;
+    env.not_in_use("n1");
+    env.plugin
+        .delay(PluginMethod::Detach, None, 1, Duration::from_secs(30));
+    env.remove("n1");
+    let reconciler = env.reconciler.clone();
+    let detach = tokio::spawn(async move { reconciler.run_pass().await });
+    while env.plugin.count(PluginMethod::Detach) == 0 {
+        tokio::task::yield_now().await;
+    }
+    // Pending: no second detach, and no attach elsewhere for this
+    // single-node volume (volume-level key).
+    env.add("n2", AccessMode::SingleNode);
+    let plan = env.reconciler.plan();
+    assert!(plan.is_empty(), "{plan:?}");
+    let attach = Operation::Attach {
+        volume: "v1".into(),
+        node: "n2".into(),
+        spec: Arc::new(spec(AccessMode::SingleNode)),
+    };
+    assert_eq!(
+        env.reconciler.execute(attach).await,
+        volume_state::node::ExecutionResult::Skipped(volume_state::GateError::AlreadyExists)
+    );
+    assert_eq!(env.state("n1"), Some(AttachState::Attached));
+    detach.await.unwrap();
+    env.reconciler.run_until_idle(5).await;
+    assert_eq!(env.state("n1"), None);
+    assert_eq!(env.state("n2"), Some(AttachState::Attached));
+}
