@@ -160,6 +160,9 @@ pub struct LoopOptions {
     pub partscan: bool,
     /// Logical block size; 0 for the kernel default (512).
     pub block_size: u32,
+    /// Skip `LOOP_CONFIGURE` and use the pre-5.8 `LOOP_SET_FD` +
+    /// `LOOP_SET_STATUS64` sequence (to exercise the fallback path).
+    pub legacy_ioctls: bool,
 }
 
 impl Default for LoopOptions {
@@ -170,6 +173,7 @@ impl Default for LoopOptions {
             direct_io: false,
             partscan: false,
             block_size: 0,
+            legacy_ioctls: false,
         }
     }
 }
@@ -521,12 +525,14 @@ fn configure(
         info,
         reserved: [0; 8],
     };
-    // SAFETY: valid fds and a correctly laid out loop_config.
-    match unsafe { ioctls::loop_configure(dev.as_raw_fd(), &config) } {
-        Ok(_) => return Ok(()),
-        // Kernels before 5.8 do not know LOOP_CONFIGURE.
-        Err(Errno::EINVAL) | Err(Errno::ENOTTY) => {}
-        Err(errno) => return Err(("LOOP_CONFIGURE", errno)),
+    if !opts.legacy_ioctls {
+        // SAFETY: valid fds and a correctly laid out loop_config.
+        match unsafe { ioctls::loop_configure(dev.as_raw_fd(), &config) } {
+            Ok(_) => return Ok(()),
+            // Kernels before 5.8 do not know LOOP_CONFIGURE.
+            Err(Errno::EINVAL) | Err(Errno::ENOTTY) => {}
+            Err(errno) => return Err(("LOOP_CONFIGURE", errno)),
+        }
     }
     // SAFETY: valid fds.
     unsafe { ioctls::loop_set_fd(dev.as_raw_fd(), backing.as_raw_fd()) }

@@ -1,0 +1,279 @@
+//! Real mount tests. They need root and run in private mount namespaces.
+
+mod common;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use common::in_private_mount_ns;
+use mount_utils::{Errno, LinuxMounter, MountInfo, Mounter, Sensitive};
+
+fn entry_at(m: &LinuxMounter, path: &Path) -> Option<MountInfo> {
+    m.mount_points()
+        .unwrap()
+        .into_iter()
+        .rev()
+        .find(|e| e.mount_point == path)
+}
+
+fn dir(base: &Path, name: &str) -> PathBuf {
+    let d = base.join(name);
+    fs::create_dir_all(&d).unwrap();
+    d
+}
+
+#[test]
+fn tmpfs_mount_and_unmount() {
+    require_root!("tmpfs_mount_and_unmount");
+    in_private_mount_ns("tmpfs_mount_and_unmount", || {
+        let tmp = tempfile::tempdir().unwrap();
+        let target = dir(tmp.path(), "t");
+        let m = LinuxMounter::new();
+        assert!(!m.is_mount_point(&target).unwrap());
+        m.mount(
+            "tmpfs",
+            &target,
+            "tmpfs",
+            &["size=4m", "nosuid", "x-csi.ignored"],
+        )
+        .unwrap();
+        assert!(m.is_mount_point(&target).unwrap());
+        let e = entry_at(&m, &target).expect("mountinfo entry");
+        assert_eq!(e.fs_type, "tmpfs");
+        assert!(e.has_mount_option("nosuid"));
+        assert!(e.has_super_option("size=4096k"), "{:?}", e.super_options);
+        fs::write(target.join("f"), b"data").unwrap();
+
+        m.unmount(&target, false).unwrap();
+        assert!(!m.is_mount_point(&target).unwrap());
+        assert!(!target.join("f").exists());
+        // Not mounted, and absent: both success.
+        m.unmount(&target, false).unwrap();
+        m.unmount(&tmp.path().join("absent"), true).unwrap();
+    });
+}
+
+#[test]
+fn sensitive_options_reach_the_kernel_but_not_errors() {
+    require_root!("sensitive_options_reach_the_kernel_but_not_errors");
+    in_private_mount_ns("sensitive_options_reach_the_kernel_but_not_errors", || {
+        let tmp = tempfile::tempdir().unwrap();
+        let target = dir(tmp.path(), "t");
+        let m = LinuxMounter::new();
+        m.mount_sensitive(
+            "tmpfs",
+            &target,
+            "tmpfs",
+            &["mode=700"],
+            &[Sensitive::new("size=2m")],
+        )
+        .unwrap();
+        assert_eq!(common::fs_size(&target), 2 << 20);
+        m.unmount(&target, false).unwrap();
+
+        // tmpfs rejects an unknown option: the error must not show it.
+        let err = m
+            .mount_sensitive(
+                "tmpfs",
+                &target,
+                "tmpfs",
+                &[],
+                &[Sensitive::new("hunter2secret=1")],
+            )
+            .unwrap_err();
+        assert_eq!(err.errno(), Some(Errno::EINVAL));
+        assert!(!err.to_string().contains("hunter2"), "{err}");
+        assert!(!format!("{err:?}").contains("hunter2"));
+        assert!(err.to_string().contains("<redacted>"));
+    });
+}
+
+#[test]
+fn bind_and_read_only_bind() {
+    require_root!("bind_and_read_only_bind");
+    in_private_mount_ns("bind_and_read_only_bind", || {
+        let tmp = tempfile::tempdir().unwrap();
+        let src = dir(tmp.path(), "src");
+        let rw = dir(tmp.path(), "rw");
+        let ro = dir(tmp.path(), "ro");
+        let m = LinuxMounter::new();
+        // A source with nosuid,nodev,noexec that the read-only bind must keep.
+        m.mount(
+            "tmpfs",
+            &src,
+            "tmpfs",
+            &["size=1m", "nosuid", "nodev", "noexec"],
+        )
+        .unwrap();
+        fs::write(src.join("hello"), b"hi").unwrap();
+
+        m.bind_mount(&src, &rw, false).unwrap();
+        fs::write(rw.join("from-rw"), b"x").unwrap();
+        assert!(src.join("from-rw").exists());
+
+        m.bind_mount(&src, &ro, true).unwrap();
+        assert_eq!(fs::read(ro.join("hello")).unwrap(), b"hi");
+        let err = fs::write(ro.join("nope"), b"x").unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EROFS), "{err}");
+        let e = entry_at(&m, &ro).unwrap();
+        assert!(e.is_read_only());
+        for opt in ["nosuid", "nodev", "noexec"] {
+            assert!(e.has_mount_option(opt), "{opt} lost: {:?}", e.mount_options);
+        }
+        // The source stays writable.
+        fs::write(src.join("still-rw"), b"x").unwrap();
+
+        // "bind,ro" as mount options goes through the same path.
+        let ro2 = dir(tmp.path(), "ro2");
+        m.mount(src.to_str().unwrap(), &ro2, "", &["bind", "ro"])
+            .unwrap();
+        let err = fs::write(ro2.join("nope"), b"x").unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EROFS));
+
+        for t in [&ro2, &ro, &rw, &src] {
+            m.unmount(t, false).unwrap();
+        }
+    });
+}
+
+#[test]
+fn same_filesystem_bind_is_a_mount_point() {
+    require_root!("same_filesystem_bind_is_a_mount_point");
+    in_private_mount_ns("same_filesystem_bind_is_a_mount_point", || {
+        let tmp = tempfile::tempdir().unwrap();
+        let a = dir(tmp.path(), "a");
+        let b = dir(tmp.path(), "b");
+        let m = LinuxMounter::new();
+        m.bind_mount(&a, &b, false).unwrap();
+
+        assert_eq!(
+            m.is_mount_point_statx(&b).unwrap(),
+            Some(true),
+            "kernel lacks STATX_ATTR_MOUNT_ROOT?"
+        );
+        assert!(m.is_mount_point(&b).unwrap());
+        assert!(m.is_mount_point_by_scan(&b).unwrap());
+        assert!(!m.is_mount_point(&a).unwrap());
+        assert!(!m.is_mount_point_by_scan(&a).unwrap());
+        // The documented blind spot of the cheap heuristic.
+        assert!(m.is_likely_not_mount_point(&b).unwrap());
+        // It does see a different filesystem.
+        let t = dir(tmp.path(), "t");
+        m.mount("tmpfs", &t, "tmpfs", &["size=1m"]).unwrap();
+        assert!(!m.is_likely_not_mount_point(&t).unwrap());
+        assert!(m.is_likely_not_mount_point(&a).unwrap());
+
+        // Absent paths are errors, not "false".
+        let err = m.is_mount_point(&tmp.path().join("absent")).unwrap_err();
+        assert_eq!(err.errno(), Some(Errno::ENOENT));
+        m.unmount(&b, false).unwrap();
+        m.unmount(&t, false).unwrap();
+    });
+}
+
+#[test]
+fn mount_refs_and_device_from_mount() {
+    require_root!("mount_refs_and_device_from_mount");
+    in_private_mount_ns("mount_refs_and_device_from_mount", || {
+        let tmp = tempfile::tempdir().unwrap();
+        let staging = dir(tmp.path(), "staging");
+        let p1 = dir(tmp.path(), "p1");
+        let p2 = dir(tmp.path(), "p2");
+        let other = dir(tmp.path(), "other");
+        let m = LinuxMounter::new();
+        m.mount("csi-test-src", &staging, "tmpfs", &["size=1m"])
+            .unwrap();
+        fs::create_dir(staging.join("sub")).unwrap();
+        m.bind_mount(&staging, &p1, false).unwrap();
+        m.bind_mount(&p1, &p2, true).unwrap();
+        // A bind of a subdirectory is a different root: not a reference.
+        m.bind_mount(&staging.join("sub"), &other, false).unwrap();
+
+        let mut refs = m.mount_refs(&staging).unwrap();
+        refs.sort();
+        assert_eq!(refs, vec![p1.clone(), p2.clone()]);
+        assert_eq!(m.mount_refs(&p2).unwrap().len(), 2);
+        assert!(m.mount_refs(&tmp.path().join("absent")).unwrap().is_empty());
+        assert_eq!(
+            mount_utils::block::device_from_mount(&m, &p2)
+                .unwrap()
+                .as_deref(),
+            Some("csi-test-src")
+        );
+
+        for t in [&other, &p2, &p1, &staging] {
+            m.cleanup_mount_point(t).unwrap();
+        }
+        assert!(!staging.exists());
+    });
+}
+
+#[test]
+fn escaped_paths_round_trip_through_mountinfo() {
+    require_root!("escaped_paths_round_trip_through_mountinfo");
+    in_private_mount_ns("escaped_paths_round_trip_through_mountinfo", || {
+        let tmp = tempfile::tempdir().unwrap();
+        let target = dir(tmp.path(), "with space\tand\\slash\nnewline");
+        let m = LinuxMounter::new();
+        m.mount("tmpfs", &target, "tmpfs", &["size=1m"]).unwrap();
+        assert!(entry_at(&m, &target).is_some());
+        assert!(m.is_mount_point_by_scan(&target).unwrap());
+        m.cleanup_mount_point(&target).unwrap();
+        assert!(!target.exists());
+    });
+}
+
+#[test]
+fn cleanup_of_busy_stacked_and_absent_paths() {
+    require_root!("cleanup_of_busy_stacked_and_absent_paths");
+    in_private_mount_ns("cleanup_of_busy_stacked_and_absent_paths", || {
+        let tmp = tempfile::tempdir().unwrap();
+        let target = dir(tmp.path(), "busy");
+        let m = LinuxMounter::new();
+        m.mount("tmpfs", &target, "tmpfs", &["size=1m"]).unwrap();
+        let open = fs::File::create(target.join("open")).unwrap();
+        let err = m.cleanup_mount_point(&target).unwrap_err();
+        assert_eq!(err.errno(), Some(Errno::EBUSY), "{err}");
+        assert!(m.is_mount_point(&target).unwrap(), "busy mount must stay");
+        drop(open);
+        m.cleanup_mount_point(&target).unwrap();
+        assert!(!target.exists());
+        // Absent: success, repeatedly.
+        m.cleanup_mount_point(&target).unwrap();
+
+        // Stacked mounts all go.
+        let stacked = dir(tmp.path(), "stacked");
+        m.mount("tmpfs", &stacked, "tmpfs", &["size=1m"]).unwrap();
+        m.mount("tmpfs", &stacked, "tmpfs", &["size=1m"]).unwrap();
+        m.cleanup_mount_point(&stacked).unwrap();
+        assert!(!stacked.exists());
+
+        // A directory with content is unmounted but kept.
+        let full = dir(tmp.path(), "full");
+        fs::write(full.join("keep"), b"x").unwrap();
+        m.mount("tmpfs", &full, "tmpfs", &["size=1m"]).unwrap();
+        let err = m.cleanup_mount_point(&full).unwrap_err();
+        assert_eq!(err.errno(), Some(Errno::ENOTEMPTY));
+        assert!(!m.is_mount_point(&full).unwrap());
+        assert!(full.join("keep").exists());
+    });
+}
+
+#[test]
+fn file_bind_mount_for_block_volumes() {
+    require_root!("file_bind_mount_for_block_volumes");
+    in_private_mount_ns("file_bind_mount_for_block_volumes", || {
+        let tmp = tempfile::tempdir().unwrap();
+        let src = tmp.path().join("device-file");
+        fs::write(&src, b"payload").unwrap();
+        let target = tmp.path().join("publish-target");
+        fs::File::create(&target).unwrap();
+        let m = LinuxMounter::new();
+        m.bind_mount(&src, &target, false).unwrap();
+        assert!(m.is_mount_point(&target).unwrap());
+        assert_eq!(fs::read(&target).unwrap(), b"payload");
+        m.cleanup_mount_point(&target).unwrap();
+        assert!(!target.exists(), "empty placeholder file is removed");
+        assert!(src.exists());
+    });
+}
