@@ -1,0 +1,792 @@
+//! `csi`: a command-line client for any CSI driver.
+//!
+//! Poke a driver by hand (`csi identity info`, `csi controller create-volume
+//! pvc-1 --size 1Gi`, ...), run the conformance suite (`csi sanity`), or
+//! measure it under load (`csi bench`). The endpoint comes from `--endpoint`
+//! or `CSI_ENDPOINT`.
+
+mod args;
+mod bench;
+mod output;
+
+use std::collections::HashMap;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use csi_proto::v1::*;
+use csi_server::{ClientOptions, CsiClient, Endpoint};
+
+use args::{CapabilityArgs, SecretArgs, SizeArgs, parse_kv, to_map};
+use output::Format;
+
+/// A command-line client for CSI drivers.
+#[derive(Debug, Parser)]
+#[command(name = "csi", version, about)]
+struct Cli {
+    /// The driver's endpoint, e.g. unix:///run/csi/csi.sock.
+    #[arg(
+        long,
+        env = "CSI_ENDPOINT",
+        global = true,
+        default_value = "unix:///run/csi/csi.sock"
+    )]
+    endpoint: String,
+    /// Output format.
+    #[arg(long, short, value_enum, global = true, default_value_t = Format::Human)]
+    output: Format,
+    /// Deadline for each call, in seconds.
+    #[arg(long, global = true, default_value_t = 60)]
+    timeout: u64,
+    #[command(flatten)]
+    secrets: SecretArgs,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Identity service: plugin info, capabilities, probe.
+    #[command(subcommand)]
+    Identity(IdentityCmd),
+    /// Controller service: volumes, snapshots, capacity.
+    #[command(subcommand)]
+    Controller(ControllerCmd),
+    /// Node service: stage, publish, stats, expand, info.
+    #[command(subcommand)]
+    Node(NodeCmd),
+    /// GroupController service: volume group snapshots.
+    #[command(subcommand)]
+    Group(GroupCmd),
+    /// Load-test the driver and report latency percentiles.
+    Bench(bench::BenchArgs),
+}
+
+#[derive(Debug, Subcommand)]
+enum IdentityCmd {
+    /// GetPluginInfo.
+    Info,
+    /// GetPluginCapabilities.
+    Capabilities,
+    /// Probe.
+    Probe,
+}
+
+#[derive(Debug, Subcommand)]
+enum ControllerCmd {
+    /// CreateVolume.
+    CreateVolume {
+        /// The volume name (the CO's idempotency key).
+        name: String,
+        #[command(flatten)]
+        size: SizeArgs,
+        #[command(flatten)]
+        cap: CapabilityArgs,
+        /// A creation parameter (repeatable).
+        #[arg(long = "param", value_parser = parse_kv)]
+        params: Vec<(String, String)>,
+        /// A mutable parameter (repeatable).
+        #[arg(long = "mutable-param", value_parser = parse_kv)]
+        mutable_params: Vec<(String, String)>,
+        /// Create from this snapshot.
+        #[arg(long, conflicts_with = "from_volume")]
+        from_snapshot: Option<String>,
+        /// Clone this volume.
+        #[arg(long)]
+        from_volume: Option<String>,
+    },
+    /// DeleteVolume.
+    DeleteVolume {
+        /// The volume id.
+        volume_id: String,
+    },
+    /// ListVolumes (follows next_token unless --max-entries is given).
+    ListVolumes {
+        /// Page size; with it only one page is fetched.
+        #[arg(long)]
+        max_entries: Option<i32>,
+        /// Token from a previous page.
+        #[arg(long, default_value = "")]
+        starting_token: String,
+    },
+    /// ControllerGetVolume.
+    GetVolume {
+        /// The volume id.
+        volume_id: String,
+    },
+    /// ControllerExpandVolume.
+    ExpandVolume {
+        /// The volume id.
+        volume_id: String,
+        #[command(flatten)]
+        size: SizeArgs,
+        #[command(flatten)]
+        cap: CapabilityArgs,
+    },
+    /// ControllerPublishVolume.
+    PublishVolume {
+        /// The volume id.
+        volume_id: String,
+        /// The node to publish to.
+        #[arg(long)]
+        node: String,
+        /// Publish read-only.
+        #[arg(long)]
+        readonly: bool,
+        #[command(flatten)]
+        cap: CapabilityArgs,
+    },
+    /// ControllerUnpublishVolume.
+    UnpublishVolume {
+        /// The volume id.
+        volume_id: String,
+        /// The node (empty: all nodes).
+        #[arg(long, default_value = "")]
+        node: String,
+    },
+    /// ValidateVolumeCapabilities.
+    ValidateCapabilities {
+        /// The volume id.
+        volume_id: String,
+        #[command(flatten)]
+        cap: CapabilityArgs,
+    },
+    /// ControllerModifyVolume.
+    ModifyVolume {
+        /// The volume id.
+        volume_id: String,
+        /// A mutable parameter (repeatable).
+        #[arg(long = "mutable-param", value_parser = parse_kv, required = true)]
+        mutable_params: Vec<(String, String)>,
+    },
+    /// GetCapacity.
+    Capacity {
+        /// A parameter (repeatable).
+        #[arg(long = "param", value_parser = parse_kv)]
+        params: Vec<(String, String)>,
+    },
+    /// ControllerGetCapabilities.
+    Capabilities,
+    /// CreateSnapshot.
+    CreateSnapshot {
+        /// The snapshot name.
+        name: String,
+        /// The volume to snapshot.
+        #[arg(long)]
+        source: String,
+        /// A parameter (repeatable).
+        #[arg(long = "param", value_parser = parse_kv)]
+        params: Vec<(String, String)>,
+    },
+    /// DeleteSnapshot.
+    DeleteSnapshot {
+        /// The snapshot id.
+        snapshot_id: String,
+    },
+    /// ListSnapshots.
+    ListSnapshots {
+        /// Only this snapshot.
+        #[arg(long, default_value = "")]
+        snapshot_id: String,
+        /// Only snapshots of this volume.
+        #[arg(long, default_value = "")]
+        source_volume_id: String,
+        /// Page size.
+        #[arg(long, default_value_t = 0)]
+        max_entries: i32,
+        /// Token from a previous page.
+        #[arg(long, default_value = "")]
+        starting_token: String,
+    },
+    /// GetSnapshot.
+    GetSnapshot {
+        /// The snapshot id.
+        snapshot_id: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum NodeCmd {
+    /// NodeStageVolume.
+    Stage {
+        /// The volume id.
+        volume_id: String,
+        /// Where to stage.
+        #[arg(long)]
+        staging_path: String,
+        #[command(flatten)]
+        cap: CapabilityArgs,
+        /// Publish context from ControllerPublishVolume (repeatable).
+        #[arg(long = "publish-context", value_parser = parse_kv)]
+        publish_context: Vec<(String, String)>,
+        /// Volume context from CreateVolume (repeatable).
+        #[arg(long = "volume-context", value_parser = parse_kv)]
+        volume_context: Vec<(String, String)>,
+    },
+    /// NodeUnstageVolume.
+    Unstage {
+        /// The volume id.
+        volume_id: String,
+        /// Where it is staged.
+        #[arg(long)]
+        staging_path: String,
+    },
+    /// NodePublishVolume.
+    Publish {
+        /// The volume id.
+        volume_id: String,
+        /// Where to publish.
+        #[arg(long)]
+        target_path: String,
+        /// Where it is staged (when the driver stages).
+        #[arg(long, default_value = "")]
+        staging_path: String,
+        /// Publish read-only.
+        #[arg(long)]
+        readonly: bool,
+        #[command(flatten)]
+        cap: CapabilityArgs,
+        /// Publish context (repeatable).
+        #[arg(long = "publish-context", value_parser = parse_kv)]
+        publish_context: Vec<(String, String)>,
+        /// Volume context (repeatable).
+        #[arg(long = "volume-context", value_parser = parse_kv)]
+        volume_context: Vec<(String, String)>,
+    },
+    /// NodeUnpublishVolume.
+    Unpublish {
+        /// The volume id.
+        volume_id: String,
+        /// Where it is published.
+        #[arg(long)]
+        target_path: String,
+    },
+    /// NodeGetVolumeStats.
+    Stats {
+        /// The volume id.
+        volume_id: String,
+        /// A path where the volume is published or staged.
+        #[arg(long)]
+        volume_path: String,
+        /// Where it is staged.
+        #[arg(long, default_value = "")]
+        staging_path: String,
+    },
+    /// NodeExpandVolume.
+    Expand {
+        /// The volume id.
+        volume_id: String,
+        /// A path where the volume is published or staged.
+        #[arg(long)]
+        volume_path: String,
+        /// Where it is staged.
+        #[arg(long, default_value = "")]
+        staging_path: String,
+        #[command(flatten)]
+        size: SizeArgs,
+    },
+    /// NodeGetInfo.
+    Info,
+    /// NodeGetCapabilities.
+    Capabilities,
+}
+
+#[derive(Debug, Subcommand)]
+enum GroupCmd {
+    /// GroupControllerGetCapabilities.
+    Capabilities,
+    /// CreateVolumeGroupSnapshot.
+    Create {
+        /// The group snapshot name.
+        name: String,
+        /// A source volume (repeat for each).
+        #[arg(long = "source", required = true)]
+        sources: Vec<String>,
+        /// A parameter (repeatable).
+        #[arg(long = "param", value_parser = parse_kv)]
+        params: Vec<(String, String)>,
+    },
+    /// DeleteVolumeGroupSnapshot.
+    Delete {
+        /// The group snapshot id.
+        group_snapshot_id: String,
+        /// The member snapshot ids, as the spec asks the CO to send them.
+        #[arg(long = "snapshot-id")]
+        snapshot_ids: Vec<String>,
+    },
+    /// GetVolumeGroupSnapshot.
+    Get {
+        /// The group snapshot id.
+        group_snapshot_id: String,
+        /// The member snapshot ids.
+        #[arg(long = "snapshot-id")]
+        snapshot_ids: Vec<String>,
+    },
+}
+
+/// A failed command: the message and the process exit code.
+struct Failure(String);
+
+impl From<tonic::Status> for Failure {
+    fn from(s: tonic::Status) -> Self {
+        Failure(format!("{:?}: {}", s.code(), s.message()))
+    }
+}
+
+macro_rules! show {
+    ($out:expr, $call:expr, $name:literal) => {{
+        let resp = $call.await?.into_inner();
+        print!(
+            "{}",
+            with_newline(output::render(&output::dynamic(&resp, $name), $out))
+        );
+    }};
+}
+
+fn with_newline(mut s: String) -> String {
+    if !s.ends_with('\n') {
+        s.push('\n');
+    }
+    s
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli).await {
+        Ok(code) => code,
+        Err(Failure(msg)) => {
+            eprintln!("csi: {msg}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<ExitCode, Failure> {
+    let secrets = cli.secrets.load().map_err(|e| Failure(e.to_string()))?;
+    let endpoint: Endpoint = cli.endpoint.parse().map_err(|e| Failure(format!("{e}")))?;
+    let options = ClientOptions {
+        connect_timeout: Duration::from_secs(5),
+        call_timeout: Some(Duration::from_secs(cli.timeout)),
+    };
+    let client = CsiClient::connect_with(endpoint, options)
+        .await
+        .map_err(|e| Failure(e.to_string()))?;
+    let out = cli.output;
+    match cli.command {
+        Command::Identity(cmd) => identity(&client, cmd, out).await?,
+        Command::Controller(cmd) => controller(&client, cmd, out, secrets).await?,
+        Command::Node(cmd) => node(&client, cmd, out, secrets).await?,
+        Command::Group(cmd) => group(&client, cmd, out, secrets).await?,
+        Command::Bench(args) => {
+            return bench::run(client, args, out, secrets)
+                .await
+                .map_err(Failure);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn identity(client: &CsiClient, cmd: IdentityCmd, out: Format) -> Result<(), Failure> {
+    let mut c = client.identity();
+    match cmd {
+        IdentityCmd::Info => show!(
+            out,
+            c.get_plugin_info(GetPluginInfoRequest {}),
+            "csi.v1.GetPluginInfoResponse"
+        ),
+        IdentityCmd::Capabilities => show!(
+            out,
+            c.get_plugin_capabilities(GetPluginCapabilitiesRequest {}),
+            "csi.v1.GetPluginCapabilitiesResponse"
+        ),
+        IdentityCmd::Probe => show!(out, c.probe(ProbeRequest {}), "csi.v1.ProbeResponse"),
+    }
+    Ok(())
+}
+
+async fn controller(
+    client: &CsiClient,
+    cmd: ControllerCmd,
+    out: Format,
+    secrets: HashMap<String, String>,
+) -> Result<(), Failure> {
+    let mut c = client.controller();
+    match cmd {
+        ControllerCmd::CreateVolume {
+            name,
+            size,
+            cap,
+            params,
+            mutable_params,
+            from_snapshot,
+            from_volume,
+        } => {
+            let source = match (from_snapshot, from_volume) {
+                (Some(snapshot_id), _) => Some(volume_content_source::Type::Snapshot(
+                    volume_content_source::SnapshotSource { snapshot_id },
+                )),
+                (None, Some(volume_id)) => Some(volume_content_source::Type::Volume(
+                    volume_content_source::VolumeSource { volume_id },
+                )),
+                (None, None) => None,
+            };
+            let req = CreateVolumeRequest {
+                name,
+                capacity_range: size.range(),
+                volume_capabilities: vec![cap.capability()],
+                parameters: to_map(&params),
+                secrets,
+                volume_content_source: source.map(|t| VolumeContentSource { r#type: Some(t) }),
+                accessibility_requirements: None,
+                mutable_parameters: to_map(&mutable_params),
+            };
+            show!(out, c.create_volume(req), "csi.v1.CreateVolumeResponse")
+        }
+        ControllerCmd::DeleteVolume { volume_id } => {
+            show!(
+                out,
+                c.delete_volume(DeleteVolumeRequest { volume_id, secrets }),
+                "csi.v1.DeleteVolumeResponse"
+            )
+        }
+        ControllerCmd::ListVolumes {
+            max_entries: Some(max_entries),
+            starting_token,
+        } => show!(
+            out,
+            c.list_volumes(ListVolumesRequest {
+                max_entries,
+                starting_token
+            }),
+            "csi.v1.ListVolumesResponse"
+        ),
+        ControllerCmd::ListVolumes {
+            max_entries: None,
+            starting_token,
+        } => {
+            // Follow next_token and print one merged list.
+            let mut all = ListVolumesResponse::default();
+            let mut token = starting_token;
+            loop {
+                let page = c
+                    .list_volumes(ListVolumesRequest {
+                        max_entries: 0,
+                        starting_token: token,
+                    })
+                    .await?
+                    .into_inner();
+                all.entries.extend(page.entries);
+                if page.next_token.is_empty() {
+                    break;
+                }
+                token = page.next_token;
+            }
+            print!(
+                "{}",
+                with_newline(output::render(
+                    &output::dynamic(&all, "csi.v1.ListVolumesResponse"),
+                    out
+                ))
+            );
+        }
+        ControllerCmd::GetVolume { volume_id } => show!(
+            out,
+            c.controller_get_volume(ControllerGetVolumeRequest { volume_id }),
+            "csi.v1.ControllerGetVolumeResponse"
+        ),
+        ControllerCmd::ExpandVolume {
+            volume_id,
+            size,
+            cap,
+        } => show!(
+            out,
+            c.controller_expand_volume(ControllerExpandVolumeRequest {
+                volume_id,
+                capacity_range: size.range(),
+                secrets,
+                volume_capability: Some(cap.capability()),
+            }),
+            "csi.v1.ControllerExpandVolumeResponse"
+        ),
+        ControllerCmd::PublishVolume {
+            volume_id,
+            node,
+            readonly,
+            cap,
+        } => show!(
+            out,
+            c.controller_publish_volume(ControllerPublishVolumeRequest {
+                volume_id,
+                node_id: node,
+                volume_capability: Some(cap.capability()),
+                readonly,
+                secrets,
+                volume_context: HashMap::new(),
+            }),
+            "csi.v1.ControllerPublishVolumeResponse"
+        ),
+        ControllerCmd::UnpublishVolume { volume_id, node } => show!(
+            out,
+            c.controller_unpublish_volume(ControllerUnpublishVolumeRequest {
+                volume_id,
+                node_id: node,
+                secrets
+            }),
+            "csi.v1.ControllerUnpublishVolumeResponse"
+        ),
+        ControllerCmd::ValidateCapabilities { volume_id, cap } => show!(
+            out,
+            c.validate_volume_capabilities(ValidateVolumeCapabilitiesRequest {
+                volume_id,
+                volume_capabilities: vec![cap.capability()],
+                secrets,
+                ..Default::default()
+            }),
+            "csi.v1.ValidateVolumeCapabilitiesResponse"
+        ),
+        ControllerCmd::ModifyVolume {
+            volume_id,
+            mutable_params,
+        } => show!(
+            out,
+            c.controller_modify_volume(ControllerModifyVolumeRequest {
+                volume_id,
+                secrets,
+                mutable_parameters: to_map(&mutable_params),
+            }),
+            "csi.v1.ControllerModifyVolumeResponse"
+        ),
+        ControllerCmd::Capacity { params } => show!(
+            out,
+            c.get_capacity(GetCapacityRequest {
+                parameters: to_map(&params),
+                ..Default::default()
+            }),
+            "csi.v1.GetCapacityResponse"
+        ),
+        ControllerCmd::Capabilities => show!(
+            out,
+            c.controller_get_capabilities(ControllerGetCapabilitiesRequest {}),
+            "csi.v1.ControllerGetCapabilitiesResponse"
+        ),
+        ControllerCmd::CreateSnapshot {
+            name,
+            source,
+            params,
+        } => show!(
+            out,
+            c.create_snapshot(CreateSnapshotRequest {
+                source_volume_id: source,
+                name,
+                secrets,
+                parameters: to_map(&params),
+            }),
+            "csi.v1.CreateSnapshotResponse"
+        ),
+        ControllerCmd::DeleteSnapshot { snapshot_id } => show!(
+            out,
+            c.delete_snapshot(DeleteSnapshotRequest {
+                snapshot_id,
+                secrets
+            }),
+            "csi.v1.DeleteSnapshotResponse"
+        ),
+        ControllerCmd::ListSnapshots {
+            snapshot_id,
+            source_volume_id,
+            max_entries,
+            starting_token,
+        } => show!(
+            out,
+            c.list_snapshots(ListSnapshotsRequest {
+                max_entries,
+                starting_token,
+                source_volume_id,
+                snapshot_id,
+                secrets,
+            }),
+            "csi.v1.ListSnapshotsResponse"
+        ),
+        ControllerCmd::GetSnapshot { snapshot_id } => show!(
+            out,
+            c.get_snapshot(GetSnapshotRequest {
+                snapshot_id,
+                secrets
+            }),
+            "csi.v1.GetSnapshotResponse"
+        ),
+    }
+    Ok(())
+}
+
+async fn node(
+    client: &CsiClient,
+    cmd: NodeCmd,
+    out: Format,
+    secrets: HashMap<String, String>,
+) -> Result<(), Failure> {
+    let mut c = client.node();
+    match cmd {
+        NodeCmd::Stage {
+            volume_id,
+            staging_path,
+            cap,
+            publish_context,
+            volume_context,
+        } => show!(
+            out,
+            c.node_stage_volume(NodeStageVolumeRequest {
+                volume_id,
+                publish_context: to_map(&publish_context),
+                staging_target_path: staging_path,
+                volume_capability: Some(cap.capability()),
+                secrets,
+                volume_context: to_map(&volume_context),
+            }),
+            "csi.v1.NodeStageVolumeResponse"
+        ),
+        NodeCmd::Unstage {
+            volume_id,
+            staging_path,
+        } => show!(
+            out,
+            c.node_unstage_volume(NodeUnstageVolumeRequest {
+                volume_id,
+                staging_target_path: staging_path
+            }),
+            "csi.v1.NodeUnstageVolumeResponse"
+        ),
+        NodeCmd::Publish {
+            volume_id,
+            target_path,
+            staging_path,
+            readonly,
+            cap,
+            publish_context,
+            volume_context,
+        } => {
+            show!(
+                out,
+                c.node_publish_volume(NodePublishVolumeRequest {
+                    volume_id,
+                    publish_context: to_map(&publish_context),
+                    staging_target_path: staging_path,
+                    target_path,
+                    volume_capability: Some(cap.capability()),
+                    readonly,
+                    secrets,
+                    volume_context: to_map(&volume_context),
+                }),
+                "csi.v1.NodePublishVolumeResponse"
+            )
+        }
+        NodeCmd::Unpublish {
+            volume_id,
+            target_path,
+        } => show!(
+            out,
+            c.node_unpublish_volume(NodeUnpublishVolumeRequest {
+                volume_id,
+                target_path
+            }),
+            "csi.v1.NodeUnpublishVolumeResponse"
+        ),
+        NodeCmd::Stats {
+            volume_id,
+            volume_path,
+            staging_path,
+        } => show!(
+            out,
+            c.node_get_volume_stats(NodeGetVolumeStatsRequest {
+                volume_id,
+                volume_path,
+                staging_target_path: staging_path,
+            }),
+            "csi.v1.NodeGetVolumeStatsResponse"
+        ),
+        NodeCmd::Expand {
+            volume_id,
+            volume_path,
+            staging_path,
+            size,
+        } => show!(
+            out,
+            c.node_expand_volume(NodeExpandVolumeRequest {
+                volume_id,
+                volume_path,
+                capacity_range: size.range(),
+                staging_target_path: staging_path,
+                volume_capability: None,
+                secrets,
+            }),
+            "csi.v1.NodeExpandVolumeResponse"
+        ),
+        NodeCmd::Info => show!(
+            out,
+            c.node_get_info(NodeGetInfoRequest {}),
+            "csi.v1.NodeGetInfoResponse"
+        ),
+        NodeCmd::Capabilities => show!(
+            out,
+            c.node_get_capabilities(NodeGetCapabilitiesRequest {}),
+            "csi.v1.NodeGetCapabilitiesResponse"
+        ),
+    }
+    Ok(())
+}
+
+async fn group(
+    client: &CsiClient,
+    cmd: GroupCmd,
+    out: Format,
+    secrets: HashMap<String, String>,
+) -> Result<(), Failure> {
+    let mut c = client.group_controller();
+    match cmd {
+        GroupCmd::Capabilities => show!(
+            out,
+            c.group_controller_get_capabilities(GroupControllerGetCapabilitiesRequest {}),
+            "csi.v1.GroupControllerGetCapabilitiesResponse"
+        ),
+        GroupCmd::Create {
+            name,
+            sources,
+            params,
+        } => show!(
+            out,
+            c.create_volume_group_snapshot(CreateVolumeGroupSnapshotRequest {
+                name,
+                source_volume_ids: sources,
+                secrets,
+                parameters: to_map(&params),
+            }),
+            "csi.v1.CreateVolumeGroupSnapshotResponse"
+        ),
+        GroupCmd::Delete {
+            group_snapshot_id,
+            snapshot_ids,
+        } => show!(
+            out,
+            c.delete_volume_group_snapshot(DeleteVolumeGroupSnapshotRequest {
+                group_snapshot_id,
+                snapshot_ids,
+                secrets,
+            }),
+            "csi.v1.DeleteVolumeGroupSnapshotResponse"
+        ),
+        GroupCmd::Get {
+            group_snapshot_id,
+            snapshot_ids,
+        } => show!(
+            out,
+            c.get_volume_group_snapshot(GetVolumeGroupSnapshotRequest {
+                group_snapshot_id,
+                snapshot_ids,
+                secrets
+            }),
+            "csi.v1.GetVolumeGroupSnapshotResponse"
+        ),
+    }
+    Ok(())
+}
