@@ -61,8 +61,12 @@ pub struct ExpandRequest<V> {
 #[async_trait]
 pub trait VolumePlugin<V: Key, N: Key>: Send + Sync {
     /// Attaches `volume` to `node` (CSI ControllerPublishVolume).
-    async fn attach(&self, volume: &V, node: &N, spec: &VolumeSpec)
-    -> Result<AttachInfo, PluginError>;
+    async fn attach(
+        &self,
+        volume: &V,
+        node: &N,
+        spec: &VolumeSpec,
+    ) -> Result<AttachInfo, PluginError>;
 
     /// Waits until someone else (the attach/detach controller) has attached
     /// `volume` to `node` and returns the attachment's details.
@@ -209,7 +213,10 @@ impl<V: Key, N: Key> FakeVolumePlugin<V, N> {
 
     /// Removes all injected faults.
     pub fn clear_faults(&self) {
-        self.faults.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        self.faults
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
     }
 
     /// All recorded calls, oldest first.

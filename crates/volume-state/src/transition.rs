@@ -120,7 +120,10 @@ mod tests {
                 assert_eq!(after_teardown(p, o), expected(p, o), "{p:?} {o:?}");
             }
         }
-        assert_eq!(after_teardown(Done, Outcome::Failed(Final)), Progress::Uncertain);
+        assert_eq!(
+            after_teardown(Done, Outcome::Failed(Final)),
+            Progress::Uncertain
+        );
         assert_eq!(after_teardown(Done, Outcome::Failed(Transient)), Done);
     }
 

@@ -96,13 +96,23 @@ async fn attach_then_detach_once_the_node_stops_using_the_volume() {
     let snapshot = env.actual.snapshot();
     let attachment = snapshot.attachment(&"v1".into(), &"n1".into()).unwrap();
     assert_eq!(attachment.state, AttachState::Attached);
-    assert!(attachment.mounted_by_node, "assumed mounted until reported otherwise");
+    assert!(
+        attachment.mounted_by_node,
+        "assumed mounted until reported otherwise"
+    );
     assert_eq!(snapshot.attached_as_reported(&"n1".into()), ["v1"]);
 
     env.remove("n1");
     env.reconciler.run_until_idle(5).await;
     assert!(env.calls().is_empty(), "still reported in use");
-    assert!(env.actual.snapshot().attachment(&"v1".into(), &"n1".into()).unwrap().detach_requested_at.is_some());
+    assert!(
+        env.actual
+            .snapshot()
+            .attachment(&"v1".into(), &"n1".into())
+            .unwrap()
+            .detach_requested_at
+            .is_some()
+    );
     env.not_in_use("n1");
     env.reconciler.run_until_idle(5).await;
     assert_eq!(env.calls(), [n(PluginMethod::Detach, "n1")]);
@@ -122,8 +132,14 @@ async fn detach_before_attach_for_single_node_volumes() {
     // Single-node attaches share a volume-level key, so wait out n1's backoff.
     env.clock.advance(Duration::from_millis(500));
     let plan = env.reconciler.plan();
-    assert!(plan.iter().any(|op| matches!(op, Operation::Detach { node, forced: false, .. } if node == "n1")));
-    assert!(!plan.iter().any(|op| matches!(op, Operation::Attach { .. })), "{plan:?}");
+    assert!(
+        plan.iter()
+            .any(|op| matches!(op, Operation::Detach { node, forced: false, .. } if node == "n1"))
+    );
+    assert!(
+        !plan.iter().any(|op| matches!(op, Operation::Attach { .. })),
+        "{plan:?}"
+    );
     env.reconciler.run_until_idle(5).await;
     assert_eq!(
         env.calls(),
@@ -165,7 +181,11 @@ async fn multi_attach_is_blocked_only_by_confirmed_attachments_when_forbidden() 
     // Single-node attaches share a volume-level key, so wait out n1's backoff.
     env.clock.advance(Duration::from_millis(500));
     let plan = env.reconciler.plan();
-    assert!(plan.iter().any(|op| matches!(op, Operation::Attach { node, .. } if node == "n2")), "{plan:?}");
+    assert!(
+        plan.iter()
+            .any(|op| matches!(op, Operation::Attach { node, .. } if node == "n2")),
+        "{plan:?}"
+    );
 }
 
 #[tokio::test]
@@ -183,9 +203,18 @@ async fn force_detach_only_for_an_unhealthy_node_past_the_max_wait() {
     assert!(env.calls().is_empty());
 
     // Unhealthy: the request is 7 min old, past the 6 min maximum.
-    env.actual.set_node_health("n1".into(), NodeHealth { unhealthy: true, out_of_service: false });
+    env.actual.set_node_health(
+        "n1".into(),
+        NodeHealth {
+            unhealthy: true,
+            out_of_service: false,
+        },
+    );
     let plan = env.reconciler.plan();
-    assert!(matches!(plan.as_slice(), [Operation::Detach { forced: true, .. }]), "{plan:?}");
+    assert!(
+        matches!(plan.as_slice(), [Operation::Detach { forced: true, .. }]),
+        "{plan:?}"
+    );
     env.reconciler.run_until_idle(5).await;
     assert_eq!(env.calls(), [n(PluginMethod::Detach, "n1")]);
 }
@@ -194,13 +223,24 @@ async fn force_detach_only_for_an_unhealthy_node_past_the_max_wait() {
 async fn unhealthy_node_within_the_max_wait_or_with_force_disabled_is_not_detached() {
     for (config, advance) in [
         (ControllerConfig::default(), Duration::from_secs(5 * 60)),
-        (ControllerConfig { max_wait_for_unmount: None }, Duration::from_secs(3600)),
+        (
+            ControllerConfig {
+                max_wait_for_unmount: None,
+            },
+            Duration::from_secs(3600),
+        ),
     ] {
         let env = env(config);
         env.add("n1", AccessMode::SingleNode);
         env.reconciler.run_until_idle(5).await;
         env.calls();
-        env.actual.set_node_health("n1".into(), NodeHealth { unhealthy: true, out_of_service: false });
+        env.actual.set_node_health(
+            "n1".into(),
+            NodeHealth {
+                unhealthy: true,
+                out_of_service: false,
+            },
+        );
         env.remove("n1");
         env.reconciler.run_until_idle(5).await;
         env.clock.advance(advance);
@@ -212,11 +252,19 @@ async fn unhealthy_node_within_the_max_wait_or_with_force_disabled_is_not_detach
 
 #[tokio::test]
 async fn out_of_service_node_is_detached_at_once() {
-    let env = env(ControllerConfig { max_wait_for_unmount: None });
+    let env = env(ControllerConfig {
+        max_wait_for_unmount: None,
+    });
     env.add("n1", AccessMode::SingleNode);
     env.reconciler.run_until_idle(5).await;
     env.calls();
-    env.actual.set_node_health("n1".into(), NodeHealth { unhealthy: false, out_of_service: true });
+    env.actual.set_node_health(
+        "n1".into(),
+        NodeHealth {
+            unhealthy: false,
+            out_of_service: true,
+        },
+    );
     env.remove("n1");
     env.reconciler.run_until_idle(5).await;
     assert_eq!(env.calls(), [n(PluginMethod::Detach, "n1")]);
@@ -235,7 +283,10 @@ async fn failed_detach_is_uncertain_reported_again_and_retried_after_backoff() {
     env.not_in_use("n1");
     env.reconciler.run_until_idle(5).await;
     assert_eq!(env.state("n1"), Some(AttachState::Uncertain));
-    assert_eq!(env.actual.snapshot().attached_as_reported(&"n1".into()), ["v1"]);
+    assert_eq!(
+        env.actual.snapshot().attached_as_reported(&"n1".into()),
+        ["v1"]
+    );
     assert!(env.reconciler.plan().is_empty(), "in backoff");
     env.clock.advance(Duration::from_millis(500));
     env.reconciler.run_until_idle(5).await;

@@ -5,12 +5,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use PluginMethod::*;
 use volume_state::node::{
-    ActualStateOfWorld, AttachMode, AttachState, DesiredStateOfWorld, DeviceState,
-    DiscoveredMount, ExecutionResult, Operation, Phase, PodMountState, Reconciler,
+    ActualStateOfWorld, AttachMode, AttachState, DesiredStateOfWorld, DeviceState, DiscoveredMount,
+    ExecutionResult, Operation, Phase, PodMountState, Reconciler,
 };
 use volume_state::{ErrorKind, FakeClock, FakeVolumePlugin, GateError, PluginMethod, VolumeSpec};
-use PluginMethod::*;
 
 type Desired = DesiredStateOfWorld<String, String>;
 type Actual = ActualStateOfWorld<String, String>;
@@ -154,7 +154,8 @@ async fn controller_attach_mode_verifies_only_when_reported_in_use_and_never_det
     env.add("v1", "a");
     assert_eq!(env.reconciler.run_pass().await.planned, 0);
     assert!(env.calls().is_empty());
-    env.desired.mark_volumes_reported_in_use([&"v1".to_string()]);
+    env.desired
+        .mark_volumes_reported_in_use([&"v1".to_string()]);
     env.settle().await;
     assert_eq!(
         env.calls(),
@@ -192,7 +193,10 @@ async fn volume_moves_between_pods_without_restaging() {
     assert!(matches!(&plan[1], Operation::Publish { pod, .. } if pod == "b"));
     env.settle().await;
     let calls = env.plugin.take_calls();
-    let paths: Vec<_> = calls.iter().map(|c| (c.method, c.path.clone().unwrap())).collect();
+    let paths: Vec<_> = calls
+        .iter()
+        .map(|c| (c.method, c.path.clone().unwrap()))
+        .collect();
     assert_eq!(
         paths,
         [(Unpublish, target("a", "v1")), (Publish, target("b", "v1"))]
@@ -215,7 +219,12 @@ async fn stage_timeout_is_uncertain_and_still_unstaged_on_delete() {
     env.settle().await;
     assert_eq!(
         env.calls(),
-        [v(Attach, "v1"), v(Stage, "v1"), v(Unstage, "v1"), v(Detach, "v1")]
+        [
+            v(Attach, "v1"),
+            v(Stage, "v1"),
+            v(Unstage, "v1"),
+            v(Detach, "v1")
+        ]
     );
     assert!(env.actual.snapshot().is_empty());
 }
@@ -229,7 +238,8 @@ async fn final_stage_error_after_uncertain_means_not_mounted() {
     env.reconciler.run_pass().await;
     env.reconciler.run_pass().await;
     assert_eq!(env.device("v1"), Some(DeviceState::Uncertain));
-    env.plugin.fail_once(Stage, Some("v1".into()), ErrorKind::Final);
+    env.plugin
+        .fail_once(Stage, Some("v1".into()), ErrorKind::Final);
     env.clock.advance(Duration::from_millis(500));
     env.reconciler.run_pass().await;
     assert_eq!(env.device("v1"), Some(DeviceState::NotMounted));
@@ -291,7 +301,10 @@ async fn failed_unstage_makes_a_new_pod_stage_again() {
     env.add("v1", "b");
     env.settle().await;
     assert_eq!(env.calls(), [v(Stage, "v1"), v(Publish, "v1")]);
-    assert!(matches!(env.device("v1"), Some(DeviceState::Mounted { .. })));
+    assert!(matches!(
+        env.device("v1"),
+        Some(DeviceState::Mounted { .. })
+    ));
 }
 
 #[tokio::test]
@@ -338,7 +351,10 @@ async fn larger_desired_size_expands_once() {
     );
     env.settle().await;
     assert_eq!(env.calls(), [v(Expand, "v1")]);
-    assert_eq!(env.actual.snapshot().get(&"v1".into()).unwrap().size, Some(20));
+    assert_eq!(
+        env.actual.snapshot().get(&"v1".into()).unwrap().size,
+        Some(20)
+    );
 }
 
 #[tokio::test]
@@ -351,25 +367,33 @@ async fn plan_emits_operations_in_the_fixed_phase_order() {
     env.settle().await;
     env.add("a", "a"); // needs attach
     env.remove("u", "a"); // needs unpublish
-    env.reconciler.execute(Operation::Unpublish {
-        volume: "x".into(),
-        pod: "a".into(),
-        target_path: target("a", "x"),
-    }).await;
+    env.reconciler
+        .execute(Operation::Unpublish {
+            volume: "x".into(),
+            pod: "a".into(),
+            target_path: target("a", "x"),
+        })
+        .await;
     env.remove("x", "a"); // mounted device, no pods: needs unstage
-    env.reconciler.execute(Operation::Unpublish {
-        volume: "d".into(),
-        pod: "a".into(),
-        target_path: target("a", "d"),
-    }).await;
-    env.reconciler.execute(Operation::Unstage {
-        volume: "d".into(),
-        staging_path: staging("d"),
-    }).await;
+    env.reconciler
+        .execute(Operation::Unpublish {
+            volume: "d".into(),
+            pod: "a".into(),
+            target_path: target("a", "d"),
+        })
+        .await;
+    env.reconciler
+        .execute(Operation::Unstage {
+            volume: "d".into(),
+            staging_path: staging("d"),
+        })
+        .await;
     env.remove("d", "a"); // attached only: needs detach
-    env.actual.apply_attach(&"s".into(), &Arc::new(spec("s")), &Ok(Default::default()));
+    env.actual
+        .apply_attach(&"s".into(), &Arc::new(spec("s")), &Ok(Default::default()));
     env.add("s", "a"); // attached, needs stage
-    env.actual.mark_attached(&"p".into(), &Arc::new(VolumeSpec::default()));
+    env.actual
+        .mark_attached(&"p".into(), &Arc::new(VolumeSpec::default()));
     env.add_spec("p", "a", VolumeSpec::default()); // attached, needs publish
 
     let plan = env.reconciler.plan();
@@ -406,13 +430,17 @@ async fn never_detached_while_an_operation_on_the_volume_is_pending() {
     assert!(env.reconciler.plan().is_empty());
     assert_eq!(
         env.reconciler
-            .execute(Operation::MarkDetached { volume: "v1".into() })
+            .execute(Operation::MarkDetached {
+                volume: "v1".into()
+            })
             .await,
         ExecutionResult::Skipped(GateError::AlreadyExists)
     );
     assert_eq!(
         env.reconciler
-            .execute(Operation::Detach { volume: "v1".into() })
+            .execute(Operation::Detach {
+                volume: "v1".into()
+            })
             .await,
         ExecutionResult::Skipped(GateError::AlreadyExists)
     );
@@ -421,7 +449,12 @@ async fn never_detached_while_an_operation_on_the_volume_is_pending() {
     env.settle().await;
     assert_eq!(
         env.calls(),
-        [v(Attach, "v1"), v(Stage, "v1"), v(Unstage, "v1"), v(Detach, "v1")]
+        [
+            v(Attach, "v1"),
+            v(Stage, "v1"),
+            v(Unstage, "v1"),
+            v(Detach, "v1")
+        ]
     );
 }
 
@@ -456,7 +489,12 @@ async fn restart_reconstruction_waits_for_populated_desired_state_and_cleans_orp
         let entry = snapshot.get(&volume.into()).unwrap();
         assert_eq!(entry.attach, AttachState::Uncertain);
         assert_eq!(entry.device, DeviceState::Uncertain);
-        assert!(entry.pods.values().all(|m| m.state == PodMountState::Uncertain));
+        assert!(
+            entry
+                .pods
+                .values()
+                .all(|m| m.state == PodMountState::Uncertain)
+        );
     }
 
     // The populator has added "kept" but is not done: nothing is torn down.
@@ -491,7 +529,10 @@ async fn restart_reconstruction_waits_for_populated_desired_state_and_cleans_orp
     assert_eq!(snapshot.orphans().count(), 0);
     assert_eq!(snapshot.len(), 1);
     assert_eq!(
-        snapshot.pod_mount(&"kept".into(), &"a".into()).unwrap().state,
+        snapshot
+            .pod_mount(&"kept".into(), &"a".into())
+            .unwrap()
+            .state,
         PodMountState::Mounted
     );
 }

@@ -3,8 +3,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use volume_state::node::{ActualStateOfWorld, AttachMode, DesiredStateOfWorld, PodMountState, Reconciler};
-use volume_state::{ErrorKind, FakeVolumePlugin, PluginMethod, Runner, RunnerConfig, TokioClock, VolumeSpec};
+use volume_state::node::{
+    ActualStateOfWorld, AttachMode, DesiredStateOfWorld, PodMountState, Reconciler,
+};
+use volume_state::{
+    ErrorKind, FakeVolumePlugin, PluginMethod, Runner, RunnerConfig, TokioClock, VolumeSpec,
+};
 
 type Setup = (
     Arc<DesiredStateOfWorld<u32, u32>>,
@@ -42,9 +46,9 @@ fn spec(volume: u32) -> VolumeSpec {
 fn mounted(actual: &ActualStateOfWorld<u32, u32>, count: usize) -> bool {
     let snapshot = actual.snapshot();
     snapshot.len() == count
-        && snapshot
-            .volumes()
-            .all(|(_, v)| v.pods.values().all(|m| m.state == PodMountState::Mounted) && !v.pods.is_empty())
+        && snapshot.volumes().all(|(_, v)| {
+            v.pods.values().all(|m| m.state == PodMountState::Mounted) && !v.pods.is_empty()
+        })
 }
 
 const CONFIG: RunnerConfig = RunnerConfig {
@@ -57,7 +61,12 @@ async fn idle_runner_with_10000_volumes_runs_no_passes_until_an_event() {
     let (desired, actual, plugin, reconciler) = setup();
     plugin.set_recording(false);
     for volume in 0..10_000 {
-        desired.add_pod(volume, spec(volume), volume, format!("/pods/{volume}").into());
+        desired.add_pod(
+            volume,
+            spec(volume),
+            volume,
+            format!("/pods/{volume}").into(),
+        );
     }
     let runner = Runner::spawn(reconciler.clone(), CONFIG);
     let mut waited = Duration::ZERO;

@@ -259,7 +259,10 @@ impl<V: Key, N: Key> ActualStateOfWorld<V, N> {
         self.update(|s| {
             for (volume, entry) in s.volumes.iter_mut() {
                 let want = in_use.contains(volume);
-                if entry.nodes.get(node).is_some_and(|a| a.mounted_by_node != want)
+                if entry
+                    .nodes
+                    .get(node)
+                    .is_some_and(|a| a.mounted_by_node != want)
                     && let Some(a) = Arc::make_mut(entry).nodes.get_mut(node)
                 {
                     a.mounted_by_node = want;

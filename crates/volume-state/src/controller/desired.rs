@@ -30,7 +30,9 @@ impl<V: Key, P: Key, N: Key> DesiredSnapshot<V, P, N> {
 
     /// Whether `volume` is wanted on `node`.
     pub fn wants(&self, node: &N, volume: &V) -> bool {
-        self.nodes.get(node).is_some_and(|vs| vs.contains_key(volume))
+        self.nodes
+            .get(node)
+            .is_some_and(|vs| vs.contains_key(volume))
     }
 
     /// Number of (node, volume) pairs.
@@ -94,12 +96,10 @@ impl<V: Key, P: Key, N: Key> DesiredStateOfWorld<V, P, N> {
         let spec = spec.into();
         self.update(|s| {
             let volumes = Arc::make_mut(s.nodes.entry(node).or_default());
-            let entry = volumes
-                .entry(volume)
-                .or_insert_with(|| DesiredAttachment {
-                    spec: spec.clone(),
-                    pods: BTreeSet::new(),
-                });
+            let entry = volumes.entry(volume).or_insert_with(|| DesiredAttachment {
+                spec: spec.clone(),
+                pods: BTreeSet::new(),
+            });
             let mut changed = entry.pods.insert(pod);
             if entry.spec != spec {
                 entry.spec = spec;

@@ -1,5 +1,5 @@
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
 use tokio::sync::Notify;
@@ -249,8 +249,10 @@ impl<V: Key, P: Key> ActualStateOfWorld<V, P> {
                 .entry(volume.clone())
                 .or_insert_with(|| Arc::new(ActualVolume::new(spec.clone())));
             let entry = Arc::make_mut(entry);
-            entry.attach =
-                AttachState::from_progress(after_setup(entry.attach.progress(), Outcome::of(result)));
+            entry.attach = AttachState::from_progress(after_setup(
+                entry.attach.progress(),
+                Outcome::of(result),
+            ));
             if let Ok(info) = result {
                 entry.attach_info = Arc::new(info.clone());
                 entry.spec = spec.clone();
@@ -287,16 +289,16 @@ impl<V: Key, P: Key> ActualStateOfWorld<V, P> {
     }
 
     /// Applies a stage result.
-    pub fn apply_stage(&self, volume: &V, staging_path: &PathBuf, result: &Result<(), PluginError>) {
+    pub fn apply_stage(&self, volume: &V, staging_path: &Path, result: &Result<(), PluginError>) {
         self.update_volume(volume, |entry| {
-            entry.staging_path = Some(staging_path.clone());
+            entry.staging_path = Some(staging_path.to_path_buf());
             entry.device = match after_setup(entry.device.progress(), Outcome::of(result)) {
                 Progress::Done => match &entry.device {
                     // A failed re-stage keeps the existing mount as it is.
                     mounted @ DeviceState::Mounted { .. } if result.is_err() => mounted.clone(),
                     _ => DeviceState::Mounted {
                         device_path: entry.attach_info.device_path.clone(),
-                        staging_path: staging_path.clone(),
+                        staging_path: staging_path.to_path_buf(),
                     },
                 },
                 Progress::Uncertain => DeviceState::Uncertain,
@@ -324,7 +326,7 @@ impl<V: Key, P: Key> ActualStateOfWorld<V, P> {
         &self,
         volume: &V,
         pod: &P,
-        target_path: &PathBuf,
+        target_path: &Path,
         result: &Result<(), PluginError>,
     ) {
         self.update_volume(volume, |entry| {
@@ -346,7 +348,7 @@ impl<V: Key, P: Key> ActualStateOfWorld<V, P> {
                         pod.clone(),
                         PodMount {
                             state,
-                            target_path: target_path.clone(),
+                            target_path: target_path.to_path_buf(),
                             remount_required,
                         },
                     );

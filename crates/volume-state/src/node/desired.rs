@@ -108,7 +108,13 @@ impl<V: Key, P: Key> DesiredStateOfWorld<V, P> {
 
     /// Records that `pod` wants `volume` published at `target_path`. A changed
     /// spec (e.g. a larger desired size) replaces the stored one.
-    pub fn add_pod(&self, volume: V, spec: impl Into<Arc<VolumeSpec>>, pod: P, target_path: PathBuf) {
+    pub fn add_pod(
+        &self,
+        volume: V,
+        spec: impl Into<Arc<VolumeSpec>>,
+        pod: P,
+        target_path: PathBuf,
+    ) {
         let spec = spec.into();
         self.update(|s| {
             let entry = s.volumes.entry(volume).or_insert_with(|| {

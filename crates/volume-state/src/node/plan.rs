@@ -181,7 +181,9 @@ impl<V: Key, P: Key> Operation<V, P> {
     /// volume-level keys so they exclude each other and all per-pod work.
     pub fn gate_key<N>(&self) -> Option<OperationKey<V, P, N>> {
         let (volume, pod, operation) = match self {
-            Operation::Unpublish { volume, pod, .. } => (volume, Some(pod), OperationKind::Unpublish),
+            Operation::Unpublish { volume, pod, .. } => {
+                (volume, Some(pod), OperationKind::Unpublish)
+            }
             Operation::Attach { volume, .. } => (volume, None, OperationKind::Attach),
             Operation::VerifyAttached { volume, .. } => {
                 (volume, None, OperationKind::VerifyAttached)
@@ -191,9 +193,11 @@ impl<V: Key, P: Key> Operation<V, P> {
             Operation::Expand { volume, .. } => (volume, None, OperationKind::Expand),
             Operation::Unstage { volume, .. } => (volume, None, OperationKind::Unstage),
             Operation::Detach { volume } => (volume, None, OperationKind::Detach),
-            Operation::CleanupOrphan { mount } => {
-                (&mount.volume, Some(&mount.pod), OperationKind::CleanupOrphan)
-            }
+            Operation::CleanupOrphan { mount } => (
+                &mount.volume,
+                Some(&mount.pod),
+                OperationKind::CleanupOrphan,
+            ),
             Operation::MarkAttached { .. }
             | Operation::MarkDetached { .. }
             | Operation::ForgetOrphan { .. } => return None,
@@ -205,6 +209,15 @@ impl<V: Key, P: Key> Operation<V, P> {
             operation,
         })
     }
+}
+
+/// Advances a cursor over a sorted map to `key`; returns its value if present.
+fn seek<'a, K: Ord + 'a, T: 'a>(
+    cursor: &mut std::iter::Peekable<impl Iterator<Item = (&'a K, &'a T)>>,
+    key: &K,
+) -> Option<&'a T> {
+    while cursor.next_if(|(k, _)| *k < key).is_some() {}
+    cursor.next_if(|(k, _)| *k == key).map(|(_, v)| v)
 }
 
 /// One reconcile pass: compares desired and actual state and returns the
@@ -229,8 +242,11 @@ pub fn plan<V: Key, P: Key, N: Key>(
     let mut unstage = Vec::new();
     let mut detach = Vec::new();
 
+    // Both maps are sorted by volume: walk them together instead of a
+    // tree lookup per volume.
+    let mut actual_cursor = actual.volumes().peekable();
     for (volume, wanted) in desired.volumes() {
-        let have = actual.get(volume);
+        let have = seek(&mut actual_cursor, volume);
         let attached = have.is_some_and(|a| a.attach == AttachState::Attached);
         let Some(have) = have.filter(|_| attached) else {
             let spec = wanted.spec.clone();
@@ -319,8 +335,9 @@ pub fn plan<V: Key, P: Key, N: Key>(
     // reconstructed after a restart are not unmounted before their pods
     // are known.
     if desired.is_populated() {
+        let mut desired_cursor = desired.volumes().peekable();
         for (volume, have) in actual.volumes() {
-            let wanted = desired.get(volume);
+            let wanted = seek(&mut desired_cursor, volume);
             for (pod, mount) in &have.pods {
                 let pod_wanted = wanted.is_some_and(|w| w.pods.contains_key(pod));
                 if !pod_wanted && free(volume, Some(pod), OperationKind::Unpublish) {
@@ -374,7 +391,11 @@ pub fn plan<V: Key, P: Key, N: Key>(
                     volume: mount.volume.clone(),
                     pod: mount.pod.clone(),
                 });
-            } else if free(&mount.volume, Some(&mount.pod), OperationKind::CleanupOrphan) {
+            } else if free(
+                &mount.volume,
+                Some(&mount.pod),
+                OperationKind::CleanupOrphan,
+            ) {
                 detach.push(Operation::CleanupOrphan {
                     mount: mount.clone(),
                 });
