@@ -225,6 +225,12 @@ impl FakeMounter {
         }
     }
 
+    fn apply_remount(m: &mut MountInfo, opts: &MountOptions) {
+        let ro = if opts.is_read_only() { "ro" } else { "rw" };
+        m.mount_options.retain(|o| o != "ro" && o != "rw");
+        m.mount_options.insert(0, ro.into());
+    }
+
     fn bind_locked(
         st: &mut State,
         source: &Path,
@@ -287,7 +293,19 @@ impl Mounter for FakeMounter {
         let target = normalize(target);
         let opts = MountOptions::parse(options);
         let mut st = self.lock();
-        let result = if opts.is_bind() {
+        let result = if opts.flags.contains(nix::mount::MsFlags::MS_REMOUNT) {
+            // Like the kernel: a remount needs an existing mount.
+            match Self::check(&st, FakeOp::Mount, &target) {
+                Err(e) => Err(e),
+                Ok(()) => match st.mounts.iter_mut().rev().find(|m| m.mount_point == target) {
+                    Some(m) => {
+                        Self::apply_remount(m, &opts);
+                        Ok(())
+                    }
+                    None => Err(Errno::EINVAL),
+                },
+            }
+        } else if opts.is_bind() {
             Self::bind_locked(
                 &mut st,
                 &normalize(Path::new(source)),
@@ -597,6 +615,19 @@ mod tests {
         m.bind_mount(p("/var/data"), p("/x"), false).unwrap();
         m.bind_mount(p("/var/data"), p("/y"), false).unwrap();
         assert_eq!(m.mount_refs(p("/x")).unwrap(), vec![PathBuf::from("/y")]);
+    }
+
+    #[test]
+    fn remount_changes_an_existing_mount() {
+        let m = FakeMounter::new();
+        let err = m.mount("", p("/r"), "", &["remount", "ro"]).unwrap_err();
+        assert_eq!(err.errno(), Some(Errno::EINVAL));
+        m.bind_mount(p("/src"), p("/r"), false).unwrap();
+        m.mount("", p("/r"), "", &["remount", "bind", "ro"])
+            .unwrap();
+        let mounts = m.mount_points().unwrap();
+        assert_eq!(mounts.len(), 1);
+        assert!(mounts[0].is_read_only());
     }
 
     #[test]

@@ -171,7 +171,8 @@ impl Mounter for LinuxMounter {
     ) -> Result<(), MountError> {
         let opts = MountOptions::parse(options);
         let shown = shown_options(options, sensitive_options);
-        if opts.is_bind() {
+        // "remount,bind,ro" changes an existing bind in place: one call.
+        if opts.is_bind() && !opts.flags.contains(MsFlags::MS_REMOUNT) {
             let extra = opts.flags - MsFlags::MS_BIND - MsFlags::MS_REC;
             self.bind(
                 Path::new(source),

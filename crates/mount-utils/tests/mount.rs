@@ -130,6 +130,11 @@ fn bind_and_read_only_bind() {
         let err = fs::write(ro2.join("nope"), b"x").unwrap_err();
         assert_eq!(err.raw_os_error(), Some(libc::EROFS));
 
+        // "remount,bind,ro" flips an existing bind in place.
+        m.mount("", &rw, "", &["remount", "bind", "ro"]).unwrap();
+        let err = fs::write(rw.join("now-ro"), b"x").unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EROFS));
+
         for t in [&ro2, &ro, &rw, &src] {
             m.unmount(t, false).unwrap();
         }

@@ -1,0 +1,168 @@
+//! Benchmarks: mountinfo parsing of 10,000 entries, and `is_mount_point`
+//! latency (statx vs mountinfo scan) as the mount table grows to 10,000.
+//!
+//! Run: `cargo bench -p mount-utils --bench mount_utils`. The
+//! `is_mount_point` group needs root; it creates its mounts in a private
+//! mount namespace of the benchmark process, so nothing leaks to the host.
+
+use std::fmt::Write as _;
+use std::hint::black_box;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use mount_utils::{LinuxMounter, Mounter, parse_mountinfo};
+use nix::mount::MsFlags;
+
+/// A kubelet-like mount table: escaped paths, optional fields, SELinux
+/// contexts, overlay options.
+fn synth_mountinfo(entries: usize) -> Vec<u8> {
+    let mut s = String::with_capacity(entries * 200);
+    for i in 0..entries {
+        let id = i + 30;
+        match i % 4 {
+            0 => writeln!(
+                s,
+                "{id} 29 0:{} / /var/lib/kubelet/pods/{i:08x}-pod/volumes/kubernetes.io~empty-dir/cache rw,nosuid,nodev,relatime shared:{i} - tmpfs tmpfs rw,size=65536k,mode=755",
+                i % 200
+            ),
+            1 => writeln!(
+                s,
+                "{id} 29 253:{} /vol{i} /var/lib/kubelet/plugins/kubernetes.io/csi/pv/pvc\\040{i}/globalmount rw,relatime shared:{i} master:3 - xfs /dev/mapper/vg-lv{i} rw,seclabel,context=\"system_u:object_r:container_file_t:s0:c1,c2\",attr2,inode64,noquota",
+                i % 16
+            ),
+            2 => writeln!(
+                s,
+                "{id} 29 0:{} / /run/containerd/io.containerd.runtime.v2.task/k8s.io/{i:064x}/rootfs rw,relatime - overlay overlay rw,lowerdir=/var/lib/containerd/snapshots/{i}/fs:/var/lib/containerd/snapshots/1/fs,upperdir=/var/lib/containerd/snapshots/{}/fs,workdir=/var/lib/containerd/snapshots/{}/work",
+                i % 200,
+                i + 1,
+                i + 1
+            ),
+            _ => writeln!(
+                s,
+                "{id} 29 8:1 /var/lib/kubelet/pods/{i:08x}/etc-hosts /var/lib/kubelet/pods/{i:08x}/containers/app/etc/hosts rw,relatime - ext4 /dev/sda1 rw"
+            ),
+        }
+        .unwrap();
+    }
+    s.into_bytes()
+}
+
+fn bench_parse(c: &mut Criterion) {
+    let text = synth_mountinfo(10_000);
+    assert_eq!(parse_mountinfo(&text).unwrap().len(), 10_000);
+    let mut g = c.benchmark_group("mountinfo_parse");
+    g.throughput(criterion::Throughput::Elements(10_000));
+    g.bench_function("10000_entries", |b| {
+        b.iter(|| parse_mountinfo(black_box(&text)).unwrap())
+    });
+    g.finish();
+}
+
+/// Bind mounts in this process's private namespace, grown on demand.
+struct MountTable {
+    base: PathBuf,
+    source: PathBuf,
+    mounted: usize,
+    _dir: tempfile::TempDir,
+}
+
+impl MountTable {
+    fn new() -> Self {
+        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS).expect("unshare");
+        nix::mount::mount(
+            None::<&str>,
+            "/",
+            None::<&str>,
+            MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+            None::<&str>,
+        )
+        .expect("make / private");
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path().to_path_buf();
+        // A tmpfs holds the 10,000 directories so the host disk is untouched.
+        LinuxMounter::new()
+            .mount("tmpfs", &base, "tmpfs", &["size=64m"])
+            .unwrap();
+        let source = base.join("source");
+        std::fs::create_dir(&source).unwrap();
+        MountTable {
+            base,
+            source,
+            mounted: 0,
+            _dir: dir,
+        }
+    }
+
+    fn target(&self, i: usize) -> PathBuf {
+        self.base.join(format!("m{i}"))
+    }
+
+    fn grow_to(&mut self, n: usize) {
+        let m = LinuxMounter::new();
+        let start = Instant::now();
+        let from = self.mounted;
+        while self.mounted < n {
+            let t = self.target(self.mounted);
+            std::fs::create_dir(&t).unwrap();
+            m.bind_mount(&self.source, &t, false).unwrap();
+            self.mounted += 1;
+        }
+        eprintln!(
+            "mount table: {} bind mounts (+{} in {:?})",
+            self.mounted,
+            n - from,
+            start.elapsed()
+        );
+    }
+}
+
+impl Drop for MountTable {
+    fn drop(&mut self) {
+        // The namespace dies with the process anyway; be tidy regardless.
+        let _ = LinuxMounter::new().unmount(&self.base, true);
+    }
+}
+
+fn bench_is_mount_point(c: &mut Criterion) {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: is_mount_point benchmark: needs root (euid != 0)");
+        return;
+    }
+    // Under `cargo test --benches` criterion runs each benchmark once; keep
+    // that quick.
+    let bench_mode = std::env::args().any(|a| a == "--bench");
+    let sizes: &[usize] = if bench_mode {
+        &[100, 1_000, 10_000]
+    } else {
+        &[100]
+    };
+    let mut table = MountTable::new();
+    let m = LinuxMounter::new();
+    let mut g = c.benchmark_group("is_mount_point");
+    g.sample_size(20).warm_up_time(Duration::from_millis(500));
+    for &n in sizes {
+        table.grow_to(n);
+        // The mount point checked is in the middle of the table.
+        let probe = table.target(n / 2);
+        let not_mounted: &Path = &table.source;
+        assert_eq!(m.is_mount_point_statx(&probe).unwrap(), Some(true));
+        assert!(m.is_mount_point_by_scan(&probe).unwrap());
+        assert!(!m.is_mount_point(not_mounted).unwrap());
+        g.bench_with_input(BenchmarkId::new("statx", n), &probe, |b, p| {
+            b.iter(|| m.is_mount_point_statx(black_box(p)).unwrap())
+        });
+        g.bench_with_input(BenchmarkId::new("mountinfo_scan", n), &probe, |b, p| {
+            b.iter(|| m.is_mount_point_by_scan(black_box(p)).unwrap())
+        });
+        g.bench_with_input(
+            BenchmarkId::new("likely_not_mount_point", n),
+            &probe,
+            |b, p| b.iter(|| m.is_likely_not_mount_point(black_box(p)).unwrap()),
+        );
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench_parse, bench_is_mount_point);
+criterion_main!(benches);
