@@ -45,6 +45,8 @@
 
 mod clock;
 pub mod controller;
+#[cfg(feature = "csi")]
+pub mod csi;
 mod error;
 mod gate;
 pub mod node;
