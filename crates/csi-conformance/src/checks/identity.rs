@@ -1,0 +1,83 @@
+use csi_proto::v1::*;
+
+use crate::suite::{Ctx, Outcome, rpc};
+
+/// DNS-1123 style as the spec words it: alphanumeric at both ends, `-`, `.`
+/// and alphanumerics in between.
+fn is_dns_name(name: &str) -> bool {
+    let b = name.as_bytes();
+    !b.is_empty()
+        && b[0].is_ascii_alphanumeric()
+        && b[b.len() - 1].is_ascii_alphanumeric()
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || *c == b'-' || *c == b'.')
+}
+
+pub(super) async fn plugin_info(ctx: &mut Ctx) -> Outcome {
+    let call = rpc!(
+        ctx,
+        identity,
+        get_plugin_info,
+        "GetPluginInfo",
+        GetPluginInfoRequest {}
+    )
+    .await;
+    let r = call.value()?;
+    call.ensure(!r.name.is_empty(), "name is required")?;
+    call.ensure(
+        r.name.len() <= 63,
+        format!("name {:?} is longer than 63 characters", r.name),
+    )?;
+    call.ensure(
+        is_dns_name(&r.name),
+        format!("name {:?} is not DNS-1123 style", r.name),
+    )?;
+    call.ensure(!r.vendor_version.is_empty(), "vendor_version is required")
+}
+
+pub(super) async fn plugin_capabilities(ctx: &mut Ctx) -> Outcome {
+    let call = rpc!(
+        ctx,
+        identity,
+        get_plugin_capabilities,
+        "GetPluginCapabilities",
+        GetPluginCapabilitiesRequest {}
+    )
+    .await;
+    let r = call.value()?;
+    for c in &r.capabilities {
+        call.ensure(
+            c.service_type().is_some() || c.volume_expansion_type().is_some(),
+            format!("capability {c:?} is neither a known service nor a volume expansion mode"),
+        )?;
+    }
+    Ok(())
+}
+
+pub(super) async fn probe(ctx: &mut Ctx) -> Outcome {
+    // A plugin may still be starting: ready=false with OK is allowed, so poll
+    // (bounded) until it reports ready.
+    for _ in 0..50 {
+        let call = rpc!(ctx, identity, probe, "Probe", ProbeRequest {}).await;
+        if call.value()?.ready != Some(false) {
+            return Ok(());
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    crate::suite::fail("Probe kept answering ready=false for 5 s")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_dns_name;
+
+    #[test]
+    fn dns_names() {
+        assert!(is_dns_name("csi.example.com"));
+        assert!(is_dns_name("a"));
+        assert!(!is_dns_name("-a"));
+        assert!(!is_dns_name("a."));
+        assert!(!is_dns_name("a_b"));
+        assert!(!is_dns_name(""));
+    }
+}

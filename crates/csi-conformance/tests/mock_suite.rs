@@ -1,0 +1,294 @@
+//! The suite against the in-memory reference driver: clean in both access
+//! types, and each fault caught by the check meant to catch it.
+
+use csi_conformance::mock::{Fault, MockDriver, MockServer};
+use csi_conformance::{Config, Report, Status, Suite, run_and_assert};
+
+struct Env {
+    server: MockServer,
+    dirs: tempfile::TempDir,
+}
+
+async fn start(driver: MockDriver) -> Env {
+    Env {
+        server: driver.serve().await.expect("mock driver serves"),
+        dirs: tempfile::tempdir().expect("tempdir"),
+    }
+}
+
+fn config(env: &Env) -> Config {
+    let mut c = Config::new(env.server.endpoint()).driver_log(env.server.log_path());
+    c.staging_dir = env.dirs.path().join("staging");
+    c.target_dir = env.dirs.path().join("target");
+    c
+}
+
+fn assert_all_passed(report: &Report) {
+    assert!(report.is_success(), "{report}");
+    assert_eq!(
+        report.skipped(),
+        0,
+        "nothing the mock advertises may be skipped:\n{report}"
+    );
+    assert_eq!(report.passed(), Suite::checks().len(), "{report}");
+}
+
+/// The parent directories the suite made must be gone again.
+fn assert_dirs_empty(env: &Env) {
+    for sub in ["staging", "target"] {
+        let left: Vec<_> = std::fs::read_dir(env.dirs.path().join(sub))
+            .expect("dir exists")
+            .collect();
+        assert!(left.is_empty(), "{sub} not cleaned up: {left:?}");
+    }
+}
+
+#[tokio::test]
+async fn mount_mode_passes_everything() {
+    let env = start(MockDriver::new()).await;
+    let report = run_and_assert(config(&env)).await;
+    assert_all_passed(&report);
+    assert_dirs_empty(&env);
+    assert!(
+        report
+            .plugin
+            .as_deref()
+            .unwrap_or("")
+            .starts_with("mock.csi.example.com")
+    );
+    let text = report.to_string();
+    assert!(text.contains("PASS  node.publish.repeat_table"), "{text}");
+    assert!(text.contains("0 failed, 0 skipped"), "{text}");
+}
+
+#[tokio::test]
+async fn block_mode_passes_everything() {
+    let env = start(MockDriver::new()).await;
+    let report = run_and_assert(config(&env).block()).await;
+    assert_all_passed(&report);
+    assert_dirs_empty(&env);
+}
+
+#[tokio::test]
+async fn without_staging_the_node_checks_still_pass() {
+    let env = start(MockDriver::new().without_stage_unstage()).await;
+    let report = run_and_assert(config(&env)).await;
+    let skipped: Vec<&str> = report
+        .results
+        .iter()
+        .filter(|r| matches!(r.status, Status::Skipped(_)))
+        .map(|r| r.id.as_str())
+        .collect();
+    assert_eq!(
+        skipped,
+        ["node.stage.missing_fields", "node.stage.idempotent"]
+    );
+    match &report.get("node.stage.idempotent").unwrap().status {
+        Status::Skipped(reason) => assert!(reason.contains("STAGE_UNSTAGE_VOLUME"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Runs the suite against a faulty driver and returns the failure text of `id`.
+async fn failure_of(fault: Fault, id: &str) -> (Report, String) {
+    let env = start(MockDriver::new().with_fault(fault)).await;
+    let report = Suite::new(config(&env)).run().await.expect("suite runs");
+    let result = report.get(id).unwrap_or_else(|| panic!("no check {id}"));
+    let text = match &result.status {
+        Status::Failed(f) => f.to_string(),
+        other => panic!("{fault:?}: expected {id} to fail, got {other:?}\n{report}"),
+    };
+    (report, text)
+}
+
+#[tokio::test]
+async fn wrong_code_for_missing_volume_is_caught() {
+    let (report, text) = failure_of(
+        Fault::WrongCodeForMissingVolume,
+        "controller.validate_volume_capabilities.missing_volume",
+    )
+    .await;
+    assert!(text.contains("ValidateVolumeCapabilities"), "{text}");
+    assert!(text.contains("expected: NOT_FOUND"), "{text}");
+    assert!(text.contains("actual:   INTERNAL"), "{text}");
+    assert!(
+        text.contains("request:  ValidateVolumeCapabilitiesRequest"),
+        "{text}"
+    );
+    for id in [
+        "controller.get_volume.missing_volume",
+        "controller.publish.missing_volume",
+        "controller.expand_volume.missing_volume",
+        "controller.modify_volume.missing_volume",
+        "node.expand_volume.missing_volume",
+    ] {
+        assert!(
+            matches!(report.get(id).unwrap().status, Status::Failed(_)),
+            "{id} should fail:\n{report}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn missing_paging_is_caught() {
+    let (report, text) = failure_of(Fault::NoPaging, "controller.list_volumes.paging").await;
+    assert!(text.contains("ListVolumes"), "{text}");
+    assert!(text.contains("max_entries is 2"), "{text}");
+    assert!(matches!(
+        report.get("snapshot.list.paging").unwrap().status,
+        Status::Failed(_)
+    ));
+}
+
+#[tokio::test]
+async fn non_idempotent_create_is_caught() {
+    let (report, text) = failure_of(
+        Fault::NotIdempotentCreate,
+        "controller.create_volume.idempotent",
+    )
+    .await;
+    assert!(text.contains("CreateVolume"), "{text}");
+    assert!(text.contains("same volume"), "{text}");
+    let concurrent = &report
+        .get("controller.create_volume.concurrent")
+        .unwrap()
+        .status;
+    assert!(matches!(concurrent, Status::Failed(_)), "{concurrent:?}");
+    let incompatible = &report
+        .get("controller.create_volume.incompatible_capacity")
+        .unwrap()
+        .status;
+    match incompatible {
+        Status::Failed(f) => {
+            assert_eq!(f.expected.as_deref(), Some("ALREADY_EXISTS"));
+            assert_eq!(f.actual.as_deref(), Some("OK"));
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn leaked_secrets_are_caught_without_echoing_them() {
+    let env = start(MockDriver::new().with_fault(Fault::LeaksSecretsToLog)).await;
+    let cfg = config(&env);
+    let markers = cfg.secrets.log_markers();
+    assert_eq!(markers.len(), 1);
+    let report = Suite::new(cfg).run().await.expect("suite runs");
+    let failures: Vec<_> = report.failures().map(|(r, _)| r.id.as_str()).collect();
+    assert_eq!(failures, ["general.secrets_not_in_logs"], "{report}");
+    let text = report.to_string();
+    assert!(text.contains("CreateVolumeSecret"), "{text}");
+    assert!(
+        !text.contains(&markers[0]),
+        "the report must not repeat the secret"
+    );
+    assert!(!report.to_junit_xml().contains(&markers[0]));
+}
+
+#[tokio::test]
+async fn leftover_target_path_is_caught() {
+    let (_, text) = failure_of(Fault::NoTargetCleanup, "node.publish.lifecycle").await;
+    assert!(text.contains("NodeUnpublishVolume"), "{text}");
+    assert!(text.contains("must delete the target_path"), "{text}");
+}
+
+#[tokio::test]
+async fn ignored_repeat_table_is_caught() {
+    let (_, text) = failure_of(Fault::NoRepeatTable, "node.publish.repeat_table").await;
+    assert!(text.contains("NodePublishVolume"), "{text}");
+    assert!(text.contains("expected: FAILED_PRECONDITION"), "{text}");
+    assert!(text.contains("actual:   OK"), "{text}");
+}
+
+#[tokio::test]
+async fn skipping_by_id_group_and_prefix() {
+    let env = start(MockDriver::new().with_fault(Fault::NoPaging)).await;
+    let cfg = config(&env)
+        .skip("controller.list_volumes.paging")
+        .skip("snapshot.list.*")
+        .skip("group-controller");
+    let report = run_and_assert(cfg).await;
+    for id in [
+        "controller.list_volumes.paging",
+        "snapshot.list.paging",
+        "snapshot.list.filters",
+        "group-controller.lifecycle",
+    ] {
+        match &report.get(id).unwrap().status {
+            Status::Skipped(reason) => assert!(reason.contains("configuration"), "{reason}"),
+            other => panic!("{id}: {other:?}"),
+        }
+    }
+    assert_eq!(report.skipped(), 7, "{report}");
+}
+
+#[tokio::test]
+async fn focus_runs_only_the_selected_checks() {
+    let env = start(MockDriver::new()).await;
+    let report = run_and_assert(config(&env).focus("identity")).await;
+    assert_eq!(report.passed(), 3, "{report}");
+    assert_eq!(report.results.len(), Suite::checks().len());
+}
+
+#[tokio::test]
+async fn junit_xml_is_well_formed() {
+    let env = start(MockDriver::new().with_fault(Fault::WrongCodeForMissingVolume)).await;
+    let report = Suite::new(config(&env).skip("node"))
+        .run()
+        .await
+        .expect("suite runs");
+    let xml = report.to_junit_xml();
+    assert!(xml.starts_with("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites "));
+    assert!(xml.trim_end().ends_with("</testsuites>"));
+    assert_eq!(xml.matches("<testcase ").count(), report.results.len());
+    assert_eq!(xml.matches("<failure ").count(), report.failed());
+    assert_eq!(xml.matches("<skipped ").count(), report.skipped());
+    assert_eq!(
+        xml.matches("<testsuite ").count(),
+        xml.matches("</testsuite>").count()
+    );
+    // Open and close tags balance: every non-self-closing testcase is closed.
+    let open = xml.matches("<testcase ").count();
+    let self_closed = xml
+        .lines()
+        .filter(|l| l.contains("<testcase ") && l.ends_with("/>"))
+        .count();
+    assert_eq!(open - self_closed, xml.matches("</testcase>").count());
+    // Debug output of requests contains quotes; they must be escaped.
+    let failure_lines: Vec<&str> = xml.lines().filter(|l| l.contains("<failure ")).collect();
+    assert!(!failure_lines.is_empty());
+    for line in failure_lines {
+        assert!(line.contains("&quot;"), "{line}");
+        let inner = line.split_once('>').unwrap().1;
+        assert!(
+            !inner.trim_end_matches("</failure>").contains('<'),
+            "{line}"
+        );
+    }
+    let path = env.dirs.path().join("report.xml");
+    report.write_junit(&path).unwrap();
+    assert_eq!(std::fs::read_to_string(path).unwrap(), xml);
+}
+
+#[test]
+fn checks_are_listed_with_unique_ids() {
+    let checks = Suite::checks();
+    let mut ids: Vec<&str> = checks.iter().map(|c| c.id).collect();
+    assert!(ids.len() >= 50);
+    assert!(ids.contains(&"node.publish.repeat_table"));
+    assert!(checks.iter().all(|c| c.id.starts_with(c.group.as_str())));
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), checks.len(), "duplicate check ids");
+}
+
+#[tokio::test]
+async fn unreachable_endpoint_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = Config::new(format!("unix://{}/nothing.sock", dir.path().display()));
+    cfg.timeouts.connect = std::time::Duration::from_millis(200);
+    cfg.staging_dir = dir.path().join("s");
+    cfg.target_dir = dir.path().join("t");
+    let err = Suite::new(cfg).run().await.unwrap_err();
+    assert!(err.to_string().contains("nothing.sock"), "{err}");
+}
