@@ -231,3 +231,34 @@ fn format_mount_and_grow_btrfs() {
     }
     format_mount_grow(t, "btrfs", 256 * MIB);
 }
+
+#[test]
+fn a_failing_test_leaves_no_mount_or_loop_device() {
+    require_root!("a_failing_test_leaves_no_mount_or_loop_device");
+    if !have_program("a_failing_test_leaves_no_mount_or_loop_device", "mkfs.ext4") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let backing = tmp.path().join("fail.img");
+    sparse_file(&backing, 32 * MIB);
+    let target = tmp.path().join("mnt");
+    fs::create_dir(&target).unwrap();
+    let (b, t) = (backing.clone(), target.clone());
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        in_private_mount_ns("a_failing_test_leaves_no_mount_or_loop_device", move || {
+            let dev = LoopDevice::attach(&b, &LoopOptions::default()).unwrap();
+            let device = dev.path().to_str().unwrap().to_owned();
+            sfm()
+                .format_and_mount(&device, &t, "ext4", &[], &[])
+                .unwrap();
+            assert!(LinuxMounter::new().is_mount_point(&t).unwrap());
+            panic!("deliberate failure with a mounted loop device (expected in this test)");
+        })
+    }));
+    assert!(result.is_err(), "the inner test body must have failed");
+    // The mount lived only in the dead thread's namespace...
+    assert!(!LinuxMounter::new().is_mount_point(&target).unwrap());
+    // ...and the loop device went with it (handle dropped while unwinding,
+    // autoclear on the last close).
+    assert_no_loop_device_for(&backing);
+}
