@@ -283,3 +283,55 @@ impl fmt::Display for Report {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Report {
+        let failure = Failure {
+            rpc: Some("CreateVolume".into()),
+            request: Some("CreateVolumeRequest { name: \"a<b\" }".into()),
+            expected: Some("INVALID_ARGUMENT".into()),
+            actual: Some("OK".into()),
+            message: "name & caps".into(),
+        };
+        let result = |id: &str, group, status| CheckResult {
+            id: id.into(),
+            group,
+            description: "d".into(),
+            status,
+            duration: Duration::from_millis(3),
+        };
+        Report {
+            plugin: Some("x 1".into()),
+            results: vec![
+                result("identity.probe", Group::Identity, Status::Passed),
+                result("controller.a", Group::Controller, Status::Failed(failure)),
+                result("node.b", Group::Node, Status::Skipped("no \"cap\"".into())),
+            ],
+            duration: Duration::from_millis(9),
+        }
+    }
+
+    #[test]
+    fn display_names_rpc_codes_and_request() {
+        let text = sample().to_string();
+        assert!(text.contains("PASS  identity.probe"));
+        assert!(text.contains("SKIP  node.b: no \"cap\""));
+        assert!(text.contains("CreateVolume: name & caps"));
+        assert!(text.contains("expected: INVALID_ARGUMENT"));
+        assert!(text.contains("actual:   OK"));
+        assert!(text.contains("1 passed, 1 failed, 1 skipped (3 checks"));
+    }
+
+    #[test]
+    fn junit_escapes_everything() {
+        let xml = sample().to_junit_xml();
+        assert!(xml.contains("message=\"name &amp; caps\""));
+        assert!(xml.contains("a&lt;b"));
+        assert!(xml.contains("<skipped message=\"no &quot;cap&quot;\"/>"));
+        assert!(xml.contains("tests=\"3\" failures=\"1\" skipped=\"1\""));
+        assert_eq!(xml_escape("a\u{1}b'\n"), "a\u{FFFD}b&apos;&#10;");
+    }
+}

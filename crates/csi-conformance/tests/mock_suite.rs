@@ -292,3 +292,57 @@ async fn unreachable_endpoint_is_an_error() {
     let err = Suite::new(cfg).run().await.unwrap_err();
     assert!(err.to_string().contains("nothing.sock"), "{err}");
 }
+
+/// What the driver still holds after a run.
+async fn leftovers(env: &Env) -> (usize, usize) {
+    use csi_proto::v1::{ListSnapshotsRequest, ListVolumesRequest};
+    let client = csi_server::CsiClient::connect(env.server.endpoint())
+        .await
+        .unwrap();
+    let vols = client
+        .controller()
+        .list_volumes(ListVolumesRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .entries
+        .len();
+    let snaps = client
+        .controller()
+        .list_snapshots(ListSnapshotsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .entries
+        .len();
+    (vols, snaps)
+}
+
+#[tokio::test]
+async fn cleanup_runs_even_when_checks_fail() {
+    for fault in [
+        Fault::NoRepeatTable,
+        Fault::WrongCodeForMissingVolume,
+        Fault::NotIdempotentCreate,
+        Fault::NoTargetCleanup,
+    ] {
+        let env = start(MockDriver::new().with_fault(fault)).await;
+        let report = Suite::new(config(&env)).run().await.expect("suite runs");
+        assert!(!report.is_success(), "{fault:?} went unnoticed");
+        assert_eq!(
+            leftovers(&env).await,
+            (0, 0),
+            "{fault:?} left resources:\n{report}"
+        );
+    }
+    let env = start(MockDriver::new()).await;
+    run_and_assert(config(&env)).await;
+    assert_eq!(leftovers(&env).await, (0, 0));
+}
+
+#[tokio::test]
+#[should_panic(expected = "CSI conformance failures")]
+async fn run_and_assert_panics_with_the_report() {
+    let env = start(MockDriver::new().with_fault(Fault::NoPaging)).await;
+    run_and_assert(config(&env)).await;
+}
