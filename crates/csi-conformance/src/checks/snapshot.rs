@@ -32,7 +32,18 @@ async fn send(
 /// Creates a snapshot of `source` and checks the answer's shape.
 pub(super) async fn create(ctx: &mut Ctx, name: &str, source: &str) -> Outcome<Snapshot> {
     let req = snap_req(ctx, name, source);
-    let call = send(ctx, req).await;
+    let mut call = send(ctx, req.clone()).await;
+    // ready_to_use=false means post-processing; the CO re-calls until it is
+    // true (bounded by the check timeout).
+    while call
+        .value()?
+        .snapshot
+        .as_ref()
+        .is_some_and(|s| !s.ready_to_use)
+    {
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        call = send(ctx, req.clone()).await;
+    }
     let snap = call.value()?.snapshot.clone().unwrap_or_default();
     call.ensure(
         !snap.snapshot_id.is_empty(),
