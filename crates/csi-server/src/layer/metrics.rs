@@ -1,0 +1,225 @@
+//! Prometheus metrics (feature `metrics`): a latency histogram per method
+//! and gRPC code, exposed in text format on an optional HTTP address.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tonic::Code;
+
+use super::{Call, CallResult, Layer, Next};
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Labels {
+    method: &'static str,
+    code: &'static str,
+}
+
+type Durations = Family<Labels, Histogram, fn() -> Histogram>;
+
+fn histogram() -> Histogram {
+    // 100 µs to ~13 s.
+    Histogram::new(exponential_buckets(0.0001, 2.0, 18))
+}
+
+/// Records `csi_operations_seconds{method, code}` for every call.
+#[derive(Clone)]
+pub struct MetricsLayer {
+    durations: Durations,
+    registry: Arc<Registry>,
+}
+
+impl std::fmt::Debug for MetricsLayer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MetricsLayer").finish_non_exhaustive()
+    }
+}
+
+impl Default for MetricsLayer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MetricsLayer {
+    /// A layer with its own registry.
+    pub fn new() -> Self {
+        let durations: Durations = Family::new_with_constructor(histogram);
+        let mut registry = Registry::default();
+        registry.register(
+            "csi_operations_seconds",
+            "Duration of CSI calls by method and gRPC code",
+            durations.clone(),
+        );
+        Self {
+            durations,
+            registry: Arc::new(registry),
+        }
+    }
+
+    /// The text exposition of every metric.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+
+    /// Serves `GET /metrics` on `addr` until the returned task is dropped
+    /// or aborted.
+    pub async fn serve(&self, addr: SocketAddr) -> std::io::Result<MetricsTask> {
+        let listener = TcpListener::bind(addr).await?;
+        let local = listener.local_addr()?;
+        let layer = self.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                let layer = layer.clone();
+                tokio::spawn(async move {
+                    let _ = tokio::time::timeout(Duration::from_secs(10), async {
+                        let head = read_head(&mut conn).await?;
+                        let response = if head.starts_with("GET /metrics ") {
+                            let body = layer.encode();
+                            format!(
+                                "HTTP/1.1 200 OK\r\nContent-Type: application/openmetrics-text; version=1.0.0; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                                body.len()
+                            )
+                        } else {
+                            "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".to_owned()
+                        };
+                        conn.write_all(response.as_bytes()).await?;
+                        conn.shutdown().await
+                    })
+                    .await;
+                });
+            }
+        });
+        Ok(MetricsTask { task, addr: local })
+    }
+}
+
+/// Reads an HTTP request head (up to 8 KiB).
+async fn read_head(conn: &mut tokio::net::TcpStream) -> std::io::Result<String> {
+    let mut buf = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 1024];
+    while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 8192 {
+        let n = conn.read(&mut chunk).await?;
+        if n == 0 {
+            break;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    Ok(String::from_utf8_lossy(&buf).into_owned())
+}
+
+/// The running metrics endpoint; aborted when dropped.
+#[derive(Debug)]
+pub struct MetricsTask {
+    task: tokio::task::JoinHandle<()>,
+    addr: SocketAddr,
+}
+
+impl MetricsTask {
+    /// The bound address (useful with port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for MetricsTask {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn code_name(code: Code) -> &'static str {
+    match code {
+        Code::Ok => "OK",
+        Code::Cancelled => "CANCELLED",
+        Code::Unknown => "UNKNOWN",
+        Code::InvalidArgument => "INVALID_ARGUMENT",
+        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
+        Code::NotFound => "NOT_FOUND",
+        Code::AlreadyExists => "ALREADY_EXISTS",
+        Code::PermissionDenied => "PERMISSION_DENIED",
+        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
+        Code::FailedPrecondition => "FAILED_PRECONDITION",
+        Code::Aborted => "ABORTED",
+        Code::OutOfRange => "OUT_OF_RANGE",
+        Code::Unimplemented => "UNIMPLEMENTED",
+        Code::Internal => "INTERNAL",
+        Code::Unavailable => "UNAVAILABLE",
+        Code::DataLoss => "DATA_LOSS",
+        Code::Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
+impl Layer for MetricsLayer {
+    fn call<'a>(&'a self, call: Call, next: Next<'a>) -> BoxFuture<'a, CallResult> {
+        let method = call.method.name();
+        let start = Instant::now();
+        Box::pin(next.run(call).map(move |result| {
+            let code = result.as_ref().map_or_else(|e| e.code(), |_| Code::Ok);
+            self.durations
+                .get_or_create(&Labels {
+                    method,
+                    code: code_name(code),
+                })
+                .observe(start.elapsed().as_secs_f64());
+            result
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::CsiError;
+    use crate::layer::Stack;
+    use csi_proto::v1::{DeleteVolumeRequest, DeleteVolumeResponse, ProbeRequest, ProbeResponse};
+
+    #[tokio::test]
+    async fn records_per_method_and_code_and_serves_text() {
+        let layer = MetricsLayer::new();
+        let stack = Stack::new().push(layer.clone());
+        stack
+            .call(1, ProbeRequest {}, |_| async {
+                Ok(ProbeResponse::default())
+            })
+            .await
+            .unwrap();
+        let _ = stack
+            .call(2, DeleteVolumeRequest::default(), |_| async {
+                Err::<DeleteVolumeResponse, _>(CsiError::NotFound("v".into()))
+            })
+            .await;
+        let text = layer.encode();
+        assert!(
+            text.contains("csi_operations_seconds_count{method=\"Probe\",code=\"OK\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("method=\"DeleteVolume\",code=\"NOT_FOUND\""),
+            "{text}"
+        );
+
+        let task = layer.serve("127.0.0.1:0".parse().unwrap()).await.unwrap();
+        let mut conn = tokio::net::TcpStream::connect(task.local_addr())
+            .await
+            .unwrap();
+        conn.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut body = String::new();
+        conn.read_to_string(&mut body).await.unwrap();
+        assert!(body.starts_with("HTTP/1.1 200 OK"), "{body}");
+        assert!(body.contains("csi_operations_seconds_bucket"), "{body}");
+    }
+}

@@ -1,0 +1,579 @@
+//! The `Server` builder: endpoint, mode, driver services, layers; then
+//! `serve()` until SIGTERM/SIGINT with a graceful shutdown.
+
+use std::future::Future;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use csi_proto::v1::controller_server::ControllerServer;
+use csi_proto::v1::group_controller_server::GroupControllerServer;
+use csi_proto::v1::identity_server::IdentityServer;
+use csi_proto::v1::node_server::NodeServer;
+use csi_proto::v1::plugin_capability::service::Type as PluginService;
+use csi_proto::v1::snapshot_metadata_server::SnapshotMetadataServer;
+use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
+use tonic::service::{Routes, RoutesBuilder};
+
+use crate::capabilities::{Capabilities, PluginInfo};
+use crate::dispatch::{
+    ControllerService, GroupControllerService, IdentityService, NodeService, Shared,
+    SnapshotMetadataService,
+};
+use crate::driver::{
+    Controller, Declared, DefaultIdentity, GroupController, Identity, Node, SnapshotMetadata,
+};
+use crate::endpoint::{Endpoint, EndpointError};
+use crate::error::CsiError;
+use crate::layer::{
+    CatchPanicLayer, GatingLayer, Layer, LockMap, LockingLayer, Readiness, ReadinessLayer, Stack,
+    TracingLayer, ValidationLayer,
+};
+use crate::socket::{self, SocketError};
+
+/// Which services this instance serves. The spec leaves it to the plugin to
+/// know its mode; a mode whose driver is missing fails at build time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ServeMode {
+    /// Identity plus Controller (and GroupController, SnapshotMetadata when given).
+    Controller,
+    /// Identity plus Node.
+    Node,
+    /// Everything given.
+    #[default]
+    Both,
+}
+
+impl ServeMode {
+    fn controller(self) -> bool {
+        matches!(self, Self::Controller | Self::Both)
+    }
+    fn node(self) -> bool {
+        matches!(self, Self::Node | Self::Both)
+    }
+}
+
+impl FromStr for ServeMode {
+    type Err = ServerError;
+
+    /// `controller`, `node` or `both` (also `all`), case-insensitive.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "controller" => Ok(Self::Controller),
+            "node" => Ok(Self::Node),
+            "both" | "all" => Ok(Self::Both),
+            _ => Err(ServerError::Config(format!(
+                "unknown mode {s:?}: expected controller, node or both"
+            ))),
+        }
+    }
+}
+
+/// Why the server could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// The endpoint is missing or malformed.
+    #[error(transparent)]
+    Endpoint(#[from] EndpointError),
+    /// A `tcp://` endpoint without [`ServerBuilder::allow_tcp`].
+    #[error(
+        "{0} is a TCP endpoint; CSI plugins listen on unix sockets unless allow_tcp(true) is set"
+    )]
+    TcpNotAllowed(String),
+    /// The declaration or mode is inconsistent.
+    #[error("misconfigured server: {0}")]
+    Config(String),
+    /// The unix socket could not be created.
+    #[error(transparent)]
+    Socket(#[from] SocketError),
+    /// Binding a TCP address failed.
+    #[error("cannot listen on {addr}: {source}")]
+    Tcp {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The gRPC transport failed.
+    #[error(transparent)]
+    Transport(#[from] tonic::transport::Error),
+    /// Installing the signal handlers failed.
+    #[error("cannot install signal handlers: {0}")]
+    Signal(std::io::Error),
+    /// The metrics endpoint could not start.
+    #[cfg(feature = "metrics")]
+    #[error("metrics endpoint {addr}: {source}")]
+    Metrics {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl From<CsiError> for ServerError {
+    fn from(e: CsiError) -> Self {
+        Self::Config(e.to_string())
+    }
+}
+
+/// Configures a [`Server`]. Every layer is on by default.
+pub struct ServerBuilder {
+    info: PluginInfo,
+    capabilities: Capabilities,
+    mode: ServeMode,
+    endpoint: Option<Endpoint>,
+    allow_tcp: bool,
+    identity: Option<Arc<dyn Identity>>,
+    controller: Option<Arc<dyn Controller>>,
+    node: Option<Arc<dyn Node>>,
+    group_controller: Option<Arc<dyn GroupController>>,
+    snapshot_metadata: Option<Arc<dyn SnapshotMetadata>>,
+    readiness: Option<Readiness>,
+    grace_period: Duration,
+    lock_wait: Duration,
+    lock_map: Arc<LockMap>,
+    tracing: bool,
+    catch_panics: bool,
+    gating: bool,
+    validation: bool,
+    locking: bool,
+    extra_layers: Vec<Arc<dyn Layer>>,
+    #[cfg(feature = "metrics")]
+    metrics: Option<std::net::SocketAddr>,
+}
+
+impl std::fmt::Debug for ServerBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerBuilder")
+            .field("info", &self.info)
+            .field("mode", &self.mode)
+            .field("endpoint", &self.endpoint)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ServerBuilder {
+    /// The declared capabilities.
+    pub fn capabilities(mut self, capabilities: Capabilities) -> Self {
+        self.capabilities = capabilities;
+        self
+    }
+
+    /// The mode (default: [`ServeMode::Both`]).
+    pub fn mode(mut self, mode: ServeMode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// An explicit endpoint; without one, `CSI_ENDPOINT` is read at build.
+    pub fn endpoint(mut self, endpoint: Endpoint) -> Self {
+        self.endpoint = Some(endpoint);
+        self
+    }
+
+    /// Allows a `tcp://` endpoint (off by default: the spec wants unix sockets).
+    pub fn allow_tcp(mut self, allow: bool) -> Self {
+        self.allow_tcp = allow;
+        self
+    }
+
+    /// Overrides the Identity defaults.
+    pub fn identity<I: Identity>(mut self, identity: Arc<I>) -> Self {
+        self.identity = Some(identity);
+        self
+    }
+
+    /// The Controller driver.
+    pub fn controller<C: Controller>(mut self, controller: Arc<C>) -> Self {
+        self.controller = Some(controller);
+        self
+    }
+
+    /// The Node driver.
+    pub fn node<N: Node>(mut self, node: Arc<N>) -> Self {
+        self.node = Some(node);
+        self
+    }
+
+    /// The GroupController driver (served in controller mode).
+    pub fn group_controller<G: GroupController>(mut self, group: Arc<G>) -> Self {
+        self.group_controller = Some(group);
+        self
+    }
+
+    /// The SnapshotMetadata driver (served in controller mode).
+    pub fn snapshot_metadata<S: SnapshotMetadata>(mut self, service: Arc<S>) -> Self {
+        self.snapshot_metadata = Some(service);
+        self
+    }
+
+    /// A readiness handle the driver flips; Probe answers `ready=false`
+    /// until it does. Without one, the server reports ready as soon as it
+    /// listens.
+    pub fn readiness(mut self, readiness: Readiness) -> Self {
+        self.readiness = Some(readiness);
+        self
+    }
+
+    /// How long in-flight calls may run after a shutdown signal (default 30 s).
+    pub fn grace_period(mut self, grace: Duration) -> Self {
+        self.grace_period = grace;
+        self
+    }
+
+    /// How long a call waits for a busy resource before ABORTED (default 0:
+    /// fail at once and let the CO retry with backoff).
+    pub fn lock_wait(mut self, wait: Duration) -> Self {
+        self.lock_wait = wait;
+        self
+    }
+
+    /// Uses a given lock map, e.g. to inspect it in tests.
+    pub fn lock_map(mut self, map: Arc<LockMap>) -> Self {
+        self.lock_map = map;
+        self
+    }
+
+    /// Turns the tracing layer on or off.
+    pub fn tracing(mut self, on: bool) -> Self {
+        self.tracing = on;
+        self
+    }
+
+    /// Turns panic catching on or off.
+    pub fn catch_panics(mut self, on: bool) -> Self {
+        self.catch_panics = on;
+        self
+    }
+
+    /// Turns capability gating on or off.
+    pub fn capability_gating(mut self, on: bool) -> Self {
+        self.gating = on;
+        self
+    }
+
+    /// Turns spec validation on or off.
+    pub fn validation(mut self, on: bool) -> Self {
+        self.validation = on;
+        self
+    }
+
+    /// Turns per-resource locking on or off.
+    pub fn locking(mut self, on: bool) -> Self {
+        self.locking = on;
+        self
+    }
+
+    /// Adds a custom layer just outside the driver (inside the built-in ones).
+    pub fn layer(mut self, layer: impl Layer) -> Self {
+        self.extra_layers.push(Arc::new(layer));
+        self
+    }
+
+    /// Serves Prometheus metrics on `addr` (`GET /metrics`).
+    #[cfg(feature = "metrics")]
+    pub fn metrics_addr(mut self, addr: std::net::SocketAddr) -> Self {
+        self.metrics = Some(addr);
+        self
+    }
+
+    /// Checks the configuration and builds the server.
+    pub fn build(self) -> Result<Server, ServerError> {
+        let endpoint = match self.endpoint {
+            Some(e) => e,
+            None => Endpoint::from_env()?,
+        };
+        if let Endpoint::Tcp(_) = endpoint {
+            if !self.allow_tcp {
+                return Err(ServerError::TcpNotAllowed(endpoint.to_string()));
+            }
+        }
+        let mode = self.mode;
+        if mode.controller() && self.controller.is_none() {
+            return Err(ServerError::Config(format!(
+                "mode {mode:?} needs a controller driver"
+            )));
+        }
+        if mode.node() && self.node.is_none() {
+            return Err(ServerError::Config(format!(
+                "mode {mode:?} needs a node driver"
+            )));
+        }
+        let controller = self.controller.filter(|_| mode.controller());
+        let node = self.node.filter(|_| mode.node());
+        let group = self.group_controller.filter(|_| mode.controller());
+        let snapshot_metadata = self.snapshot_metadata.filter(|_| mode.controller());
+
+        let mut capabilities = self.capabilities;
+        capabilities.check()?;
+        // Service capabilities follow what this instance serves.
+        capabilities.set_plugin(PluginService::ControllerService, controller.is_some());
+        capabilities.set_plugin(PluginService::GroupControllerService, group.is_some());
+        capabilities.set_plugin(
+            PluginService::SnapshotMetadataService,
+            snapshot_metadata.is_some(),
+        );
+
+        let (readiness, ready_on_listen) = match self.readiness {
+            Some(r) => (r, false),
+            None => (Readiness::new(), true),
+        };
+
+        let mut stack = Stack::new();
+        if self.tracing {
+            stack = stack.push(TracingLayer);
+        }
+        #[cfg(feature = "metrics")]
+        let metrics = crate::layer::MetricsLayer::new();
+        #[cfg(feature = "metrics")]
+        {
+            stack = stack.push(metrics.clone());
+        }
+        if self.catch_panics {
+            stack = stack.push(CatchPanicLayer);
+        }
+        if self.gating {
+            stack = stack.push(GatingLayer::new(capabilities.clone()));
+        }
+        if self.validation {
+            stack = stack.push(ValidationLayer);
+        }
+        stack = stack.push(ReadinessLayer::new(readiness.clone()));
+        if self.locking {
+            stack = stack.push(LockingLayer::with_map(
+                self.lock_map.clone(),
+                self.lock_wait,
+            ));
+        }
+        for layer in self.extra_layers {
+            stack = stack.push_arc(layer);
+        }
+
+        let shared = Shared::new(
+            stack,
+            Arc::new(Declared {
+                info: self.info,
+                capabilities,
+            }),
+        );
+        let mut routes = RoutesBuilder::default();
+        routes.add_service(IdentityServer::new(IdentityService {
+            shared: shared.clone(),
+            driver: self.identity.unwrap_or_else(|| Arc::new(DefaultIdentity)),
+        }));
+        if let Some(driver) = controller {
+            routes.add_service(ControllerServer::new(ControllerService {
+                shared: shared.clone(),
+                driver,
+            }));
+        }
+        if let Some(driver) = node {
+            routes.add_service(NodeServer::new(NodeService {
+                shared: shared.clone(),
+                driver,
+            }));
+        }
+        if let Some(driver) = group {
+            routes.add_service(GroupControllerServer::new(GroupControllerService {
+                shared: shared.clone(),
+                driver,
+            }));
+        }
+        if let Some(driver) = snapshot_metadata {
+            routes.add_service(SnapshotMetadataServer::new(SnapshotMetadataService {
+                shared: shared.clone(),
+                driver,
+            }));
+        }
+        Ok(Server {
+            endpoint,
+            routes: routes.routes(),
+            readiness,
+            ready_on_listen,
+            grace_period: self.grace_period,
+            lock_map: self.lock_map,
+            #[cfg(feature = "metrics")]
+            metrics: (metrics, self.metrics),
+        })
+    }
+}
+
+/// A configured CSI server; see [`Server::builder`].
+pub struct Server {
+    endpoint: Endpoint,
+    routes: Routes,
+    readiness: Readiness,
+    ready_on_listen: bool,
+    grace_period: Duration,
+    lock_map: Arc<LockMap>,
+    #[cfg(feature = "metrics")]
+    metrics: (crate::layer::MetricsLayer, Option<std::net::SocketAddr>),
+}
+
+impl std::fmt::Debug for Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Server")
+            .field("endpoint", &self.endpoint)
+            .field("grace_period", &self.grace_period)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Server {
+    /// Starts configuring a server for the plugin `info`.
+    pub fn builder(info: PluginInfo) -> ServerBuilder {
+        ServerBuilder {
+            info,
+            capabilities: Capabilities::new(),
+            mode: ServeMode::Both,
+            endpoint: None,
+            allow_tcp: false,
+            identity: None,
+            controller: None,
+            node: None,
+            group_controller: None,
+            snapshot_metadata: None,
+            readiness: None,
+            grace_period: Duration::from_secs(30),
+            lock_wait: Duration::ZERO,
+            lock_map: LockMap::new(),
+            tracing: true,
+            catch_panics: true,
+            gating: true,
+            validation: true,
+            locking: true,
+            extra_layers: Vec::new(),
+            #[cfg(feature = "metrics")]
+            metrics: None,
+        }
+    }
+
+    /// The endpoint the server listens on.
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.endpoint
+    }
+
+    /// The readiness handle Probe answers from.
+    pub fn readiness(&self) -> Readiness {
+        self.readiness.clone()
+    }
+
+    /// The lock map of the locking layer (empty when no call is in flight).
+    pub fn lock_map(&self) -> Arc<LockMap> {
+        self.lock_map.clone()
+    }
+
+    /// The metrics registry's text exposition (feature `metrics`).
+    #[cfg(feature = "metrics")]
+    pub fn metrics_text(&self) -> String {
+        self.metrics.0.encode()
+    }
+
+    /// Serves until SIGTERM or SIGINT, then shuts down gracefully.
+    pub async fn serve(self) -> Result<(), ServerError> {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut term = signal(SignalKind::terminate()).map_err(ServerError::Signal)?;
+        let mut int = signal(SignalKind::interrupt()).map_err(ServerError::Signal)?;
+        self.serve_with_shutdown(async move {
+            tokio::select! {
+                _ = term.recv() => tracing::info!("SIGTERM received, shutting down"),
+                _ = int.recv() => tracing::info!("SIGINT received, shutting down"),
+            }
+        })
+        .await
+    }
+
+    /// Serves until `shutdown` completes; then stops accepting, lets
+    /// in-flight calls finish within the grace period, and removes the
+    /// socket.
+    pub async fn serve_with_shutdown<F>(self, shutdown: F) -> Result<(), ServerError>
+    where
+        F: Future<Output = ()> + Send,
+    {
+        #[cfg(feature = "metrics")]
+        let _metrics_task = match self.metrics.1 {
+            Some(addr) => Some(
+                self.metrics
+                    .0
+                    .serve(addr)
+                    .await
+                    .map_err(|source| ServerError::Metrics { addr, source })?,
+            ),
+            None => None,
+        };
+        let router = tonic::transport::Server::builder().add_routes(self.routes);
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let stop = async move {
+            let _ = stop_rx.await;
+        };
+        match &self.endpoint {
+            Endpoint::Unix(path) => {
+                let (listener, file) = socket::bind(path)?;
+                let listener = tokio::net::UnixListener::from_std(listener).map_err(|source| {
+                    SocketError::Io {
+                        path: path.clone(),
+                        op: "register with the runtime",
+                        source,
+                    }
+                })?;
+                if self.ready_on_listen {
+                    self.readiness.set_ready();
+                }
+                tracing::info!(endpoint = %self.endpoint, "serving");
+                let serving =
+                    router.serve_with_incoming_shutdown(UnixListenerStream::new(listener), stop);
+                let result = drain(serving, shutdown, stop_tx, self.grace_period).await;
+                file.remove();
+                result
+            }
+            Endpoint::Tcp(addr) => {
+                let listener = tokio::net::TcpListener::bind(addr)
+                    .await
+                    .map_err(|source| ServerError::Tcp {
+                        addr: *addr,
+                        source,
+                    })?;
+                if self.ready_on_listen {
+                    self.readiness.set_ready();
+                }
+                tracing::info!(endpoint = %self.endpoint, "serving");
+                let serving =
+                    router.serve_with_incoming_shutdown(TcpListenerStream::new(listener), stop);
+                drain(serving, shutdown, stop_tx, self.grace_period).await
+            }
+        }
+    }
+}
+
+/// Runs `serving` until `shutdown`, then tells it to stop and gives
+/// in-flight calls `grace` to finish before dropping them.
+async fn drain<S, F>(
+    serving: S,
+    shutdown: F,
+    stop: tokio::sync::oneshot::Sender<()>,
+    grace: Duration,
+) -> Result<(), ServerError>
+where
+    S: Future<Output = Result<(), tonic::transport::Error>>,
+    F: Future<Output = ()>,
+{
+    tokio::pin!(serving);
+    tokio::select! {
+        result = &mut serving => return result.map_err(ServerError::from),
+        () = shutdown => {}
+    }
+    let _ = stop.send(());
+    match tokio::time::timeout(grace, serving).await {
+        Ok(result) => result.map_err(ServerError::from),
+        Err(_) => {
+            tracing::warn!(
+                ?grace,
+                "in-flight calls did not finish within the grace period"
+            );
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,456 @@
+//! The full stack over real unix sockets.
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use common::*;
+use csi_proto::v1::node_service_capability::rpc::Type as NodeRpc;
+use csi_proto::v1::plugin_capability::service::Type as PluginService;
+use csi_proto::v1::*;
+use csi_server::socket::SocketError;
+use csi_server::{Capabilities, Endpoint, Readiness, ServeMode, Server, ServerError};
+use tonic::Code;
+
+#[tokio::test]
+async fn identity_answers_from_the_declaration() {
+    let dir = tempfile::tempdir().unwrap();
+    let driver = Arc::new(TestDriver::default());
+    let s = start(builder(&dir, &driver)).await;
+    let mut id = s.client.identity();
+    let info = id
+        .get_plugin_info(GetPluginInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.name, "test.csi.example.com");
+    let caps = id
+        .get_plugin_capabilities(GetPluginCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        caps.capabilities
+            .iter()
+            .any(|c| c.service_type() == Some(PluginService::ControllerService))
+    );
+    let probe = id.probe(ProbeRequest {}).await.unwrap().into_inner();
+    assert_eq!(probe.ready, Some(true));
+    let ccaps = s
+        .client
+        .controller()
+        .controller_get_capabilities(ControllerGetCapabilitiesRequest {})
+        .await
+        .unwrap();
+    assert_eq!(ccaps.into_inner().capabilities.len(), 1);
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn validation_comes_before_the_driver() {
+    let dir = tempfile::tempdir().unwrap();
+    let driver = Arc::new(TestDriver::default());
+    let s = start(builder(&dir, &driver)).await;
+    let mut c = s.client.controller();
+    // The driver would say NOT_FOUND; validation must answer first.
+    let err = c
+        .delete_volume(DeleteVolumeRequest {
+            volume_id: String::new(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert_eq!(err.message(), "volume_id: required");
+    assert!(err.details().is_empty());
+    let mut cap = mount_cap();
+    cap.access_mode = None;
+    let err = c
+        .create_volume(CreateVolumeRequest {
+            name: "v".into(),
+            volume_capabilities: vec![cap],
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert_eq!(
+        err.message(),
+        "volume_capabilities[0].access_mode: required"
+    );
+    let err = s
+        .client
+        .node()
+        .node_publish_volume(publish("v", "relative/path"))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (err.code(), err.message()),
+        (
+            Code::InvalidArgument,
+            "target_path: must be an absolute path"
+        )
+    );
+    assert_eq!(driver.executions.load(Ordering::SeqCst), 0);
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn undeclared_capabilities_are_gated() {
+    use csi_proto::v1::volume_content_source::{SnapshotSource, Type};
+    let dir = tempfile::tempdir().unwrap();
+    let driver = Arc::new(TestDriver::default());
+    let s = start(
+        builder(&dir, &driver)
+            .capabilities(Capabilities::new().node([NodeRpc::StageUnstageVolume])),
+    )
+    .await;
+    let mut c = s.client.controller();
+    let create = CreateVolumeRequest {
+        name: "v".into(),
+        volume_capabilities: vec![mount_cap()],
+        ..Default::default()
+    };
+    let err = c.create_volume(create.clone()).await.unwrap_err();
+    assert_eq!(err.code(), Code::Unimplemented);
+    assert!(
+        err.message().contains("CREATE_DELETE_VOLUME"),
+        "{}",
+        err.message()
+    );
+    let err = c
+        .list_volumes(ListVolumesRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Unimplemented);
+    let err = c
+        .controller_get_volume(ControllerGetVolumeRequest {
+            volume_id: "v".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Unimplemented);
+    // Not declared: NodeGetVolumeStats; declared: staging, so a publish
+    // without staging_target_path is FAILED_PRECONDITION.
+    let mut n = s.client.node();
+    let err = n
+        .node_get_volume_stats(NodeGetVolumeStatsRequest {
+            volume_id: "v".into(),
+            volume_path: "/mnt/v".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Unimplemented);
+    let err = n
+        .node_publish_volume(publish("v", "/mnt/t"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    let mut staged = publish("v", "/mnt/t");
+    staged.staging_target_path = "/mnt/s".into();
+    n.node_publish_volume(staged).await.unwrap();
+    s.stop().await.unwrap();
+
+    // With CREATE_DELETE_VOLUME but neither snapshots nor MODIFY_VOLUME.
+    let dir = tempfile::tempdir().unwrap();
+    let s = start(builder(&dir, &driver)).await;
+    let mut c = s.client.controller();
+    let mut from_snapshot = create.clone();
+    from_snapshot.volume_content_source = Some(VolumeContentSource {
+        r#type: Some(Type::Snapshot(SnapshotSource {
+            snapshot_id: "s".into(),
+        })),
+    });
+    assert_eq!(
+        c.create_volume(from_snapshot).await.unwrap_err().code(),
+        Code::InvalidArgument
+    );
+    let mut mutable = create.clone();
+    mutable
+        .mutable_parameters
+        .insert("iops".into(), "100".into());
+    let err = c.create_volume(mutable).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(err.message().starts_with("mutable_parameters:"));
+    c.create_volume(create).await.unwrap();
+    // NodeStage is not declared here.
+    let err = s
+        .client
+        .node()
+        .node_stage_volume(NodeStageVolumeRequest {
+            volume_id: "v".into(),
+            staging_target_path: "/mnt/s".into(),
+            volume_capability: Some(mount_cap()),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Unimplemented);
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn services_outside_the_mode_are_not_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let driver = Arc::new(TestDriver::default());
+    let s = start(builder(&dir, &driver).mode(ServeMode::Node)).await;
+    let err = s
+        .client
+        .controller()
+        .controller_get_capabilities(ControllerGetCapabilitiesRequest {})
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Unimplemented);
+    let caps = s
+        .client
+        .identity()
+        .get_plugin_capabilities(GetPluginCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        caps.capabilities
+            .iter()
+            .all(|c| c.service_type() != Some(PluginService::ControllerService))
+    );
+    s.client
+        .node()
+        .node_get_info(NodeGetInfoRequest {})
+        .await
+        .unwrap();
+    s.stop().await.unwrap();
+
+    // A mode whose driver is missing fails fast.
+    let err = Server::builder(info())
+        .endpoint(Endpoint::unix(dir.path().join("x.sock")).unwrap())
+        .mode(ServeMode::Controller)
+        .node(driver.clone())
+        .build()
+        .unwrap_err();
+    assert!(matches!(err, ServerError::Config(_)), "{err}");
+    let err = Server::builder(info())
+        .endpoint("tcp://127.0.0.1:0".parse().unwrap())
+        .node(driver.clone())
+        .controller(driver)
+        .build()
+        .unwrap_err();
+    assert!(matches!(err, ServerError::TcpNotAllowed(_)), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixty_four_conflicting_calls_see_only_ok_or_aborted() {
+    let dir = tempfile::tempdir().unwrap();
+    let driver = Arc::new(TestDriver::default());
+    let s = start(builder(&dir, &driver)).await;
+    let mut calls = Vec::new();
+    for _ in 0..64 {
+        let mut c = s.client.controller();
+        calls.push(tokio::spawn(async move {
+            c.delete_volume(DeleteVolumeRequest {
+                volume_id: "busy-1".into(),
+                ..Default::default()
+            })
+            .await
+        }));
+    }
+    let mut ok = 0;
+    for call in calls {
+        match call.await.unwrap() {
+            Ok(_) => ok += 1,
+            Err(e) => {
+                assert_eq!(e.code(), Code::Aborted, "{e:?}");
+                assert_eq!(
+                    e.message(),
+                    "an operation for volume \"busy-1\" is already in progress"
+                );
+            }
+        }
+    }
+    assert!(ok >= 1);
+    assert_eq!(
+        driver.max_running.load(Ordering::SeqCst),
+        1,
+        "two calls ran at once"
+    );
+    assert_eq!(
+        driver.executions.load(Ordering::SeqCst),
+        ok,
+        "an ABORTED call reached the driver"
+    );
+    assert!(s.lock_map.is_empty());
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn different_volumes_do_not_block_each_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let driver = Arc::new(TestDriver::default());
+    let s = start(builder(&dir, &driver)).await;
+    let mut c = s.client.controller();
+    let blocked = tokio::spawn(async move {
+        c.delete_volume(DeleteVolumeRequest {
+            volume_id: "block-a".into(),
+            ..Default::default()
+        })
+        .await
+    });
+    driver.entered.notified().await;
+    s.client
+        .controller()
+        .delete_volume(DeleteVolumeRequest {
+            volume_id: "other".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    driver.release.notify_one();
+    blocked.await.unwrap().unwrap();
+    assert!(s.lock_map.is_empty());
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_cancelled_call_releases_its_lock() {
+    let dir = tempfile::tempdir().unwrap();
+    let driver = Arc::new(TestDriver::default());
+    let s = start(builder(&dir, &driver)).await;
+    let mut n = s.client.node();
+    let call =
+        tokio::spawn(async move { n.node_publish_volume(publish("block-v", "/mnt/t")).await });
+    driver.entered.notified().await;
+    assert_eq!(s.lock_map.len(), 2, "volume and target path held");
+    call.abort();
+    assert!(call.await.unwrap_err().is_cancelled());
+    // The client's RST_STREAM makes the server drop the call's future.
+    let map = s.lock_map.clone();
+    eventually("the lock map to empty", || map.is_empty()).await;
+    eventually("the driver call to be dropped", || {
+        driver.running.load(Ordering::SeqCst) == 0
+    })
+    .await;
+    // The same volume and target again: the lock is free, and this time
+    // the driver is let through.
+    driver.release.notify_one();
+    s.client
+        .node()
+        .node_publish_volume(publish("block-v", "/mnt/t"))
+        .await
+        .unwrap();
+    assert!(s.lock_map.is_empty());
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_panicking_driver_gives_internal_and_the_server_keeps_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let driver = Arc::new(TestDriver::default());
+    let s = start(builder(&dir, &driver)).await;
+    let mut c = s.client.controller();
+    let err = c
+        .delete_volume(DeleteVolumeRequest {
+            volume_id: "boom".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Internal);
+    assert!(s.lock_map.is_empty());
+    c.delete_volume(DeleteVolumeRequest {
+        volume_id: "fine".into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn shutdown_lets_in_flight_calls_finish_and_removes_the_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let driver = Arc::new(TestDriver::default());
+    let mut s = start(builder(&dir, &driver)).await;
+    let mut c = s.client.controller();
+    let call = tokio::spawn(async move {
+        c.delete_volume(DeleteVolumeRequest {
+            volume_id: "slow-1".into(),
+            ..Default::default()
+        })
+        .await
+    });
+    driver.entered.notified().await;
+    assert!(s.path.exists());
+    s.trigger_stop();
+    call.await
+        .unwrap()
+        .expect("the in-flight call completes during the grace period");
+    let path = s.path.clone();
+    s.join().await.unwrap();
+    assert!(!path.exists(), "socket removed");
+}
+
+#[tokio::test]
+async fn socket_is_0600_and_stale_sockets_are_replaced() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("csi.sock");
+    drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
+    let driver = Arc::new(TestDriver::default());
+    let s = start(builder(&dir, &driver)).await;
+    let mode = std::fs::metadata(&s.path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    s.client.identity().probe(ProbeRequest {}).await.unwrap();
+
+    // A second server on the same live socket is refused.
+    let err = builder(&dir, &driver)
+        .build()
+        .unwrap()
+        .serve_with_shutdown(async {})
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, ServerError::Socket(SocketError::InUse(_))),
+        "{err}"
+    );
+    s.stop().await.unwrap();
+
+    // A regular file at the path is never replaced.
+    std::fs::write(&path, b"data").unwrap();
+    let err = builder(&dir, &driver)
+        .build()
+        .unwrap()
+        .serve_with_shutdown(async {})
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, ServerError::Socket(SocketError::NotASocket(_))),
+        "{err}"
+    );
+    assert_eq!(std::fs::read(&path).unwrap(), b"data");
+}
+
+#[tokio::test]
+async fn probe_follows_the_readiness_handle() {
+    let dir = tempfile::tempdir().unwrap();
+    let driver = Arc::new(TestDriver::default());
+    let readiness = Readiness::new();
+    let s = start(builder(&dir, &driver).readiness(readiness.clone())).await;
+    let mut id = s.client.identity();
+    assert_eq!(
+        id.probe(ProbeRequest {}).await.unwrap().into_inner().ready,
+        Some(false)
+    );
+    readiness.set_ready();
+    assert_eq!(
+        id.probe(ProbeRequest {}).await.unwrap().into_inner().ready,
+        Some(true)
+    );
+    readiness.set_unhealthy("backend unreachable");
+    let err = id.probe(ProbeRequest {}).await.unwrap_err();
+    assert_eq!(
+        (err.code(), err.message()),
+        (Code::FailedPrecondition, "backend unreachable")
+    );
+    s.stop().await.unwrap();
+}
