@@ -49,6 +49,7 @@ mod mounter;
 mod mountinfo;
 mod options;
 mod resize;
+pub mod testing;
 
 pub use error::{MountError, is_corrupted_mount_errno};
 pub use exec::{Exec, ExecCall, ExecError, ExecOutput, FakeExec, SystemExec};

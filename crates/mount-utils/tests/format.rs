@@ -3,6 +3,8 @@
 
 mod common;
 
+use mount_utils::require_root;
+
 use std::fs;
 use std::path::Path;
 use std::sync::Arc;

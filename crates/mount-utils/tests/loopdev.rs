@@ -2,6 +2,8 @@
 
 mod common;
 
+use mount_utils::require_root;
+
 use common::{assert_no_loop_device_for, in_private_mount_ns, sparse_file};
 use mount_utils::{LoopDevice, LoopOptions, block, loopdev};
 

@@ -2,6 +2,8 @@
 
 mod common;
 
+use mount_utils::require_root;
+
 use std::fs;
 use std::path::{Path, PathBuf};
 

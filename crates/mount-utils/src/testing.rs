@@ -1,0 +1,124 @@
+//! Helpers for tests that mount for real: run a closure in a private mount
+//! namespace, skip when not root, and wait for loop devices to go away.
+//!
+//! ```
+//! use mount_utils::testing::{in_private_mount_ns, is_root};
+//!
+//! if is_root() {
+//!     in_private_mount_ns("doc-example", || {
+//!         // Mounts made here vanish when the closure's thread ends,
+//!         // even if it panics.
+//!     });
+//! } else {
+//!     eprintln!("skipped: doc-example: needs root (euid != 0)");
+//! }
+//! ```
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use nix::mount::MsFlags;
+use nix::sched::CloneFlags;
+
+/// Whether the process runs as root (real mounts and loop devices need it).
+pub fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+/// Returns from the calling test, printing `skipped: NAME: needs root
+/// (euid != 0)`, unless running as root.
+#[macro_export]
+macro_rules! require_root {
+    ($name:expr) => {
+        if !$crate::testing::is_root() {
+            eprintln!("skipped: {}: needs root (euid != 0)", $name);
+            return;
+        }
+    };
+}
+
+/// Runs `f` on a new thread with its own private mount namespace and
+/// returns its result; a panic in `f` is re-raised here.
+///
+/// `unshare(CLONE_NEWNS)` affects only the calling thread (and processes it
+/// spawns), and making `/` recursively private keeps mounts from reaching the
+/// host. When the thread ends the namespace and every mount in it go away,
+/// however `f` ended. Loop devices are not namespaced: attach them with
+/// autoclear or detach them in a guard.
+pub fn in_private_mount_ns<T: Send + 'static>(
+    name: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let handle = std::thread::Builder::new()
+        .name(name.to_owned())
+        .spawn(move || {
+            nix::sched::unshare(CloneFlags::CLONE_NEWNS).expect("unshare(CLONE_NEWNS)");
+            nix::mount::mount(
+                None::<&str>,
+                "/",
+                None::<&str>,
+                MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+                None::<&str>,
+            )
+            .expect("make / recursively private");
+            f()
+        })
+        .expect("spawn test thread");
+    match handle.join() {
+        Ok(v) => v,
+        Err(panic) => std::panic::resume_unwind(panic),
+    }
+}
+
+/// Waits up to 5 s (detach on last close can lag) until no loop device is
+/// attached to `backing`; panics naming the devices otherwise.
+pub fn assert_no_loop_device_for(backing: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let devs = crate::loopdev::find_by_backing_file(backing).expect("scan /sys/block");
+        if devs.is_empty() {
+            return;
+        }
+        if Instant::now() > deadline {
+            panic!(
+                "loop devices still attached to {}: {devs:?}",
+                backing.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Detaches every loop device whose backing file is under `dir`; returns
+/// how many there were. For guards that must leave nothing attached even
+/// after a crashed driver.
+pub fn detach_loop_devices_under(dir: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir("/sys/block") else {
+        return 0;
+    };
+    let mut detached = 0;
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.starts_with("loop") {
+            continue;
+        }
+        let Ok(backing) = std::fs::read_to_string(entry.path().join("loop/backing_file")) else {
+            continue;
+        };
+        if Path::new(backing.trim_end()).starts_with(dir)
+            && crate::loopdev::detach(format!("/dev/{name}")).is_ok()
+        {
+            detached += 1;
+        }
+    }
+    detached
+}
+
+/// Whether an external program is installed; prints why `test` is skipped if not.
+pub fn have_program(test: &str, program: &str) -> bool {
+    if crate::SystemExec::find_program(program).is_some() {
+        return true;
+    }
+    eprintln!("skipped: {test}: {program} is not installed");
+    false
+}
