@@ -48,6 +48,7 @@ mod dispatch;
 pub mod driver;
 pub mod endpoint;
 pub mod error;
+pub mod helpers;
 pub mod layer;
 pub mod method;
 pub mod persist;

@@ -38,7 +38,10 @@ pub enum PersistError {
 
 /// Replaces `path` with `contents` atomically and durably.
 pub fn write_atomic(path: &Path, contents: &[u8]) -> Result<(), PersistError> {
-    let io_err = |source| PersistError::Io { path: path.to_owned(), source };
+    let io_err = |source| PersistError::Io {
+        path: path.to_owned(),
+        source,
+    };
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
@@ -76,7 +79,10 @@ pub struct JsonStateFile<T> {
 impl<T: Serialize + DeserializeOwned + Default> JsonStateFile<T> {
     /// A state file at `path` (its directory must exist when saving).
     pub fn new(path: impl Into<PathBuf>) -> Self {
-        Self { path: path.into(), _value: PhantomData }
+        Self {
+            path: path.into(),
+            _value: PhantomData,
+        }
     }
 
     /// Where the state lives.
@@ -91,11 +97,21 @@ impl<T: Serialize + DeserializeOwned + Default> JsonStateFile<T> {
         let bytes = match fs::read(&self.path) {
             Ok(b) => b,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(T::default()),
-            Err(source) => return Err(PersistError::Io { path: self.path.clone(), source }),
+            Err(source) => {
+                return Err(PersistError::Io {
+                    path: self.path.clone(),
+                    source,
+                });
+            }
         };
         serde_json::from_slice(&bytes).map_err(|e| PersistError::Corrupt {
             path: self.path.clone(),
-            reason: format!("{:?} at line {} column {}", e.classify(), e.line(), e.column()),
+            reason: format!(
+                "{:?} at line {} column {}",
+                e.classify(),
+                e.line(),
+                e.column()
+            ),
         })
     }
 
@@ -109,10 +125,18 @@ impl<T: Serialize + DeserializeOwned + Default> JsonStateFile<T> {
     }
 
     fn remove_stale_temporaries(&self) {
-        let Some(dir) = self.path.parent() else { return };
-        let Ok(entries) = fs::read_dir(dir) else { return };
+        let Some(dir) = self.path.parent() else {
+            return;
+        };
+        let Ok(entries) = fs::read_dir(dir) else {
+            return;
+        };
         for entry in entries.flatten() {
-            if entry.file_name().to_string_lossy().starts_with(".tmp-state-") {
+            if entry
+                .file_name()
+                .to_string_lossy()
+                .starts_with(".tmp-state-")
+            {
                 let _ = fs::remove_file(entry.path());
             }
         }
@@ -135,7 +159,10 @@ mod tests {
             file.save(&v).unwrap();
         }
         assert_eq!(file.load().unwrap(), v);
-        let names: Vec<_> = fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        let names: Vec<_> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
         assert_eq!(names, ["s.json"], "no temporary files remain");
     }
 
@@ -149,6 +176,9 @@ mod tests {
         assert!(!dir.path().join(".tmp-state-abc").exists());
         fs::write(&path, b"{\"password\": \"hunter2\"").unwrap();
         let err = file.load().unwrap_err().to_string();
-        assert!(err.contains("not valid") && !err.contains("hunter2"), "{err}");
+        assert!(
+            err.contains("not valid") && !err.contains("hunter2"),
+            "{err}"
+        );
     }
 }

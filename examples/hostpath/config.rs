@@ -1,0 +1,91 @@
+//! Command-line flags, following the conventions of the community's
+//! hostpath driver, and the defaults that make `cargo run --example
+//! hostpath` work with no flags at all.
+
+use std::path::PathBuf;
+
+use clap::Parser;
+
+/// A CSI driver that keeps volumes on the local filesystem, for dev clusters and tests.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "hostpath", version, about)]
+pub struct Config {
+    /// Where to listen (default: unix://<statedir>/csi.sock).
+    #[arg(long, env = "CSI_ENDPOINT")]
+    pub endpoint: Option<String>,
+    /// This node's id (default: the hostname).
+    #[arg(long)]
+    pub nodeid: Option<String>,
+    /// The driver's name, as in the CSIDriver object.
+    #[arg(long, default_value = "hostpath.csi.csi-kit.dev")]
+    pub drivername: String,
+    /// Where volumes, snapshots and the state file live.
+    #[arg(long, default_value = "/var/lib/csi-hostpath")]
+    pub statedir: PathBuf,
+    /// Which services to serve.
+    #[arg(long, value_enum, default_value_t = Mode::Both)]
+    pub mode: Mode,
+    /// Advertise ControllerPublish/Unpublish (attach) and track attachments.
+    #[arg(long)]
+    pub enable_attach: bool,
+    /// Most volumes attached to this node at once (0 = unlimited).
+    #[arg(long, default_value_t = 0)]
+    pub attach_limit: i64,
+    /// Largest volume the driver creates, in bytes or with a suffix (1Ti, 500Gi).
+    #[arg(long, value_parser = parse_size, default_value = "1Ti")]
+    pub max_volume_size: i64,
+    /// Total capacity the driver hands out (0 = unlimited, reported as free disk space).
+    #[arg(long, value_parser = parse_size, default_value = "0")]
+    pub capacity: i64,
+    /// Report topology (one segment per node) and honour topology requirements.
+    #[arg(long)]
+    pub enable_topology: bool,
+    /// Most volumes NodeGetInfo reports this node can take (0 = CO decides).
+    #[arg(long, default_value_t = 0)]
+    pub max_volumes_per_node: i64,
+    /// Mutable parameter names ControllerModifyVolume accepts (repeatable).
+    #[arg(long = "accepted-mutable-parameter-name")]
+    pub accepted_mutable_parameter_names: Vec<String>,
+    /// Log filter (tracing's EnvFilter syntax; RUST_LOG wins when set).
+    #[arg(long, default_value = "info")]
+    pub log: String,
+}
+
+/// Which services this instance serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Mode {
+    /// Controller service only.
+    Controller,
+    /// Node service only.
+    Node,
+    /// Both (a single-node dev cluster).
+    Both,
+}
+
+fn parse_size(text: &str) -> Result<i64, String> {
+    csi_kit::proto::size::parse_bytes(text)
+        .ok_or_else(|| format!("{text:?} is not a size like 10Gi"))
+}
+
+impl Config {
+    /// The endpoint to serve on.
+    pub fn endpoint(&self) -> String {
+        self.endpoint
+            .clone()
+            .unwrap_or_else(|| format!("unix://{}", self.statedir.join("csi.sock").display()))
+    }
+
+    /// The node id to report.
+    pub fn node_id(&self) -> String {
+        self.nodeid.clone().unwrap_or_else(|| {
+            nix::unistd::gethostname()
+                .ok()
+                .and_then(|h| h.into_string().ok())
+                .filter(|h| !h.is_empty())
+                .unwrap_or_else(|| "localhost".to_owned())
+        })
+    }
+}
+
+/// The topology key this driver reports.
+pub const TOPOLOGY_KEY: &str = "topology.hostpath.csi-kit.dev/node";

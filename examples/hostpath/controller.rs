@@ -1,0 +1,728 @@
+//! The Controller service: volumes as directories or sparse image files,
+//! snapshots as archives or image copies, attachment bookkeeping, paging.
+
+use std::collections::BTreeMap;
+
+use csi_proto::v1::*;
+use csi_server::{CallContext, Controller, CsiError, CsiResult};
+use prost::Message;
+
+use crate::config::TOPOLOGY_KEY;
+use crate::driver::{HostPath, blocking};
+use crate::store::{Access, IdKind, SnapshotRecord, Source, VolumeRecord};
+
+/// Size of a volume when the request gives no capacity range.
+pub const DEFAULT_VOLUME_SIZE: i64 = 1 << 30;
+
+/// Rounding unit of block volumes (loop devices want whole sectors; MiB keeps it tidy).
+const BLOCK_UNIT: i64 = 1 << 20;
+
+fn now_nanos() -> i128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i128)
+        .unwrap_or(0)
+}
+
+fn timestamp(nanos: i128) -> prost_types::Timestamp {
+    prost_types::Timestamp {
+        seconds: (nanos / 1_000_000_000) as i64,
+        nanos: (nanos % 1_000_000_000) as i32,
+    }
+}
+
+fn to_map(m: &BTreeMap<String, String>) -> std::collections::HashMap<String, String> {
+    m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+}
+
+fn sorted(m: &std::collections::HashMap<String, String>) -> BTreeMap<String, String> {
+    m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+}
+
+impl HostPath {
+    pub(crate) fn volume_message(&self, v: &VolumeRecord) -> Volume {
+        Volume {
+            capacity_bytes: v.capacity_bytes,
+            volume_id: v.id.clone(),
+            volume_context: to_map(&v.parameters),
+            content_source: v.source.as_ref().map(|s| VolumeContentSource {
+                r#type: Some(match s {
+                    Source::Snapshot(id) => volume_content_source::Type::Snapshot(
+                        volume_content_source::SnapshotSource {
+                            snapshot_id: id.clone(),
+                        },
+                    ),
+                    Source::Volume(id) => {
+                        volume_content_source::Type::Volume(volume_content_source::VolumeSource {
+                            volume_id: id.clone(),
+                        })
+                    }
+                }),
+            }),
+            accessible_topology: if v.topology.is_empty() {
+                Vec::new()
+            } else {
+                vec![Topology {
+                    segments: to_map(&v.topology),
+                }]
+            },
+        }
+    }
+
+    pub(crate) fn snapshot_message(s: &SnapshotRecord) -> Snapshot {
+        Snapshot {
+            size_bytes: s.size_bytes,
+            snapshot_id: s.id.clone(),
+            source_volume_id: s.source_volume_id.clone(),
+            creation_time: Some(timestamp(s.created_unix_nanos)),
+            ready_to_use: true,
+            group_snapshot_id: s.group_snapshot_id.clone().unwrap_or_default(),
+        }
+    }
+
+    fn our_segment(&self) -> BTreeMap<String, String> {
+        [(TOPOLOGY_KEY.to_owned(), self.node_id.clone())].into()
+    }
+
+    /// Bytes promised to existing volumes.
+    fn allocated(&self) -> i64 {
+        self.store
+            .read(|s| s.volumes.values().map(|v| v.capacity_bytes).sum())
+    }
+
+    /// Free capacity: the configured total minus what is allocated, or the
+    /// free space of the state directory's filesystem. Never negative.
+    pub(crate) fn available_capacity(&self) -> i64 {
+        let free = if self.config.capacity > 0 {
+            self.config.capacity - self.allocated()
+        } else {
+            nix::sys::statvfs::statvfs(self.backend.root())
+                .map(|s| s.blocks_available() as i64 * s.fragment_size() as i64)
+                .unwrap_or(0)
+        };
+        free.max(0)
+    }
+
+    /// Whether a topology requirement admits this node.
+    fn topology_fits(&self, req: Option<&TopologyRequirement>) -> bool {
+        let Some(req) = req else { return true };
+        if !self.config.enable_topology || req.requisite.is_empty() && req.preferred.is_empty() {
+            return true;
+        }
+        let ours = self.our_segment();
+        let fits = |t: &Topology| t.segments.iter().all(|(k, v)| ours.get(k) == Some(v));
+        if req.requisite.is_empty() {
+            req.preferred.iter().any(fits)
+        } else {
+            req.requisite.iter().any(fits)
+        }
+    }
+
+    fn volume_size(&self, range: Option<&CapacityRange>, access: Access) -> CsiResult<i64> {
+        let (required, limit) = range
+            .map(|r| (r.required_bytes, r.limit_bytes))
+            .unwrap_or((0, 0));
+        let wanted = if required > 0 {
+            required
+        } else if limit > 0 {
+            limit.min(DEFAULT_VOLUME_SIZE)
+        } else {
+            DEFAULT_VOLUME_SIZE
+        };
+        let size = match access {
+            Access::Block => csi_proto::size::round_up(wanted, BLOCK_UNIT),
+            Access::Mount => wanted,
+        };
+        if limit > 0 && size > limit {
+            return Err(CsiError::OutOfRange(format!(
+                "no size of {BLOCK_UNIT}-byte units fits between {required} and {limit} bytes"
+            )));
+        }
+        if size > self.config.max_volume_size {
+            return Err(CsiError::OutOfRange(format!(
+                "{} exceeds the maximum volume size {}",
+                csi_proto::size::format_bytes(size),
+                csi_proto::size::format_bytes(self.config.max_volume_size)
+            )));
+        }
+        Ok(size)
+    }
+}
+
+fn access_of(caps: &[VolumeCapability]) -> CsiResult<Access> {
+    let block = caps.iter().any(VolumeCapability::is_block);
+    let mount = caps.iter().any(|c| !c.is_block());
+    match (block, mount) {
+        (true, true) => Err(CsiError::invalid(
+            "volume_capabilities",
+            "cannot mix block and mount access for one volume",
+        )),
+        (true, false) => Ok(Access::Block),
+        _ => Ok(Access::Mount),
+    }
+}
+
+fn in_range(size: i64, range: Option<&CapacityRange>) -> bool {
+    range.is_none_or(|r| {
+        (r.required_bytes == 0 || size >= r.required_bytes)
+            && (r.limit_bytes == 0 || size <= r.limit_bytes)
+    })
+}
+
+#[csi_server::async_trait]
+impl Controller for HostPath {
+    async fn create_volume(
+        &self,
+        _ctx: &CallContext,
+        req: CreateVolumeRequest,
+    ) -> CsiResult<CreateVolumeResponse> {
+        let access = access_of(&req.volume_capabilities)?;
+        let source = match req
+            .volume_content_source
+            .as_ref()
+            .and_then(|s| s.r#type.as_ref())
+        {
+            Some(volume_content_source::Type::Snapshot(s)) => {
+                Some(Source::Snapshot(s.snapshot_id.clone()))
+            }
+            Some(volume_content_source::Type::Volume(v)) => {
+                Some(Source::Volume(v.volume_id.clone()))
+            }
+            None => None,
+        };
+        let caps: Vec<Vec<u8>> = req
+            .volume_capabilities
+            .iter()
+            .map(Message::encode_to_vec)
+            .collect();
+        if let Some(existing) = self.store.read(|s| s.volume_by_name(&req.name).cloned()) {
+            let same = existing.access == access
+                && in_range(existing.capacity_bytes, req.capacity_range.as_ref())
+                && existing.parameters == sorted(&req.parameters)
+                && existing.mutable_parameters == sorted(&req.mutable_parameters)
+                && existing.source == source
+                && existing.capabilities == caps;
+            if !same {
+                return Err(CsiError::AlreadyExists(format!(
+                    "volume {:?} exists with different capacity, capabilities, parameters or source",
+                    req.name
+                )));
+            }
+            return Ok(CreateVolumeResponse {
+                volume: Some(self.volume_message(&existing)),
+            });
+        }
+        if !self.topology_fits(req.accessibility_requirements.as_ref()) {
+            return Err(CsiError::ResourceExhausted(format!(
+                "node {} is not in the requested topology",
+                self.node_id
+            )));
+        }
+        let size = self.volume_size(req.capacity_range.as_ref(), access)?;
+        // The source must exist, have the same access type, and fit.
+        let source_size = match &source {
+            Some(Source::Snapshot(id)) => {
+                let snap = IdKind::Snapshot
+                    .is_valid(id)
+                    .then(|| self.store.read(|s| s.snapshots.get(id).cloned()))
+                    .flatten()
+                    .ok_or_else(|| CsiError::NotFound(format!("snapshot {id:?} does not exist")))?;
+                if snap.access != access {
+                    return Err(CsiError::invalid(
+                        "volume_content_source",
+                        "snapshot access type differs from the requested one",
+                    ));
+                }
+                let vol_size = self.store.read(|s| {
+                    s.volumes
+                        .get(&snap.source_volume_id)
+                        .map(|v| v.capacity_bytes)
+                });
+                vol_size
+                    .unwrap_or(snap.size_bytes)
+                    .max(if access == Access::Block {
+                        snap.size_bytes
+                    } else {
+                        0
+                    })
+            }
+            Some(Source::Volume(id)) => {
+                let vol = self.known_volume(id).map_err(|_| {
+                    CsiError::NotFound(format!("source volume {id:?} does not exist"))
+                })?;
+                if vol.access != access {
+                    return Err(CsiError::invalid(
+                        "volume_content_source",
+                        "source volume access type differs from the requested one",
+                    ));
+                }
+                vol.capacity_bytes
+            }
+            None => 0,
+        };
+        if size < source_size {
+            return Err(CsiError::OutOfRange(format!(
+                "requested {size} bytes is smaller than the source's {source_size} bytes"
+            )));
+        }
+        if self.config.capacity > 0 && size > self.available_capacity() {
+            return Err(CsiError::ResourceExhausted(format!(
+                "not enough capacity for {}",
+                csi_proto::size::format_bytes(size)
+            )));
+        }
+        let record = VolumeRecord {
+            id: IdKind::Volume.generate(),
+            name: req.name.clone(),
+            capacity_bytes: size,
+            access,
+            source: source.clone(),
+            parameters: sorted(&req.parameters),
+            mutable_parameters: sorted(&req.mutable_parameters),
+            topology: if self.config.enable_topology {
+                self.our_segment()
+            } else {
+                BTreeMap::new()
+            },
+            capabilities: caps,
+            published_nodes: BTreeMap::new(),
+            ephemeral: false,
+        };
+        let (backend, id) = (self.backend.clone(), record.id.clone());
+        blocking(move || match source {
+            None => backend.create_volume(&id, access, size),
+            Some(Source::Snapshot(snap)) => backend.restore(&snap, &id, access, size),
+            Some(Source::Volume(src)) => backend.clone_volume(&src, &id, access, size),
+        })
+        .await?;
+        self.store.update(|s| {
+            s.volumes.insert(record.id.clone(), record.clone());
+            Ok(())
+        })?;
+        tracing::info!(volume = %record.id, name = %record.name, size, "created volume");
+        Ok(CreateVolumeResponse {
+            volume: Some(self.volume_message(&record)),
+        })
+    }
+
+    async fn delete_volume(
+        &self,
+        _ctx: &CallContext,
+        req: DeleteVolumeRequest,
+    ) -> CsiResult<DeleteVolumeResponse> {
+        if !IdKind::Volume.is_valid(&req.volume_id) {
+            return Ok(DeleteVolumeResponse {});
+        }
+        let id = req.volume_id.clone();
+        let removed = self.store.update(|s| {
+            let Some(v) = s.volumes.get(&id) else {
+                return Ok(None);
+            };
+            if !v.published_nodes.is_empty()
+                || s.staged.contains_key(&id)
+                || !s.targets_of(&id).is_empty()
+            {
+                return Err(CsiError::FailedPrecondition(format!(
+                    "volume {id} is in use"
+                )));
+            }
+            if s.snapshots.values().any(|snap| snap.source_volume_id == id) {
+                return Err(CsiError::FailedPrecondition(format!(
+                    "volume {id} has snapshots; delete them first"
+                )));
+            }
+            Ok(s.volumes.remove(&id))
+        })?;
+        if let Some(v) = removed {
+            let backend = self.backend.clone();
+            blocking(move || backend.delete_volume(&v.id, v.access)).await?;
+            tracing::info!(volume = %req.volume_id, "deleted volume");
+        }
+        Ok(DeleteVolumeResponse {})
+    }
+
+    async fn controller_publish_volume(
+        &self,
+        _ctx: &CallContext,
+        req: ControllerPublishVolumeRequest,
+    ) -> CsiResult<ControllerPublishVolumeResponse> {
+        let volume = self.known_volume(&req.volume_id)?;
+        if req.node_id != self.node_id {
+            return Err(CsiError::NotFound(format!(
+                "node {:?} does not exist",
+                req.node_id
+            )));
+        }
+        let cap = req.volume_capability.clone().unwrap_or_default();
+        let limit = self.config.attach_limit;
+        let context = [(
+            "hostpath.csi-kit.dev/access".to_owned(),
+            format!("{:?}", volume.access).to_lowercase(),
+        )]
+        .into();
+        self.store.update(|s| {
+            let attached_here = s
+                .volumes
+                .values()
+                .filter(|v| v.published_nodes.contains_key(&req.node_id))
+                .count() as i64;
+            let v = s.volumes.get_mut(&req.volume_id).ok_or_else(|| {
+                CsiError::NotFound(format!("volume {} does not exist", req.volume_id))
+            })?;
+            if let Some(readonly) = v.published_nodes.get(&req.node_id) {
+                if *readonly == req.readonly {
+                    return Ok(());
+                }
+                return Err(CsiError::AlreadyExists(format!(
+                    "volume {} is published to {} with readonly={readonly}",
+                    v.id, req.node_id
+                )));
+            }
+            if let Some(other) = v
+                .published_nodes
+                .keys()
+                .next()
+                .filter(|_| !cap.access_mode().is_multi_node())
+            {
+                return Err(CsiError::FailedPrecondition(format!(
+                    "volume {} is published to node {other}",
+                    v.id
+                )));
+            }
+            if limit > 0 && attached_here >= limit {
+                return Err(CsiError::ResourceExhausted(format!(
+                    "node {} has reached its limit of {limit} attached volumes",
+                    req.node_id
+                )));
+            }
+            v.published_nodes.insert(req.node_id.clone(), req.readonly);
+            Ok(())
+        })?;
+        Ok(ControllerPublishVolumeResponse {
+            publish_context: context,
+        })
+    }
+
+    async fn controller_unpublish_volume(
+        &self,
+        _ctx: &CallContext,
+        req: ControllerUnpublishVolumeRequest,
+    ) -> CsiResult<ControllerUnpublishVolumeResponse> {
+        // A missing volume or node counts as unpublished (the spec's SHOULD).
+        self.store.update(|s| {
+            if let Some(v) = s.volumes.get_mut(&req.volume_id) {
+                if req.node_id.is_empty() {
+                    v.published_nodes.clear();
+                } else {
+                    v.published_nodes.remove(&req.node_id);
+                }
+            }
+            Ok(())
+        })?;
+        Ok(ControllerUnpublishVolumeResponse {})
+    }
+
+    async fn validate_volume_capabilities(
+        &self,
+        _ctx: &CallContext,
+        req: ValidateVolumeCapabilitiesRequest,
+    ) -> CsiResult<ValidateVolumeCapabilitiesResponse> {
+        let volume = self.known_volume(&req.volume_id)?;
+        let unsupported = req
+            .volume_capabilities
+            .iter()
+            .find(|c| c.is_block() != (volume.access == Access::Block));
+        if let Some(cap) = unsupported {
+            return Ok(ValidateVolumeCapabilitiesResponse {
+                confirmed: None,
+                message: format!(
+                    "volume {} does not support {} access",
+                    volume.id,
+                    if cap.is_block() { "block" } else { "mount" }
+                ),
+            });
+        }
+        Ok(ValidateVolumeCapabilitiesResponse {
+            confirmed: Some(validate_volume_capabilities_response::Confirmed {
+                volume_context: req.volume_context,
+                volume_capabilities: req.volume_capabilities,
+                parameters: req.parameters,
+                mutable_parameters: req.mutable_parameters,
+            }),
+            message: String::new(),
+        })
+    }
+
+    async fn list_volumes(
+        &self,
+        _ctx: &CallContext,
+        req: ListVolumesRequest,
+    ) -> CsiResult<ListVolumesResponse> {
+        let (entries, next_token) = self.store.read(|s| {
+            let all: Vec<&VolumeRecord> = s.volumes.values().filter(|v| !v.ephemeral).collect();
+            crate::driver::page(&all, req.max_entries, &req.starting_token).map(|(page, next)| {
+                let entries = page
+                    .iter()
+                    .map(|v| list_volumes_response::Entry {
+                        volume: Some(self.volume_message(v)),
+                        status: Some(list_volumes_response::VolumeStatus {
+                            published_node_ids: v.published_nodes.keys().cloned().collect(),
+                            volume_condition: Some(self.volume_condition(v)),
+                        }),
+                    })
+                    .collect();
+                (entries, next)
+            })
+        })?;
+        Ok(ListVolumesResponse {
+            entries,
+            next_token,
+        })
+    }
+
+    async fn get_capacity(
+        &self,
+        _ctx: &CallContext,
+        req: GetCapacityRequest,
+    ) -> CsiResult<GetCapacityResponse> {
+        let ours = self.our_segment();
+        let elsewhere = self.config.enable_topology
+            && req
+                .accessible_topology
+                .as_ref()
+                .is_some_and(|t| t.segments.iter().any(|(k, v)| ours.get(k) != Some(v)));
+        Ok(GetCapacityResponse {
+            available_capacity: if elsewhere {
+                0
+            } else {
+                self.available_capacity()
+            },
+            maximum_volume_size: Some(self.config.max_volume_size),
+            minimum_volume_size: None,
+        })
+    }
+
+    async fn create_snapshot(
+        &self,
+        _ctx: &CallContext,
+        req: CreateSnapshotRequest,
+    ) -> CsiResult<CreateSnapshotResponse> {
+        if let Some(existing) = self.store.read(|s| s.snapshot_by_name(&req.name).cloned()) {
+            if existing.source_volume_id != req.source_volume_id {
+                return Err(CsiError::AlreadyExists(format!(
+                    "snapshot {:?} exists for volume {}",
+                    req.name, existing.source_volume_id
+                )));
+            }
+            return Ok(CreateSnapshotResponse {
+                snapshot: Some(Self::snapshot_message(&existing)),
+            });
+        }
+        let volume = self.known_volume(&req.source_volume_id)?;
+        let record = self.cut_snapshot(&volume, &req.name, None).await?;
+        self.store.update(|s| {
+            s.snapshots.insert(record.id.clone(), record.clone());
+            Ok(())
+        })?;
+        Ok(CreateSnapshotResponse {
+            snapshot: Some(Self::snapshot_message(&record)),
+        })
+    }
+
+    async fn delete_snapshot(
+        &self,
+        _ctx: &CallContext,
+        req: DeleteSnapshotRequest,
+    ) -> CsiResult<DeleteSnapshotResponse> {
+        if !IdKind::Snapshot.is_valid(&req.snapshot_id) {
+            return Ok(DeleteSnapshotResponse {});
+        }
+        let removed = self
+            .store
+            .update(|s| match s.snapshots.get(&req.snapshot_id) {
+                Some(snap) if snap.group_snapshot_id.is_some() => Err(CsiError::invalid(
+                    "snapshot_id",
+                    "the snapshot belongs to a group snapshot; delete the group instead",
+                )),
+                Some(_) => Ok(s.snapshots.remove(&req.snapshot_id)),
+                None => Ok(None),
+            })?;
+        if let Some(snap) = removed {
+            let backend = self.backend.clone();
+            blocking(move || backend.delete_snapshot(&snap.id, snap.access)).await?;
+        }
+        Ok(DeleteSnapshotResponse {})
+    }
+
+    async fn list_snapshots(
+        &self,
+        _ctx: &CallContext,
+        req: ListSnapshotsRequest,
+    ) -> CsiResult<ListSnapshotsResponse> {
+        let (entries, next_token) = self.store.read(|s| {
+            let all: Vec<&SnapshotRecord> = s
+                .snapshots
+                .values()
+                .filter(|snap| req.snapshot_id.is_empty() || snap.id == req.snapshot_id)
+                .filter(|snap| {
+                    req.source_volume_id.is_empty() || snap.source_volume_id == req.source_volume_id
+                })
+                .collect();
+            crate::driver::page(&all, req.max_entries, &req.starting_token).map(|(page, next)| {
+                let entries = page
+                    .iter()
+                    .map(|snap| list_snapshots_response::Entry {
+                        snapshot: Some(Self::snapshot_message(snap)),
+                    })
+                    .collect();
+                (entries, next)
+            })
+        })?;
+        Ok(ListSnapshotsResponse {
+            entries,
+            next_token,
+        })
+    }
+
+    async fn get_snapshot(
+        &self,
+        _ctx: &CallContext,
+        req: GetSnapshotRequest,
+    ) -> CsiResult<GetSnapshotResponse> {
+        let snap = IdKind::Snapshot
+            .is_valid(&req.snapshot_id)
+            .then(|| {
+                self.store
+                    .read(|s| s.snapshots.get(&req.snapshot_id).cloned())
+            })
+            .flatten()
+            .ok_or_else(|| {
+                CsiError::NotFound(format!("snapshot {:?} does not exist", req.snapshot_id))
+            })?;
+        Ok(GetSnapshotResponse {
+            snapshot: Some(Self::snapshot_message(&snap)),
+        })
+    }
+
+    async fn controller_expand_volume(
+        &self,
+        _ctx: &CallContext,
+        req: ControllerExpandVolumeRequest,
+    ) -> CsiResult<ControllerExpandVolumeResponse> {
+        let volume = self.known_volume(&req.volume_id)?;
+        let size = self.volume_size(req.capacity_range.as_ref(), volume.access)?;
+        if size <= volume.capacity_bytes {
+            return Ok(ControllerExpandVolumeResponse {
+                capacity_bytes: volume.capacity_bytes,
+                node_expansion_required: false,
+            });
+        }
+        if self.config.capacity > 0 && size - volume.capacity_bytes > self.available_capacity() {
+            return Err(CsiError::ResourceExhausted(format!(
+                "not enough capacity to grow to {}",
+                csi_proto::size::format_bytes(size)
+            )));
+        }
+        if volume.access == Access::Block {
+            let (backend, id) = (self.backend.clone(), volume.id.clone());
+            blocking(move || backend.grow_block(&id, size)).await?;
+        }
+        self.store.update(|s| {
+            if let Some(v) = s.volumes.get_mut(&volume.id) {
+                v.capacity_bytes = size;
+            }
+            Ok(())
+        })?;
+        Ok(ControllerExpandVolumeResponse {
+            capacity_bytes: size,
+            node_expansion_required: volume.access == Access::Block,
+        })
+    }
+
+    async fn controller_get_volume(
+        &self,
+        _ctx: &CallContext,
+        req: ControllerGetVolumeRequest,
+    ) -> CsiResult<ControllerGetVolumeResponse> {
+        let volume = self.known_volume(&req.volume_id)?;
+        Ok(ControllerGetVolumeResponse {
+            volume: Some(self.volume_message(&volume)),
+            status: Some(controller_get_volume_response::VolumeStatus {
+                published_node_ids: volume.published_nodes.keys().cloned().collect(),
+                volume_condition: Some(self.volume_condition(&volume)),
+            }),
+        })
+    }
+
+    async fn controller_modify_volume(
+        &self,
+        _ctx: &CallContext,
+        req: ControllerModifyVolumeRequest,
+    ) -> CsiResult<ControllerModifyVolumeResponse> {
+        self.known_volume(&req.volume_id)?;
+        // Check every key before changing anything: INVALID_ARGUMENT means nothing was applied.
+        let accepted = &self.config.accepted_mutable_parameter_names;
+        if let Some(bad) = req
+            .mutable_parameters
+            .keys()
+            .find(|k| !accepted.contains(k))
+        {
+            return Err(CsiError::invalid(
+                format!("mutable_parameters[{bad}]"),
+                "this driver does not accept that parameter",
+            ));
+        }
+        self.store.update(|s| {
+            let v = s.volumes.get_mut(&req.volume_id).ok_or_else(|| {
+                CsiError::NotFound(format!("volume {} does not exist", req.volume_id))
+            })?;
+            v.mutable_parameters.extend(req.mutable_parameters.clone());
+            Ok(())
+        })?;
+        Ok(ControllerModifyVolumeResponse {})
+    }
+}
+
+impl HostPath {
+    /// A healthy volume has its data in place.
+    pub(crate) fn volume_condition(&self, v: &VolumeRecord) -> VolumeCondition {
+        let path = self.backend.volume_path(&v.id, v.access);
+        if path.exists() {
+            VolumeCondition {
+                abnormal: false,
+                message: "volume data is present".into(),
+            }
+        } else {
+            VolumeCondition {
+                abnormal: true,
+                message: format!("volume data {} is missing", path.display()),
+            }
+        }
+    }
+
+    /// Copies a volume into a new snapshot (blocking I/O off the runtime).
+    pub(crate) async fn cut_snapshot(
+        &self,
+        volume: &VolumeRecord,
+        name: &str,
+        group: Option<&str>,
+    ) -> CsiResult<SnapshotRecord> {
+        let record = SnapshotRecord {
+            id: IdKind::Snapshot.generate(),
+            name: name.to_owned(),
+            source_volume_id: volume.id.clone(),
+            size_bytes: volume.capacity_bytes,
+            access: volume.access,
+            created_unix_nanos: now_nanos(),
+            group_snapshot_id: group.map(str::to_owned),
+        };
+        let (backend, vol, snap, access) = (
+            self.backend.clone(),
+            volume.id.clone(),
+            record.id.clone(),
+            volume.access,
+        );
+        blocking(move || backend.snapshot(&vol, &snap, access)).await?;
+        Ok(record)
+    }
+}

@@ -1,0 +1,526 @@
+//! The Node service: staging and publishing with real bind mounts and loop
+//! devices through mount-utils.
+//!
+//! Mount volumes: NodeStage bind-mounts the volume directory at the staging
+//! path; NodePublish bind-mounts the staging path at the target (read-only
+//! and mount flags honoured). Block volumes: NodeStage attaches the image as
+//! a loop device; NodePublish bind-mounts the device node on a file at the
+//! target. Every step checks the mount table first, so a retry after a crash
+//! between "mounted" and "recorded" converges instead of mounting twice.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use csi_proto::v1::*;
+use csi_server::{CallContext, CsiError, CsiResult, Node};
+use mount_utils::{LoopDevice, LoopOptions, MountError};
+use prost::Message;
+
+use crate::config::TOPOLOGY_KEY;
+use crate::driver::{HostPath, blocking};
+use crate::store::{Access, IdKind, PublishedRecord, StagedRecord, VolumeRecord};
+
+/// The volume context key kubelet sets for CSI inline ephemeral volumes.
+pub const EPHEMERAL_KEY: &str = "csi.storage.k8s.io/ephemeral";
+
+fn mount_err(what: &str, path: &Path, e: MountError) -> CsiError {
+    CsiError::Internal(format!("{what} {}: {e}", path.display()))
+}
+
+fn io_err(what: &str, path: &Path, e: io::Error) -> CsiError {
+    CsiError::Internal(format!("{what} {}: {e}", path.display()))
+}
+
+/// Whether the capability fits a volume of the given access type.
+fn check_access(volume: &VolumeRecord, cap: &VolumeCapability) -> CsiResult<()> {
+    match (volume.access, cap.is_block()) {
+        (Access::Block, true) | (Access::Mount, false) => Ok(()),
+        (Access::Block, false) => Err(CsiError::FailedPrecondition(format!(
+            "volume {} is a block volume and cannot be used with mount access",
+            volume.id
+        ))),
+        (Access::Mount, true) => Err(CsiError::FailedPrecondition(format!(
+            "volume {} is a filesystem volume and cannot be used with block access",
+            volume.id
+        ))),
+    }
+}
+
+impl HostPath {
+    /// The record of a volume this node may use, or NOT_FOUND.
+    pub(crate) fn known_volume(&self, id: &str) -> CsiResult<VolumeRecord> {
+        if !IdKind::Volume.is_valid(id) {
+            return Err(CsiError::NotFound(format!("volume {id:?} does not exist")));
+        }
+        self.store
+            .read(|s| s.volumes.get(id).cloned())
+            .ok_or_else(|| CsiError::NotFound(format!("volume {id} does not exist")))
+    }
+
+    fn stage_blocking(
+        &self,
+        volume: &VolumeRecord,
+        staging: &Path,
+        cap: &VolumeCapability,
+    ) -> CsiResult<Option<PathBuf>> {
+        match volume.access {
+            Access::Mount => {
+                fs::create_dir_all(staging).map_err(|e| io_err("creating", staging, e))?;
+                let mounted = self
+                    .mounter
+                    .is_mount_point(staging)
+                    .map_err(|e| mount_err("inspecting", staging, e))?;
+                if !mounted {
+                    let source = self.backend.volume_path(&volume.id, Access::Mount);
+                    self.mounter
+                        .bind_mount(&source, staging, false)
+                        .map_err(|e| mount_err("staging at", staging, e))?;
+                }
+                let _ = cap;
+                Ok(None)
+            }
+            Access::Block => {
+                let image = self.backend.volume_path(&volume.id, Access::Block);
+                let existing = mount_utils::loopdev::find_by_backing_file(&image)
+                    .map_err(|e| CsiError::Internal(format!("looking up loop devices: {e}")))?;
+                if let Some(dev) = existing.into_iter().next() {
+                    return Ok(Some(dev));
+                }
+                // No autoclear: a bind mount of the device node does not hold
+                // the device open, so autoclear would detach it at once.
+                let opts = LoopOptions {
+                    autoclear: false,
+                    ..LoopOptions::default()
+                };
+                let dev = LoopDevice::attach(&image, &opts).map_err(|e| {
+                    CsiError::Internal(format!("attaching {}: {e}", image.display()))
+                })?;
+                Ok(Some(dev.keep()))
+            }
+        }
+    }
+
+    fn publish_blocking(
+        &self,
+        volume: &VolumeRecord,
+        source: &Path,
+        target: &Path,
+        cap: &VolumeCapability,
+        readonly: bool,
+    ) -> CsiResult<()> {
+        match volume.access {
+            Access::Mount => {
+                fs::create_dir_all(target).map_err(|e| io_err("creating", target, e))?
+            }
+            Access::Block => {
+                fs::OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(false)
+                    .open(target)
+                    .map_err(|e| io_err("creating", target, e))?;
+            }
+        }
+        if self
+            .mounter
+            .is_mount_point(target)
+            .map_err(|e| mount_err("inspecting", target, e))?
+        {
+            return Ok(());
+        }
+        let flags: Vec<&str> = cap
+            .mount_volume()
+            .map(|m| m.mount_flags.iter().map(String::as_str).collect())
+            .unwrap_or_default();
+        let result = if flags.is_empty() {
+            self.mounter.bind_mount(source, target, readonly)
+        } else {
+            let mut options = vec!["bind"];
+            if readonly {
+                options.push("ro");
+            }
+            options.extend(flags);
+            self.mounter
+                .mount(&source.to_string_lossy(), target, "", &options)
+        };
+        if let Err(e) = result {
+            let _ = self.mounter.cleanup_mount_point(target);
+            return Err(mount_err("publishing at", target, e));
+        }
+        Ok(())
+    }
+
+    /// Fingerprint of a NodePublish request's arguments except secrets.
+    fn publish_args(req: &NodePublishVolumeRequest) -> Vec<u8> {
+        NodePublishVolumeRequest {
+            secrets: Default::default(),
+            ..req.clone()
+        }
+        .encode_to_vec()
+    }
+
+    /// Creates the backing volume of an inline ephemeral volume on first publish.
+    fn ephemeral_volume(&self, name: &str) -> CsiResult<VolumeRecord> {
+        if let Some(v) = self.store.read(|s| {
+            s.volumes
+                .values()
+                .find(|v| v.ephemeral && v.name == name)
+                .cloned()
+        }) {
+            return Ok(v);
+        }
+        let record = VolumeRecord {
+            id: IdKind::Volume.generate(),
+            name: name.to_owned(),
+            capacity_bytes: crate::controller::DEFAULT_VOLUME_SIZE,
+            access: Access::Mount,
+            source: None,
+            parameters: Default::default(),
+            mutable_parameters: Default::default(),
+            topology: Default::default(),
+            capabilities: Vec::new(),
+            published_nodes: Default::default(),
+            ephemeral: true,
+        };
+        self.backend
+            .create_volume(&record.id, Access::Mount, record.capacity_bytes)?;
+        self.store.update(|s| {
+            s.volumes.insert(record.id.clone(), record.clone());
+            Ok(())
+        })?;
+        Ok(record)
+    }
+}
+
+#[csi_server::async_trait]
+impl Node for HostPath {
+    async fn node_stage_volume(
+        &self,
+        _ctx: &CallContext,
+        req: NodeStageVolumeRequest,
+    ) -> CsiResult<NodeStageVolumeResponse> {
+        let volume = self.known_volume(&req.volume_id)?;
+        let cap = req.volume_capability.clone().unwrap_or_default();
+        check_access(&volume, &cap)?;
+        let staging = PathBuf::from(&req.staging_target_path);
+        let encoded = cap.encode_to_vec();
+        if let Some(staged) = self.store.read(|s| s.staged.get(&volume.id).cloned()) {
+            if staged.staging_path == staging && staged.capability == encoded {
+                return Ok(NodeStageVolumeResponse {});
+            }
+            return Err(CsiError::AlreadyExists(format!(
+                "volume {} is already staged at {} with another capability or path",
+                volume.id,
+                staged.staging_path.display()
+            )));
+        }
+        let this = self.clone();
+        let (v, s, c) = (volume.clone(), staging.clone(), cap.clone());
+        let loop_device = blocking(move || this.stage_blocking(&v, &s, &c)).await?;
+        self.store.update(|s| {
+            s.staged.insert(
+                volume.id.clone(),
+                StagedRecord {
+                    staging_path: staging,
+                    capability: encoded,
+                    loop_device,
+                },
+            );
+            Ok(())
+        })?;
+        Ok(NodeStageVolumeResponse {})
+    }
+
+    async fn node_unstage_volume(
+        &self,
+        _ctx: &CallContext,
+        req: NodeUnstageVolumeRequest,
+    ) -> CsiResult<NodeUnstageVolumeResponse> {
+        let staging = PathBuf::from(&req.staging_target_path);
+        let staged = self.store.read(|s| s.staged.get(&req.volume_id).cloned());
+        if staged.is_none() {
+            self.known_volume(&req.volume_id)?;
+        }
+        let this = self.clone();
+        let record = staged.clone();
+        let path = staging.clone();
+        blocking(move || {
+            this.mounter
+                .unmount(&path, false)
+                .map_err(|e| mount_err("unstaging", &path, e))?;
+            if let Some(dev) = record.and_then(|r| r.loop_device) {
+                match mount_utils::loopdev::detach(&dev) {
+                    Ok(()) => {}
+                    Err(e) if e.errno() == Some(mount_utils::Errno::ENXIO) => {}
+                    Err(e) => {
+                        return Err(CsiError::Internal(format!(
+                            "detaching {}: {e}",
+                            dev.display()
+                        )));
+                    }
+                }
+            }
+            Ok(())
+        })
+        .await?;
+        if staged.is_some() {
+            self.store.update(|s| {
+                s.staged.remove(&req.volume_id);
+                Ok(())
+            })?;
+        }
+        Ok(NodeUnstageVolumeResponse {})
+    }
+
+    async fn node_publish_volume(
+        &self,
+        _ctx: &CallContext,
+        req: NodePublishVolumeRequest,
+    ) -> CsiResult<NodePublishVolumeResponse> {
+        let ephemeral = req
+            .volume_context
+            .get(EPHEMERAL_KEY)
+            .is_some_and(|v| v == "true");
+        let volume = if ephemeral {
+            self.ephemeral_volume(&req.volume_id)?
+        } else {
+            self.known_volume(&req.volume_id)?
+        };
+        let cap = req.volume_capability.clone().unwrap_or_default();
+        check_access(&volume, &cap)?;
+        let target = PathBuf::from(&req.target_path);
+        let args = Self::publish_args(&req);
+        let existing = self.store.read(|s| {
+            s.published
+                .iter()
+                .filter(|(_, p)| p.volume_id == volume.id)
+                .map(|(t, p)| (t.clone(), p.args.clone()))
+                .collect::<Vec<_>>()
+        });
+        crate::driver::publish_repeat_check(
+            &volume.id,
+            &target,
+            &args,
+            &existing,
+            cap.access_mode(),
+            self.single_node_multi_writer(),
+        )?;
+        if existing.iter().any(|(t, _)| t == &target) {
+            return Ok(NodePublishVolumeResponse {});
+        }
+        let source = if ephemeral {
+            self.backend.volume_path(&volume.id, Access::Mount)
+        } else {
+            let staged = self
+                .store
+                .read(|s| s.staged.get(&volume.id).cloned())
+                .ok_or_else(|| {
+                    CsiError::FailedPrecondition(format!("volume {} is not staged", volume.id))
+                })?;
+            if staged.staging_path != Path::new(&req.staging_target_path) {
+                return Err(CsiError::FailedPrecondition(format!(
+                    "volume {} is staged at {}, not at {}",
+                    volume.id,
+                    staged.staging_path.display(),
+                    req.staging_target_path
+                )));
+            }
+            match volume.access {
+                Access::Mount => staged.staging_path,
+                Access::Block => staged.loop_device.ok_or_else(|| {
+                    CsiError::Internal(format!("volume {} has no loop device", volume.id))
+                })?,
+            }
+        };
+        let readonly = req.readonly || cap.access_mode().is_read_only();
+        let this = self.clone();
+        let (v, t, c) = (volume.clone(), target.clone(), cap.clone());
+        blocking(move || this.publish_blocking(&v, &source, &t, &c, readonly)).await?;
+        self.store.update(|s| {
+            s.published.insert(
+                target,
+                PublishedRecord {
+                    volume_id: volume.id.clone(),
+                    args,
+                    readonly,
+                },
+            );
+            Ok(())
+        })?;
+        Ok(NodePublishVolumeResponse {})
+    }
+
+    async fn node_unpublish_volume(
+        &self,
+        _ctx: &CallContext,
+        req: NodeUnpublishVolumeRequest,
+    ) -> CsiResult<NodeUnpublishVolumeResponse> {
+        let target = PathBuf::from(&req.target_path);
+        let record = self.store.read(|s| s.published.get(&target).cloned());
+        let volume = match &record {
+            Some(r) => self.store.read(|s| s.volumes.get(&r.volume_id).cloned()),
+            None => {
+                // Unknown volume ids are NOT_FOUND; a known one is simply not
+                // published here any more (idempotent repeat).
+                let ephemeral = self.store.read(|s| {
+                    s.volumes
+                        .values()
+                        .any(|v| v.ephemeral && v.name == req.volume_id)
+                });
+                if !ephemeral {
+                    self.known_volume(&req.volume_id)?;
+                }
+                None
+            }
+        };
+        let this = self.clone();
+        let t = target.clone();
+        blocking(move || {
+            this.mounter
+                .cleanup_mount_point(&t)
+                .map_err(|e| mount_err("unpublishing", &t, e))
+        })
+        .await?;
+        if record.is_some() {
+            self.store.update(|s| {
+                s.published.remove(&target);
+                Ok(())
+            })?;
+        }
+        if let Some(v) = volume.filter(|v| v.ephemeral) {
+            self.store.update(|s| {
+                s.volumes.remove(&v.id);
+                Ok(())
+            })?;
+            self.backend.delete_volume(&v.id, Access::Mount)?;
+        }
+        Ok(NodeUnpublishVolumeResponse {})
+    }
+
+    async fn node_get_volume_stats(
+        &self,
+        _ctx: &CallContext,
+        req: NodeGetVolumeStatsRequest,
+    ) -> CsiResult<NodeGetVolumeStatsResponse> {
+        let volume = self.known_volume(&req.volume_id)?;
+        let path = PathBuf::from(&req.volume_path);
+        let this = self.clone();
+        blocking(move || this.volume_stats(&volume, &path)).await
+    }
+
+    async fn node_expand_volume(
+        &self,
+        _ctx: &CallContext,
+        req: NodeExpandVolumeRequest,
+    ) -> CsiResult<NodeExpandVolumeResponse> {
+        let volume = self.known_volume(&req.volume_id)?;
+        let path = PathBuf::from(&req.volume_path);
+        if !path.exists() {
+            return Err(CsiError::NotFound(format!(
+                "volume path {} does not exist",
+                path.display()
+            )));
+        }
+        if volume.access == Access::Block {
+            let staged = self.store.read(|s| s.staged.get(&volume.id).cloned());
+            if let Some(dev) = staged.and_then(|s| s.loop_device) {
+                let d = dev.clone();
+                blocking(move || {
+                    let loop_dev = LoopDevice::open(&d)
+                        .map_err(|e| CsiError::Internal(format!("opening {}: {e}", d.display())))?;
+                    loop_dev.set_capacity().map_err(|e| {
+                        CsiError::Internal(format!("refreshing {}: {e}", d.display()))
+                    })?;
+                    let _ = loop_dev.keep();
+                    Ok(())
+                })
+                .await?;
+            }
+        }
+        Ok(NodeExpandVolumeResponse {
+            capacity_bytes: volume.capacity_bytes,
+        })
+    }
+
+    async fn node_get_info(
+        &self,
+        _ctx: &CallContext,
+        _req: NodeGetInfoRequest,
+    ) -> CsiResult<NodeGetInfoResponse> {
+        Ok(NodeGetInfoResponse {
+            node_id: self.node_id.clone(),
+            max_volumes_per_node: self.config.max_volumes_per_node,
+            accessible_topology: self.config.enable_topology.then(|| Topology {
+                segments: [(TOPOLOGY_KEY.to_owned(), self.node_id.clone())].into(),
+            }),
+        })
+    }
+}
+
+impl HostPath {
+    fn volume_stats(
+        &self,
+        volume: &VolumeRecord,
+        path: &Path,
+    ) -> CsiResult<NodeGetVolumeStatsResponse> {
+        let meta = match fs::metadata(path) {
+            Ok(m) => m,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Err(CsiError::NotFound(format!(
+                    "volume path {} does not exist",
+                    path.display()
+                )));
+            }
+            Err(e) => return Err(io_err("inspecting", path, e)),
+        };
+        let mounted = self.mounter.is_mount_point(path).unwrap_or(false);
+        let condition = VolumeCondition {
+            abnormal: !mounted,
+            message: if mounted {
+                "volume is mounted".into()
+            } else {
+                format!("{} is not a mount point", path.display())
+            },
+        };
+        if volume.access == Access::Block || !meta.is_dir() {
+            let size = self
+                .backend
+                .volume_path(&volume.id, Access::Block)
+                .metadata()
+                .map(|m| m.len() as i64)
+                .unwrap_or(0);
+            return Ok(NodeGetVolumeStatsResponse {
+                usage: vec![VolumeUsage {
+                    total: size,
+                    unit: volume_usage::Unit::Bytes as i32,
+                    ..Default::default()
+                }],
+                volume_condition: Some(condition),
+            });
+        }
+        let st = nix::sys::statvfs::statvfs(path).map_err(|e| io_err("statfs", path, e.into()))?;
+        let frsize = st.fragment_size() as i64;
+        let total = st.blocks() as i64 * frsize;
+        let available = st.blocks_available() as i64 * frsize;
+        let used = (st.blocks() as i64 - st.blocks_free() as i64) * frsize;
+        let (inodes, inodes_free) = (st.files() as i64, st.files_free() as i64);
+        Ok(NodeGetVolumeStatsResponse {
+            usage: vec![
+                VolumeUsage {
+                    available,
+                    total,
+                    used,
+                    unit: volume_usage::Unit::Bytes as i32,
+                },
+                VolumeUsage {
+                    available: inodes_free,
+                    total: inodes,
+                    used: inodes - inodes_free,
+                    unit: volume_usage::Unit::Inodes as i32,
+                },
+            ],
+            volume_condition: Some(condition),
+        })
+    }
+}
