@@ -1,0 +1,7 @@
+//! Pure functions for the rules drivers most often get wrong.
+
+pub mod capacity;
+pub mod idempotency;
+pub mod paging;
+pub mod publish;
+pub mod topology;
