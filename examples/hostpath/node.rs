@@ -405,6 +405,21 @@ impl Node for HostPath {
     ) -> CsiResult<NodeGetVolumeStatsResponse> {
         let volume = self.known_volume(&req.volume_id)?;
         let path = PathBuf::from(&req.volume_path);
+        let ours = self.store.read(|s| {
+            s.published
+                .get(&path)
+                .is_some_and(|p| p.volume_id == volume.id)
+                || s.staged
+                    .get(&volume.id)
+                    .is_some_and(|st| st.staging_path == path)
+        });
+        if !ours {
+            return Err(CsiError::NotFound(format!(
+                "volume {} is not published or staged at {}",
+                volume.id,
+                path.display()
+            )));
+        }
         let this = self.clone();
         blocking(move || this.volume_stats(&volume, &path)).await
     }
@@ -467,10 +482,14 @@ impl HostPath {
         let meta = match fs::metadata(path) {
             Ok(m) => m,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                return Err(CsiError::NotFound(format!(
-                    "volume path {} does not exist",
-                    path.display()
-                )));
+                // Published here but the path is gone: report it, not an error.
+                return Ok(NodeGetVolumeStatsResponse {
+                    usage: Vec::new(),
+                    volume_condition: Some(VolumeCondition {
+                        abnormal: true,
+                        message: format!("{} no longer exists", path.display()),
+                    }),
+                });
             }
             Err(e) => return Err(io_err("inspecting", path, e)),
         };

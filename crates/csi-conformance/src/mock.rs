@@ -1220,6 +1220,9 @@ impl GroupController for MockDriver {
         let req = r.into_inner();
         self.log("DeleteVolumeGroupSnapshot", &req, &req.secrets);
         require(&req.group_snapshot_id, "group_snapshot_id")?;
+        if req.snapshot_ids.is_empty() {
+            return Err(invalid("snapshot_ids: required"));
+        }
         let mut st = self.lock();
         let Some(g) = st.groups.get(&req.group_snapshot_id) else {
             return Ok(Response::new(DeleteVolumeGroupSnapshotResponse {}));
@@ -1230,9 +1233,7 @@ impl GroupController for MockDriver {
             .iter()
             .map(|s| s.snapshot_id.clone())
             .collect();
-        if !req.snapshot_ids.is_empty()
-            && req.snapshot_ids.iter().cloned().collect::<HashSet<_>>() != members
-        {
+        if req.snapshot_ids.iter().cloned().collect::<HashSet<_>>() != members {
             return Err(invalid("snapshot_ids do not match the group snapshot"));
         }
         st.snapshots.retain(|id, _| !members.contains(id));
@@ -1247,6 +1248,9 @@ impl GroupController for MockDriver {
         let req = r.into_inner();
         self.log("GetVolumeGroupSnapshot", &req, &req.secrets);
         require(&req.group_snapshot_id, "group_snapshot_id")?;
+        if req.snapshot_ids.is_empty() {
+            return Err(invalid("snapshot_ids: required"));
+        }
         let st = self.lock();
         let g = st.groups.get(&req.group_snapshot_id).ok_or_else(|| {
             Status::not_found(format!(
@@ -1255,9 +1259,7 @@ impl GroupController for MockDriver {
             ))
         })?;
         let members: HashSet<&String> = g.group.snapshots.iter().map(|s| &s.snapshot_id).collect();
-        if !req.snapshot_ids.is_empty()
-            && req.snapshot_ids.iter().collect::<HashSet<_>>() != members
-        {
+        if req.snapshot_ids.iter().collect::<HashSet<_>>() != members {
             return Err(invalid("snapshot_ids do not match the group snapshot"));
         }
         Ok(Response::new(GetVolumeGroupSnapshotResponse {

@@ -219,7 +219,7 @@ async fn skipping_by_id_group_and_prefix() {
             other => panic!("{id}: {other:?}"),
         }
     }
-    assert_eq!(report.skipped(), 7, "{report}");
+    assert_eq!(report.skipped(), 8, "{report}");
 }
 
 #[tokio::test]

@@ -557,7 +557,8 @@ impl Validate for DeleteVolumeGroupSnapshotRequest {
 impl Validate for GetVolumeGroupSnapshotRequest {
     fn validate(&self) -> Res {
         required_string("group_snapshot_id", &self.group_snapshot_id)?;
-        id_list("snapshot_ids", &self.snapshot_ids, false)?;
+        // REQUIRED in v1.12, as for DeleteVolumeGroupSnapshot.
+        id_list("snapshot_ids", &self.snapshot_ids, true)?;
         secrets("secrets", &self.secrets)
     }
 }

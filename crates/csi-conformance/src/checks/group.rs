@@ -145,7 +145,9 @@ pub(super) async fn lifecycle(ctx: &mut Ctx) -> Outcome {
 pub(super) async fn get_missing(ctx: &mut Ctx) -> Outcome {
     ctx.need_group()?;
     let id = missing_id(ctx, "group");
-    let req = get_req(ctx, &id, vec![]);
+    // snapshot_ids is REQUIRED, so send one that does not exist either.
+    let snap = missing_id(ctx, "snapshot");
+    let req = get_req(ctx, &id, vec![snap]);
     rpc!(
         ctx,
         group_controller,
@@ -161,7 +163,9 @@ pub(super) async fn get_missing(ctx: &mut Ctx) -> Outcome {
 pub(super) async fn delete_missing(ctx: &mut Ctx) -> Outcome {
     ctx.need_group()?;
     let id = missing_id(ctx, "group");
-    let req = delete_req(ctx, &id, vec![]);
+    // snapshot_ids is REQUIRED, so send one that does not exist either.
+    let snap = missing_id(ctx, "snapshot");
+    let req = delete_req(ctx, &id, vec![snap]);
     rpc!(
         ctx,
         group_controller,
@@ -174,5 +178,31 @@ pub(super) async fn delete_missing(ctx: &mut Ctx) -> Outcome {
         &[Code::Ok],
         "deleting a group snapshot that does not exist must be OK",
     )
+    .map(drop)
+}
+
+pub(super) async fn missing_snapshot_ids(ctx: &mut Ctx) -> Outcome {
+    ctx.need_group()?;
+    let id = missing_id(ctx, "group");
+    let req = get_req(ctx, &id, vec![]);
+    rpc!(
+        ctx,
+        group_controller,
+        get_volume_group_snapshot,
+        "GetVolumeGroupSnapshot",
+        req
+    )
+    .await
+    .code(Code::InvalidArgument, "snapshot_ids is a required field")?;
+    let req = delete_req(ctx, &id, vec![]);
+    rpc!(
+        ctx,
+        group_controller,
+        delete_volume_group_snapshot,
+        "DeleteVolumeGroupSnapshot",
+        req
+    )
+    .await
+    .code(Code::InvalidArgument, "snapshot_ids is a required field")
     .map(drop)
 }

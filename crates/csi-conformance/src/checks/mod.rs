@@ -145,6 +145,8 @@ checks! {
         "GetVolumeGroupSnapshot of a missing group snapshot is NOT_FOUND" => group::get_missing;
     "group-controller.delete.missing", GroupController,
         "DeleteVolumeGroupSnapshot of a missing group snapshot is OK" => group::delete_missing;
+    "group-controller.missing_snapshot_ids", GroupController,
+        "Get/DeleteVolumeGroupSnapshot without the REQUIRED snapshot_ids is INVALID_ARGUMENT" => group::missing_snapshot_ids;
 
     "general.secrets_not_in_logs", General,
         "No configured secret value appears in the driver's log" => general::secrets_not_in_logs;

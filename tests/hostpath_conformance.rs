@@ -1,0 +1,110 @@
+//! The conformance suite against the hostpath example over a real unix
+//! socket, as root, with real bind mounts and loop devices: mount and block
+//! access, with attach enabled and disabled. Nothing the driver advertises
+//! may be skipped, and the driver's log must not contain any secret.
+
+mod support;
+
+use csi_kit::conformance::{Config, Report, Suite};
+use csi_kit::mount::require_root;
+use support::{Driver, mounts_under, run_isolated};
+
+async fn run_suite(block: bool, attach: bool) -> Report {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let statedir = dir.path().join("state");
+    let args: &[&str] = if attach {
+        &["--enable-attach", "--enable-topology"]
+    } else {
+        &[]
+    };
+    let driver = Driver::start("hostpath", &statedir, args);
+    driver.client().await;
+    let staging = dir.path().join("staging");
+    let targets = dir.path().join("targets");
+    std::fs::create_dir_all(&staging).unwrap();
+    std::fs::create_dir_all(&targets).unwrap();
+    let mut config = Config::new(driver.endpoint.clone()).driver_log(&driver.log);
+    config.staging_dir = staging;
+    config.target_dir = targets;
+    config.volume_size = 16 << 20;
+    if block {
+        config = config.block();
+    }
+    let report = Suite::new(config).run().await.expect("suite runs");
+    println!("{report}");
+    assert!(
+        report.is_success(),
+        "conformance failures:\n{report}\n--- driver log tail ---\n{}",
+        tail(&driver.log_text())
+    );
+    let leftover = mounts_under(dir.path());
+    assert!(
+        leftover.is_empty(),
+        "mounts left after the suite: {leftover:?}"
+    );
+    report
+}
+
+fn tail(text: &str) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(60)..].join("\n")
+}
+
+/// The checks skipped in a run, with their reasons.
+fn skipped(report: &Report) -> Vec<String> {
+    report
+        .results
+        .iter()
+        .filter_map(|r| match &r.status {
+            csi_kit::conformance::Status::Skipped(why) => Some(format!("{}: {why}", r.id)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn hostpath_mount_access_without_attach() {
+    require_root!("hostpath_mount_access_without_attach");
+    run_isolated("hostpath-mount", || async {
+        let report = run_suite(false, false).await;
+        // Only the attach checks may be skipped: attach is not advertised.
+        for s in skipped(&report) {
+            assert!(
+                s.starts_with("controller.publish") || s.starts_with("controller.unpublish"),
+                "unexpected skip {s}"
+            );
+        }
+    });
+}
+
+#[test]
+fn hostpath_mount_access_with_attach() {
+    require_root!("hostpath_mount_access_with_attach");
+    run_isolated("hostpath-mount-attach", || async {
+        let report = run_suite(false, true).await;
+        assert_eq!(skipped(&report), Vec::<String>::new());
+    });
+}
+
+#[test]
+fn hostpath_block_access_without_attach() {
+    require_root!("hostpath_block_access_without_attach");
+    run_isolated("hostpath-block", || async {
+        let report = run_suite(true, false).await;
+        for s in skipped(&report) {
+            assert!(
+                s.starts_with("controller.publish") || s.starts_with("controller.unpublish"),
+                "unexpected skip {s}"
+            );
+        }
+    });
+}
+
+#[test]
+fn hostpath_block_access_with_attach() {
+    require_root!("hostpath_block_access_with_attach");
+    run_isolated("hostpath-block-attach", || async {
+        let report = run_suite(true, true).await;
+        assert_eq!(skipped(&report), Vec::<String>::new());
+    });
+}

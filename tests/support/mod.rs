@@ -1,0 +1,150 @@
+//! Shared harness of the end-to-end tests: start an example driver as a
+//! child process inside the test's private mount namespace, talk to it over
+//! its real unix socket, and leave nothing behind.
+#![allow(dead_code)]
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use csi_kit::server::{ClientOptions, CsiClient, Endpoint};
+
+/// The path of a built example (`cargo test` builds examples first).
+pub fn example_path(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    // target/<profile>/deps/<test> → target/<profile>/examples/<name>
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>");
+    profile_dir.join("examples").join(name)
+}
+
+/// A running example driver. Dropping it kills the process and detaches any
+/// loop device backed by a file in its state directory.
+pub struct Driver {
+    child: Option<Child>,
+    name: String,
+    args: Vec<String>,
+    pub statedir: PathBuf,
+    pub endpoint: String,
+    pub log: PathBuf,
+}
+
+impl Driver {
+    /// Starts `example` with `--statedir DIR --endpoint unix://DIR/csi.sock`
+    /// plus `args`; its stdout and stderr go to `DIR.log`.
+    pub fn start(example: &str, statedir: &Path, args: &[&str]) -> Driver {
+        std::fs::create_dir_all(statedir).expect("state dir");
+        let endpoint = format!("unix://{}", statedir.join("csi.sock").display());
+        let log = statedir.with_extension("log");
+        let mut driver = Driver {
+            child: None,
+            name: example.to_owned(),
+            args: args.iter().map(|s| s.to_string()).collect(),
+            statedir: statedir.to_owned(),
+            endpoint,
+            log,
+        };
+        driver.spawn();
+        driver
+    }
+
+    fn spawn(&mut self) {
+        let log = File::options()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("driver log");
+        let child = Command::new(example_path(&self.name))
+            .arg("--statedir")
+            .arg(&self.statedir)
+            .arg("--endpoint")
+            .arg(&self.endpoint)
+            .args(&self.args)
+            .env("RUST_LOG", "debug,h2=info,hyper=info,tower=info")
+            .stdout(log.try_clone().expect("log handle"))
+            .stderr(log)
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {}: {e} (is the example built?)", self.name));
+        self.child = Some(child);
+    }
+
+    /// Connects, waiting up to 20 s for the socket to appear.
+    pub async fn client(&self) -> CsiClient {
+        let endpoint: Endpoint = self.endpoint.parse().expect("endpoint");
+        CsiClient::connect_when_ready(endpoint, ClientOptions::default(), Duration::from_secs(20))
+            .await
+            .unwrap_or_else(|e| {
+                panic!(
+                    "{}: {e}\n--- driver log ---\n{}",
+                    self.name,
+                    self.log_text()
+                )
+            })
+    }
+
+    /// Kills the driver with SIGKILL (a crash) and waits for it.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Stops the driver with SIGTERM and returns its exit status.
+    pub fn stop(&mut self) -> Option<std::process::ExitStatus> {
+        let mut child = self.child.take()?;
+        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        child.wait().ok()
+    }
+
+    /// Starts the driver again with the same arguments and state.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    /// Everything the driver logged so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        self.kill();
+        csi_kit::mount::testing::detach_loop_devices_under(&self.statedir);
+    }
+}
+
+/// Runs an async test body in a private mount namespace (so every mount
+/// the driver makes vanishes with it) on a current-thread runtime, whose
+/// children inherit the namespace.
+pub fn run_isolated<F, Fut>(name: &str, f: F)
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()>,
+{
+    csi_kit::mount::testing::in_private_mount_ns(name, move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("tokio runtime")
+            .block_on(f())
+    })
+}
+
+/// Mount points below `dir` in this thread's namespace.
+pub fn mounts_under(dir: &Path) -> Vec<PathBuf> {
+    let text = std::fs::read("/proc/thread-self/mountinfo").expect("mountinfo");
+    csi_kit::mount::parse_mountinfo(&text)
+        .expect("parse mountinfo")
+        .into_iter()
+        .map(|m| m.mount_point)
+        .filter(|p| p.starts_with(dir))
+        .collect()
+}
