@@ -4,6 +4,9 @@
 use std::collections::BTreeMap;
 
 use csi_proto::v1::*;
+use csi_server::helpers::capacity::{CapacityPolicy, resolve_capacity};
+use csi_server::helpers::idempotency::{compare_snapshot, compare_volume};
+use csi_server::helpers::paging::{Page, paginate};
 use csi_server::{CallContext, Controller, CsiError, CsiResult};
 use prost::Message;
 
@@ -119,33 +122,17 @@ impl HostPath {
     }
 
     fn volume_size(&self, range: Option<&CapacityRange>, access: Access) -> CsiResult<i64> {
-        let (required, limit) = range
-            .map(|r| (r.required_bytes, r.limit_bytes))
-            .unwrap_or((0, 0));
-        let wanted = if required > 0 {
-            required
-        } else if limit > 0 {
-            limit.min(DEFAULT_VOLUME_SIZE)
-        } else {
-            DEFAULT_VOLUME_SIZE
+        let policy = CapacityPolicy {
+            default_size: DEFAULT_VOLUME_SIZE,
+            min_size: 0,
+            max_size: self.config.max_volume_size,
+            unit: if access == Access::Block {
+                BLOCK_UNIT
+            } else {
+                1
+            },
         };
-        let size = match access {
-            Access::Block => csi_proto::size::round_up(wanted, BLOCK_UNIT),
-            Access::Mount => wanted,
-        };
-        if limit > 0 && size > limit {
-            return Err(CsiError::OutOfRange(format!(
-                "no size of {BLOCK_UNIT}-byte units fits between {required} and {limit} bytes"
-            )));
-        }
-        if size > self.config.max_volume_size {
-            return Err(CsiError::OutOfRange(format!(
-                "{} exceeds the maximum volume size {}",
-                csi_proto::size::format_bytes(size),
-                csi_proto::size::format_bytes(self.config.max_volume_size)
-            )));
-        }
-        Ok(size)
+        resolve_capacity(range, &policy)
     }
 }
 
@@ -160,13 +147,6 @@ fn access_of(caps: &[VolumeCapability]) -> CsiResult<Access> {
         (true, false) => Ok(Access::Block),
         _ => Ok(Access::Mount),
     }
-}
-
-fn in_range(size: i64, range: Option<&CapacityRange>) -> bool {
-    range.is_none_or(|r| {
-        (r.required_bytes == 0 || size >= r.required_bytes)
-            && (r.limit_bytes == 0 || size <= r.limit_bytes)
-    })
 }
 
 #[csi_server::async_trait]
@@ -190,26 +170,13 @@ impl Controller for HostPath {
             }
             None => None,
         };
-        let caps: Vec<Vec<u8>> = req
-            .volume_capabilities
-            .iter()
-            .map(Message::encode_to_vec)
-            .collect();
         if let Some(existing) = self.store.read(|s| s.volume_by_name(&req.name).cloned()) {
-            let same = existing.access == access
-                && in_range(existing.capacity_bytes, req.capacity_range.as_ref())
-                && existing.parameters == sorted(&req.parameters)
-                && existing.mutable_parameters == sorted(&req.mutable_parameters)
-                && existing.source == source
-                && existing.capabilities == caps;
-            if !same {
-                return Err(CsiError::AlreadyExists(format!(
-                    "volume {:?} exists with different capacity, capabilities, parameters or source",
-                    req.name
-                )));
-            }
+            let original = CreateVolumeRequest::decode(existing.request.as_slice())
+                .map_err(|e| CsiError::Internal(format!("state of volume {}: {e}", existing.id)))?;
+            let volume = self.volume_message(&existing);
+            compare_volume(&original, &volume, &req)?;
             return Ok(CreateVolumeResponse {
-                volume: Some(self.volume_message(&existing)),
+                volume: Some(volume),
             });
         }
         if !self.topology_fits(req.accessibility_requirements.as_ref()) {
@@ -284,7 +251,11 @@ impl Controller for HostPath {
             } else {
                 BTreeMap::new()
             },
-            capabilities: caps,
+            request: CreateVolumeRequest {
+                secrets: Default::default(),
+                ..req.clone()
+            }
+            .encode_to_vec(),
             published_nodes: BTreeMap::new(),
             ephemeral: false,
         };
@@ -460,19 +431,24 @@ impl Controller for HostPath {
     ) -> CsiResult<ListVolumesResponse> {
         let (entries, next_token) = self.store.read(|s| {
             let all: Vec<&VolumeRecord> = s.volumes.values().filter(|v| !v.ephemeral).collect();
-            crate::driver::page(&all, req.max_entries, &req.starting_token).map(|(page, next)| {
-                let entries = page
-                    .iter()
-                    .map(|v| list_volumes_response::Entry {
-                        volume: Some(self.volume_message(v)),
-                        status: Some(list_volumes_response::VolumeStatus {
-                            published_node_ids: v.published_nodes.keys().cloned().collect(),
-                            volume_condition: Some(self.volume_condition(v)),
-                        }),
-                    })
-                    .collect();
-                (entries, next)
-            })
+            paginate(all, req.max_entries, &req.starting_token).map(
+                |Page {
+                     entries: page,
+                     next_token: next,
+                 }| {
+                    let entries = page
+                        .iter()
+                        .map(|v| list_volumes_response::Entry {
+                            volume: Some(self.volume_message(v)),
+                            status: Some(list_volumes_response::VolumeStatus {
+                                published_node_ids: v.published_nodes.keys().cloned().collect(),
+                                volume_condition: Some(self.volume_condition(v)),
+                            }),
+                        })
+                        .collect();
+                    (entries, next)
+                },
+            )
         })?;
         Ok(ListVolumesResponse {
             entries,
@@ -508,18 +484,18 @@ impl Controller for HostPath {
         req: CreateSnapshotRequest,
     ) -> CsiResult<CreateSnapshotResponse> {
         if let Some(existing) = self.store.read(|s| s.snapshot_by_name(&req.name).cloned()) {
-            if existing.source_volume_id != req.source_volume_id {
-                return Err(CsiError::AlreadyExists(format!(
-                    "snapshot {:?} exists for volume {}",
-                    req.name, existing.source_volume_id
-                )));
-            }
+            compare_snapshot(
+                &Self::snapshot_message(&existing),
+                &to_map(&existing.parameters),
+                &req,
+            )?;
             return Ok(CreateSnapshotResponse {
                 snapshot: Some(Self::snapshot_message(&existing)),
             });
         }
         let volume = self.known_volume(&req.source_volume_id)?;
-        let record = self.cut_snapshot(&volume, &req.name, None).await?;
+        let mut record = self.cut_snapshot(&volume, &req.name, None).await?;
+        record.parameters = sorted(&req.parameters);
         self.store.update(|s| {
             s.snapshots.insert(record.id.clone(), record.clone());
             Ok(())
@@ -568,15 +544,20 @@ impl Controller for HostPath {
                     req.source_volume_id.is_empty() || snap.source_volume_id == req.source_volume_id
                 })
                 .collect();
-            crate::driver::page(&all, req.max_entries, &req.starting_token).map(|(page, next)| {
-                let entries = page
-                    .iter()
-                    .map(|snap| list_snapshots_response::Entry {
-                        snapshot: Some(Self::snapshot_message(snap)),
-                    })
-                    .collect();
-                (entries, next)
-            })
+            paginate(all, req.max_entries, &req.starting_token).map(
+                |Page {
+                     entries: page,
+                     next_token: next,
+                 }| {
+                    let entries = page
+                        .iter()
+                        .map(|snap| list_snapshots_response::Entry {
+                            snapshot: Some(Self::snapshot_message(snap)),
+                        })
+                        .collect();
+                    (entries, next)
+                },
+            )
         })?;
         Ok(ListSnapshotsResponse {
             entries,
@@ -715,6 +696,7 @@ impl HostPath {
             access: volume.access,
             created_unix_nanos: now_nanos(),
             group_snapshot_id: group.map(str::to_owned),
+            parameters: BTreeMap::new(),
         };
         let (backend, vol, snap, access) = (
             self.backend.clone(),

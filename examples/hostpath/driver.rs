@@ -1,9 +1,8 @@
 //! The driver value shared by every service, and small shared helpers.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
-use csi_proto::v1::volume_capability::access_mode::Mode;
 use csi_server::{CsiError, CsiResult};
 use mount_utils::Mounter;
 
@@ -88,69 +87,6 @@ pub async fn blocking<T: Send + 'static>(
     tokio::task::spawn_blocking(f)
         .await
         .unwrap_or_else(|e| Err(CsiError::Internal(format!("blocking task failed: {e}"))))
-}
-
-/// The spec's NodePublish repeat table (RULES.md §5): `existing` are the
-/// targets (with argument fingerprints) the volume is published at on this node.
-pub fn publish_repeat_check(
-    volume_id: &str,
-    target: &Path,
-    args: &[u8],
-    existing: &[(PathBuf, Vec<u8>)],
-    mode: Mode,
-    snmw_advertised: bool,
-) -> CsiResult<()> {
-    if let Some((_, other_args)) = existing.iter().find(|(t, _)| t == target) {
-        if other_args.as_slice() == args {
-            return Ok(());
-        }
-        return Err(CsiError::AlreadyExists(format!(
-            "volume {volume_id} is already published at {} with different arguments",
-            target.display()
-        )));
-    }
-    let shareable =
-        mode.is_multi_node() || (mode == Mode::SingleNodeMultiWriter && snmw_advertised);
-    match existing.first() {
-        Some((other, _)) if !shareable => Err(CsiError::FailedPrecondition(format!(
-            "volume {volume_id} is already published at {} and its access mode {mode:?} allows one target",
-            other.display()
-        ))),
-        _ => Ok(()),
-    }
-}
-
-/// One page of a sorted list: `starting_token` is the index to start at.
-pub fn page<'a, T>(
-    all: &'a [T],
-    max_entries: i32,
-    starting_token: &str,
-) -> CsiResult<(&'a [T], String)> {
-    if max_entries < 0 {
-        return Err(CsiError::invalid("max_entries", "must not be negative"));
-    }
-    let start = if starting_token.is_empty() {
-        0
-    } else {
-        starting_token
-            .parse::<usize>()
-            .ok()
-            .filter(|i| *i <= all.len())
-            .ok_or_else(|| {
-                CsiError::Aborted(format!("starting_token {starting_token:?} is not valid"))
-            })?
-    };
-    let end = if max_entries == 0 {
-        all.len()
-    } else {
-        (start + max_entries as usize).min(all.len())
-    };
-    let next = if end < all.len() {
-        end.to_string()
-    } else {
-        String::new()
-    };
-    Ok((&all[start..end], next))
 }
 
 impl csi_server::Identity for HostPath {}

@@ -13,6 +13,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use csi_proto::v1::*;
+use csi_server::helpers::publish::{Publication, PublishArgs, PublishDecision, check_publish};
 use csi_server::{CallContext, CsiError, CsiResult, Node};
 use mount_utils::{LoopDevice, LoopOptions, MountError};
 use prost::Message;
@@ -151,8 +152,8 @@ impl HostPath {
         Ok(())
     }
 
-    /// Fingerprint of a NodePublish request's arguments except secrets.
-    fn publish_args(req: &NodePublishVolumeRequest) -> Vec<u8> {
+    /// A NodePublish request without its secrets, encoded for the state file.
+    fn without_secrets(req: &NodePublishVolumeRequest) -> Vec<u8> {
         NodePublishVolumeRequest {
             secrets: Default::default(),
             ..req.clone()
@@ -179,7 +180,7 @@ impl HostPath {
             parameters: Default::default(),
             mutable_parameters: Default::default(),
             topology: Default::default(),
-            capabilities: Vec::new(),
+            request: Vec::new(),
             published_nodes: Default::default(),
             ephemeral: true,
         };
@@ -290,23 +291,23 @@ impl Node for HostPath {
         let cap = req.volume_capability.clone().unwrap_or_default();
         check_access(&volume, &cap)?;
         let target = PathBuf::from(&req.target_path);
-        let args = Self::publish_args(&req);
-        let existing = self.store.read(|s| {
+        let request = Self::without_secrets(&req);
+        let existing: Vec<Publication> = self.store.read(|s| {
             s.published
                 .iter()
                 .filter(|(_, p)| p.volume_id == volume.id)
-                .map(|(t, p)| (t.clone(), p.args.clone()))
-                .collect::<Vec<_>>()
+                .filter_map(|(t, p)| {
+                    let earlier = NodePublishVolumeRequest::decode(p.request.as_slice()).ok()?;
+                    Some(Publication {
+                        target_path: t.to_string_lossy().into_owned(),
+                        args: PublishArgs::of(&earlier),
+                    })
+                })
+                .collect()
         });
-        crate::driver::publish_repeat_check(
-            &volume.id,
-            &target,
-            &args,
-            &existing,
-            cap.access_mode(),
-            self.single_node_multi_writer(),
-        )?;
-        if existing.iter().any(|(t, _)| t == &target) {
+        if check_publish(&existing, &req, self.single_node_multi_writer())?
+            == PublishDecision::AlreadyPublished
+        {
             return Ok(NodePublishVolumeResponse {});
         }
         let source = if ephemeral {
@@ -342,7 +343,7 @@ impl Node for HostPath {
                 target,
                 PublishedRecord {
                     volume_id: volume.id.clone(),
-                    args,
+                    request,
                     readonly,
                 },
             );

@@ -44,9 +44,9 @@ pub struct VolumeRecord {
     pub mutable_parameters: BTreeMap<String, String>,
     /// The topology segment the volume is accessible from (empty without topology).
     pub topology: BTreeMap<String, String>,
-    /// The requested capabilities, kept for the idempotency check (encoded
-    /// protobuf, so mount flags are not readable in the file by accident).
-    pub capabilities: Vec<Vec<u8>>,
+    /// The CreateVolume request without its secrets (encoded protobuf), for
+    /// csi-server's idempotency comparison of a repeated CreateVolume.
+    pub request: Vec<u8>,
     /// Nodes the volume is ControllerPublished to, with the read-only flag.
     pub published_nodes: BTreeMap<String, bool>,
     /// Created for an inline ephemeral volume by NodePublish.
@@ -63,6 +63,9 @@ pub struct SnapshotRecord {
     pub access: Access,
     pub created_unix_nanos: i128,
     pub group_snapshot_id: Option<String>,
+    /// The CreateSnapshot parameters, for the idempotency comparison.
+    #[serde(default)]
+    pub parameters: BTreeMap<String, String>,
 }
 
 /// A group snapshot: several snapshots cut together.
@@ -90,8 +93,9 @@ pub struct StagedRecord {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PublishedRecord {
     pub volume_id: String,
-    /// Fingerprint of every argument except secrets, for the repeat table.
-    pub args: Vec<u8>,
+    /// The NodePublish request without its secrets (encoded protobuf), for
+    /// the repeat table.
+    pub request: Vec<u8>,
     pub readonly: bool,
 }
 
@@ -253,6 +257,7 @@ mod tests {
                     access: Access::Mount,
                     created_unix_nanos: 0,
                     group_snapshot_id: None,
+                    parameters: BTreeMap::new(),
                 },
             );
             Ok(())
