@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 
 use csi_proto::v1::*;
 use csi_server::helpers::publish::{Publication, PublishArgs, PublishDecision, check_publish};
+use csi_server::request::EPHEMERAL_CONTEXT_KEY;
 use csi_server::{CallContext, CsiError, CsiResult, Node};
 use mount_utils::{LoopDevice, LoopOptions, MountError};
 use prost::Message;
@@ -21,9 +22,6 @@ use prost::Message;
 use crate::config::TOPOLOGY_KEY;
 use crate::driver::{HostPath, blocking};
 use crate::store::{Access, IdKind, PublishedRecord, StagedRecord, VolumeRecord};
-
-/// The volume context key kubelet sets for CSI inline ephemeral volumes.
-pub const EPHEMERAL_KEY: &str = "csi.storage.k8s.io/ephemeral";
 
 fn mount_err(what: &str, path: &Path, e: MountError) -> CsiError {
     CsiError::Internal(format!("{what} {}: {e}", path.display()))
@@ -281,7 +279,7 @@ impl Node for HostPath {
     ) -> CsiResult<NodePublishVolumeResponse> {
         let ephemeral = req
             .volume_context
-            .get(EPHEMERAL_KEY)
+            .get(EPHEMERAL_CONTEXT_KEY)
             .is_some_and(|v| v == "true");
         let volume = if ephemeral {
             self.ephemeral_volume(&req.volume_id)?
@@ -368,6 +366,7 @@ impl Node for HostPath {
                     s.volumes
                         .values()
                         .any(|v| v.ephemeral && v.name == req.volume_id)
+                        || s.retired_ephemeral.contains(&req.volume_id)
                 });
                 if !ephemeral {
                     self.known_volume(&req.volume_id)?;
@@ -392,6 +391,7 @@ impl Node for HostPath {
         if let Some(v) = volume.filter(|v| v.ephemeral) {
             self.store.update(|s| {
                 s.volumes.remove(&v.id);
+                s.retire_ephemeral(&v.name);
                 Ok(())
             })?;
             self.backend.delete_volume(&v.id, Access::Mount)?;

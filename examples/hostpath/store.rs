@@ -109,9 +109,24 @@ pub struct State {
     pub staged: BTreeMap<String, StagedRecord>,
     /// Node side: target path → what is published there.
     pub published: BTreeMap<PathBuf, PublishedRecord>,
+    /// Names of inline ephemeral volumes removed by NodeUnpublish, newest
+    /// last, so a retried NodeUnpublish stays OK (bounded).
+    #[serde(default)]
+    pub retired_ephemeral: std::collections::VecDeque<String>,
 }
 
+/// How many retired ephemeral volume names are remembered.
+const RETIRED_EPHEMERAL_KEPT: usize = 1024;
+
 impl State {
+    /// Records that the ephemeral volume `name` was removed.
+    pub fn retire_ephemeral(&mut self, name: &str) {
+        if self.retired_ephemeral.len() >= RETIRED_EPHEMERAL_KEPT {
+            self.retired_ephemeral.pop_front();
+        }
+        self.retired_ephemeral.push_back(name.to_owned());
+    }
+
     /// The volume created under `name`, if any.
     pub fn volume_by_name(&self, name: &str) -> Option<&VolumeRecord> {
         self.volumes.values().find(|v| v.name == name)

@@ -264,13 +264,45 @@ impl FieldCapabilities for ValidateVolumeCapabilitiesRequest {
     }
 }
 
+/// The volume context key kubelet sets to `"true"` for a CSI inline
+/// ephemeral volume (published without NodeStage).
+pub const EPHEMERAL_CONTEXT_KEY: &str = "csi.storage.k8s.io/ephemeral";
+
 impl FieldCapabilities for NodePublishVolumeRequest {
     fn field_capabilities(&self, caps: &Capabilities) -> Result<(), CsiError> {
-        if self.staging_target_path.is_empty() && caps.has_node(NodeRpc::StageUnstageVolume) {
+        // Kubelet never stages CSI inline ephemeral volumes, so they are exempt.
+        let ephemeral = self
+            .volume_context
+            .get(EPHEMERAL_CONTEXT_KEY)
+            .is_some_and(|v| v == "true");
+        if self.staging_target_path.is_empty()
+            && caps.has_node(NodeRpc::StageUnstageVolume)
+            && !ephemeral
+        {
             return Err(CsiError::FailedPrecondition(
                 "staging_target_path is required: the plugin declares STAGE_UNSTAGE_VOLUME".into(),
             ));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod ephemeral_tests {
+    use super::*;
+
+    #[test]
+    fn inline_ephemeral_publish_needs_no_staging_path() {
+        let caps = Capabilities::new().node([NodeRpc::StageUnstageVolume]);
+        let mut req = NodePublishVolumeRequest {
+            volume_id: "v".into(),
+            target_path: "/t".into(),
+            ..Default::default()
+        };
+        let err = req.field_capabilities(&caps).unwrap_err();
+        assert_eq!(err.code(), tonic::Code::FailedPrecondition);
+        req.volume_context
+            .insert(EPHEMERAL_CONTEXT_KEY.into(), "true".into());
+        assert!(req.field_capabilities(&caps).is_ok());
     }
 }

@@ -1,0 +1,576 @@
+//! End-to-end behaviour of the hostpath example beyond the conformance
+//! suite: idempotency with the mount table, security of ids and fields,
+//! inline ephemeral volumes, restart reconciliation, and crash safety under
+//! SIGKILL. Runs as root in a private mount namespace per test.
+
+mod support;
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use csi_kit::mount::require_root;
+use csi_kit::proto::v1::volume_capability::access_mode::Mode;
+use csi_kit::proto::v1::*;
+use csi_kit::server::CsiClient;
+use support::{Driver, mounts_under, run_isolated};
+use tonic::Code;
+
+const MARKER: &str = "SECRET-MARKER-e2e-91c3";
+
+fn secrets() -> HashMap<String, String> {
+    [("password".to_string(), MARKER.to_string())].into()
+}
+
+fn mount_cap() -> VolumeCapability {
+    VolumeCapability::mount("").with_access_mode(Mode::SingleNodeWriter)
+}
+
+fn block_cap() -> VolumeCapability {
+    VolumeCapability::block().with_access_mode(Mode::SingleNodeWriter)
+}
+
+async fn create(
+    client: &CsiClient,
+    name: &str,
+    cap: VolumeCapability,
+) -> Result<Volume, tonic::Status> {
+    let req = CreateVolumeRequest {
+        name: name.into(),
+        capacity_range: Some(CapacityRange::at_least(8 << 20)),
+        volume_capabilities: vec![cap],
+        secrets: secrets(),
+        ..Default::default()
+    };
+    Ok(client
+        .controller()
+        .create_volume(req)
+        .await?
+        .into_inner()
+        .volume
+        .expect("volume"))
+}
+
+fn stage_req(id: &str, staging: &Path, cap: VolumeCapability) -> NodeStageVolumeRequest {
+    NodeStageVolumeRequest {
+        volume_id: id.into(),
+        staging_target_path: staging.to_string_lossy().into(),
+        volume_capability: Some(cap),
+        secrets: secrets(),
+        ..Default::default()
+    }
+}
+
+fn publish_req(
+    id: &str,
+    staging: &Path,
+    target: &Path,
+    cap: VolumeCapability,
+) -> NodePublishVolumeRequest {
+    NodePublishVolumeRequest {
+        volume_id: id.into(),
+        staging_target_path: staging.to_string_lossy().into(),
+        target_path: target.to_string_lossy().into(),
+        volume_capability: Some(cap),
+        secrets: secrets(),
+        ..Default::default()
+    }
+}
+
+fn code<T>(r: Result<T, tonic::Status>) -> Code {
+    match r {
+        Ok(_) => Code::Ok,
+        Err(s) => s.code(),
+    }
+}
+
+#[test]
+fn every_rpc_repeated_ten_times_gives_one_result_and_one_mount() {
+    require_root!("every_rpc_repeated_ten_times_gives_one_result_and_one_mount");
+    run_isolated("hostpath-idempotency", || async {
+        let dir = tempfile::tempdir().unwrap();
+        let driver = Driver::start("hostpath", &dir.path().join("state"), &[]);
+        let client = driver.client().await;
+        let (staging, target) = (dir.path().join("staging"), dir.path().join("pods/target"));
+        std::fs::create_dir_all(&staging).unwrap();
+        std::fs::create_dir_all(target.parent().unwrap()).unwrap();
+
+        let ids: BTreeSet<String> = {
+            let mut ids = BTreeSet::new();
+            for _ in 0..10 {
+                ids.insert(
+                    create(&client, "pvc-repeat", mount_cap())
+                        .await
+                        .unwrap()
+                        .volume_id,
+                );
+            }
+            ids
+        };
+        assert_eq!(
+            ids.len(),
+            1,
+            "CreateVolume returned different volumes: {ids:?}"
+        );
+        let id = ids.into_iter().next().unwrap();
+        for _ in 0..10 {
+            client
+                .node()
+                .node_stage_volume(stage_req(&id, &staging, mount_cap()))
+                .await
+                .unwrap();
+        }
+        for _ in 0..10 {
+            client
+                .node()
+                .node_publish_volume(publish_req(&id, &staging, &target, mount_cap()))
+                .await
+                .unwrap();
+        }
+        let mounts = mounts_under(dir.path());
+        assert_eq!(
+            mounts.iter().filter(|m| **m == staging).count(),
+            1,
+            "{mounts:?}"
+        );
+        assert_eq!(
+            mounts.iter().filter(|m| **m == target).count(),
+            1,
+            "{mounts:?}"
+        );
+        std::fs::write(target.join("data"), b"written through the publish").unwrap();
+        for _ in 0..10 {
+            let req = NodeUnpublishVolumeRequest {
+                volume_id: id.clone(),
+                target_path: target.to_string_lossy().into(),
+            };
+            client.node().node_unpublish_volume(req).await.unwrap();
+        }
+        assert!(
+            !target.exists(),
+            "NodeUnpublish must remove the target it created"
+        );
+        for _ in 0..10 {
+            let req = NodeUnstageVolumeRequest {
+                volume_id: id.clone(),
+                staging_target_path: staging.to_string_lossy().into(),
+            };
+            client.node().node_unstage_volume(req).await.unwrap();
+        }
+        assert_eq!(mounts_under(dir.path()), Vec::<std::path::PathBuf>::new());
+        for _ in 0..10 {
+            let req = DeleteVolumeRequest {
+                volume_id: id.clone(),
+                secrets: secrets(),
+            };
+            client.controller().delete_volume(req).await.unwrap();
+        }
+        let list = client
+            .controller()
+            .list_volumes(ListVolumesRequest::default())
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(list.entries.is_empty());
+    });
+}
+
+#[test]
+fn hostile_ids_fields_and_access_types_are_refused_and_secrets_never_logged() {
+    require_root!("hostile_ids_fields_and_access_types_are_refused_and_secrets_never_logged");
+    run_isolated("hostpath-security", || async {
+        let dir = tempfile::tempdir().unwrap();
+        let sentinel = dir.path().join("sentinel");
+        std::fs::create_dir_all(sentinel.join("keep")).unwrap();
+        let driver = Driver::start("hostpath", &dir.path().join("state"), &[]);
+        let client = driver.client().await;
+        let staging = dir.path().join("staging");
+        std::fs::create_dir_all(&staging).unwrap();
+
+        // Ids that would escape the state directory if used as paths.
+        for hostile in [
+            "../../etc",
+            "../sentinel",
+            "../../sentinel/keep",
+            "vol-/../../x",
+            "/etc/passwd",
+            "a\u{0}b",
+        ] {
+            let del = client
+                .controller()
+                .delete_volume(DeleteVolumeRequest {
+                    volume_id: hostile.into(),
+                    secrets: secrets(),
+                })
+                .await;
+            assert!(
+                matches!(code(del), Code::Ok | Code::InvalidArgument),
+                "{hostile:?}"
+            );
+            let get = client
+                .controller()
+                .controller_get_volume(ControllerGetVolumeRequest {
+                    volume_id: hostile.into(),
+                })
+                .await;
+            assert!(
+                matches!(code(get), Code::NotFound | Code::InvalidArgument),
+                "{hostile:?}"
+            );
+            let stage = client
+                .node()
+                .node_stage_volume(stage_req(hostile, &staging, mount_cap()))
+                .await;
+            assert!(
+                matches!(code(stage), Code::NotFound | Code::InvalidArgument),
+                "{hostile:?}"
+            );
+            let snap = client
+                .controller()
+                .create_snapshot(CreateSnapshotRequest {
+                    source_volume_id: hostile.into(),
+                    name: format!("snap-{}", hostile.len()),
+                    secrets: secrets(),
+                    ..Default::default()
+                })
+                .await;
+            assert!(
+                matches!(code(snap), Code::NotFound | Code::InvalidArgument),
+                "{hostile:?}"
+            );
+        }
+        assert!(
+            sentinel.join("keep").is_dir(),
+            "a hostile id touched a path outside the state dir"
+        );
+        assert_eq!(mounts_under(dir.path()), Vec::<std::path::PathBuf>::new());
+
+        // Oversized and malformed fields: INVALID_ARGUMENT naming the field.
+        let long = "x".repeat(129);
+        let err = create(&client, &long, mount_cap()).await.unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument);
+        assert!(err.message().contains("name"), "{}", err.message());
+        let err = client
+            .controller()
+            .create_volume(CreateVolumeRequest {
+                name: "big-params".into(),
+                volume_capabilities: vec![mount_cap()],
+                parameters: [("k".to_string(), "v".repeat(5000))].into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument);
+        assert!(err.message().contains("parameters"), "{}", err.message());
+        let err = client
+            .node()
+            .node_get_info(NodeGetInfoRequest {})
+            .await
+            .map(|_| ());
+        assert!(err.is_ok());
+
+        // Wrong access types.
+        let err = client
+            .controller()
+            .create_volume(CreateVolumeRequest {
+                name: "mixed".into(),
+                volume_capabilities: vec![mount_cap(), block_cap()],
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument);
+        let vol = create(&client, "pvc-mount-only", mount_cap())
+            .await
+            .unwrap();
+        let err = client
+            .node()
+            .node_stage_volume(stage_req(&vol.volume_id, &staging, block_cap()))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::FailedPrecondition, "{}", err.message());
+
+        // Secrets and mount flags never reach the log, at debug level.
+        let flagged = VolumeCapability::mount("")
+            .with_mount_flags([format!("context={MARKER}")])
+            .with_access_mode(Mode::SingleNodeWriter);
+        let _ = create(&client, "pvc-flags", flagged).await;
+        let log = driver.log_text();
+        assert!(
+            log.contains("CreateVolume"),
+            "the driver logs requests at debug level"
+        );
+        assert!(
+            !log.contains(MARKER),
+            "a secret or mount flag reached the log"
+        );
+    });
+}
+
+#[test]
+fn inline_ephemeral_volume_lives_and_dies_with_its_publish() {
+    require_root!("inline_ephemeral_volume_lives_and_dies_with_its_publish");
+    run_isolated("hostpath-ephemeral", || async {
+        let dir = tempfile::tempdir().unwrap();
+        let statedir = dir.path().join("state");
+        let driver = Driver::start("hostpath", &statedir, &[]);
+        let client = driver.client().await;
+        let target = dir.path().join("pod/vol");
+        std::fs::create_dir_all(target.parent().unwrap()).unwrap();
+        let req = NodePublishVolumeRequest {
+            volume_id: "csi-0123456789abcdef".into(),
+            target_path: target.to_string_lossy().into(),
+            volume_capability: Some(mount_cap()),
+            volume_context: [(
+                "csi.storage.k8s.io/ephemeral".to_string(),
+                "true".to_string(),
+            )]
+            .into(),
+            ..Default::default()
+        };
+        client
+            .node()
+            .node_publish_volume(req.clone())
+            .await
+            .unwrap();
+        client.node().node_publish_volume(req).await.unwrap();
+        assert_eq!(mounts_under(dir.path()), vec![target.clone()]);
+        let volumes = || std::fs::read_dir(statedir.join("volumes")).unwrap().count();
+        assert_eq!(volumes(), 1);
+        let unpublish = NodeUnpublishVolumeRequest {
+            volume_id: "csi-0123456789abcdef".into(),
+            target_path: target.to_string_lossy().into(),
+        };
+        client
+            .node()
+            .node_unpublish_volume(unpublish.clone())
+            .await
+            .unwrap();
+        client
+            .node()
+            .node_unpublish_volume(unpublish)
+            .await
+            .unwrap();
+        assert_eq!(
+            volumes(),
+            0,
+            "the ephemeral volume is deleted with its publish"
+        );
+        assert!(mounts_under(dir.path()).is_empty());
+    });
+}
+
+#[test]
+fn staged_block_volume_is_reattached_after_a_restart() {
+    require_root!("staged_block_volume_is_reattached_after_a_restart");
+    run_isolated("hostpath-reattach", || async {
+        let dir = tempfile::tempdir().unwrap();
+        let statedir = dir.path().join("state");
+        let mut driver = Driver::start("hostpath", &statedir, &[]);
+        let client = driver.client().await;
+        let (staging, target) = (dir.path().join("staging"), dir.path().join("pod/dev"));
+        std::fs::create_dir_all(&staging).unwrap();
+        std::fs::create_dir_all(target.parent().unwrap()).unwrap();
+        let vol = create(&client, "pvc-block", block_cap()).await.unwrap();
+        client
+            .node()
+            .node_stage_volume(stage_req(&vol.volume_id, &staging, block_cap()))
+            .await
+            .unwrap();
+        // Simulate a reboot: the driver dies and the loop device disappears.
+        driver.kill();
+        let image = statedir
+            .join("volumes")
+            .join(format!("{}.img", vol.volume_id));
+        for dev in csi_kit::mount::loopdev::find_by_backing_file(&image).unwrap() {
+            csi_kit::mount::loopdev::detach(&dev).unwrap();
+        }
+        csi_kit::mount::testing::assert_no_loop_device_for(&image);
+        driver.restart();
+        let client = driver.client().await;
+        assert_eq!(
+            csi_kit::mount::loopdev::find_by_backing_file(&image)
+                .unwrap()
+                .len(),
+            1,
+            "re-attached on start"
+        );
+        client
+            .node()
+            .node_publish_volume(publish_req(&vol.volume_id, &staging, &target, block_cap()))
+            .await
+            .unwrap();
+        let meta = std::fs::metadata(&target).unwrap();
+        use std::os::unix::fs::FileTypeExt;
+        assert!(
+            meta.file_type().is_block_device(),
+            "the target is the device node"
+        );
+        let unpublish = NodeUnpublishVolumeRequest {
+            volume_id: vol.volume_id.clone(),
+            target_path: target.to_string_lossy().into(),
+        };
+        client
+            .node()
+            .node_unpublish_volume(unpublish)
+            .await
+            .unwrap();
+        let unstage = NodeUnstageVolumeRequest {
+            volume_id: vol.volume_id.clone(),
+            staging_target_path: staging.to_string_lossy().into(),
+        };
+        client.node().node_unstage_volume(unstage).await.unwrap();
+        csi_kit::mount::testing::assert_no_loop_device_for(&image);
+    });
+}
+
+#[test]
+fn sigkill_during_churn_never_loses_a_volume_or_corrupts_state() {
+    require_root!("sigkill_during_churn_never_loses_a_volume_or_corrupts_state");
+    run_isolated("hostpath-crash", || async {
+        let dir = tempfile::tempdir().unwrap();
+        let statedir = dir.path().join("state");
+        let mut driver = Driver::start("hostpath", &statedir, &[]);
+        let started = Instant::now();
+        // Volumes whose CreateVolume returned OK and that no DeleteVolume touched.
+        let mut confirmed: BTreeSet<String> = BTreeSet::new();
+        let rounds = 8;
+        for round in 0..rounds {
+            let client = driver.client().await;
+            let churn = {
+                let client = client.clone();
+                let confirmed_before = confirmed.clone();
+                tokio::spawn(async move {
+                    let mut created = BTreeSet::new();
+                    let mut deleting = BTreeSet::new();
+                    for i in 0.. {
+                        let cap = if i % 2 == 0 { mount_cap() } else { block_cap() };
+                        let Ok(v) = create(&client, &format!("crash-{round}-{i}"), cap).await
+                        else {
+                            break;
+                        };
+                        created.insert(v.volume_id.clone());
+                        let snap = client
+                            .controller()
+                            .create_snapshot(CreateSnapshotRequest {
+                                source_volume_id: v.volume_id.clone(),
+                                name: format!("crash-snap-{round}-{i}"),
+                                ..Default::default()
+                            })
+                            .await;
+                        let Ok(snap) = snap else { break };
+                        let snap_id = snap.into_inner().snapshot.unwrap().snapshot_id;
+                        if client
+                            .controller()
+                            .delete_snapshot(DeleteSnapshotRequest {
+                                snapshot_id: snap_id,
+                                ..Default::default()
+                            })
+                            .await
+                            .is_err()
+                        {
+                            break;
+                        }
+                        if i % 3 == 0 {
+                            deleting.insert(v.volume_id.clone());
+                            if client
+                                .controller()
+                                .delete_volume(DeleteVolumeRequest {
+                                    volume_id: v.volume_id,
+                                    ..Default::default()
+                                })
+                                .await
+                                .is_err()
+                            {
+                                break;
+                            }
+                        }
+                    }
+                    let _ = confirmed_before;
+                    (created, deleting)
+                })
+            };
+            // Kill at a different point of the churn each round.
+            tokio::time::sleep(Duration::from_millis(40 + 37 * round as u64)).await;
+            driver.kill();
+            let (created, deleting) = churn.await.unwrap();
+            confirmed.extend(created.difference(&deleting).cloned());
+            driver.restart();
+            let client = driver.client().await;
+            let list = client
+                .controller()
+                .list_volumes(ListVolumesRequest::default())
+                .await
+                .unwrap_or_else(|e| {
+                    panic!(
+                        "round {round}: the driver cannot list after a crash: {e}\n{}",
+                        driver.log_text()
+                    )
+                })
+                .into_inner();
+            let listed: BTreeSet<String> = list
+                .entries
+                .iter()
+                .map(|e| e.volume.as_ref().unwrap().volume_id.clone())
+                .collect();
+            let lost: Vec<_> = confirmed.difference(&listed).collect();
+            assert!(
+                lost.is_empty(),
+                "round {round}: volumes lost after SIGKILL: {lost:?}"
+            );
+            for e in &list.entries {
+                let cond = e
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.volume_condition.as_ref())
+                    .unwrap();
+                assert!(
+                    !cond.abnormal,
+                    "round {round}: a listed volume has no data: {}",
+                    cond.message
+                );
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(120),
+                "crash test exceeded its time bound"
+            );
+        }
+        assert!(mounts_under(dir.path()).is_empty());
+        assert!(!confirmed.is_empty(), "the churn created volumes");
+        // Everything still deletes cleanly after the crashes (snapshots a
+        // kill left behind first: a volume with snapshots is not deletable).
+        let client = driver.client().await;
+        let snaps = client
+            .controller()
+            .list_snapshots(ListSnapshotsRequest::default())
+            .await
+            .unwrap()
+            .into_inner();
+        for e in snaps.entries {
+            let snapshot_id = e.snapshot.unwrap().snapshot_id;
+            client
+                .controller()
+                .delete_snapshot(DeleteSnapshotRequest {
+                    snapshot_id,
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+        }
+        for id in &confirmed {
+            client
+                .controller()
+                .delete_volume(DeleteVolumeRequest {
+                    volume_id: id.clone(),
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+        }
+        driver.stop();
+        assert!(
+            !statedir.join("csi.sock").exists(),
+            "socket removed on SIGTERM"
+        );
+    });
+}
