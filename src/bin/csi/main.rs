@@ -8,6 +8,7 @@
 mod args;
 mod bench;
 mod output;
+mod sanity;
 
 use std::collections::HashMap;
 use std::process::ExitCode;
@@ -60,6 +61,8 @@ enum Command {
     Group(GroupCmd),
     /// Load-test the driver and report latency percentiles.
     Bench(bench::BenchArgs),
+    /// Run the conformance suite against the driver.
+    Sanity(sanity::SanityArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -369,17 +372,25 @@ async fn run(cli: Cli) -> Result<ExitCode, Failure> {
         connect_timeout: Duration::from_secs(5),
         call_timeout: Some(Duration::from_secs(cli.timeout)),
     };
-    let client = CsiClient::connect_with(endpoint, options)
-        .await
-        .map_err(|e| Failure(e.to_string()))?;
+    let connect = || async {
+        CsiClient::connect_with(endpoint.clone(), options.clone())
+            .await
+            .map_err(|e| Failure(e.to_string()))
+    };
     let out = cli.output;
     match cli.command {
-        Command::Identity(cmd) => identity(&client, cmd, out).await?,
-        Command::Controller(cmd) => controller(&client, cmd, out, secrets).await?,
-        Command::Node(cmd) => node(&client, cmd, out, secrets).await?,
-        Command::Group(cmd) => group(&client, cmd, out, secrets).await?,
+        Command::Identity(cmd) => identity(&connect().await?, cmd, out).await?,
+        Command::Controller(cmd) => controller(&connect().await?, cmd, out, secrets).await?,
+        Command::Node(cmd) => node(&connect().await?, cmd, out, secrets).await?,
+        Command::Group(cmd) => group(&connect().await?, cmd, out, secrets).await?,
         Command::Bench(args) => {
-            return bench::run(client, args, out, secrets)
+            return bench::run(connect().await?, args, out, secrets)
+                .await
+                .map_err(Failure);
+        }
+        // The suite makes its own connections and reports an unreachable endpoint.
+        Command::Sanity(args) => {
+            return sanity::run(&cli.endpoint, args, secrets)
                 .await
                 .map_err(Failure);
         }
