@@ -26,6 +26,9 @@ fn internal(what: &str, path: &Path, e: impl std::fmt::Display) -> CsiError {
 impl Backend {
     /// Creates the layout under `root` (mode 0750 directories).
     pub fn new(root: &Path) -> io::Result<Self> {
+        // The state file records volume parameters: keep the tree private.
+        fs::create_dir_all(root)?;
+        fs::set_permissions(root, fs::Permissions::from_mode(0o750))?;
         for dir in ["volumes", "snapshots"] {
             fs::create_dir_all(root.join(dir))?;
             fs::set_permissions(root.join(dir), fs::Permissions::from_mode(0o750))?;
