@@ -83,5 +83,37 @@ fn probe(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, probe);
+/// The in-process cost of the layers alone (no socket, no HTTP/2): the
+/// same Probe handler called directly and through the default stack.
+fn stack_overhead(c: &mut Criterion) {
+    use csi_server::Capabilities;
+    use csi_server::layer::{
+        CatchPanicLayer, GatingLayer, LockingLayer, Readiness, ReadinessLayer, Stack, TracingLayer,
+        ValidationLayer,
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let stack = Stack::new()
+        .push(TracingLayer)
+        .push(CatchPanicLayer)
+        .push(GatingLayer::new(Capabilities::new()))
+        .push(ValidationLayer)
+        .push(ReadinessLayer::new(Readiness::ready()))
+        .push(LockingLayer::new());
+    let handler = |_: ProbeRequest| async { Ok(ProbeResponse { ready: Some(true) }) };
+    let mut group = c.benchmark_group("probe_in_process");
+    group.bench_function("handler_only", |b| {
+        b.iter(|| rt.block_on(handler(ProbeRequest {})).unwrap())
+    });
+    group.bench_function("full_stack", |b| {
+        b.iter(|| {
+            rt.block_on(stack.call(1, ProbeRequest {}, handler))
+                .unwrap()
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, probe, stack_overhead);
 criterion_main!(benches);

@@ -66,7 +66,7 @@ pub use driver::{
 };
 pub use endpoint::{CSI_ENDPOINT_ENV, Endpoint, EndpointError};
 pub use error::CsiError;
-pub use layer::{Layer, Readiness, Stack};
+pub use layer::{Layer, Readiness, ReadinessState, Stack};
 pub use method::{Method, Service};
 pub use request::{CsiRequest, LockKey};
 pub use server::{ServeMode, Server, ServerBuilder, ServerError};

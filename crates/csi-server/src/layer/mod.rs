@@ -31,7 +31,7 @@ pub use locking::{LockMap, LockingLayer};
 #[cfg(feature = "metrics")]
 pub use metrics::{MetricsLayer, MetricsTask};
 pub use panic::CatchPanicLayer;
-pub use readiness::{Readiness, ReadinessLayer};
+pub use readiness::{Readiness, ReadinessLayer, ReadinessState};
 pub use tracing::TracingLayer;
 pub use validation::ValidationLayer;
 
