@@ -108,6 +108,24 @@ impl State {
     fn used(&self) -> i64 {
         self.volumes.values().map(|v| v.capacity).sum()
     }
+
+    /// NOT_FOUND unless `volume_id` is published or staged at `path`.
+    fn available_at(&self, volume_id: &str, path: &str) -> std::result::Result<(), Status> {
+        let published = self
+            .node_pubs
+            .get(path)
+            .is_some_and(|(id, _)| id == volume_id);
+        let staged = self
+            .staged
+            .contains_key(&(volume_id.to_owned(), path.to_owned()));
+        if published || staged {
+            Ok(())
+        } else {
+            Err(Status::not_found(format!(
+                "volume {volume_id} is not available at {path}"
+            )))
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -1040,19 +1058,7 @@ impl Node for MockDriver {
             .volumes
             .get(&req.volume_id)
             .ok_or_else(|| self.missing_volume(&req.volume_id))?;
-        let published = st
-            .node_pubs
-            .get(&req.volume_path)
-            .is_some_and(|(id, _)| *id == req.volume_id)
-            || st
-                .staged
-                .contains_key(&(req.volume_id.clone(), req.volume_path.clone()));
-        if !published {
-            return Err(Status::not_found(format!(
-                "volume {} is not available at {}",
-                req.volume_id, req.volume_path
-            )));
-        }
+        st.available_at(&req.volume_id, &req.volume_path)?;
         let mut usage = vec![VolumeUsage {
             available: v.capacity,
             total: v.capacity,
@@ -1086,19 +1092,7 @@ impl Node for MockDriver {
             .volumes
             .get(&req.volume_id)
             .ok_or_else(|| self.missing_volume(&req.volume_id))?;
-        let used = st
-            .node_pubs
-            .get(&req.volume_path)
-            .is_some_and(|(id, _)| *id == req.volume_id)
-            || st
-                .staged
-                .contains_key(&(req.volume_id.clone(), req.volume_path.clone()));
-        if !used {
-            return Err(Status::not_found(format!(
-                "volume {} is not available at {}",
-                req.volume_id, req.volume_path
-            )));
-        }
+        st.available_at(&req.volume_id, &req.volume_path)?;
         let required = req.capacity_range.map(|c| c.required_bytes).unwrap_or(0);
         Ok(Response::new(NodeExpandVolumeResponse {
             capacity_bytes: v.capacity.max(required),
