@@ -3,24 +3,19 @@
 //! ([`IdKind::is_valid`](crate::store::IdKind::is_valid)), so every path here
 //! is `root/<kind>/<generated id>`.
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use csi_server::CsiError;
-use mount_utils::{Exec, SystemExec};
-
+use crate::common::{copy_sparse, create_sparse, grow_file, internal, remove_file_if_present};
 use crate::store::Access;
+use csi_server::CsiError;
 
 /// The directory layout of one driver instance.
 #[derive(Debug, Clone)]
 pub struct Backend {
     root: PathBuf,
-}
-
-fn internal(what: &str, path: &Path, e: impl std::fmt::Display) -> CsiError {
-    CsiError::Internal(format!("{what} {}: {e}", path.display()))
 }
 
 impl Backend {
@@ -64,50 +59,27 @@ impl Backend {
         let path = self.volume_path(id, access);
         match access {
             Access::Mount => fs::create_dir_all(&path).map_err(|e| internal("creating", &path, e)),
-            Access::Block => {
-                let f = OpenOptions::new()
-                    .write(true)
-                    .create(true)
-                    .truncate(false)
-                    .open(&path)
-                    .map_err(|e| internal("creating", &path, e))?;
-                f.set_len(size as u64)
-                    .map_err(|e| internal("sizing", &path, e))?;
-                f.sync_all().map_err(|e| internal("syncing", &path, e))
-            }
+            Access::Block => create_sparse(&path, size),
         }
     }
 
     /// Removes a volume's data; absent data is fine (idempotent delete).
     pub fn delete_volume(&self, id: &str, access: Access) -> Result<(), CsiError> {
         let path = self.volume_path(id, access);
-        let result = match access {
-            Access::Mount => fs::remove_dir_all(&path),
-            Access::Block => fs::remove_file(&path),
-        };
-        match result {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(internal("removing", &path, e)),
-            _ => Ok(()),
+        match access {
+            Access::Mount => match fs::remove_dir_all(&path) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                    Err(internal("removing", &path, e))
+                }
+                _ => Ok(()),
+            },
+            Access::Block => remove_file_if_present(&path),
         }
     }
 
     /// Grows a block volume's backing file (never shrinks it).
     pub fn grow_block(&self, id: &str, size: i64) -> Result<(), CsiError> {
-        let path = self.volume_path(id, Access::Block);
-        let f = OpenOptions::new()
-            .write(true)
-            .open(&path)
-            .map_err(|e| internal("opening", &path, e))?;
-        let current = f
-            .metadata()
-            .map_err(|e| internal("reading", &path, e))?
-            .len();
-        if (size as u64) > current {
-            f.set_len(size as u64)
-                .map_err(|e| internal("growing", &path, e))?;
-            f.sync_all().map_err(|e| internal("syncing", &path, e))?;
-        }
-        Ok(())
+        grow_file(&self.volume_path(id, Access::Block), size)
     }
 
     /// Cuts a snapshot of a volume: a tar archive of a directory, or a sparse
@@ -195,11 +167,7 @@ impl Backend {
 
     /// Removes a snapshot's data; absent data is fine.
     pub fn delete_snapshot(&self, id: &str, access: Access) -> Result<(), CsiError> {
-        let path = self.snapshot_path(id, access);
-        match fs::remove_file(&path) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(internal("removing", &path, e)),
-            _ => Ok(()),
-        }
+        remove_file_if_present(&self.snapshot_path(id, access))
     }
 
     /// Entries in `volumes/` that no record knows about.
@@ -218,23 +186,10 @@ impl Backend {
     }
 }
 
-/// `cp --sparse=always --reflink=auto`: keeps holes and shares extents where
-/// the filesystem supports it, which std::fs::copy does not promise.
-fn copy_sparse(src: &Path, dst: &Path) -> Result<(), CsiError> {
-    let (s, d) = (src.to_string_lossy(), dst.to_string_lossy());
-    let out = SystemExec::new()
-        .run("cp", &["--sparse=always", "--reflink=auto", &s, &d])
-        .map_err(|e| internal("copying", src, e))?;
-    if !out.success() {
-        return Err(internal("copying", src, out.stderr.trim()));
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::IdKind;
+    use crate::common::IdKind;
 
     #[test]
     fn mount_volumes_snapshot_restore_and_clone() {

@@ -6,6 +6,8 @@ use std::path::PathBuf;
 
 use clap::Parser;
 
+use crate::common::parse_size;
+
 /// A CSI driver that keeps volumes on the local filesystem, for dev clusters and tests.
 #[derive(Debug, Clone, Parser)]
 #[command(name = "hostpath", version, about)]
@@ -62,11 +64,6 @@ pub enum Mode {
     Both,
 }
 
-fn parse_size(text: &str) -> Result<i64, String> {
-    csi_kit::proto::size::parse_bytes(text)
-        .ok_or_else(|| format!("{text:?} is not a size like 10Gi"))
-}
-
 impl Config {
     /// The endpoint to serve on.
     pub fn endpoint(&self) -> String {
@@ -77,13 +74,7 @@ impl Config {
 
     /// The node id to report.
     pub fn node_id(&self) -> String {
-        self.nodeid.clone().unwrap_or_else(|| {
-            nix::unistd::gethostname()
-                .ok()
-                .and_then(|h| h.into_string().ok())
-                .filter(|h| !h.is_empty())
-                .unwrap_or_else(|| "localhost".to_owned())
-        })
+        crate::common::node_id_or_hostname(self.nodeid.as_deref())
     }
 }
 

@@ -10,6 +10,7 @@ use csi_server::helpers::paging::{Page, paginate};
 use csi_server::{CallContext, Controller, CsiError, CsiResult};
 use prost::Message;
 
+use crate::common::{free_space, now_nanos, record_attachment, sorted, timestamp, to_map};
 use crate::config::TOPOLOGY_KEY;
 use crate::driver::{HostPath, blocking};
 use crate::store::{Access, IdKind, SnapshotRecord, Source, VolumeRecord};
@@ -19,28 +20,6 @@ pub const DEFAULT_VOLUME_SIZE: i64 = 1 << 30;
 
 /// Rounding unit of block volumes (loop devices want whole sectors; MiB keeps it tidy).
 const BLOCK_UNIT: i64 = 1 << 20;
-
-fn now_nanos() -> i128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as i128)
-        .unwrap_or(0)
-}
-
-fn timestamp(nanos: i128) -> prost_types::Timestamp {
-    prost_types::Timestamp {
-        seconds: (nanos / 1_000_000_000) as i64,
-        nanos: (nanos % 1_000_000_000) as i32,
-    }
-}
-
-fn to_map(m: &BTreeMap<String, String>) -> std::collections::HashMap<String, String> {
-    m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
-}
-
-fn sorted(m: &std::collections::HashMap<String, String>) -> BTreeMap<String, String> {
-    m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
-}
 
 impl HostPath {
     pub(crate) fn volume_message(&self, v: &VolumeRecord) -> Volume {
@@ -99,9 +78,7 @@ impl HostPath {
         let free = if self.config.capacity > 0 {
             self.config.capacity - self.allocated()
         } else {
-            nix::sys::statvfs::statvfs(self.backend.root())
-                .map(|s| s.blocks_available() as i64 * s.fragment_size() as i64)
-                .unwrap_or(0)
+            free_space(self.backend.root())
         };
         free.max(0)
     }
@@ -340,34 +317,20 @@ impl Controller for HostPath {
             let v = s.volumes.get_mut(&req.volume_id).ok_or_else(|| {
                 CsiError::NotFound(format!("volume {} does not exist", req.volume_id))
             })?;
-            if let Some(readonly) = v.published_nodes.get(&req.node_id) {
-                if *readonly == req.readonly {
-                    return Ok(());
-                }
-                return Err(CsiError::AlreadyExists(format!(
-                    "volume {} is published to {} with readonly={readonly}",
-                    v.id, req.node_id
-                )));
-            }
-            if let Some(other) = v
-                .published_nodes
-                .keys()
-                .next()
-                .filter(|_| !cap.access_mode().is_multi_node())
-            {
-                return Err(CsiError::FailedPrecondition(format!(
-                    "volume {} is published to node {other}",
-                    v.id
-                )));
-            }
-            if limit > 0 && attached_here >= limit {
+            let new_here = !v.published_nodes.contains_key(&req.node_id);
+            if new_here && limit > 0 && attached_here >= limit {
                 return Err(CsiError::ResourceExhausted(format!(
                     "node {} has reached its limit of {limit} attached volumes",
                     req.node_id
                 )));
             }
-            v.published_nodes.insert(req.node_id.clone(), req.readonly);
-            Ok(())
+            record_attachment(
+                &v.id,
+                &mut v.published_nodes,
+                &req.node_id,
+                req.readonly,
+                cap.access_mode().is_multi_node(),
+            )
         })?;
         Ok(ControllerPublishVolumeResponse {
             publish_context: context,

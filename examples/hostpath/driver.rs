@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use csi_server::{CsiError, CsiResult};
+use csi_server::CsiError;
 use mount_utils::Mounter;
 
 use crate::backend::Backend;
@@ -80,13 +80,6 @@ impl HostPath {
     }
 }
 
-/// Runs blocking file and mount work off the async runtime.
-pub async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> CsiResult<T> + Send + 'static,
-) -> CsiResult<T> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .unwrap_or_else(|e| Err(CsiError::Internal(format!("blocking task failed: {e}"))))
-}
+pub use crate::common::blocking;
 
 impl csi_server::Identity for HostPath {}

@@ -8,6 +8,8 @@
 //! and inline ephemeral volumes are supported. See `--help` for the flags.
 
 mod backend;
+#[path = "../common/mod.rs"]
+mod common;
 mod config;
 mod controller;
 mod driver;
@@ -74,14 +76,7 @@ fn capabilities(config: &Config) -> Capabilities {
 #[tokio::main]
 async fn main() -> ExitCode {
     let config = Config::parse();
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&config.log));
-    use std::io::IsTerminal;
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
+    common::init_tracing(&config.log);
     match run(config).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -19,6 +19,7 @@ use csi_server::{CallContext, CsiError, CsiResult, Node};
 use mount_utils::{LoopDevice, LoopOptions, MountError};
 use prost::Message;
 
+use crate::common::{bind_publish, detach_loop, fs_usage};
 use crate::config::TOPOLOGY_KEY;
 use crate::driver::{HostPath, blocking};
 use crate::store::{Access, IdKind, PublishedRecord, StagedRecord, VolumeRecord};
@@ -108,46 +109,12 @@ impl HostPath {
         cap: &VolumeCapability,
         readonly: bool,
     ) -> CsiResult<()> {
-        match volume.access {
-            Access::Mount => {
-                fs::create_dir_all(target).map_err(|e| io_err("creating", target, e))?
-            }
-            Access::Block => {
-                fs::OpenOptions::new()
-                    .write(true)
-                    .create(true)
-                    .truncate(false)
-                    .open(target)
-                    .map_err(|e| io_err("creating", target, e))?;
-            }
-        }
-        if self
-            .mounter
-            .is_mount_point(target)
-            .map_err(|e| mount_err("inspecting", target, e))?
-        {
-            return Ok(());
-        }
         let flags: Vec<&str> = cap
             .mount_volume()
             .map(|m| m.mount_flags.iter().map(String::as_str).collect())
             .unwrap_or_default();
-        let result = if flags.is_empty() {
-            self.mounter.bind_mount(source, target, readonly)
-        } else {
-            let mut options = vec!["bind"];
-            if readonly {
-                options.push("ro");
-            }
-            options.extend(flags);
-            self.mounter
-                .mount(&source.to_string_lossy(), target, "", &options)
-        };
-        if let Err(e) = result {
-            let _ = self.mounter.cleanup_mount_point(target);
-            return Err(mount_err("publishing at", target, e));
-        }
-        Ok(())
+        let device_node = volume.access == Access::Block;
+        bind_publish(&self.mounter, source, target, device_node, readonly, &flags)
     }
 
     /// A NodePublish request without its secrets, encoded for the state file.
@@ -248,19 +215,10 @@ impl Node for HostPath {
             this.mounter
                 .unmount(&path, false)
                 .map_err(|e| mount_err("unstaging", &path, e))?;
-            if let Some(dev) = record.and_then(|r| r.loop_device) {
-                match mount_utils::loopdev::detach(&dev) {
-                    Ok(()) => {}
-                    Err(e) if e.errno() == Some(mount_utils::Errno::ENXIO) => {}
-                    Err(e) => {
-                        return Err(CsiError::Internal(format!(
-                            "detaching {}: {e}",
-                            dev.display()
-                        )));
-                    }
-                }
+            match record.and_then(|r| r.loop_device) {
+                Some(dev) => detach_loop(&dev),
+                None => Ok(()),
             }
-            Ok(())
         })
         .await?;
         if staged.is_some() {
@@ -519,27 +477,8 @@ impl HostPath {
                 volume_condition: Some(condition),
             });
         }
-        let st = nix::sys::statvfs::statvfs(path).map_err(|e| io_err("statfs", path, e.into()))?;
-        let frsize = st.fragment_size() as i64;
-        let total = st.blocks() as i64 * frsize;
-        let available = st.blocks_available() as i64 * frsize;
-        let used = (st.blocks() as i64 - st.blocks_free() as i64) * frsize;
-        let (inodes, inodes_free) = (st.files() as i64, st.files_free() as i64);
         Ok(NodeGetVolumeStatsResponse {
-            usage: vec![
-                VolumeUsage {
-                    available,
-                    total,
-                    used,
-                    unit: volume_usage::Unit::Bytes as i32,
-                },
-                VolumeUsage {
-                    available: inodes_free,
-                    total: inodes,
-                    used: inodes - inodes_free,
-                    unit: volume_usage::Unit::Inodes as i32,
-                },
-            ],
+            usage: fs_usage(path)?,
             volume_condition: Some(condition),
         })
     }

@@ -7,11 +7,8 @@
 //! without data.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::path::PathBuf;
 
-use csi_server::CsiError;
-use csi_server::persist::JsonStateFile;
 use serde::{Deserialize, Serialize};
 
 /// How a volume is accessed.
@@ -147,140 +144,7 @@ impl State {
     }
 }
 
-/// The state file plus the in-memory copy. Short critical sections only:
-/// slow I/O (copies, mounts) happens outside the lock.
-pub struct Store {
-    state: Mutex<State>,
-    file: JsonStateFile<State>,
-}
+/// The state file plus the in-memory copy (see [`crate::common::Store`]).
+pub type Store = crate::common::Store<State>;
 
-impl Store {
-    /// Loads `dir/state.json` (empty when absent).
-    pub fn open(dir: &Path) -> Result<Self, csi_server::persist::PersistError> {
-        let file = JsonStateFile::new(dir.join("state.json"));
-        let state = file.load()?;
-        Ok(Self {
-            state: Mutex::new(state),
-            file,
-        })
-    }
-
-    /// Reads the state.
-    pub fn read<T>(&self, f: impl FnOnce(&State) -> T) -> T {
-        f(&self.state.lock().unwrap_or_else(|e| e.into_inner()))
-    }
-
-    /// Changes the state and saves it before returning. If saving fails the
-    /// in-memory change is rolled back, so memory never runs ahead of disk.
-    pub fn update<T>(
-        &self,
-        f: impl FnOnce(&mut State) -> Result<T, CsiError>,
-    ) -> Result<T, CsiError> {
-        let mut guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let before = serde_json::to_vec(&*guard).map_err(|e| CsiError::Internal(e.to_string()))?;
-        let out = f(&mut guard)?;
-        if let Err(e) = self.file.save(&guard) {
-            *guard = serde_json::from_slice(&before).expect("state we just serialized decodes");
-            return Err(CsiError::Internal(format!("saving state: {e}")));
-        }
-        Ok(out)
-    }
-}
-
-/// Kinds of generated ids, each with its prefix.
-#[derive(Debug, Clone, Copy)]
-pub enum IdKind {
-    Volume,
-    Snapshot,
-    GroupSnapshot,
-}
-
-impl IdKind {
-    fn prefix(self) -> &'static str {
-        match self {
-            IdKind::Volume => "vol-",
-            IdKind::Snapshot => "snap-",
-            IdKind::GroupSnapshot => "group-",
-        }
-    }
-
-    /// A fresh id.
-    pub fn generate(self) -> String {
-        format!("{}{}", self.prefix(), uuid::Uuid::new_v4().simple())
-    }
-
-    /// Whether `id` is one this driver could have generated. Ids become
-    /// paths, so anything else (`../../etc`, `a/b`, NUL) is rejected before
-    /// it touches the filesystem.
-    pub fn is_valid(self, id: &str) -> bool {
-        id.strip_prefix(self.prefix()).is_some_and(|hex| {
-            hex.len() == 32
-                && hex
-                    .bytes()
-                    .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
-        })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ids_are_validated_before_use_as_paths() {
-        let id = IdKind::Volume.generate();
-        assert!(IdKind::Volume.is_valid(&id));
-        assert!(!IdKind::Snapshot.is_valid(&id));
-        for bad in [
-            "../../etc",
-            "vol-../../etc",
-            "vol-",
-            "vol-a/b",
-            "vol-\0",
-            &format!("{id}x"),
-            &id.to_uppercase(),
-        ] {
-            assert!(!IdKind::Volume.is_valid(bad), "{bad:?}");
-        }
-    }
-
-    #[test]
-    fn failed_saves_roll_back_memory() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path()).unwrap();
-        store
-            .update(|s| {
-                s.group_snapshots.clear();
-                Ok(())
-            })
-            .unwrap();
-        // Make the directory unwritable for the temp file by replacing it with a file.
-        let blocked = dir.path().join("blocked");
-        std::fs::write(&blocked, b"").unwrap();
-        let store2 = Store {
-            state: Mutex::new(State::default()),
-            file: JsonStateFile::new(blocked.join("state.json")),
-        };
-        let err = store2.update(|s| {
-            s.snapshots.insert(
-                "x".into(),
-                SnapshotRecord {
-                    id: "x".into(),
-                    name: "n".into(),
-                    source_volume_id: "v".into(),
-                    size_bytes: 1,
-                    access: Access::Mount,
-                    created_unix_nanos: 0,
-                    group_snapshot_id: None,
-                    parameters: BTreeMap::new(),
-                },
-            );
-            Ok(())
-        });
-        assert!(err.is_err());
-        assert!(
-            store2.read(|s| s.snapshots.is_empty()),
-            "memory rolled back"
-        );
-    }
-}
+pub use crate::common::IdKind;

@@ -1,0 +1,409 @@
+//! Generic pieces shared by the example drivers (hostpath, loop-block),
+//! included from each `main.rs` with `#[path = "../common/mod.rs"] mod common;`.
+//! Nothing here knows about one driver's records or layout.
+// Each example uses a different subset of these helpers.
+#![allow(dead_code)]
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::{self, OpenOptions};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use csi_proto::v1::{VolumeUsage, volume_usage};
+use csi_server::persist::{JsonStateFile, PersistError};
+use csi_server::{CsiError, CsiResult};
+use mount_utils::{Exec, Mounter, SystemExec};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+/// Runs blocking file and mount work off the async runtime.
+pub async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> CsiResult<T> + Send + 'static,
+) -> CsiResult<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .unwrap_or_else(|e| Err(CsiError::Internal(format!("blocking task failed: {e}"))))
+}
+
+/// An INTERNAL error naming the path it happened on.
+pub fn internal(what: &str, path: &Path, e: impl std::fmt::Display) -> CsiError {
+    CsiError::Internal(format!("{what} {}: {e}", path.display()))
+}
+
+/// Sets up logging to stderr; `RUST_LOG` wins over `default_filter`.
+pub fn init_tracing(default_filter: &str) {
+    use std::io::IsTerminal;
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+}
+
+/// clap value parser for sizes in bytes or with a suffix (10Gi).
+pub fn parse_size(text: &str) -> Result<i64, String> {
+    csi_proto::size::parse_bytes(text).ok_or_else(|| format!("{text:?} is not a size like 10Gi"))
+}
+
+/// `nodeid`, or the hostname when it is not given.
+pub fn node_id_or_hostname(nodeid: Option<&str>) -> String {
+    nodeid.map(str::to_owned).unwrap_or_else(|| {
+        nix::unistd::gethostname()
+            .ok()
+            .and_then(|h| h.into_string().ok())
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| "localhost".to_owned())
+    })
+}
+
+/// Nanoseconds since the epoch (0 if the clock is before it).
+pub fn now_nanos() -> i128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i128)
+        .unwrap_or(0)
+}
+
+/// A protobuf timestamp from [`now_nanos`]-style nanoseconds.
+pub fn timestamp(nanos: i128) -> prost_types::Timestamp {
+    prost_types::Timestamp {
+        seconds: (nanos / 1_000_000_000) as i64,
+        nanos: (nanos % 1_000_000_000) as i32,
+    }
+}
+
+/// A wire map from a stored (sorted) one.
+pub fn to_map(m: &BTreeMap<String, String>) -> HashMap<String, String> {
+    m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+}
+
+/// A stored (sorted, so the state file is stable) map from a wire one.
+pub fn sorted(m: &HashMap<String, String>) -> BTreeMap<String, String> {
+    m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+}
+
+/// Kinds of generated ids, each with its prefix.
+#[derive(Debug, Clone, Copy)]
+pub enum IdKind {
+    Volume,
+    Snapshot,
+    GroupSnapshot,
+}
+
+impl IdKind {
+    fn prefix(self) -> &'static str {
+        match self {
+            IdKind::Volume => "vol-",
+            IdKind::Snapshot => "snap-",
+            IdKind::GroupSnapshot => "group-",
+        }
+    }
+
+    /// A fresh id.
+    pub fn generate(self) -> String {
+        format!("{}{}", self.prefix(), uuid::Uuid::new_v4().simple())
+    }
+
+    /// Whether `id` is one this driver could have generated. Ids become
+    /// paths, so anything else (`../../etc`, `a/b`, NUL) is rejected before
+    /// it touches the filesystem.
+    pub fn is_valid(self, id: &str) -> bool {
+        id.strip_prefix(self.prefix()).is_some_and(|hex| {
+            hex.len() == 32
+                && hex
+                    .bytes()
+                    .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+        })
+    }
+}
+
+/// A JSON state file plus its in-memory copy. Short critical sections only:
+/// slow I/O (copies, mounts) happens outside the lock.
+pub struct Store<S> {
+    state: Mutex<S>,
+    file: JsonStateFile<S>,
+}
+
+impl<S: Serialize + DeserializeOwned + Default> Store<S> {
+    /// Loads `dir/state.json` (empty when absent).
+    pub fn open(dir: &Path) -> Result<Self, PersistError> {
+        Self::with_file(dir.join("state.json"))
+    }
+
+    /// Loads the state file at `path` (empty when absent).
+    pub fn with_file(path: PathBuf) -> Result<Self, PersistError> {
+        let file = JsonStateFile::new(path);
+        let state = file.load()?;
+        Ok(Self {
+            state: Mutex::new(state),
+            file,
+        })
+    }
+
+    /// Reads the state.
+    pub fn read<T>(&self, f: impl FnOnce(&S) -> T) -> T {
+        f(&self.state.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Changes the state and saves it before returning. If saving fails the
+    /// in-memory change is rolled back, so memory never runs ahead of disk.
+    pub fn update<T>(&self, f: impl FnOnce(&mut S) -> Result<T, CsiError>) -> Result<T, CsiError> {
+        let mut guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let before = serde_json::to_vec(&*guard).map_err(|e| CsiError::Internal(e.to_string()))?;
+        let out = f(&mut guard)?;
+        if let Err(e) = self.file.save(&guard) {
+            *guard = serde_json::from_slice(&before).expect("state we just serialized decodes");
+            return Err(CsiError::Internal(format!("saving state: {e}")));
+        }
+        Ok(out)
+    }
+}
+
+/// Creates (or keeps) a sparse file of `size` bytes, synced.
+pub fn create_sparse(path: &Path, size: i64) -> CsiResult<()> {
+    let f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .map_err(|e| internal("creating", path, e))?;
+    f.set_len(size as u64)
+        .map_err(|e| internal("sizing", path, e))?;
+    f.sync_all().map_err(|e| internal("syncing", path, e))
+}
+
+/// Grows a file to `size` bytes (never shrinks it).
+pub fn grow_file(path: &Path, size: i64) -> CsiResult<()> {
+    let f = OpenOptions::new()
+        .write(true)
+        .open(path)
+        .map_err(|e| internal("opening", path, e))?;
+    let current = f
+        .metadata()
+        .map_err(|e| internal("reading", path, e))?
+        .len();
+    if (size as u64) > current {
+        f.set_len(size as u64)
+            .map_err(|e| internal("growing", path, e))?;
+        f.sync_all().map_err(|e| internal("syncing", path, e))?;
+    }
+    Ok(())
+}
+
+/// Removes a file; an absent one is fine (idempotent delete).
+pub fn remove_file_if_present(path: &Path) -> CsiResult<()> {
+    match fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(internal("removing", path, e)),
+        _ => Ok(()),
+    }
+}
+
+/// `cp --sparse=always --reflink=auto`: keeps holes and shares extents where
+/// the filesystem supports it, which std::fs::copy does not promise.
+pub fn copy_sparse(src: &Path, dst: &Path) -> CsiResult<()> {
+    let (s, d) = (src.to_string_lossy(), dst.to_string_lossy());
+    let out = SystemExec::new()
+        .run("cp", &["--sparse=always", "--reflink=auto", &s, &d])
+        .map_err(|e| internal("copying", src, e))?;
+    if !out.success() {
+        return Err(internal("copying", src, out.stderr.trim()));
+    }
+    Ok(())
+}
+
+/// Detaches a loop device; one that is already gone is fine.
+pub fn detach_loop(dev: &Path) -> CsiResult<()> {
+    match mount_utils::loopdev::detach(dev) {
+        Ok(()) => Ok(()),
+        Err(e) if e.errno() == Some(mount_utils::Errno::ENXIO) => Ok(()),
+        Err(e) if e.errno() == Some(mount_utils::Errno::ENOENT) => Ok(()),
+        Err(e) => Err(internal("detaching", dev, e)),
+    }
+}
+
+/// Records a ControllerPublish of a volume to `node` in its attachment map
+/// (node → read-only). A repeat with the same read-only flag is OK, another
+/// flag is ALREADY_EXISTS, a second node for a single-node capability is
+/// FAILED_PRECONDITION.
+pub fn record_attachment(
+    volume_id: &str,
+    attached: &mut BTreeMap<String, bool>,
+    node: &str,
+    readonly: bool,
+    multi_node: bool,
+) -> CsiResult<()> {
+    if let Some(was) = attached.get(node) {
+        if *was == readonly {
+            return Ok(());
+        }
+        return Err(CsiError::AlreadyExists(format!(
+            "volume {volume_id} is published to {node} with readonly={was}"
+        )));
+    }
+    if let Some(other) = attached.keys().next().filter(|_| !multi_node) {
+        return Err(CsiError::FailedPrecondition(format!(
+            "volume {volume_id} is published to node {other}"
+        )));
+    }
+    attached.insert(node.to_owned(), readonly);
+    Ok(())
+}
+
+/// NodePublish's mount step: creates the target (a directory, or a file for
+/// a device node) and bind-mounts `source` there with the read-only flag and
+/// mount flags. Already mounted is success (a retry after a crash).
+pub fn bind_publish(
+    mounter: &Arc<dyn Mounter>,
+    source: &Path,
+    target: &Path,
+    device_node: bool,
+    readonly: bool,
+    flags: &[&str],
+) -> CsiResult<()> {
+    let created = if device_node {
+        OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(target)
+            .map(drop)
+    } else {
+        fs::create_dir_all(target)
+    };
+    created.map_err(|e| internal("creating", target, e))?;
+    if mounter
+        .is_mount_point(target)
+        .map_err(|e| internal("inspecting", target, e))?
+    {
+        return Ok(());
+    }
+    let result = if flags.is_empty() {
+        mounter.bind_mount(source, target, readonly)
+    } else {
+        let mut options = vec!["bind"];
+        if readonly {
+            options.push("ro");
+        }
+        options.extend(flags);
+        mounter.mount(&source.to_string_lossy(), target, "", &options)
+    };
+    if let Err(e) = result {
+        let _ = mounter.cleanup_mount_point(target);
+        return Err(internal("publishing at", target, e));
+    }
+    Ok(())
+}
+
+/// Byte and inode usage of the filesystem at `path` (statvfs).
+pub fn fs_usage(path: &Path) -> CsiResult<Vec<VolumeUsage>> {
+    let st = nix::sys::statvfs::statvfs(path).map_err(|e| internal("statfs", path, e))?;
+    let frsize = st.fragment_size() as i64;
+    let total = st.blocks() as i64 * frsize;
+    let available = st.blocks_available() as i64 * frsize;
+    let used = (st.blocks() as i64 - st.blocks_free() as i64) * frsize;
+    let (inodes, inodes_free) = (st.files() as i64, st.files_free() as i64);
+    Ok(vec![
+        VolumeUsage {
+            available,
+            total,
+            used,
+            unit: volume_usage::Unit::Bytes as i32,
+        },
+        VolumeUsage {
+            available: inodes_free,
+            total: inodes,
+            used: inodes - inodes_free,
+            unit: volume_usage::Unit::Inodes as i32,
+        },
+    ])
+}
+
+/// Free bytes of the filesystem holding `dir` (0 when it cannot be read).
+pub fn free_space(dir: &Path) -> i64 {
+    nix::sys::statvfs::statvfs(dir)
+        .map(|s| s.blocks_available() as i64 * s.fragment_size() as i64)
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_validated_before_use_as_paths() {
+        let id = IdKind::Volume.generate();
+        assert!(IdKind::Volume.is_valid(&id));
+        assert!(!IdKind::Snapshot.is_valid(&id));
+        for bad in [
+            "../../etc",
+            "vol-../../etc",
+            "vol-",
+            "vol-a/b",
+            "vol-\0",
+            &format!("{id}x"),
+            &id.to_uppercase(),
+        ] {
+            assert!(!IdKind::Volume.is_valid(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn failed_saves_roll_back_memory() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Store<BTreeMap<String, String>> = Store::open(dir.path()).unwrap();
+        store
+            .update(|s| {
+                s.insert("a".into(), "1".into());
+                Ok(())
+            })
+            .unwrap();
+        // Replace the state's directory with a file: every save fails.
+        let blocked = dir.path().join("blocked");
+        fs::create_dir(&blocked).unwrap();
+        let store2: Store<BTreeMap<String, String>> = Store::open(&blocked).unwrap();
+        fs::remove_dir(&blocked).unwrap();
+        fs::write(&blocked, b"").unwrap();
+        let err = store2.update(|s| {
+            s.insert("x".into(), "y".into());
+            Ok(())
+        });
+        assert!(err.is_err());
+        assert!(store2.read(|s| s.is_empty()), "memory rolled back");
+        let reopened: Store<BTreeMap<String, String>> = Store::open(dir.path()).unwrap();
+        assert_eq!(reopened.read(|s| s.get("a").cloned()), Some("1".into()));
+    }
+
+    #[test]
+    fn attachments_follow_the_single_node_rules() {
+        let mut attached = BTreeMap::new();
+        record_attachment("v", &mut attached, "a", false, false).unwrap();
+        record_attachment("v", &mut attached, "a", false, false).unwrap();
+        assert!(matches!(
+            record_attachment("v", &mut attached, "a", true, false),
+            Err(CsiError::AlreadyExists(_))
+        ));
+        assert!(matches!(
+            record_attachment("v", &mut attached, "b", false, false),
+            Err(CsiError::FailedPrecondition(_))
+        ));
+        record_attachment("v", &mut attached, "b", false, true).unwrap();
+        assert_eq!(attached.len(), 2);
+    }
+
+    #[test]
+    fn sparse_files_grow_and_never_shrink() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+        create_sparse(&a, 8 << 20).unwrap();
+        grow_file(&a, 16 << 20).unwrap();
+        grow_file(&a, 1 << 20).unwrap();
+        assert_eq!(fs::metadata(&a).unwrap().len(), 16 << 20);
+        copy_sparse(&a, &b).unwrap();
+        assert_eq!(fs::metadata(&b).unwrap().len(), 16 << 20);
+        remove_file_if_present(&b).unwrap();
+        remove_file_if_present(&b).unwrap();
+        assert!(!b.exists());
+    }
+}
