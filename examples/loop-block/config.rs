@@ -1,0 +1,46 @@
+//! Command-line flags, the same as hostpath's where they apply, with
+//! defaults that make `cargo run --example loop-block` work with no flags.
+
+use std::path::PathBuf;
+
+use clap::Parser;
+
+use crate::common::parse_size;
+
+/// A block-storage CSI driver whose disks are sparse files attached as loop devices.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "loop-block", version, about)]
+pub struct Config {
+    /// Where to listen (default: unix://<statedir>/csi.sock).
+    #[arg(long, env = "CSI_ENDPOINT")]
+    pub endpoint: Option<String>,
+    /// This node's id (default: the hostname).
+    #[arg(long)]
+    pub nodeid: Option<String>,
+    /// The driver's name, as in the CSIDriver object.
+    #[arg(long, default_value = "loop-block.csi.csi-kit.dev")]
+    pub drivername: String,
+    /// Where the state file, backing files and snapshots live.
+    #[arg(long, default_value = "/var/lib/csi-loop-block")]
+    pub statedir: PathBuf,
+    /// Largest volume the driver creates, in bytes or with a suffix (1Ti, 500Gi).
+    #[arg(long, value_parser = parse_size, default_value = "1Ti")]
+    pub max_volume_size: i64,
+    /// Log filter (tracing's EnvFilter syntax; RUST_LOG wins when set).
+    #[arg(long, default_value = "info")]
+    pub log: String,
+}
+
+impl Config {
+    /// The endpoint to serve on.
+    pub fn endpoint(&self) -> String {
+        self.endpoint
+            .clone()
+            .unwrap_or_else(|| format!("unix://{}", self.statedir.join("csi.sock").display()))
+    }
+
+    /// The node id to report.
+    pub fn node_id(&self) -> String {
+        crate::common::node_id_or_hostname(self.nodeid.as_deref())
+    }
+}

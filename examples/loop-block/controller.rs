@@ -1,0 +1,539 @@
+//! The Controller service: disks as sparse backing files, attachment
+//! bookkeeping (the cloud API's attach step), snapshots as sparse copies,
+//! clones, expansion, paging and capacity.
+
+use std::collections::BTreeMap;
+
+use csi_proto::v1::*;
+use csi_server::helpers::capacity::{CapacityPolicy, resolve_capacity};
+use csi_server::helpers::idempotency::{compare_snapshot, compare_volume};
+use csi_server::helpers::paging::{Page, paginate};
+use csi_server::{CallContext, Controller, CsiError, CsiResult};
+use prost::Message;
+
+use crate::common::{
+    IdKind, blocking, free_space, now_nanos, record_attachment, sorted, timestamp, to_map,
+};
+use crate::driver::LoopBlock;
+use crate::store::{Access, SnapshotRecord, Source, VolumeRecord};
+
+/// Size of a volume when the request gives no capacity range.
+pub const DEFAULT_VOLUME_SIZE: i64 = 1 << 30;
+
+/// Disks are whole MiB: loop devices want whole sectors and filesystems
+/// whole blocks, and a round unit keeps sizes readable.
+const BLOCK_UNIT: i64 = 1 << 20;
+
+/// The publish-context key carrying the backing file to the node (what a
+/// cloud driver would return as the attached device's path or serial).
+pub const BACKING_FILE_KEY: &str = "loop-block.csi-kit.dev/backing-file";
+
+/// Filesystems NodeStage can create (SafeFormatAndMount's list).
+const SUPPORTED_FS: [&str; 4] = ["ext3", "ext4", "xfs", "btrfs"];
+
+fn access_of(caps: &[VolumeCapability]) -> CsiResult<Access> {
+    let block = caps.iter().any(VolumeCapability::is_block);
+    let mount = caps.iter().any(|c| !c.is_block());
+    if let Some(fs) = caps
+        .iter()
+        .filter_map(|c| c.mount_volume())
+        .map(|m| m.fs_type.as_str())
+        .find(|fs| !fs.is_empty() && !SUPPORTED_FS.contains(fs))
+    {
+        return Err(CsiError::invalid(
+            "volume_capabilities.mount.fs_type",
+            format!("{fs:?} is not supported (supported: {SUPPORTED_FS:?})"),
+        ));
+    }
+    match (block, mount) {
+        (true, true) => Err(CsiError::invalid(
+            "volume_capabilities",
+            "cannot mix block and mount access for one volume",
+        )),
+        (true, false) => Ok(Access::Block),
+        _ => Ok(Access::Mount),
+    }
+}
+
+impl LoopBlock {
+    fn volume_message(v: &VolumeRecord) -> Volume {
+        Volume {
+            capacity_bytes: v.capacity_bytes,
+            volume_id: v.id.clone(),
+            volume_context: to_map(&v.parameters),
+            content_source: v.source.as_ref().map(|s| VolumeContentSource {
+                r#type: Some(match s {
+                    Source::Snapshot(id) => volume_content_source::Type::Snapshot(
+                        volume_content_source::SnapshotSource {
+                            snapshot_id: id.clone(),
+                        },
+                    ),
+                    Source::Volume(id) => {
+                        volume_content_source::Type::Volume(volume_content_source::VolumeSource {
+                            volume_id: id.clone(),
+                        })
+                    }
+                }),
+            }),
+            accessible_topology: Vec::new(),
+        }
+    }
+
+    fn snapshot_message(s: &SnapshotRecord) -> Snapshot {
+        Snapshot {
+            size_bytes: s.size_bytes,
+            snapshot_id: s.id.clone(),
+            source_volume_id: s.source_volume_id.clone(),
+            creation_time: Some(timestamp(s.created_unix_nanos)),
+            ready_to_use: true,
+            group_snapshot_id: String::new(),
+        }
+    }
+
+    fn volume_size(&self, range: Option<&CapacityRange>) -> CsiResult<i64> {
+        let policy = CapacityPolicy {
+            default_size: DEFAULT_VOLUME_SIZE,
+            min_size: BLOCK_UNIT,
+            max_size: self.config.max_volume_size,
+            unit: BLOCK_UNIT,
+        };
+        resolve_capacity(range, &policy)
+    }
+
+    fn known_snapshot(&self, id: &str) -> CsiResult<SnapshotRecord> {
+        IdKind::Snapshot
+            .is_valid(id)
+            .then(|| self.store.read(|s| s.snapshots.get(id).cloned()))
+            .flatten()
+            .ok_or_else(|| CsiError::NotFound(format!("snapshot {id:?} does not exist")))
+    }
+
+    /// The file a new volume is copied from and the smallest size it may
+    /// have, after checking the source exists with the same access type.
+    fn content_source(
+        &self,
+        source: &Source,
+        access: Access,
+    ) -> CsiResult<(std::path::PathBuf, i64)> {
+        let (path, source_access, size) = match source {
+            Source::Snapshot(id) => {
+                let snap = self.known_snapshot(id)?;
+                (self.backend.snapshot_path(id), snap.access, snap.size_bytes)
+            }
+            Source::Volume(id) => {
+                let vol = self.known_volume(id).map_err(|_| {
+                    CsiError::NotFound(format!("source volume {id:?} does not exist"))
+                })?;
+                (self.backend.volume_path(id), vol.access, vol.capacity_bytes)
+            }
+        };
+        if source_access != access {
+            return Err(CsiError::invalid(
+                "volume_content_source",
+                "the source's access type differs from the requested one",
+            ));
+        }
+        Ok((path, size))
+    }
+}
+
+#[csi_server::async_trait]
+impl Controller for LoopBlock {
+    async fn create_volume(
+        &self,
+        _ctx: &CallContext,
+        req: CreateVolumeRequest,
+    ) -> CsiResult<CreateVolumeResponse> {
+        let access = access_of(&req.volume_capabilities)?;
+        if let Some(existing) = self.store.read(|s| s.volume_by_name(&req.name).cloned()) {
+            let original = CreateVolumeRequest::decode(existing.request.as_slice())
+                .map_err(|e| CsiError::Internal(format!("state of volume {}: {e}", existing.id)))?;
+            let volume = Self::volume_message(&existing);
+            compare_volume(&original, &volume, &req)?;
+            return Ok(CreateVolumeResponse {
+                volume: Some(volume),
+            });
+        }
+        let size = self.volume_size(req.capacity_range.as_ref())?;
+        let source = match req
+            .volume_content_source
+            .as_ref()
+            .and_then(|s| s.r#type.as_ref())
+        {
+            Some(volume_content_source::Type::Snapshot(s)) => {
+                Some(Source::Snapshot(s.snapshot_id.clone()))
+            }
+            Some(volume_content_source::Type::Volume(v)) => {
+                Some(Source::Volume(v.volume_id.clone()))
+            }
+            None => None,
+        };
+        let copy_from = match &source {
+            Some(src) => {
+                let (path, source_size) = self.content_source(src, access)?;
+                if size < source_size {
+                    return Err(CsiError::OutOfRange(format!(
+                        "capacity_range: {size} bytes is smaller than the source's {source_size} bytes"
+                    )));
+                }
+                Some(path)
+            }
+            None => None,
+        };
+        if size > free_space(self.backend.root()) {
+            // Sparse files could overcommit; a disk driver must not promise
+            // space it does not have.
+            return Err(CsiError::ResourceExhausted(format!(
+                "not enough free space for {}",
+                csi_proto::size::format_bytes(size)
+            )));
+        }
+        let record = VolumeRecord {
+            id: IdKind::Volume.generate(),
+            name: req.name.clone(),
+            capacity_bytes: size,
+            access,
+            source,
+            parameters: sorted(&req.parameters),
+            request: CreateVolumeRequest {
+                secrets: Default::default(),
+                ..req.clone()
+            }
+            .encode_to_vec(),
+            attached: BTreeMap::new(),
+        };
+        let (backend, id) = (self.backend.clone(), record.id.clone());
+        blocking(move || match copy_from {
+            None => backend.create(&id, size),
+            Some(src) => backend.copy_into(&src, &id, size),
+        })
+        .await?;
+        self.store.update(|s| {
+            s.volumes.insert(record.id.clone(), record.clone());
+            Ok(())
+        })?;
+        tracing::info!(volume = %record.id, name = %record.name, size, "created volume");
+        Ok(CreateVolumeResponse {
+            volume: Some(Self::volume_message(&record)),
+        })
+    }
+
+    async fn delete_volume(
+        &self,
+        _ctx: &CallContext,
+        req: DeleteVolumeRequest,
+    ) -> CsiResult<DeleteVolumeResponse> {
+        if !IdKind::Volume.is_valid(&req.volume_id) {
+            return Ok(DeleteVolumeResponse {});
+        }
+        let id = req.volume_id.clone();
+        let removed = self.store.update(|s| {
+            let Some(v) = s.volumes.get(&id) else {
+                return Ok(None);
+            };
+            if let Some(node) = v.attached.keys().next() {
+                return Err(CsiError::FailedPrecondition(format!(
+                    "volume {id} is attached to node {node}"
+                )));
+            }
+            if s.staged.contains_key(&id) || s.is_published(&id) {
+                return Err(CsiError::FailedPrecondition(format!(
+                    "volume {id} is in use on this node"
+                )));
+            }
+            Ok(s.volumes.remove(&id))
+        })?;
+        // Record first, then data: a crash in between leaves an orphan file.
+        if removed.is_some() {
+            let backend = self.backend.clone();
+            blocking(move || backend.delete(&id)).await?;
+            tracing::info!(volume = %req.volume_id, "deleted volume");
+        }
+        Ok(DeleteVolumeResponse {})
+    }
+
+    async fn controller_publish_volume(
+        &self,
+        _ctx: &CallContext,
+        req: ControllerPublishVolumeRequest,
+    ) -> CsiResult<ControllerPublishVolumeResponse> {
+        let volume = self.known_volume(&req.volume_id)?;
+        if req.node_id != self.node_id {
+            return Err(CsiError::NotFound(format!(
+                "node {:?} does not exist",
+                req.node_id
+            )));
+        }
+        let cap = req.volume_capability.clone().unwrap_or_default();
+        if cap.is_block() != (volume.access == Access::Block) {
+            return Err(CsiError::invalid(
+                "volume_capability",
+                format!("volume {} was not created for this access type", volume.id),
+            ));
+        }
+        self.store.update(|s| {
+            let v = s.volumes.get_mut(&req.volume_id).ok_or_else(|| {
+                CsiError::NotFound(format!("volume {} does not exist", req.volume_id))
+            })?;
+            record_attachment(
+                &v.id,
+                &mut v.attached,
+                &req.node_id,
+                req.readonly,
+                cap.access_mode().is_multi_node(),
+            )
+        })?;
+        let backing = self.backend.volume_path(&volume.id);
+        Ok(ControllerPublishVolumeResponse {
+            publish_context: [(
+                BACKING_FILE_KEY.to_owned(),
+                backing.to_string_lossy().into_owned(),
+            )]
+            .into(),
+        })
+    }
+
+    async fn controller_unpublish_volume(
+        &self,
+        _ctx: &CallContext,
+        req: ControllerUnpublishVolumeRequest,
+    ) -> CsiResult<ControllerUnpublishVolumeResponse> {
+        // A missing volume or node counts as detached (the spec's SHOULD).
+        self.store.update(|s| {
+            if let Some(v) = s.volumes.get_mut(&req.volume_id) {
+                if req.node_id.is_empty() {
+                    v.attached.clear();
+                } else {
+                    v.attached.remove(&req.node_id);
+                }
+            }
+            Ok(())
+        })?;
+        Ok(ControllerUnpublishVolumeResponse {})
+    }
+
+    async fn validate_volume_capabilities(
+        &self,
+        _ctx: &CallContext,
+        req: ValidateVolumeCapabilitiesRequest,
+    ) -> CsiResult<ValidateVolumeCapabilitiesResponse> {
+        let volume = self.known_volume(&req.volume_id)?;
+        let message = match access_of(&req.volume_capabilities) {
+            Err(e) => Some(e.to_string()),
+            Ok(access) if access != volume.access => Some(format!(
+                "volume {} was created for {:?} access",
+                volume.id, volume.access
+            )),
+            Ok(_) => None,
+        };
+        if let Some(message) = message {
+            return Ok(ValidateVolumeCapabilitiesResponse {
+                confirmed: None,
+                message,
+            });
+        }
+        Ok(ValidateVolumeCapabilitiesResponse {
+            confirmed: Some(validate_volume_capabilities_response::Confirmed {
+                volume_context: req.volume_context,
+                volume_capabilities: req.volume_capabilities,
+                parameters: req.parameters,
+                mutable_parameters: req.mutable_parameters,
+            }),
+            message: String::new(),
+        })
+    }
+
+    async fn list_volumes(
+        &self,
+        _ctx: &CallContext,
+        req: ListVolumesRequest,
+    ) -> CsiResult<ListVolumesResponse> {
+        let (entries, next_token) = self.store.read(|s| {
+            let all: Vec<&VolumeRecord> = s.volumes.values().collect();
+            paginate(all, req.max_entries, &req.starting_token).map(
+                |Page {
+                     entries,
+                     next_token,
+                 }| {
+                    let entries = entries
+                        .iter()
+                        .map(|v| list_volumes_response::Entry {
+                            volume: Some(Self::volume_message(v)),
+                            status: Some(list_volumes_response::VolumeStatus {
+                                published_node_ids: v.attached.keys().cloned().collect(),
+                                volume_condition: None,
+                            }),
+                        })
+                        .collect();
+                    (entries, next_token)
+                },
+            )
+        })?;
+        Ok(ListVolumesResponse {
+            entries,
+            next_token,
+        })
+    }
+
+    async fn get_capacity(
+        &self,
+        _ctx: &CallContext,
+        _req: GetCapacityRequest,
+    ) -> CsiResult<GetCapacityResponse> {
+        Ok(GetCapacityResponse {
+            available_capacity: free_space(self.backend.root()),
+            maximum_volume_size: Some(self.config.max_volume_size),
+            minimum_volume_size: Some(BLOCK_UNIT),
+        })
+    }
+
+    async fn create_snapshot(
+        &self,
+        _ctx: &CallContext,
+        req: CreateSnapshotRequest,
+    ) -> CsiResult<CreateSnapshotResponse> {
+        if let Some(existing) = self.store.read(|s| s.snapshot_by_name(&req.name).cloned()) {
+            let snapshot = Self::snapshot_message(&existing);
+            compare_snapshot(&snapshot, &to_map(&existing.parameters), &req)?;
+            return Ok(CreateSnapshotResponse {
+                snapshot: Some(snapshot),
+            });
+        }
+        let volume = self.known_volume(&req.source_volume_id)?;
+        let record = SnapshotRecord {
+            id: IdKind::Snapshot.generate(),
+            name: req.name.clone(),
+            source_volume_id: volume.id.clone(),
+            size_bytes: volume.capacity_bytes,
+            access: volume.access,
+            created_unix_nanos: now_nanos(),
+            parameters: sorted(&req.parameters),
+        };
+        let (backend, vol, snap) = (self.backend.clone(), volume.id.clone(), record.id.clone());
+        blocking(move || backend.snapshot(&vol, &snap)).await?;
+        self.store.update(|s| {
+            s.snapshots.insert(record.id.clone(), record.clone());
+            Ok(())
+        })?;
+        tracing::info!(snapshot = %record.id, volume = %volume.id, "created snapshot");
+        Ok(CreateSnapshotResponse {
+            snapshot: Some(Self::snapshot_message(&record)),
+        })
+    }
+
+    async fn delete_snapshot(
+        &self,
+        _ctx: &CallContext,
+        req: DeleteSnapshotRequest,
+    ) -> CsiResult<DeleteSnapshotResponse> {
+        if !IdKind::Snapshot.is_valid(&req.snapshot_id) {
+            return Ok(DeleteSnapshotResponse {});
+        }
+        let removed = self
+            .store
+            .update(|s| Ok(s.snapshots.remove(&req.snapshot_id)))?;
+        if let Some(snap) = removed {
+            let backend = self.backend.clone();
+            blocking(move || backend.delete_snapshot(&snap.id)).await?;
+        }
+        Ok(DeleteSnapshotResponse {})
+    }
+
+    async fn list_snapshots(
+        &self,
+        _ctx: &CallContext,
+        req: ListSnapshotsRequest,
+    ) -> CsiResult<ListSnapshotsResponse> {
+        let (entries, next_token) = self.store.read(|s| {
+            let all: Vec<&SnapshotRecord> = s
+                .snapshots
+                .values()
+                .filter(|snap| req.snapshot_id.is_empty() || snap.id == req.snapshot_id)
+                .filter(|snap| {
+                    req.source_volume_id.is_empty() || snap.source_volume_id == req.source_volume_id
+                })
+                .collect();
+            paginate(all, req.max_entries, &req.starting_token).map(
+                |Page {
+                     entries,
+                     next_token,
+                 }| {
+                    let entries = entries
+                        .iter()
+                        .map(|snap| list_snapshots_response::Entry {
+                            snapshot: Some(Self::snapshot_message(snap)),
+                        })
+                        .collect();
+                    (entries, next_token)
+                },
+            )
+        })?;
+        Ok(ListSnapshotsResponse {
+            entries,
+            next_token,
+        })
+    }
+
+    async fn get_snapshot(
+        &self,
+        _ctx: &CallContext,
+        req: GetSnapshotRequest,
+    ) -> CsiResult<GetSnapshotResponse> {
+        let snap = self.known_snapshot(&req.snapshot_id)?;
+        Ok(GetSnapshotResponse {
+            snapshot: Some(Self::snapshot_message(&snap)),
+        })
+    }
+
+    async fn controller_expand_volume(
+        &self,
+        _ctx: &CallContext,
+        req: ControllerExpandVolumeRequest,
+    ) -> CsiResult<ControllerExpandVolumeResponse> {
+        let volume = self.known_volume(&req.volume_id)?;
+        let size = self.volume_size(req.capacity_range.as_ref())?;
+        // The node must always act: the loop device does not see the file
+        // grow until LOOP_SET_CAPACITY, and a filesystem must be grown too.
+        if size <= volume.capacity_bytes {
+            return Ok(ControllerExpandVolumeResponse {
+                capacity_bytes: volume.capacity_bytes,
+                node_expansion_required: true,
+            });
+        }
+        if size - volume.capacity_bytes > free_space(self.backend.root()) {
+            return Err(CsiError::ResourceExhausted(format!(
+                "not enough free space to grow volume {} to {}",
+                volume.id,
+                csi_proto::size::format_bytes(size)
+            )));
+        }
+        let (backend, id) = (self.backend.clone(), volume.id.clone());
+        blocking(move || backend.grow(&id, size)).await?;
+        self.store.update(|s| {
+            if let Some(v) = s.volumes.get_mut(&volume.id) {
+                v.capacity_bytes = size;
+            }
+            Ok(())
+        })?;
+        tracing::info!(volume = %volume.id, size, "grew volume");
+        Ok(ControllerExpandVolumeResponse {
+            capacity_bytes: size,
+            node_expansion_required: true,
+        })
+    }
+
+    async fn controller_get_volume(
+        &self,
+        _ctx: &CallContext,
+        req: ControllerGetVolumeRequest,
+    ) -> CsiResult<ControllerGetVolumeResponse> {
+        let volume = self.known_volume(&req.volume_id)?;
+        Ok(ControllerGetVolumeResponse {
+            volume: Some(Self::volume_message(&volume)),
+            status: Some(controller_get_volume_response::VolumeStatus {
+                published_node_ids: volume.attached.keys().cloned().collect(),
+                volume_condition: None,
+            }),
+        })
+    }
+}

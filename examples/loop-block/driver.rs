@@ -1,0 +1,200 @@
+//! The driver value shared by every service, and startup reconciliation.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use csi_server::{CsiError, CsiResult};
+use mount_utils::{
+    Exec, LoopDevice, LoopOptions, Mounter, ResizeFs, SafeFormatAndMount, Sensitive, SystemExec,
+};
+
+use crate::backend::Backend;
+use crate::common::{IdKind, bind_publish, internal};
+use crate::config::Config;
+use crate::store::{StagedRecord, Store, VolumeRecord};
+
+/// The loop-block driver: cheap to clone (everything shared is behind `Arc`).
+#[derive(Clone)]
+pub struct LoopBlock {
+    pub config: Arc<Config>,
+    pub node_id: String,
+    pub store: Arc<Store>,
+    pub backend: Backend,
+    pub mounter: Arc<dyn Mounter>,
+    pub formatter: SafeFormatAndMount,
+    pub resizer: ResizeFs,
+}
+
+impl LoopBlock {
+    /// Opens (or creates) the state directory.
+    pub fn open(config: Config, mounter: Arc<dyn Mounter>) -> Result<Self, String> {
+        let backend = Backend::new(&config.statedir)
+            .map_err(|e| format!("preparing {}: {e}", config.statedir.display()))?;
+        let store = Store::open(&config.statedir).map_err(|e| e.to_string())?;
+        let exec: Arc<dyn Exec> = Arc::new(SystemExec::new());
+        Ok(Self {
+            node_id: config.node_id(),
+            config: Arc::new(config),
+            store: Arc::new(store),
+            backend,
+            // mkfs is I/O heavy: a burst of first-time stages formats two at a time.
+            formatter: SafeFormatAndMount::new(mounter.clone(), exec.clone())
+                .with_max_concurrent_formats(2),
+            resizer: ResizeFs::new(exec),
+            mounter,
+        })
+    }
+
+    /// The record of a volume, or NOT_FOUND (ids this driver could not have
+    /// generated never reach the filesystem).
+    pub fn known_volume(&self, id: &str) -> CsiResult<VolumeRecord> {
+        if !IdKind::Volume.is_valid(id) {
+            return Err(CsiError::NotFound(format!("volume {id:?} does not exist")));
+        }
+        self.store
+            .read(|s| s.volumes.get(id).cloned())
+            .ok_or_else(|| CsiError::NotFound(format!("volume {id} does not exist")))
+    }
+
+    /// The loop device of `image`: the one already attached (a retry after a
+    /// crash, or a restart) or a new one. With a filesystem on top autoclear
+    /// is safe (the mount holds the device); a raw block device is only
+    /// bind-mounted, which does not hold it, so it is attached without
+    /// autoclear and detached by NodeUnstage.
+    pub fn attach(&self, image: &Path, autoclear: bool) -> CsiResult<(LoopDevice, bool)> {
+        let existing = mount_utils::loopdev::find_by_backing_file(image)
+            .map_err(|e| CsiError::Internal(format!("looking up loop devices: {e}")))?;
+        if let Some(dev) = existing.into_iter().next() {
+            let dev = LoopDevice::open(&dev).map_err(|e| internal("opening", &dev, e))?;
+            return Ok((dev, false));
+        }
+        let opts = LoopOptions {
+            autoclear,
+            ..LoopOptions::default()
+        };
+        let dev = LoopDevice::attach(image, &opts).map_err(|e| internal("attaching", image, e))?;
+        Ok((dev, true))
+    }
+
+    /// Mounts the filesystem of a staged volume's device at its staging path.
+    pub fn mount_staged(
+        &self,
+        device: &Path,
+        staging: &Path,
+        fs_type: &str,
+        readonly: bool,
+        flags: &[&str],
+    ) -> CsiResult<()> {
+        let mut options: Vec<&str> = flags.to_vec();
+        if readonly {
+            options.push("ro");
+        }
+        let no_secrets: &[Sensitive] = &[];
+        self.formatter
+            .format_and_mount_sensitive(
+                &device.to_string_lossy(),
+                staging,
+                fs_type,
+                &options,
+                no_secrets,
+                &[],
+            )
+            .map_err(|e| crate::node::format_error(device, e))
+    }
+
+    /// Startup reconciliation: staged volumes get their loop device back
+    /// (lost on reboot) and their staging and target mounts remounted when
+    /// gone. Returns backing files no record owns.
+    pub fn reconcile_on_start(&self) -> CsiResult<Vec<PathBuf>> {
+        let staged = self.store.read(|s| s.staged.clone());
+        for (id, record) in staged {
+            let device = self.restore_staged(&id, &record)?;
+            if device != record.loop_device {
+                tracing::info!(volume = %id, device = %device.display(), "re-attached loop device of a staged volume");
+                self.store.update(|s| {
+                    if let Some(r) = s.staged.get_mut(&id) {
+                        r.loop_device = device.clone();
+                    }
+                    Ok(())
+                })?;
+            }
+        }
+        self.restore_published()?;
+        let known = self.store.read(|s| {
+            s.volumes
+                .keys()
+                .cloned()
+                .collect::<std::collections::BTreeSet<_>>()
+        });
+        Ok(self.backend.orphans(|id| known.contains(id)))
+    }
+
+    fn restore_staged(&self, id: &str, record: &StagedRecord) -> CsiResult<PathBuf> {
+        let image = self.backend.volume_path(id);
+        let Some(fs_type) = &record.fs_type else {
+            return Ok(self.attach(&image, false)?.0.keep());
+        };
+        let mounted = self
+            .mounter
+            .is_mount_point(&record.staging_path)
+            .map_err(|e| internal("inspecting", &record.staging_path, e))?;
+        if mounted {
+            let devs = mount_utils::loopdev::find_by_backing_file(&image)
+                .map_err(|e| CsiError::Internal(format!("looking up loop devices: {e}")))?;
+            return Ok(devs
+                .into_iter()
+                .next()
+                .unwrap_or_else(|| record.loop_device.clone()));
+        }
+        std::fs::create_dir_all(&record.staging_path)
+            .map_err(|e| internal("creating", &record.staging_path, e))?;
+        let (dev, _) = self.attach(&image, true)?;
+        let cap = crate::node::decode_capability(&record.capability)?;
+        let flags = crate::node::mount_flags(&cap);
+        self.mount_staged(
+            dev.path(),
+            &record.staging_path,
+            fs_type,
+            record.readonly,
+            &flags,
+        )?;
+        tracing::info!(volume = %id, "remounted the staging path of a staged volume");
+        Ok(dev.keep())
+    }
+
+    /// Re-binds publications whose mount is gone (after a reboot the CO
+    /// sees them as published and would not call NodePublish again).
+    fn restore_published(&self) -> CsiResult<()> {
+        let published = self.store.read(|s| s.published.clone());
+        for (target, record) in published {
+            let still = self.mounter.is_mount_point(&target).unwrap_or(false);
+            let staged = self
+                .store
+                .read(|s| s.staged.get(&record.volume_id).cloned());
+            let Some(staged) = staged.filter(|_| !still) else {
+                continue;
+            };
+            let req = crate::node::decode_publish(&record.request)?;
+            let cap = req.volume_capability.clone().unwrap_or_default();
+            let block = staged.fs_type.is_none();
+            let source = if block {
+                staged.loop_device
+            } else {
+                staged.staging_path
+            };
+            let flags = crate::node::mount_flags(&cap);
+            bind_publish(
+                &self.mounter,
+                &source,
+                &target,
+                block,
+                record.readonly,
+                &flags,
+            )?;
+            tracing::info!(volume = %record.volume_id, target = %target.display(), "re-published after restart");
+        }
+        Ok(())
+    }
+}
+
+impl csi_server::Identity for LoopBlock {}

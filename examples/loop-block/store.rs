@@ -1,0 +1,114 @@
+//! The driver's records, persisted in one JSON state file replaced
+//! atomically on every change ([`crate::common::Store`]).
+//!
+//! Ordering rule that keeps crashes harmless: a backing file is created
+//! before its record is saved, and a record is removed before its file. A
+//! crash can leave an orphan file (reported at start), never a record
+//! without data.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// How a volume is consumed: the access type it was created for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Access {
+    /// Formatted and mounted.
+    Mount,
+    /// A raw block device.
+    Block,
+}
+
+/// Where a volume's initial contents came from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Source {
+    /// Restored from a snapshot.
+    Snapshot(String),
+    /// Cloned from a volume.
+    Volume(String),
+}
+
+/// A volume (a disk) the controller created.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct VolumeRecord {
+    pub id: String,
+    pub name: String,
+    pub capacity_bytes: i64,
+    pub access: Access,
+    pub source: Option<Source>,
+    pub parameters: BTreeMap<String, String>,
+    /// The CreateVolume request without its secrets (encoded protobuf), for
+    /// the idempotency comparison of a repeated CreateVolume.
+    pub request: Vec<u8>,
+    /// Nodes the disk is attached to (ControllerPublish), with the read-only flag.
+    pub attached: BTreeMap<String, bool>,
+}
+
+/// A snapshot: a sparse copy of a disk's backing file.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SnapshotRecord {
+    pub id: String,
+    pub name: String,
+    pub source_volume_id: String,
+    pub size_bytes: i64,
+    pub access: Access,
+    pub created_unix_nanos: i128,
+    /// The CreateSnapshot parameters, for the idempotency comparison.
+    pub parameters: BTreeMap<String, String>,
+}
+
+/// A volume staged on this node.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StagedRecord {
+    pub staging_path: PathBuf,
+    /// Encoded capability the volume was staged with.
+    pub capability: Vec<u8>,
+    /// The loop device the backing file is attached to.
+    pub loop_device: PathBuf,
+    /// The filesystem mounted at the staging path (None for raw block).
+    pub fs_type: Option<String>,
+    /// Whether the staging mount is read-only.
+    pub readonly: bool,
+}
+
+/// A volume published at a target path on this node.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PublishedRecord {
+    pub volume_id: String,
+    /// The NodePublish request without its secrets (encoded protobuf), for
+    /// the repeat table.
+    pub request: Vec<u8>,
+    pub readonly: bool,
+}
+
+/// Everything the driver remembers.
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct State {
+    pub volumes: BTreeMap<String, VolumeRecord>,
+    pub snapshots: BTreeMap<String, SnapshotRecord>,
+    /// Node side: volume id → where it is staged.
+    pub staged: BTreeMap<String, StagedRecord>,
+    /// Node side: target path → what is published there.
+    pub published: BTreeMap<PathBuf, PublishedRecord>,
+}
+
+impl State {
+    /// The volume created under `name`, if any.
+    pub fn volume_by_name(&self, name: &str) -> Option<&VolumeRecord> {
+        self.volumes.values().find(|v| v.name == name)
+    }
+
+    /// The snapshot created under `name`, if any.
+    pub fn snapshot_by_name(&self, name: &str) -> Option<&SnapshotRecord> {
+        self.snapshots.values().find(|s| s.name == name)
+    }
+
+    /// Whether `volume_id` is published anywhere on this node.
+    pub fn is_published(&self, volume_id: &str) -> bool {
+        self.published.values().any(|p| p.volume_id == volume_id)
+    }
+}
+
+/// The state file plus the in-memory copy.
+pub type Store = crate::common::Store<State>;
