@@ -113,6 +113,15 @@ pub struct SecretArgs {
     /// A file holding secrets: a JSON object of strings, or `key=value` lines.
     #[arg(long, env = "CSIKIT_SECRETS_FILE", global = true)]
     pub secrets_file: Option<PathBuf>,
+    /// The name of an environment variable holding secrets (same formats as
+    /// the file), for callers that cannot write a file.
+    #[arg(
+        long,
+        global = true,
+        value_name = "VAR",
+        conflicts_with = "secrets_file"
+    )]
+    pub secrets_env: Option<String>,
 }
 
 /// Why secrets could not be read. The file's contents are never shown.
@@ -125,6 +134,19 @@ pub enum SecretsError {
         path: PathBuf,
         /// The I/O error.
         source: std::io::Error,
+    },
+    /// The named environment variable is not set.
+    #[error("environment variable {0} (from --secrets-env) is not set")]
+    MissingEnv(String),
+    /// The variable is neither a JSON object of strings nor `key=value` lines.
+    #[error(
+        "environment variable {var}: line {line} is not key=value (and it is not a JSON object of strings)"
+    )]
+    EnvSyntax {
+        /// The variable.
+        var: String,
+        /// The first bad line.
+        line: usize,
     },
     /// The file is neither a JSON object of strings nor `key=value` lines.
     #[error(
@@ -141,6 +163,13 @@ pub enum SecretsError {
 impl SecretArgs {
     /// Loads the secrets (empty when no file is given).
     pub fn load(&self) -> Result<HashMap<String, String>, SecretsError> {
+        if let Some(var) = &self.secrets_env {
+            let text = std::env::var(var).map_err(|_| SecretsError::MissingEnv(var.clone()))?;
+            return parse_secrets(&text).map_err(|line| SecretsError::EnvSyntax {
+                var: var.clone(),
+                line,
+            });
+        }
         let Some(path) = &self.secrets_file else {
             return Ok(HashMap::new());
         };
@@ -182,6 +211,26 @@ mod tests {
         let m = parse_secrets("# comment\nuser = admin\npass=x=y\n").unwrap();
         assert_eq!((m["user"].as_str(), m["pass"].as_str()), ("admin", "x=y"));
         assert_eq!(parse_secrets("ok=1\nhunter2\n"), Err(2));
+    }
+
+    #[test]
+    fn secrets_from_an_environment_variable() {
+        // SAFETY: this test is the only user of this variable name.
+        unsafe { std::env::set_var("CSI_KIT_TEST_SECRETS_7f", "token=abc") };
+        let args = SecretArgs {
+            secrets_file: None,
+            secrets_env: Some("CSI_KIT_TEST_SECRETS_7f".into()),
+        };
+        assert_eq!(args.load().unwrap()["token"], "abc");
+        let missing = SecretArgs {
+            secrets_file: None,
+            secrets_env: Some("CSI_KIT_TEST_UNSET_7f".into()),
+        };
+        let err = missing.load().unwrap_err().to_string();
+        assert!(
+            err.contains("CSI_KIT_TEST_UNSET_7f") && err.contains("not set"),
+            "{err}"
+        );
     }
 
     #[test]
