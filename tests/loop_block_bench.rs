@@ -1,0 +1,194 @@
+//! Time from CreateVolume to a published mount for a 1 GiB loop-block
+//! volume (create → ControllerPublish → NodeStage with mkfs.ext4 →
+//! NodePublish), next to the same steps with shell tools (truncate,
+//! losetup, mkfs.ext4, mount). Ignored by default; run as root with
+//! `cargo test --release --test loop_block_bench -- --ignored --nocapture`.
+//! Figures are recorded in docs/benchmarks-loop-block.md.
+
+mod support;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use csi_kit::mount::require_root;
+use csi_kit::mount::testing::{assert_no_loop_device_for, detach_loop_devices_under};
+use csi_kit::proto::v1::volume_capability::access_mode::Mode;
+use csi_kit::proto::v1::*;
+use support::{Driver, mounts_under, run_isolated};
+
+const ROUNDS: usize = 7;
+const GIB: i64 = 1 << 30;
+
+fn sh(program: &str, args: &[&str]) -> String {
+    let out = Command::new(program).args(args).output().expect(program);
+    assert!(
+        out.status.success(),
+        "{program} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// truncate, losetup, mkfs.ext4 (the driver's flags: -F -m0), mount.
+fn shell_round(dir: &Path) -> Duration {
+    let (image, mnt) = (dir.join("shell.img"), dir.join("shell-mnt"));
+    std::fs::create_dir_all(&mnt).unwrap();
+    let (img, mp) = (image.to_str().unwrap(), mnt.to_str().unwrap());
+    let start = Instant::now();
+    sh("truncate", &["-s", "1G", img]);
+    let dev = sh("losetup", &["-f", "--show", img]);
+    sh("mkfs.ext4", &["-q", "-F", "-m0", &dev]);
+    sh("mount", &[&dev, mp]);
+    let took = start.elapsed();
+    sh("umount", &[mp]);
+    sh("losetup", &["-d", &dev]);
+    std::fs::remove_file(&image).unwrap();
+    took
+}
+
+async fn driver_round(client: &csi_kit::server::CsiClient, dir: &Path, round: usize) -> Duration {
+    let cap = VolumeCapability::mount("ext4").with_access_mode(Mode::SingleNodeWriter);
+    let (staging, target) = (dir.join("staging"), dir.join("pods").join("target"));
+    std::fs::create_dir_all(&staging).unwrap();
+    std::fs::create_dir_all(target.parent().unwrap()).unwrap();
+    let (ctrl, node) = (client.controller(), client.node());
+    let node_id = node
+        .clone()
+        .node_get_info(NodeGetInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .node_id;
+    let start = Instant::now();
+    let volume = ctrl
+        .clone()
+        .create_volume(CreateVolumeRequest {
+            name: format!("bench-{round}"),
+            capacity_range: Some(CapacityRange::exactly(GIB)),
+            volume_capabilities: vec![cap.clone()],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    let id = volume.volume_id;
+    let publish_context = ctrl
+        .clone()
+        .controller_publish_volume(ControllerPublishVolumeRequest {
+            volume_id: id.clone(),
+            node_id: node_id.clone(),
+            volume_capability: Some(cap.clone()),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .publish_context;
+    node.clone()
+        .node_stage_volume(NodeStageVolumeRequest {
+            volume_id: id.clone(),
+            publish_context: publish_context.clone(),
+            staging_target_path: staging.to_string_lossy().into(),
+            volume_capability: Some(cap.clone()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    node.clone()
+        .node_publish_volume(NodePublishVolumeRequest {
+            volume_id: id.clone(),
+            publish_context,
+            staging_target_path: staging.to_string_lossy().into(),
+            target_path: target.to_string_lossy().into(),
+            volume_capability: Some(cap),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let took = start.elapsed();
+    node.clone()
+        .node_unpublish_volume(NodeUnpublishVolumeRequest {
+            volume_id: id.clone(),
+            target_path: target.to_string_lossy().into(),
+        })
+        .await
+        .unwrap();
+    node.clone()
+        .node_unstage_volume(NodeUnstageVolumeRequest {
+            volume_id: id.clone(),
+            staging_target_path: staging.to_string_lossy().into(),
+        })
+        .await
+        .unwrap();
+    ctrl.clone()
+        .controller_unpublish_volume(ControllerUnpublishVolumeRequest {
+            volume_id: id.clone(),
+            node_id,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    ctrl.clone()
+        .delete_volume(DeleteVolumeRequest {
+            volume_id: id,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    took
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.1} ms", d.as_secs_f64() * 1000.0)
+}
+
+#[test]
+#[ignore = "benchmark: run explicitly as root with --ignored --nocapture"]
+fn create_to_published_mount_1gib() {
+    require_root!("create_to_published_mount_1gib");
+    run_isolated("loop-block-bench", || async {
+        let dir = tempfile::tempdir().unwrap();
+        let statedir = dir.path().join("state");
+        let driver = Driver::start("loop-block", &statedir, &["--log", "warn"]);
+        let client = driver.client().await;
+        // One warm-up round each (page cache, binaries), then alternate.
+        driver_round(&client, dir.path(), 0).await;
+        shell_round(dir.path());
+        let (mut ours, mut shell) = (Vec::new(), Vec::new());
+        for round in 1..=ROUNDS {
+            ours.push(driver_round(&client, dir.path(), round).await);
+            shell.push(shell_round(dir.path()));
+        }
+        let (o, s) = (median(ours.clone()), median(shell.clone()));
+        println!("rounds: {ROUNDS} (after one warm-up each), 1 GiB, ext4");
+        println!(
+            "loop-block  create→publish: median {} (all: {:?})",
+            ms(o),
+            ours
+        );
+        println!(
+            "shell tools truncate→mount: median {} (all: {:?})",
+            ms(s),
+            shell
+        );
+        println!(
+            "ratio loop-block / shell: {:.2}",
+            o.as_secs_f64() / s.as_secs_f64()
+        );
+        assert_eq!(mounts_under(dir.path()), Vec::<std::path::PathBuf>::new());
+        assert_eq!(
+            detach_loop_devices_under(dir.path()),
+            0,
+            "nothing left attached"
+        );
+        assert_no_loop_device_for(&dir.path().join("shell.img"));
+    });
+}
