@@ -33,9 +33,14 @@ log "building csi-proto with protoc removed from PATH"
 clean_path=$(printf '%s' "$PATH" | tr ':' '\n' | while read -r d; do [ -x "$d/protoc" ] || printf '%s:' "$d"; done)
 PATH="${clean_path%:}" PROTOC=/nonexistent/protoc cargo build -p csi-proto --quiet
 
+# The end-to-end tests run the example drivers as processes: build them
+# first (examples with `test = true` are otherwise built only as test harnesses).
+log "cargo build --examples"
+cargo build --workspace --examples --bins --quiet
+
 log "cargo test --workspace"
 set +e
-cargo test --workspace --all-features 2>&1 | tee target/test-output.log
+cargo test --workspace --all-features --no-fail-fast 2>&1 | tee target/test-output.log
 status=${PIPESTATUS[0]}
 set -e
 

@@ -52,12 +52,18 @@ impl Driver {
     }
 
     fn spawn(&mut self) {
+        let program = example_path(&self.name);
+        assert!(
+            program.exists(),
+            "{} is not built: run `cargo build --examples` first (scripts/test.sh does)",
+            program.display()
+        );
         let log = File::options()
             .create(true)
             .append(true)
             .open(&self.log)
             .expect("driver log");
-        let child = Command::new(example_path(&self.name))
+        let child = Command::new(&program)
             .arg("--statedir")
             .arg(&self.statedir)
             .arg("--endpoint")
