@@ -9,12 +9,19 @@ use std::fs::{self, OpenOptions};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use csi_proto::v1::{VolumeUsage, volume_usage};
+use csi_proto::v1::{
+    ControllerUnpublishVolumeRequest, NodePublishVolumeRequest, ValidateVolumeCapabilitiesRequest,
+    ValidateVolumeCapabilitiesResponse, VolumeCapability, VolumeContentSource, VolumeUsage,
+    validate_volume_capabilities_response, volume_content_source, volume_usage,
+};
+use csi_server::helpers::paging::{Page, paginate};
+use csi_server::helpers::publish::{Publication, PublishArgs};
 use csi_server::persist::{JsonStateFile, PersistError};
 use csi_server::{CsiError, CsiResult};
 use mount_utils::{Exec, Mounter, SystemExec};
-use serde::Serialize;
+use prost::Message;
 use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
 
 /// Runs blocking file and mount work off the async runtime.
 pub async fn blocking<T: Send + 'static>(
@@ -82,6 +89,150 @@ pub fn to_map(m: &BTreeMap<String, String>) -> HashMap<String, String> {
 /// A stored (sorted, so the state file is stable) map from a wire one.
 pub fn sorted(m: &HashMap<String, String>) -> BTreeMap<String, String> {
     m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+}
+
+/// How a volume is consumed: the access type it was created for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Access {
+    /// Through a filesystem.
+    Mount,
+    /// As a raw block device.
+    Block,
+}
+
+/// The one access type of a set of capabilities (mixing is INVALID_ARGUMENT).
+pub fn access_of(caps: &[VolumeCapability]) -> CsiResult<Access> {
+    let block = caps.iter().any(VolumeCapability::is_block);
+    let mount = caps.iter().any(|c| !c.is_block());
+    match (block, mount) {
+        (true, true) => Err(CsiError::invalid(
+            "volume_capabilities",
+            "cannot mix block and mount access for one volume",
+        )),
+        (true, false) => Ok(Access::Block),
+        _ => Ok(Access::Mount),
+    }
+}
+
+/// Where a volume's initial contents came from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Source {
+    /// Restored from a snapshot.
+    Snapshot(String),
+    /// Cloned from a volume.
+    Volume(String),
+}
+
+impl Source {
+    /// The source a CreateVolume request names, if any.
+    pub fn of(content: Option<&VolumeContentSource>) -> Option<Source> {
+        match content?.r#type.as_ref()? {
+            volume_content_source::Type::Snapshot(s) => {
+                Some(Source::Snapshot(s.snapshot_id.clone()))
+            }
+            volume_content_source::Type::Volume(v) => Some(Source::Volume(v.volume_id.clone())),
+        }
+    }
+
+    /// The wire form.
+    pub fn message(&self) -> VolumeContentSource {
+        use volume_content_source::{SnapshotSource, Type, VolumeSource};
+        VolumeContentSource {
+            r#type: Some(match self {
+                Source::Snapshot(id) => Type::Snapshot(SnapshotSource {
+                    snapshot_id: id.clone(),
+                }),
+                Source::Volume(id) => Type::Volume(VolumeSource {
+                    volume_id: id.clone(),
+                }),
+            }),
+        }
+    }
+}
+
+/// A volume published at a target path on this node.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PublishedRecord {
+    pub volume_id: String,
+    /// The NodePublish request without its secrets (encoded protobuf), for
+    /// the repeat table.
+    pub request: Vec<u8>,
+    pub readonly: bool,
+}
+
+impl PublishedRecord {
+    /// The record of a NodePublish (its secrets are not kept).
+    pub fn of(req: &NodePublishVolumeRequest, readonly: bool) -> Self {
+        let request = NodePublishVolumeRequest {
+            secrets: Default::default(),
+            ..req.clone()
+        }
+        .encode_to_vec();
+        Self {
+            volume_id: req.volume_id.clone(),
+            request,
+            readonly,
+        }
+    }
+}
+
+/// The existing publications of `volume_id`, for the repeat table.
+pub fn publications(
+    published: &BTreeMap<PathBuf, PublishedRecord>,
+    volume_id: &str,
+) -> Vec<Publication> {
+    published
+        .iter()
+        .filter(|(_, p)| p.volume_id == volume_id)
+        .filter_map(|(t, p)| {
+            let earlier = NodePublishVolumeRequest::decode(p.request.as_slice()).ok()?;
+            Some(Publication {
+                target_path: t.to_string_lossy().into_owned(),
+                args: PublishArgs::of(&earlier),
+            })
+        })
+        .collect()
+}
+
+/// ControllerUnpublish on an attachment map: an empty node id detaches
+/// from every node; a node it is not attached to is fine.
+pub fn forget_attachment(
+    attached: &mut BTreeMap<String, bool>,
+    req: &ControllerUnpublishVolumeRequest,
+) {
+    if req.node_id.is_empty() {
+        attached.clear();
+    } else {
+        attached.remove(&req.node_id);
+    }
+}
+
+/// ValidateVolumeCapabilities' answer when everything asked for is supported.
+pub fn confirmed(req: ValidateVolumeCapabilitiesRequest) -> ValidateVolumeCapabilitiesResponse {
+    ValidateVolumeCapabilitiesResponse {
+        confirmed: Some(validate_volume_capabilities_response::Confirmed {
+            volume_context: req.volume_context,
+            volume_capabilities: req.volume_capabilities,
+            parameters: req.parameters,
+            mutable_parameters: req.mutable_parameters,
+        }),
+        message: String::new(),
+    }
+}
+
+/// One page of `all` (csi-server's paging rules), each entry mapped by `entry`.
+pub fn page<T, E>(
+    all: Vec<&T>,
+    max_entries: i32,
+    starting_token: &str,
+    entry: impl Fn(&T) -> E,
+) -> CsiResult<(Vec<E>, String)> {
+    paginate(all, max_entries, starting_token).map(
+        |Page {
+             entries,
+             next_token,
+         }| (entries.into_iter().map(entry).collect(), next_token),
+    )
 }
 
 /// Kinds of generated ids, each with its prefix.

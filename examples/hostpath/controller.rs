@@ -6,11 +6,13 @@ use std::collections::BTreeMap;
 use csi_proto::v1::*;
 use csi_server::helpers::capacity::{CapacityPolicy, resolve_capacity};
 use csi_server::helpers::idempotency::{compare_snapshot, compare_volume};
-use csi_server::helpers::paging::{Page, paginate};
 use csi_server::{CallContext, Controller, CsiError, CsiResult};
 use prost::Message;
 
-use crate::common::{free_space, now_nanos, record_attachment, sorted, timestamp, to_map};
+use crate::common::{
+    access_of, confirmed, forget_attachment, free_space, now_nanos, page, record_attachment,
+    sorted, timestamp, to_map,
+};
 use crate::config::TOPOLOGY_KEY;
 use crate::driver::{HostPath, blocking};
 use crate::store::{Access, IdKind, SnapshotRecord, Source, VolumeRecord};
@@ -27,20 +29,7 @@ impl HostPath {
             capacity_bytes: v.capacity_bytes,
             volume_id: v.id.clone(),
             volume_context: to_map(&v.parameters),
-            content_source: v.source.as_ref().map(|s| VolumeContentSource {
-                r#type: Some(match s {
-                    Source::Snapshot(id) => volume_content_source::Type::Snapshot(
-                        volume_content_source::SnapshotSource {
-                            snapshot_id: id.clone(),
-                        },
-                    ),
-                    Source::Volume(id) => {
-                        volume_content_source::Type::Volume(volume_content_source::VolumeSource {
-                            volume_id: id.clone(),
-                        })
-                    }
-                }),
-            }),
+            content_source: v.source.as_ref().map(Source::message),
             accessible_topology: if v.topology.is_empty() {
                 Vec::new()
             } else {
@@ -113,19 +102,6 @@ impl HostPath {
     }
 }
 
-fn access_of(caps: &[VolumeCapability]) -> CsiResult<Access> {
-    let block = caps.iter().any(VolumeCapability::is_block);
-    let mount = caps.iter().any(|c| !c.is_block());
-    match (block, mount) {
-        (true, true) => Err(CsiError::invalid(
-            "volume_capabilities",
-            "cannot mix block and mount access for one volume",
-        )),
-        (true, false) => Ok(Access::Block),
-        _ => Ok(Access::Mount),
-    }
-}
-
 #[csi_server::async_trait]
 impl Controller for HostPath {
     async fn create_volume(
@@ -134,19 +110,7 @@ impl Controller for HostPath {
         req: CreateVolumeRequest,
     ) -> CsiResult<CreateVolumeResponse> {
         let access = access_of(&req.volume_capabilities)?;
-        let source = match req
-            .volume_content_source
-            .as_ref()
-            .and_then(|s| s.r#type.as_ref())
-        {
-            Some(volume_content_source::Type::Snapshot(s)) => {
-                Some(Source::Snapshot(s.snapshot_id.clone()))
-            }
-            Some(volume_content_source::Type::Volume(v)) => {
-                Some(Source::Volume(v.volume_id.clone()))
-            }
-            None => None,
-        };
+        let source = Source::of(req.volume_content_source.as_ref());
         if let Some(existing) = self.store.read(|s| s.volume_by_name(&req.name).cloned()) {
             let original = CreateVolumeRequest::decode(existing.request.as_slice())
                 .map_err(|e| CsiError::Internal(format!("state of volume {}: {e}", existing.id)))?;
@@ -345,11 +309,7 @@ impl Controller for HostPath {
         // A missing volume or node counts as unpublished (the spec's SHOULD).
         self.store.update(|s| {
             if let Some(v) = s.volumes.get_mut(&req.volume_id) {
-                if req.node_id.is_empty() {
-                    v.published_nodes.clear();
-                } else {
-                    v.published_nodes.remove(&req.node_id);
-                }
+                forget_attachment(&mut v.published_nodes, &req);
             }
             Ok(())
         })?;
@@ -376,15 +336,7 @@ impl Controller for HostPath {
                 ),
             });
         }
-        Ok(ValidateVolumeCapabilitiesResponse {
-            confirmed: Some(validate_volume_capabilities_response::Confirmed {
-                volume_context: req.volume_context,
-                volume_capabilities: req.volume_capabilities,
-                parameters: req.parameters,
-                mutable_parameters: req.mutable_parameters,
-            }),
-            message: String::new(),
-        })
+        Ok(confirmed(req))
     }
 
     async fn list_volumes(
@@ -394,24 +346,15 @@ impl Controller for HostPath {
     ) -> CsiResult<ListVolumesResponse> {
         let (entries, next_token) = self.store.read(|s| {
             let all: Vec<&VolumeRecord> = s.volumes.values().filter(|v| !v.ephemeral).collect();
-            paginate(all, req.max_entries, &req.starting_token).map(
-                |Page {
-                     entries: page,
-                     next_token: next,
-                 }| {
-                    let entries = page
-                        .iter()
-                        .map(|v| list_volumes_response::Entry {
-                            volume: Some(self.volume_message(v)),
-                            status: Some(list_volumes_response::VolumeStatus {
-                                published_node_ids: v.published_nodes.keys().cloned().collect(),
-                                volume_condition: Some(self.volume_condition(v)),
-                            }),
-                        })
-                        .collect();
-                    (entries, next)
-                },
-            )
+            page(all, req.max_entries, &req.starting_token, |v| {
+                list_volumes_response::Entry {
+                    volume: Some(self.volume_message(v)),
+                    status: Some(list_volumes_response::VolumeStatus {
+                        published_node_ids: v.published_nodes.keys().cloned().collect(),
+                        volume_condition: Some(self.volume_condition(v)),
+                    }),
+                }
+            })
         })?;
         Ok(ListVolumesResponse {
             entries,
@@ -507,20 +450,11 @@ impl Controller for HostPath {
                     req.source_volume_id.is_empty() || snap.source_volume_id == req.source_volume_id
                 })
                 .collect();
-            paginate(all, req.max_entries, &req.starting_token).map(
-                |Page {
-                     entries: page,
-                     next_token: next,
-                 }| {
-                    let entries = page
-                        .iter()
-                        .map(|snap| list_snapshots_response::Entry {
-                            snapshot: Some(Self::snapshot_message(snap)),
-                        })
-                        .collect();
-                    (entries, next)
-                },
-            )
+            page(all, req.max_entries, &req.starting_token, |snap| {
+                list_snapshots_response::Entry {
+                    snapshot: Some(Self::snapshot_message(snap)),
+                }
+            })
         })?;
         Ok(ListSnapshotsResponse {
             entries,

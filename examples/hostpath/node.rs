@@ -13,13 +13,13 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use csi_proto::v1::*;
-use csi_server::helpers::publish::{Publication, PublishArgs, PublishDecision, check_publish};
+use csi_server::helpers::publish::{PublishDecision, check_publish};
 use csi_server::request::EPHEMERAL_CONTEXT_KEY;
 use csi_server::{CallContext, CsiError, CsiResult, Node};
 use mount_utils::{LoopDevice, LoopOptions, MountError};
 use prost::Message;
 
-use crate::common::{bind_publish, detach_loop, fs_usage};
+use crate::common::{bind_publish, detach_loop, fs_usage, publications};
 use crate::config::TOPOLOGY_KEY;
 use crate::driver::{HostPath, blocking};
 use crate::store::{Access, IdKind, PublishedRecord, StagedRecord, VolumeRecord};
@@ -115,15 +115,6 @@ impl HostPath {
             .unwrap_or_default();
         let device_node = volume.access == Access::Block;
         bind_publish(&self.mounter, source, target, device_node, readonly, &flags)
-    }
-
-    /// A NodePublish request without its secrets, encoded for the state file.
-    fn without_secrets(req: &NodePublishVolumeRequest) -> Vec<u8> {
-        NodePublishVolumeRequest {
-            secrets: Default::default(),
-            ..req.clone()
-        }
-        .encode_to_vec()
     }
 
     /// Creates the backing volume of an inline ephemeral volume on first publish.
@@ -247,20 +238,7 @@ impl Node for HostPath {
         let cap = req.volume_capability.clone().unwrap_or_default();
         check_access(&volume, &cap)?;
         let target = PathBuf::from(&req.target_path);
-        let request = Self::without_secrets(&req);
-        let existing: Vec<Publication> = self.store.read(|s| {
-            s.published
-                .iter()
-                .filter(|(_, p)| p.volume_id == volume.id)
-                .filter_map(|(t, p)| {
-                    let earlier = NodePublishVolumeRequest::decode(p.request.as_slice()).ok()?;
-                    Some(Publication {
-                        target_path: t.to_string_lossy().into_owned(),
-                        args: PublishArgs::of(&earlier),
-                    })
-                })
-                .collect()
-        });
+        let existing = self.store.read(|s| publications(&s.published, &volume.id));
         if check_publish(&existing, &req, self.single_node_multi_writer())?
             == PublishDecision::AlreadyPublished
         {
@@ -295,14 +273,10 @@ impl Node for HostPath {
         let (v, t, c) = (volume.clone(), target.clone(), cap.clone());
         blocking(move || this.publish_blocking(&v, &source, &t, &c, readonly)).await?;
         self.store.update(|s| {
-            s.published.insert(
-                target,
-                PublishedRecord {
-                    volume_id: volume.id.clone(),
-                    request,
-                    readonly,
-                },
-            );
+            let mut record = PublishedRecord::of(&req, readonly);
+            // An ephemeral volume's record names the generated id, not the CO's name.
+            record.volume_id = volume.id.clone();
+            s.published.insert(target, record);
             Ok(())
         })?;
         Ok(NodePublishVolumeResponse {})

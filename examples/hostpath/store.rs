@@ -11,23 +11,11 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-/// How a volume is accessed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Access {
-    /// A directory, bind-mounted.
-    Mount,
-    /// A file attached as a loop device, exposed as a device node.
-    Block,
-}
-
+/// How a volume is accessed: a directory, bind-mounted (Mount), or a file
+/// attached as a loop device and exposed as a device node (Block).
+pub use crate::common::Access;
 /// Where a volume's initial contents came from.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Source {
-    /// Restored from a snapshot.
-    Snapshot(String),
-    /// Cloned from a volume.
-    Volume(String),
-}
+pub use crate::common::Source;
 
 /// A volume the controller created.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -87,14 +75,7 @@ pub struct StagedRecord {
 }
 
 /// A volume published at a target path on this node.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct PublishedRecord {
-    pub volume_id: String,
-    /// The NodePublish request without its secrets (encoded protobuf), for
-    /// the repeat table.
-    pub request: Vec<u8>,
-    pub readonly: bool,
-}
+pub use crate::common::PublishedRecord;
 
 /// Everything the driver remembers.
 #[derive(Debug, Default, Serialize, Deserialize)]

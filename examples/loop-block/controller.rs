@@ -7,12 +7,12 @@ use std::collections::BTreeMap;
 use csi_proto::v1::*;
 use csi_server::helpers::capacity::{CapacityPolicy, resolve_capacity};
 use csi_server::helpers::idempotency::{compare_snapshot, compare_volume};
-use csi_server::helpers::paging::{Page, paginate};
 use csi_server::{CallContext, Controller, CsiError, CsiResult};
 use prost::Message;
 
 use crate::common::{
-    IdKind, blocking, free_space, now_nanos, record_attachment, sorted, timestamp, to_map,
+    IdKind, blocking, confirmed, forget_attachment, free_space, now_nanos, page, record_attachment,
+    sorted, timestamp, to_map,
 };
 use crate::driver::LoopBlock;
 use crate::store::{Access, SnapshotRecord, Source, VolumeRecord};
@@ -31,9 +31,8 @@ pub const BACKING_FILE_KEY: &str = "loop-block.csi-kit.dev/backing-file";
 /// Filesystems NodeStage can create (SafeFormatAndMount's list).
 const SUPPORTED_FS: [&str; 4] = ["ext3", "ext4", "xfs", "btrfs"];
 
+/// The access type of the capabilities, whose filesystem must be one NodeStage can create.
 fn access_of(caps: &[VolumeCapability]) -> CsiResult<Access> {
-    let block = caps.iter().any(VolumeCapability::is_block);
-    let mount = caps.iter().any(|c| !c.is_block());
     if let Some(fs) = caps
         .iter()
         .filter_map(|c| c.mount_volume())
@@ -45,14 +44,7 @@ fn access_of(caps: &[VolumeCapability]) -> CsiResult<Access> {
             format!("{fs:?} is not supported (supported: {SUPPORTED_FS:?})"),
         ));
     }
-    match (block, mount) {
-        (true, true) => Err(CsiError::invalid(
-            "volume_capabilities",
-            "cannot mix block and mount access for one volume",
-        )),
-        (true, false) => Ok(Access::Block),
-        _ => Ok(Access::Mount),
-    }
+    crate::common::access_of(caps)
 }
 
 impl LoopBlock {
@@ -61,20 +53,7 @@ impl LoopBlock {
             capacity_bytes: v.capacity_bytes,
             volume_id: v.id.clone(),
             volume_context: to_map(&v.parameters),
-            content_source: v.source.as_ref().map(|s| VolumeContentSource {
-                r#type: Some(match s {
-                    Source::Snapshot(id) => volume_content_source::Type::Snapshot(
-                        volume_content_source::SnapshotSource {
-                            snapshot_id: id.clone(),
-                        },
-                    ),
-                    Source::Volume(id) => {
-                        volume_content_source::Type::Volume(volume_content_source::VolumeSource {
-                            volume_id: id.clone(),
-                        })
-                    }
-                }),
-            }),
+            content_source: v.source.as_ref().map(Source::message),
             accessible_topology: Vec::new(),
         }
     }
@@ -155,19 +134,7 @@ impl Controller for LoopBlock {
             });
         }
         let size = self.volume_size(req.capacity_range.as_ref())?;
-        let source = match req
-            .volume_content_source
-            .as_ref()
-            .and_then(|s| s.r#type.as_ref())
-        {
-            Some(volume_content_source::Type::Snapshot(s)) => {
-                Some(Source::Snapshot(s.snapshot_id.clone()))
-            }
-            Some(volume_content_source::Type::Volume(v)) => {
-                Some(Source::Volume(v.volume_id.clone()))
-            }
-            None => None,
-        };
+        let source = Source::of(req.volume_content_source.as_ref());
         let copy_from = match &source {
             Some(src) => {
                 let (path, source_size) = self.content_source(src, access)?;
@@ -301,11 +268,7 @@ impl Controller for LoopBlock {
         // A missing volume or node counts as detached (the spec's SHOULD).
         self.store.update(|s| {
             if let Some(v) = s.volumes.get_mut(&req.volume_id) {
-                if req.node_id.is_empty() {
-                    v.attached.clear();
-                } else {
-                    v.attached.remove(&req.node_id);
-                }
+                forget_attachment(&mut v.attached, &req);
             }
             Ok(())
         })?;
@@ -332,15 +295,7 @@ impl Controller for LoopBlock {
                 message,
             });
         }
-        Ok(ValidateVolumeCapabilitiesResponse {
-            confirmed: Some(validate_volume_capabilities_response::Confirmed {
-                volume_context: req.volume_context,
-                volume_capabilities: req.volume_capabilities,
-                parameters: req.parameters,
-                mutable_parameters: req.mutable_parameters,
-            }),
-            message: String::new(),
-        })
+        Ok(confirmed(req))
     }
 
     async fn list_volumes(
@@ -350,24 +305,15 @@ impl Controller for LoopBlock {
     ) -> CsiResult<ListVolumesResponse> {
         let (entries, next_token) = self.store.read(|s| {
             let all: Vec<&VolumeRecord> = s.volumes.values().collect();
-            paginate(all, req.max_entries, &req.starting_token).map(
-                |Page {
-                     entries,
-                     next_token,
-                 }| {
-                    let entries = entries
-                        .iter()
-                        .map(|v| list_volumes_response::Entry {
-                            volume: Some(Self::volume_message(v)),
-                            status: Some(list_volumes_response::VolumeStatus {
-                                published_node_ids: v.attached.keys().cloned().collect(),
-                                volume_condition: None,
-                            }),
-                        })
-                        .collect();
-                    (entries, next_token)
-                },
-            )
+            page(all, req.max_entries, &req.starting_token, |v| {
+                list_volumes_response::Entry {
+                    volume: Some(Self::volume_message(v)),
+                    status: Some(list_volumes_response::VolumeStatus {
+                        published_node_ids: v.attached.keys().cloned().collect(),
+                        volume_condition: None,
+                    }),
+                }
+            })
         })?;
         Ok(ListVolumesResponse {
             entries,
@@ -453,20 +399,11 @@ impl Controller for LoopBlock {
                     req.source_volume_id.is_empty() || snap.source_volume_id == req.source_volume_id
                 })
                 .collect();
-            paginate(all, req.max_entries, &req.starting_token).map(
-                |Page {
-                     entries,
-                     next_token,
-                 }| {
-                    let entries = entries
-                        .iter()
-                        .map(|snap| list_snapshots_response::Entry {
-                            snapshot: Some(Self::snapshot_message(snap)),
-                        })
-                        .collect();
-                    (entries, next_token)
-                },
-            )
+            page(all, req.max_entries, &req.starting_token, |snap| {
+                list_snapshots_response::Entry {
+                    snapshot: Some(Self::snapshot_message(snap)),
+                }
+            })
         })?;
         Ok(ListSnapshotsResponse {
             entries,

@@ -11,12 +11,12 @@
 use std::path::{Path, PathBuf};
 
 use csi_proto::v1::*;
-use csi_server::helpers::publish::{Publication, PublishArgs, PublishDecision, check_publish};
+use csi_server::helpers::publish::{PublishDecision, check_publish};
 use csi_server::{CallContext, CsiError, CsiResult, Node};
 use mount_utils::{DEFAULT_FS_TYPE, FormatError, LoopDevice};
 use prost::Message;
 
-use crate::common::{bind_publish, blocking, detach_loop, fs_usage, internal};
+use crate::common::{bind_publish, blocking, detach_loop, fs_usage, internal, publications};
 use crate::controller::BACKING_FILE_KEY;
 use crate::driver::LoopBlock;
 use crate::store::{Access, PublishedRecord, StagedRecord, VolumeRecord};
@@ -275,19 +275,7 @@ impl Node for LoopBlock {
         let cap = req.volume_capability.clone().unwrap_or_default();
         check_access(&volume, &cap)?;
         let target = PathBuf::from(&req.target_path);
-        let existing: Vec<Publication> = self.store.read(|s| {
-            s.published
-                .iter()
-                .filter(|(_, p)| p.volume_id == volume.id)
-                .filter_map(|(t, p)| {
-                    let earlier = decode_publish(&p.request).ok()?;
-                    Some(Publication {
-                        target_path: t.to_string_lossy().into_owned(),
-                        args: PublishArgs::of(&earlier),
-                    })
-                })
-                .collect()
-        });
+        let existing = self.store.read(|s| publications(&s.published, &volume.id));
         if check_publish(&existing, &req, true)? == PublishDecision::AlreadyPublished {
             return Ok(NodePublishVolumeResponse {});
         }
@@ -315,20 +303,9 @@ impl Node for LoopBlock {
         let (mounter, t, c) = (self.mounter.clone(), target.clone(), cap.clone());
         blocking(move || bind_publish(&mounter, &source, &t, block, readonly, &mount_flags(&c)))
             .await?;
-        let request = NodePublishVolumeRequest {
-            secrets: Default::default(),
-            ..req
-        }
-        .encode_to_vec();
+        let record = PublishedRecord::of(&req, readonly);
         self.store.update(|s| {
-            s.published.insert(
-                target,
-                PublishedRecord {
-                    volume_id: volume.id.clone(),
-                    request,
-                    readonly,
-                },
-            );
+            s.published.insert(target, record);
             Ok(())
         })?;
         Ok(NodePublishVolumeResponse {})

@@ -11,23 +11,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-/// How a volume is consumed: the access type it was created for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Access {
-    /// Formatted and mounted.
-    Mount,
-    /// A raw block device.
-    Block,
-}
-
-/// Where a volume's initial contents came from.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Source {
-    /// Restored from a snapshot.
-    Snapshot(String),
-    /// Cloned from a volume.
-    Volume(String),
-}
+pub use crate::common::{Access, PublishedRecord, Source};
 
 /// A volume (a disk) the controller created.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -69,16 +53,6 @@ pub struct StagedRecord {
     /// The filesystem mounted at the staging path (None for raw block).
     pub fs_type: Option<String>,
     /// Whether the staging mount is read-only.
-    pub readonly: bool,
-}
-
-/// A volume published at a target path on this node.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct PublishedRecord {
-    pub volume_id: String,
-    /// The NodePublish request without its secrets (encoded protobuf), for
-    /// the repeat table.
-    pub request: Vec<u8>,
     pub readonly: bool,
 }
 
