@@ -2,7 +2,8 @@
 //! attach → ControllerPublishVolume, stage → NodeStageVolume, publish →
 //! NodePublishVolume, and back, expand → NodeExpandVolume.
 //!
-//! gRPC codes become [`ErrorKind`]s through [`PluginError::from_grpc`]: a
+//! gRPC codes become [`ErrorKind`](crate::ErrorKind)s through
+//! [`PluginError::from_grpc`](crate::PluginError::from_grpc): a
 //! timeout, cancellation, `UNAVAILABLE`, `ABORTED` or `RESOURCE_EXHAUSTED`
 //! leaves the operation uncertain, so the reconciler re-runs or tears down
 //! rather than assuming nothing happened.

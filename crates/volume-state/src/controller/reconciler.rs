@@ -2,7 +2,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use futures::future::{BoxFuture, FutureExt, join_all};
+use futures::future::{BoxFuture, FutureExt};
 use tokio::sync::Notify;
 
 use super::actual::ActualStateOfWorld;
@@ -87,29 +87,12 @@ impl<V: Key, P: Key, N: Key> Reconciler<V, P, N> {
 
     /// Plans one pass and runs its operations to completion, concurrently.
     pub async fn run_pass(&self) -> PassReport {
-        let operations = self.plan();
-        let mut report = PassReport {
-            planned: operations.len(),
-            ..PassReport::default()
-        };
-        for result in join_all(operations.into_iter().map(|op| self.execute(op))).await {
-            match result {
-                ExecutionResult::Failed(_) => report.failed += 1,
-                ExecutionResult::Skipped(_) => report.skipped += 1,
-                ExecutionResult::Applied | ExecutionResult::Succeeded => {}
-            }
-        }
-        report
+        PassReport::run(self.plan(), |op| self.execute(op)).await
     }
 
     /// Runs passes until one plans nothing or `max_passes` ran.
     pub async fn run_until_idle(&self, max_passes: usize) -> usize {
-        for pass in 0..max_passes {
-            if self.run_pass().await.planned == 0 {
-                return pass;
-            }
-        }
-        max_passes
+        PassReport::until_idle(max_passes, || self.run_pass()).await
     }
 
     /// Executes one operation through the gate and the plugin.

@@ -39,6 +39,41 @@ pub struct PassReport {
     pub skipped: usize,
 }
 
+impl PassReport {
+    /// Runs `operations` concurrently to completion and tallies them.
+    pub(crate) async fn run<O, F>(operations: Vec<O>, execute: impl Fn(O) -> F) -> Self
+    where
+        F: std::future::Future<Output = ExecutionResult>,
+    {
+        let mut report = PassReport {
+            planned: operations.len(),
+            ..PassReport::default()
+        };
+        for result in join_all(operations.into_iter().map(execute)).await {
+            match result {
+                ExecutionResult::Failed(_) => report.failed += 1,
+                ExecutionResult::Skipped(_) => report.skipped += 1,
+                ExecutionResult::Applied | ExecutionResult::Succeeded => {}
+            }
+        }
+        report
+    }
+
+    /// Runs passes until one plans nothing or `max_passes` ran; returns how
+    /// many passes planned work.
+    pub(crate) async fn until_idle<F>(max_passes: usize, mut pass: impl FnMut() -> F) -> usize
+    where
+        F: std::future::Future<Output = PassReport>,
+    {
+        for n in 0..max_passes {
+            if pass().await.planned == 0 {
+                return n;
+            }
+        }
+        max_passes
+    }
+}
+
 /// The node-mode reconciler: plans passes over the desired and actual state
 /// and executes the operations through the gate and the plugin.
 pub struct Reconciler<V: Key, P: Key, N: Key> {
@@ -131,30 +166,13 @@ impl<V: Key, P: Key, N: Key> Reconciler<V, P, N> {
 
     /// Plans one pass and runs its operations to completion, concurrently.
     pub async fn run_pass(&self) -> PassReport {
-        let operations = self.plan();
-        let mut report = PassReport {
-            planned: operations.len(),
-            ..PassReport::default()
-        };
-        for result in join_all(operations.into_iter().map(|op| self.execute(op))).await {
-            match result {
-                ExecutionResult::Failed(_) => report.failed += 1,
-                ExecutionResult::Skipped(_) => report.skipped += 1,
-                ExecutionResult::Applied | ExecutionResult::Succeeded => {}
-            }
-        }
-        report
+        PassReport::run(self.plan(), |op| self.execute(op)).await
     }
 
     /// Runs passes until one plans nothing or `max_passes` ran; returns the
     /// number of passes that planned work.
     pub async fn run_until_idle(&self, max_passes: usize) -> usize {
-        for pass in 0..max_passes {
-            if self.run_pass().await.planned == 0 {
-                return pass;
-            }
-        }
-        max_passes
+        PassReport::until_idle(max_passes, || self.run_pass()).await
     }
 
     /// Executes one operation: takes the gate, calls the plugin and applies
