@@ -3,7 +3,7 @@
 //! NodePublish), next to the same steps with shell tools (truncate,
 //! losetup, mkfs.ext4, mount). Ignored by default; run as root with
 //! `cargo test --release --test loop_block_bench -- --ignored --nocapture`.
-//! Figures are recorded in docs/benchmarks-loop-block.md.
+//! Figures are recorded in docs/benchmarks.md.
 
 mod support;
 
