@@ -49,7 +49,9 @@ checker=../shared/tools/csi-schema-check
 if [ -x "$checker" ]; then
   python3 -c 'import grpc_tools' 2>/dev/null || timeout 300 pip install -q grpcio-tools protobuf >/dev/null 2>&1 || true
   log "csi-schema-check"
-  "$checker" crates/csi-proto/proto/csi.proto | tail -1 | tee /dev/stderr | grep -q '^0 differences' || status=1
+  verdict=$("$checker" crates/csi-proto/proto/csi.proto | tail -1)
+  echo "$verdict"
+  case "$verdict" in "0 differences"*) ;; *) status=1 ;; esac
 fi
 
 after=$(snapshot_leaks)
