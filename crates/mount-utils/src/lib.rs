@@ -43,6 +43,7 @@ mod error;
 mod exec;
 mod fake;
 mod format;
+pub mod freeze;
 mod linux;
 pub mod loopdev;
 mod mounter;

@@ -122,3 +122,59 @@ pub fn have_program(test: &str, program: &str) -> bool {
     eprintln!("skipped: {test}: {program} is not installed");
     false
 }
+
+/// A freshly formatted filesystem on a loop device, mounted at
+/// [`path`](Self::path): a dedicated filesystem for a test (to freeze it,
+/// fill it, or grow it). Unmounted and detached on drop; use it inside
+/// [`in_private_mount_ns`] so a crash cannot leave the mount behind.
+#[derive(Debug)]
+pub struct ScratchFilesystem {
+    mount_point: std::path::PathBuf,
+    device: Option<crate::LoopDevice>,
+}
+
+impl ScratchFilesystem {
+    /// Creates `dir/<name>.img` of `size` bytes, formats it with `fs_type`
+    /// (`mkfs.<fs_type>` must exist) and mounts it at `dir/<name>`.
+    pub fn new(dir: &Path, name: &str, size: u64, fs_type: &str) -> Result<Self, String> {
+        use crate::{Exec, Mounter};
+        let image = dir.join(format!("{name}.img"));
+        let mount_point = dir.join(name);
+        std::fs::File::create(&image)
+            .and_then(|f| f.set_len(size))
+            .map_err(|e| format!("creating {}: {e}", image.display()))?;
+        std::fs::create_dir_all(&mount_point).map_err(|e| e.to_string())?;
+        let device = crate::LoopDevice::attach(&image, &crate::LoopOptions::default())
+            .map_err(|e| e.to_string())?;
+        let dev = device.path().to_string_lossy().into_owned();
+        let mkfs = format!("mkfs.{fs_type}");
+        let out = crate::SystemExec::new()
+            .run(&mkfs, &["-q", &dev])
+            .map_err(|e| e.to_string())?;
+        if !out.success() {
+            return Err(format!("{mkfs} failed: {}", out.stderr.trim()));
+        }
+        crate::LinuxMounter::new()
+            .mount(&dev, &mount_point, fs_type, &[])
+            .map_err(|e| e.to_string())?;
+        Ok(Self {
+            mount_point,
+            device: Some(device),
+        })
+    }
+
+    /// Where the filesystem is mounted.
+    pub fn path(&self) -> &Path {
+        &self.mount_point
+    }
+}
+
+impl Drop for ScratchFilesystem {
+    fn drop(&mut self) {
+        use crate::Mounter;
+        let _ = crate::freeze::thaw(&self.mount_point);
+        let _ = crate::LinuxMounter::new().unmount(&self.mount_point, true);
+        // Autoclear: the device goes once the mount is gone.
+        drop(self.device.take());
+    }
+}

@@ -1,0 +1,60 @@
+//! FIFREEZE/FITHAW on a real filesystem: writes block while frozen and
+//! complete after the thaw; the root filesystem is refused.
+
+use std::path::Path;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use mount_utils::freeze::{FreezeError, FrozenFilesystem, same_filesystem, thaw};
+use mount_utils::require_root;
+use mount_utils::testing::{ScratchFilesystem, have_program, in_private_mount_ns};
+
+#[test]
+fn writes_wait_for_the_thaw() {
+    require_root!("writes_wait_for_the_thaw");
+    if !have_program("writes_wait_for_the_thaw", "mkfs.ext4") {
+        return;
+    }
+    in_private_mount_ns("writes_wait_for_the_thaw", || {
+        let tmp = tempfile::tempdir().unwrap();
+        let fs = ScratchFilesystem::new(tmp.path(), "scratch", 64 << 20, "ext4").unwrap();
+        assert!(!same_filesystem(fs.path(), tmp.path()).unwrap());
+        assert!(!thaw(fs.path()).unwrap(), "not frozen yet");
+
+        let frozen = FrozenFilesystem::freeze(fs.path()).unwrap();
+        assert!(
+            matches!(
+                FrozenFilesystem::freeze(fs.path()),
+                Err(FreezeError::Ioctl { .. })
+            ),
+            "already frozen"
+        );
+        let (done_tx, done_rx) = mpsc::channel();
+        let file = fs.path().join("written-while-frozen");
+        let writer = std::thread::spawn(move || {
+            std::fs::write(&file, b"data").unwrap();
+            std::fs::File::open(&file).unwrap().sync_all().unwrap();
+            done_tx.send(()).unwrap();
+        });
+        assert!(
+            done_rx.recv_timeout(Duration::from_millis(300)).is_err(),
+            "a write finished on a frozen filesystem"
+        );
+        frozen.thaw().unwrap();
+        done_rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the write completes after the thaw");
+        writer.join().unwrap();
+
+        // A guard dropped without an explicit thaw thaws too.
+        drop(FrozenFilesystem::freeze(fs.path()).unwrap());
+        std::fs::write(fs.path().join("after-drop"), b"ok").unwrap();
+    });
+}
+
+#[test]
+fn the_root_filesystem_is_never_frozen() {
+    require_root!("the_root_filesystem_is_never_frozen");
+    let err = FrozenFilesystem::freeze(Path::new("/")).unwrap_err();
+    assert!(matches!(err, FreezeError::RootFilesystem(_)), "{err}");
+}
