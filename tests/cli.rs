@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use csi_kit::conformance::mock::{Fault, MockDriver};
 use csi_kit::mount::require_root;
+use csi_kit::mount::testing::ScratchFilesystem;
 use csi_kit::proto::v1::{ListSnapshotsRequest, ListVolumesRequest};
 use serde_json::Value;
 use support::{Driver, mounts_under, run_isolated};
@@ -65,7 +66,10 @@ fn every_command_group_works_against_hostpath() {
     require_root!("every_command_group_works_against_hostpath");
     run_isolated("cli-commands", || async {
         let dir = tempfile::tempdir().unwrap();
-        let driver = Driver::start("hostpath", &dir.path().join("state"), &["--enable-attach"]);
+        // State on its own filesystem, snapshots elsewhere: group snapshots on.
+        let state = ScratchFilesystem::new(dir.path(), "state", 256 << 20, "ext4").unwrap();
+        let snapdir = format!("--snapshotdir={}", dir.path().join("snapshots").display());
+        let driver = Driver::start("hostpath", state.path(), &["--enable-attach", &snapdir]);
         driver.client().await;
         let e = driver.endpoint.as_str();
         let secrets = dir.path().join("secrets");
@@ -203,7 +207,11 @@ fn every_command_group_works_against_hostpath() {
             ],
         )
         .await;
-        assert_eq!(mounts_under(dir.path()).len(), 2);
+        assert_eq!(
+            mounts_under(dir.path()).len(),
+            3,
+            "state filesystem, staging and target"
+        );
         assert!(
             ok(e, &["node", "stats", &id, "--volume-path", &p(&target)])
                 .await
@@ -230,7 +238,11 @@ fn every_command_group_works_against_hostpath() {
         )
         .await;
         ok(e, &["controller", "delete-volume", &id]).await;
-        assert!(mounts_under(dir.path()).is_empty());
+        assert_eq!(
+            mounts_under(dir.path()),
+            vec![state.path().to_owned()],
+            "only the state filesystem"
+        );
 
         // Errors: non-zero exit with the gRPC code on stderr.
         let out = csi(

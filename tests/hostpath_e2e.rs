@@ -574,3 +574,203 @@ fn sigkill_during_churn_never_loses_a_volume_or_corrupts_state() {
         );
     });
 }
+
+#[test]
+fn group_snapshots_are_write_order_consistent() {
+    require_root!("group_snapshots_are_write_order_consistent");
+    if !csi_kit::mount::testing::have_program(
+        "group_snapshots_are_write_order_consistent",
+        "mkfs.ext4",
+    ) {
+        return;
+    }
+    run_isolated("hostpath-group-consistency", || async {
+        let dir = tempfile::tempdir().unwrap();
+        let state =
+            csi_kit::mount::testing::ScratchFilesystem::new(dir.path(), "state", 256 << 20, "ext4")
+                .unwrap();
+        let snapdir = format!("--snapshotdir={}", dir.path().join("snapshots").display());
+        let driver = Driver::start("hostpath", state.path(), &[&snapdir]);
+        let client = driver.client().await;
+        let caps = client
+            .identity()
+            .get_plugin_capabilities(GetPluginCapabilitiesRequest {})
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(
+            caps.capabilities.iter().any(|c| c.service_type()
+                == Some(plugin_capability::service::Type::GroupControllerService)),
+            "group snapshots are offered on a dedicated state filesystem"
+        );
+
+        // Two volumes published like a pod's, and a writer that appends i to
+        // A and then i to B: in any point-in-time copy, B <= A <= B + 1.
+        let mut targets = Vec::new();
+        let mut ids = Vec::new();
+        for name in ["a", "b"] {
+            let id = create(&client, &format!("pvc-{name}"), mount_cap())
+                .await
+                .unwrap()
+                .volume_id;
+            let staging = dir.path().join(format!("staging-{name}"));
+            let target = dir.path().join(format!("pod/{name}"));
+            std::fs::create_dir_all(&staging).unwrap();
+            std::fs::create_dir_all(target.parent().unwrap()).unwrap();
+            client
+                .node()
+                .node_stage_volume(stage_req(&id, &staging, mount_cap()))
+                .await
+                .unwrap();
+            client
+                .node()
+                .node_publish_volume(publish_req(&id, &staging, &target, mount_cap()))
+                .await
+                .unwrap();
+            targets.push(target);
+            ids.push(id);
+        }
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let writer = {
+            let (stop, a, b) = (stop.clone(), targets[0].join("log"), targets[1].join("log"));
+            std::thread::spawn(move || {
+                use std::io::Write;
+                let open = |p: &Path| {
+                    std::fs::OpenOptions::new()
+                        .create(true)
+                        .append(true)
+                        .open(p)
+                        .unwrap()
+                };
+                let (mut fa, mut fb) = (open(&a), open(&b));
+                let mut i = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    fa.write_all(format!("{i}\n").as_bytes()).unwrap();
+                    fb.write_all(format!("{i}\n").as_bytes()).unwrap();
+                    i += 1;
+                }
+                i
+            })
+        };
+        let count = |path: &Path| {
+            std::fs::read_to_string(path)
+                .map(|t| t.lines().count())
+                .unwrap_or(0)
+        };
+        while count(&targets[1].join("log")) < 1000 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+
+        for round in 0..3 {
+            let req = CreateVolumeGroupSnapshotRequest {
+                name: format!("group-{round}"),
+                source_volume_ids: ids.clone(),
+                ..Default::default()
+            };
+            let group = client
+                .group_controller()
+                .create_volume_group_snapshot(req)
+                .await
+                .unwrap()
+                .into_inner()
+                .group_snapshot
+                .unwrap();
+            let mut lines = Vec::new();
+            for snap in &group.snapshots {
+                let restored = client
+                    .controller()
+                    .create_volume(CreateVolumeRequest {
+                        name: format!("restore-{round}-{}", snap.snapshot_id),
+                        capacity_range: Some(CapacityRange::at_least(8 << 20)),
+                        volume_capabilities: vec![mount_cap()],
+                        volume_content_source: Some(VolumeContentSource {
+                            r#type: Some(volume_content_source::Type::Snapshot(
+                                volume_content_source::SnapshotSource {
+                                    snapshot_id: snap.snapshot_id.clone(),
+                                },
+                            )),
+                        }),
+                        ..Default::default()
+                    })
+                    .await
+                    .unwrap()
+                    .into_inner()
+                    .volume
+                    .unwrap();
+                let data = state
+                    .path()
+                    .join("volumes")
+                    .join(&restored.volume_id)
+                    .join("log");
+                lines.push((snap.source_volume_id.clone(), count(&data)));
+                client
+                    .controller()
+                    .delete_volume(DeleteVolumeRequest {
+                        volume_id: restored.volume_id,
+                        ..Default::default()
+                    })
+                    .await
+                    .unwrap();
+            }
+            let of = |id: &String| lines.iter().find(|(v, _)| v == id).unwrap().1;
+            let (a, b) = (of(&ids[0]), of(&ids[1]));
+            assert!(
+                b <= a && a <= b + 1,
+                "round {round}: the cut is not write-order consistent: A has {a} entries, B has {b}"
+            );
+            assert!(
+                b >= 1000,
+                "round {round}: the snapshot saw the writes ({b})"
+            );
+            let member_ids = group
+                .snapshots
+                .iter()
+                .map(|s| s.snapshot_id.clone())
+                .collect();
+            client
+                .group_controller()
+                .delete_volume_group_snapshot(DeleteVolumeGroupSnapshotRequest {
+                    group_snapshot_id: group.group_snapshot_id,
+                    snapshot_ids: member_ids,
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let written = writer.join().unwrap();
+        assert!(written > 1000);
+        for (id, target) in ids.iter().zip(&targets) {
+            let staging = dir.path().join(format!(
+                "staging-{}",
+                target.file_name().unwrap().to_string_lossy()
+            ));
+            client
+                .node()
+                .node_unpublish_volume(NodeUnpublishVolumeRequest {
+                    volume_id: id.clone(),
+                    target_path: target.to_string_lossy().into(),
+                })
+                .await
+                .unwrap();
+            client
+                .node()
+                .node_unstage_volume(NodeUnstageVolumeRequest {
+                    volume_id: id.clone(),
+                    staging_target_path: staging.to_string_lossy().into(),
+                })
+                .await
+                .unwrap();
+            client
+                .controller()
+                .delete_volume(DeleteVolumeRequest {
+                    volume_id: id.clone(),
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+        }
+        drop(driver);
+        drop(state);
+    });
+}

@@ -16,21 +16,37 @@ use csi_server::CsiError;
 #[derive(Debug, Clone)]
 pub struct Backend {
     root: PathBuf,
+    snapshots: PathBuf,
 }
 
 impl Backend {
-    /// Creates the layout under `root` (mode 0750 directories).
-    pub fn new(root: &Path) -> io::Result<Self> {
+    /// Creates the layout: volumes under `root/volumes`, snapshots under
+    /// `snapshots` (default `root/snapshots`); mode 0750 directories.
+    pub fn new(root: &Path, snapshots: Option<&Path>) -> io::Result<Self> {
+        let snapshots = snapshots.map_or_else(|| root.join("snapshots"), Path::to_owned);
         // The state file records volume parameters: keep the tree private.
-        fs::create_dir_all(root)?;
-        fs::set_permissions(root, fs::Permissions::from_mode(0o750))?;
-        for dir in ["volumes", "snapshots"] {
-            fs::create_dir_all(root.join(dir))?;
-            fs::set_permissions(root.join(dir), fs::Permissions::from_mode(0o750))?;
+        for dir in [root.to_owned(), root.join("volumes"), snapshots.clone()] {
+            fs::create_dir_all(&dir)?;
+            fs::set_permissions(&dir, fs::Permissions::from_mode(0o750))?;
         }
         Ok(Self {
             root: root.to_owned(),
+            snapshots,
         })
+    }
+
+    /// Whether a group snapshot can be write-order consistent: the volumes'
+    /// filesystem can be frozen (it is not the root filesystem) and the
+    /// copies go to another filesystem, which stays writable meanwhile.
+    pub fn consistent_group_snapshots(&self) -> bool {
+        use csi_kit::mount::freeze::same_filesystem;
+        matches!(
+            (
+                same_filesystem(&self.root, Path::new("/")),
+                same_filesystem(&self.root, &self.snapshots)
+            ),
+            (Ok(false), Ok(false))
+        )
     }
 
     /// The state directory.
@@ -49,8 +65,8 @@ impl Backend {
     /// The archive (mount access) or image copy (block access) of a snapshot.
     pub fn snapshot_path(&self, id: &str, access: Access) -> PathBuf {
         match access {
-            Access::Mount => self.root.join("snapshots").join(format!("{id}.tar")),
-            Access::Block => self.root.join("snapshots").join(format!("{id}.img")),
+            Access::Mount => self.snapshots.join(format!("{id}.tar")),
+            Access::Block => self.snapshots.join(format!("{id}.img")),
         }
     }
 
@@ -194,7 +210,7 @@ mod tests {
     #[test]
     fn mount_volumes_snapshot_restore_and_clone() {
         let dir = tempfile::tempdir().unwrap();
-        let b = Backend::new(dir.path()).unwrap();
+        let b = Backend::new(dir.path(), None).unwrap();
         let (v1, v2, v3, s1) = (
             IdKind::Volume.generate(),
             IdKind::Volume.generate(),
@@ -231,7 +247,7 @@ mod tests {
     #[test]
     fn block_volumes_are_sparse_and_grow() {
         let dir = tempfile::tempdir().unwrap();
-        let b = Backend::new(dir.path()).unwrap();
+        let b = Backend::new(dir.path(), None).unwrap();
         let (v1, v2, s1) = (
             IdKind::Volume.generate(),
             IdKind::Volume.generate(),

@@ -585,16 +585,7 @@ impl HostPath {
         name: &str,
         group: Option<&str>,
     ) -> CsiResult<SnapshotRecord> {
-        let record = SnapshotRecord {
-            id: IdKind::Snapshot.generate(),
-            name: name.to_owned(),
-            source_volume_id: volume.id.clone(),
-            size_bytes: volume.capacity_bytes,
-            access: volume.access,
-            created_unix_nanos: now_nanos(),
-            group_snapshot_id: group.map(str::to_owned),
-            parameters: BTreeMap::new(),
-        };
+        let record = Self::new_snapshot_record(volume, name, group);
         let (backend, vol, snap, access) = (
             self.backend.clone(),
             volume.id.clone(),
@@ -603,5 +594,23 @@ impl HostPath {
         );
         blocking(move || backend.snapshot(&vol, &snap, access)).await?;
         Ok(record)
+    }
+
+    /// The record of a snapshot about to be cut from `volume`.
+    pub(crate) fn new_snapshot_record(
+        volume: &VolumeRecord,
+        name: &str,
+        group: Option<&str>,
+    ) -> SnapshotRecord {
+        SnapshotRecord {
+            id: IdKind::Snapshot.generate(),
+            name: name.to_owned(),
+            source_volume_id: volume.id.clone(),
+            size_bytes: volume.capacity_bytes,
+            access: volume.access,
+            created_unix_nanos: now_nanos(),
+            group_snapshot_id: group.map(str::to_owned),
+            parameters: BTreeMap::new(),
+        }
     }
 }

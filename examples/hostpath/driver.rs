@@ -1,6 +1,6 @@
 //! The driver value shared by every service, and small shared helpers.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use csi_server::CsiError;
@@ -23,7 +23,14 @@ pub struct HostPath {
 impl HostPath {
     /// Opens (or creates) the state directory.
     pub fn open(config: Config, mounter: Arc<dyn Mounter>) -> Result<Self, String> {
-        let backend = Backend::new(&config.statedir)
+        // A crash during a group snapshot can leave the state filesystem
+        // frozen; thaw it before anything below writes to it.
+        let dedicated = csi_kit::mount::freeze::same_filesystem(&config.statedir, Path::new("/"))
+            .is_ok_and(|on_root| !on_root);
+        if dedicated && csi_kit::mount::freeze::thaw(&config.statedir).unwrap_or(false) {
+            tracing::warn!(statedir = %config.statedir.display(), "thawed a filesystem left frozen by a crash");
+        }
+        let backend = Backend::new(&config.statedir, config.snapshotdir.as_deref())
             .map_err(|e| format!("preparing {}: {e}", config.statedir.display()))?;
         let store = Store::open(&config.statedir).map_err(|e| e.to_string())?;
         let node_id = config.node_id();

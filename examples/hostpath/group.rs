@@ -1,16 +1,21 @@
-//! The GroupController service: group snapshots cut while the driver holds
-//! the member volumes still.
+//! The GroupController service: write-order consistent group snapshots.
 //!
-//! Consistency: every member is synced (syncfs) and then copied in turn while
-//! the group's volumes are locked against other CSI operations. Writes that
-//! pods issue during the cut are not frozen, because a directory volume
-//! shares the host filesystem and freezing it would freeze the host.
+//! The spec requires a group snapshot to be write-order consistent or to
+//! fail. All volumes live on the state directory's filesystem, so freezing
+//! it (FIFREEZE) stops every writer at one point in time while the members
+//! are copied to the snapshot directory on another filesystem. The service
+//! is offered only when that is possible: a dedicated filesystem for
+//! `--statedir` (the root filesystem is never frozen) and a `--snapshotdir`
+//! elsewhere.
 
 use csi_proto::v1::*;
 use csi_server::{CallContext, CsiError, CsiResult, GroupController};
 
-use crate::driver::HostPath;
-use crate::store::{GroupSnapshotRecord, IdKind, VolumeRecord};
+use csi_kit::mount::freeze::FrozenFilesystem;
+
+use crate::backend::Backend;
+use crate::driver::{HostPath, blocking};
+use crate::store::{GroupSnapshotRecord, IdKind, SnapshotRecord};
 
 fn group_message(g: &GroupSnapshotRecord, snapshots: Vec<Snapshot>) -> VolumeGroupSnapshot {
     VolumeGroupSnapshot {
@@ -54,10 +59,29 @@ impl HostPath {
     }
 }
 
-fn sync_volume(host: &HostPath, v: &VolumeRecord) {
-    if let Ok(f) = std::fs::File::open(host.backend.volume_path(&v.id, v.access)) {
-        let _ = nix::unistd::syncfs(&f);
+/// Copies every member while the volumes' filesystem is frozen: writes from
+/// pods block for the duration, so the copies are one point in time. Nothing
+/// here may write to the frozen filesystem (the state file is saved after
+/// the thaw; copies go to the snapshot directory on another filesystem).
+fn cut_consistently(backend: &Backend, plan: &[SnapshotRecord]) -> CsiResult<()> {
+    let frozen = FrozenFilesystem::freeze(backend.root()).map_err(|e| {
+        CsiError::FailedPrecondition(format!("cannot freeze the volumes' filesystem: {e}"))
+    })?;
+    let mut done: Vec<&SnapshotRecord> = Vec::new();
+    for snap in plan {
+        if let Err(e) = backend.snapshot(&snap.source_volume_id, &snap.id, snap.access) {
+            drop(frozen);
+            // Partial failure: remove what was cut (the spec's SHOULD).
+            for s in &done {
+                let _ = backend.delete_snapshot(&s.id, s.access);
+            }
+            return Err(e);
+        }
+        done.push(snap);
     }
+    frozen
+        .thaw()
+        .map_err(|e| CsiError::Internal(format!("thawing the volumes' filesystem: {e}")))
 }
 
 #[csi_server::async_trait]
@@ -95,26 +119,15 @@ impl GroupController for HostPath {
         for id in &req.source_volume_ids {
             volumes.push(self.known_volume(id)?);
         }
-        for v in &volumes {
-            sync_volume(self, v);
-        }
         let group_id = IdKind::GroupSnapshot.generate();
-        let mut cut = Vec::new();
-        for v in &volumes {
-            match self
-                .cut_snapshot(v, &format!("{}-{}", req.name, v.id), Some(&group_id))
-                .await
-            {
-                Ok(s) => cut.push(s),
-                Err(e) => {
-                    // Partial failure: remove what was cut (the spec's SHOULD).
-                    for s in &cut {
-                        let _ = self.backend.delete_snapshot(&s.id, s.access);
-                    }
-                    return Err(e);
-                }
-            }
-        }
+        let cut: Vec<_> = volumes
+            .iter()
+            .map(|v| {
+                Self::new_snapshot_record(v, &format!("{}-{}", req.name, v.id), Some(&group_id))
+            })
+            .collect();
+        let (backend, plan) = (self.backend.clone(), cut.clone());
+        blocking(move || cut_consistently(&backend, &plan)).await?;
         let record = GroupSnapshotRecord {
             id: group_id.clone(),
             name: req.name.clone(),

@@ -32,7 +32,7 @@ use config::{Config, Mode};
 use driver::HostPath;
 
 /// What the driver advertises, derived from its flags.
-fn capabilities(config: &Config) -> Capabilities {
+fn capabilities(config: &Config, group_snapshots: bool) -> Capabilities {
     let mut controller = vec![
         Ctrl::CreateDeleteVolume,
         Ctrl::ListVolumes,
@@ -56,7 +56,6 @@ fn capabilities(config: &Config) -> Capabilities {
     }
     let mut caps = Capabilities::new()
         .plugin(Service::ControllerService)
-        .plugin(Service::GroupControllerService)
         .volume_expansion(Expansion::Online)
         .controller(controller)
         .node([
@@ -65,8 +64,12 @@ fn capabilities(config: &Config) -> Capabilities {
             NodeRpc::ExpandVolume,
             NodeRpc::VolumeCondition,
             NodeRpc::SingleNodeMultiWriter,
-        ])
-        .group_controller([Group::CreateDeleteGetVolumeGroupSnapshot]);
+        ]);
+    if group_snapshots {
+        caps = caps
+            .plugin(Service::GroupControllerService)
+            .group_controller([Group::CreateDeleteGetVolumeGroupSnapshot]);
+    }
     if config.enable_topology {
         caps = caps.plugin(Service::VolumeAccessibilityConstraints);
     }
@@ -93,7 +96,6 @@ async fn run(config: Config) -> Result<(), String> {
         .map_err(|e| format!("--endpoint: {e}"))?;
     let info = PluginInfo::new(config.drivername.clone(), env!("CARGO_PKG_VERSION"))
         .map_err(|e| format!("--drivername: {e}"))?;
-    let caps = capabilities(&config);
     let mode = match config.mode {
         Mode::Controller => ServeMode::Controller,
         Mode::Node => ServeMode::Node,
@@ -101,18 +103,21 @@ async fn run(config: Config) -> Result<(), String> {
     };
     let mounter = Arc::new(csi_kit::mount::LinuxMounter::new());
     let driver = Arc::new(HostPath::open(config.clone(), mounter)?);
+    let group_snapshots = driver.backend.consistent_group_snapshots();
+    let caps = capabilities(&config, group_snapshots);
     let readiness = Readiness::new();
-    let server = Server::builder(info)
+    let mut builder = Server::builder(info)
         .capabilities(caps)
         .mode(mode)
         .endpoint(endpoint)
         .identity(driver.clone())
         .controller(driver.clone())
         .node(driver.clone())
-        .group_controller(driver.clone())
-        .readiness(readiness.clone())
-        .build()
-        .map_err(|e| e.to_string())?;
+        .readiness(readiness.clone());
+    if group_snapshots {
+        builder = builder.group_controller(driver.clone());
+    }
+    let server = builder.build().map_err(|e| e.to_string())?;
     println!(
         "hostpath driver {} {}",
         config.drivername,
@@ -120,6 +125,14 @@ async fn run(config: Config) -> Result<(), String> {
     );
     println!("  endpoint: {}", server.endpoint());
     println!("  state dir: {}", config.statedir.display());
+    println!(
+        "  group snapshots: {}",
+        if group_snapshots {
+            "on (the state dir's filesystem is frozen while a group is copied)"
+        } else {
+            "off (needs --statedir on a dedicated filesystem and --snapshotdir on another)"
+        }
+    );
     println!("  node id: {}", driver.node_id);
     println!(
         "  mode: {:?}, attach: {}, topology: {}",
