@@ -49,6 +49,7 @@ pub mod loopdev;
 mod mounter;
 mod mountinfo;
 mod options;
+pub mod quota;
 mod resize;
 pub mod testing;
 

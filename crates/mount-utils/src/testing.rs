@@ -137,6 +137,20 @@ impl ScratchFilesystem {
     /// Creates `dir/<name>.img` of `size` bytes, formats it with `fs_type`
     /// (`mkfs.<fs_type>` must exist) and mounts it at `dir/<name>`.
     pub fn new(dir: &Path, name: &str, size: u64, fs_type: &str) -> Result<Self, String> {
+        Self::with_options(dir, name, size, fs_type, &[], &[])
+    }
+
+    /// Like [`new`](Self::new), passing `mkfs_args` to `mkfs.<fs_type>` and
+    /// mounting with `mount_options` (e.g. `-O quota,project` and `prjquota`
+    /// for ext4 project quotas).
+    pub fn with_options(
+        dir: &Path,
+        name: &str,
+        size: u64,
+        fs_type: &str,
+        mkfs_args: &[&str],
+        mount_options: &[&str],
+    ) -> Result<Self, String> {
         use crate::{Exec, Mounter};
         let image = dir.join(format!("{name}.img"));
         let mount_point = dir.join(name);
@@ -148,14 +162,17 @@ impl ScratchFilesystem {
             .map_err(|e| e.to_string())?;
         let dev = device.path().to_string_lossy().into_owned();
         let mkfs = format!("mkfs.{fs_type}");
+        let mut args = vec!["-q"];
+        args.extend_from_slice(mkfs_args);
+        args.push(&dev);
         let out = crate::SystemExec::new()
-            .run(&mkfs, &["-q", &dev])
+            .run(&mkfs, &args)
             .map_err(|e| e.to_string())?;
         if !out.success() {
             return Err(format!("{mkfs} failed: {}", out.stderr.trim()));
         }
         crate::LinuxMounter::new()
-            .mount(&dev, &mount_point, fs_type, &[])
+            .mount(&dev, &mount_point, fs_type, mount_options)
             .map_err(|e| e.to_string())?;
         Ok(Self {
             mount_point,
