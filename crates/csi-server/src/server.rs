@@ -388,9 +388,16 @@ impl ServerBuilder {
                 driver,
             }));
         }
+        // tonic's fallback answers unknown paths with an empty message; the
+        // spec wants a human-readable one for every error.
+        let routes = routes
+            .routes()
+            .into_axum_router()
+            .fallback(|uri: tonic::codegen::http::Uri| async move { not_served(uri.path()) })
+            .into();
         Ok(Server {
             endpoint,
-            routes: routes.routes(),
+            routes,
             readiness,
             ready_on_listen,
             grace_period: self.grace_period,
@@ -576,4 +583,20 @@ where
             Ok(())
         }
     }
+}
+
+/// The answer for a method this server does not serve: UNIMPLEMENTED with a
+/// message naming the method (a service outside the mode, or a service the
+/// driver did not provide).
+fn not_served(path: &str) -> tonic::codegen::http::Response<tonic::body::Body> {
+    let method = path.trim_start_matches('/');
+    let message = if method.starts_with("csi.v1.") {
+        format!("{method} is not served by this plugin (not in its mode, or not provided)")
+    } else {
+        format!("{method} is not a CSI method")
+    };
+    let (parts, ()) = tonic::Status::unimplemented(message)
+        .into_http::<()>()
+        .into_parts();
+    tonic::codegen::http::Response::from_parts(parts, tonic::body::Body::empty())
 }

@@ -204,6 +204,13 @@ async fn services_outside_the_mode_are_not_served() {
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::Unimplemented);
+    // Every error carries a human-readable message, this one too.
+    assert!(
+        err.message()
+            .contains("csi.v1.Controller/ControllerGetCapabilities is not served"),
+        "{}",
+        err.message()
+    );
     let caps = s
         .client
         .identity()
