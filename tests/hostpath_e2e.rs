@@ -774,3 +774,95 @@ fn group_snapshots_are_write_order_consistent() {
         drop(state);
     });
 }
+
+#[test]
+fn directory_volume_capacity_is_a_quota_that_expansion_raises() {
+    const TEST: &str = "directory_volume_capacity_is_a_quota_that_expansion_raises";
+    require_root!(TEST);
+    if !csi_kit::mount::testing::have_program(TEST, "mkfs.ext4") {
+        return;
+    }
+    run_isolated("hostpath-quota", || async {
+        let dir = tempfile::tempdir().unwrap();
+        let state = match csi_kit::mount::testing::ScratchFilesystem::with_options(
+            dir.path(),
+            "state",
+            256 << 20,
+            "ext4",
+            &["-O", "quota,project"],
+            &["prjquota"],
+        ) {
+            Ok(fs) => fs,
+            Err(e) if e.contains("EINVAL") => {
+                eprintln!(
+                    "skipped: {TEST}: the kernel refuses prjquota (built without quota support?): {e}"
+                );
+                return;
+            }
+            Err(e) => panic!("{e}"),
+        };
+        let driver = Driver::start("hostpath", state.path(), &[]);
+        let client = driver.client().await;
+        let id = create(&client, "pvc-quota", mount_cap())
+            .await
+            .unwrap()
+            .volume_id;
+        let (staging, target) = (dir.path().join("staging"), dir.path().join("pod/vol"));
+        std::fs::create_dir_all(&staging).unwrap();
+        std::fs::create_dir_all(target.parent().unwrap()).unwrap();
+        client
+            .node()
+            .node_stage_volume(stage_req(&id, &staging, mount_cap()))
+            .await
+            .unwrap();
+        client
+            .node()
+            .node_publish_volume(publish_req(&id, &staging, &target, mount_cap()))
+            .await
+            .unwrap();
+        let size = |p: &Path| {
+            let st = nix::sys::statvfs::statvfs(p).unwrap();
+            st.blocks() * st.fragment_size()
+        };
+        assert_eq!(size(&target), 8 << 20, "the pod sees the volume's capacity");
+        let write = |mib: usize| std::fs::write(target.join("data"), vec![1u8; mib << 20]);
+        assert_eq!(write(16).unwrap_err().raw_os_error(), Some(libc::EDQUOT));
+        client
+            .controller()
+            .controller_expand_volume(ControllerExpandVolumeRequest {
+                volume_id: id.clone(),
+                capacity_range: Some(CapacityRange::at_least(32 << 20)),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(size(&target), 32 << 20, "expansion raised the quota");
+        write(16).unwrap();
+        client
+            .node()
+            .node_unpublish_volume(NodeUnpublishVolumeRequest {
+                volume_id: id.clone(),
+                target_path: target.to_string_lossy().into(),
+            })
+            .await
+            .unwrap();
+        client
+            .node()
+            .node_unstage_volume(NodeUnstageVolumeRequest {
+                volume_id: id.clone(),
+                staging_target_path: staging.to_string_lossy().into(),
+            })
+            .await
+            .unwrap();
+        client
+            .controller()
+            .delete_volume(DeleteVolumeRequest {
+                volume_id: id,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        drop(driver);
+        drop(state);
+    });
+}

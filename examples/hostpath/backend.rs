@@ -17,6 +17,18 @@ use csi_server::CsiError;
 pub struct Backend {
     root: PathBuf,
     snapshots: PathBuf,
+    /// The state filesystem enforces project quotas: directory volumes get
+    /// their capacity as a hard limit.
+    quotas: bool,
+}
+
+/// The quota project of a directory volume: a stable hash of its id (never
+/// 0, the default project).
+fn project_id(volume_id: &str) -> u32 {
+    let hash = volume_id.bytes().fold(0x811c_9dc5_u32, |h, b| {
+        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    });
+    hash | 1
 }
 
 impl Backend {
@@ -29,9 +41,11 @@ impl Backend {
             fs::create_dir_all(&dir)?;
             fs::set_permissions(&dir, fs::Permissions::from_mode(0o750))?;
         }
+        let quotas = csi_kit::mount::quota::supported(root);
         Ok(Self {
             root: root.to_owned(),
             snapshots,
+            quotas,
         })
     }
 
@@ -70,11 +84,40 @@ impl Backend {
         }
     }
 
+    /// Whether directory volumes are limited by project quotas.
+    pub fn quotas(&self) -> bool {
+        self.quotas
+    }
+
+    /// Creates a directory volume's directory, in its own quota project
+    /// limited to `size` when quotas are on (before any data goes in, so
+    /// everything inside inherits the project).
+    fn volume_dir(&self, id: &str, size: i64) -> Result<PathBuf, CsiError> {
+        use csi_kit::mount::quota;
+        let path = self.volume_path(id, Access::Mount);
+        fs::create_dir_all(&path).map_err(|e| internal("creating", &path, e))?;
+        if self.quotas {
+            quota::set_project(&path, project_id(id))
+                .map_err(|e| internal("quota project of", &path, e))?;
+            self.grow_mount(id, size)?;
+        }
+        Ok(path)
+    }
+
+    /// Sets a directory volume's quota to `size` (no-op without quotas).
+    pub fn grow_mount(&self, id: &str, size: i64) -> Result<(), CsiError> {
+        if self.quotas {
+            csi_kit::mount::quota::set_limit(&self.root, project_id(id), size.max(0) as u64)
+                .map_err(|e| internal("quota of", &self.volume_path(id, Access::Mount), e))?;
+        }
+        Ok(())
+    }
+
     /// Creates an empty volume of `size` bytes (block: a sparse file).
     pub fn create_volume(&self, id: &str, access: Access, size: i64) -> Result<(), CsiError> {
         let path = self.volume_path(id, access);
         match access {
-            Access::Mount => fs::create_dir_all(&path).map_err(|e| internal("creating", &path, e)),
+            Access::Mount => self.volume_dir(id, size).map(drop),
             Access::Block => create_sparse(&path, size),
         }
     }
@@ -83,12 +126,18 @@ impl Backend {
     pub fn delete_volume(&self, id: &str, access: Access) -> Result<(), CsiError> {
         let path = self.volume_path(id, access);
         match access {
-            Access::Mount => match fs::remove_dir_all(&path) {
-                Err(e) if e.kind() != io::ErrorKind::NotFound => {
-                    Err(internal("removing", &path, e))
+            Access::Mount => {
+                match fs::remove_dir_all(&path) {
+                    Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                        return Err(internal("removing", &path, e));
+                    }
+                    _ => {}
                 }
-                _ => Ok(()),
-            },
+                if self.quotas {
+                    let _ = csi_kit::mount::quota::clear(&self.root, project_id(id));
+                }
+                Ok(())
+            }
             Access::Block => remove_file_if_present(&path),
         }
     }
@@ -139,7 +188,7 @@ impl Backend {
         let dst = self.volume_path(volume_id, access);
         match access {
             Access::Mount => {
-                fs::create_dir_all(&dst).map_err(|e| internal("creating", &dst, e))?;
+                let dst = self.volume_dir(volume_id, size)?;
                 let file = File::open(&src).map_err(|e| internal("opening", &src, e))?;
                 let mut archive = tar::Archive::new(file);
                 archive.set_preserve_permissions(true);

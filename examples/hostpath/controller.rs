@@ -501,10 +501,13 @@ impl Controller for HostPath {
                 csi_proto::size::format_bytes(size)
             )));
         }
-        if volume.access == Access::Block {
-            let (backend, id) = (self.backend.clone(), volume.id.clone());
-            blocking(move || backend.grow_block(&id, size)).await?;
-        }
+        // Block: grow the backing file; directory: raise its quota (if any).
+        let (backend, id, access) = (self.backend.clone(), volume.id.clone(), volume.access);
+        blocking(move || match access {
+            Access::Block => backend.grow_block(&id, size),
+            Access::Mount => backend.grow_mount(&id, size),
+        })
+        .await?;
         self.store.update(|s| {
             if let Some(v) = s.volumes.get_mut(&volume.id) {
                 v.capacity_bytes = size;

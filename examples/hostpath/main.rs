@@ -126,6 +126,14 @@ async fn run(config: Config) -> Result<(), String> {
     println!("  endpoint: {}", server.endpoint());
     println!("  state dir: {}", config.statedir.display());
     println!(
+        "  directory volume capacity: {}",
+        if driver.backend.quotas() {
+            "enforced with project quotas"
+        } else {
+            "advisory (the state dir's filesystem has no project quotas)"
+        }
+    );
+    println!(
         "  group snapshots: {}",
         if group_snapshots {
             "on (the state dir's filesystem is frozen while a group is copied)"
