@@ -10,3 +10,8 @@ pub use csi_proto as proto;
 pub use csi_server as server;
 pub use mount_utils as mount;
 pub use volume_state as state;
+
+/// The README's code examples, compiled as doc tests so they cannot rot.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
