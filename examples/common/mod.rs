@@ -277,7 +277,7 @@ pub struct Store<S> {
     file: JsonStateFile<S>,
 }
 
-impl<S: Serialize + DeserializeOwned + Default> Store<S> {
+impl<S: Serialize + DeserializeOwned + Default + Clone> Store<S> {
     /// Loads `dir/state.json` (empty when absent).
     pub fn open(dir: &Path) -> Result<Self, PersistError> {
         Self::with_file(dir.join("state.json"))
@@ -298,16 +298,18 @@ impl<S: Serialize + DeserializeOwned + Default> Store<S> {
         f(&self.state.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
-    /// Changes the state and saves it before returning. If saving fails the
-    /// in-memory change is rolled back, so memory never runs ahead of disk.
+    /// Changes the state and saves it before returning. The change is made
+    /// on a copy that replaces the state only once it is saved: an error from
+    /// `f` or from saving leaves memory as it was, so memory never runs
+    /// ahead of disk.
     pub fn update<T>(&self, f: impl FnOnce(&mut S) -> Result<T, CsiError>) -> Result<T, CsiError> {
         let mut guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let before = serde_json::to_vec(&*guard).map_err(|e| CsiError::Internal(e.to_string()))?;
-        let out = f(&mut guard)?;
-        if let Err(e) = self.file.save(&guard) {
-            *guard = serde_json::from_slice(&before).expect("state we just serialized decodes");
-            return Err(CsiError::Internal(format!("saving state: {e}")));
-        }
+        let mut next = guard.clone();
+        let out = f(&mut next)?;
+        self.file
+            .save(&next)
+            .map_err(|e| CsiError::Internal(format!("saving state: {e}")))?;
+        *guard = next;
         Ok(out)
     }
 }
@@ -524,6 +526,23 @@ mod tests {
         assert!(store2.read(|s| s.is_empty()), "memory rolled back");
         let reopened: Store<BTreeMap<String, String>> = Store::open(dir.path()).unwrap();
         assert_eq!(reopened.read(|s| s.get("a").cloned()), Some("1".into()));
+    }
+
+    #[test]
+    fn a_failed_change_leaves_memory_untouched() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Store<BTreeMap<String, String>> = Store::open(dir.path()).unwrap();
+        let err = store.update(|s| {
+            s.insert("half".into(), "done".into());
+            Err::<(), _>(CsiError::FailedPrecondition(
+                "refused after a change".into(),
+            ))
+        });
+        assert!(matches!(err, Err(CsiError::FailedPrecondition(_))));
+        assert!(
+            store.read(|s| s.is_empty()),
+            "the partial change was discarded"
+        );
     }
 
     #[test]

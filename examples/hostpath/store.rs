@@ -78,7 +78,7 @@ pub struct StagedRecord {
 pub use crate::common::PublishedRecord;
 
 /// Everything the driver remembers.
-#[derive(Debug, Default, Serialize, Deserialize)]
+#[derive(Debug, Default, Clone, Serialize, Deserialize)]
 pub struct State {
     pub volumes: BTreeMap<String, VolumeRecord>,
     pub snapshots: BTreeMap<String, SnapshotRecord>,
