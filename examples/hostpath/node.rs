@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 
 use csi_proto::v1::*;
 use csi_server::helpers::publish::{PublishDecision, check_publish};
+use csi_server::helpers::stage::{StageDecision, Staging, check_stage};
 use csi_server::request::EPHEMERAL_CONTEXT_KEY;
 use csi_server::{CallContext, CsiError, CsiResult, Node};
 use mount_utils::{LoopDevice, LoopOptions, MountError};
@@ -162,15 +163,15 @@ impl Node for HostPath {
         check_access(&volume, &cap)?;
         let staging = PathBuf::from(&req.staging_target_path);
         let encoded = cap.encode_to_vec();
-        if let Some(staged) = self.store.read(|s| s.staged.get(&volume.id).cloned()) {
-            if staged.staging_path == staging && staged.capability == encoded {
-                return Ok(NodeStageVolumeResponse {});
-            }
-            return Err(CsiError::AlreadyExists(format!(
-                "volume {} is already staged at {} with another capability or path",
-                volume.id,
-                staged.staging_path.display()
-            )));
+        let existing = self
+            .store
+            .read(|s| s.staged.get(&volume.id).cloned())
+            .map(|staged| Staging {
+                staging_target_path: staged.staging_path.to_string_lossy().into_owned(),
+                volume_capability: VolumeCapability::decode(staged.capability.as_slice()).ok(),
+            });
+        if check_stage(existing.as_ref(), &req)? == StageDecision::AlreadyStaged {
+            return Ok(NodeStageVolumeResponse {});
         }
         let this = self.clone();
         let (v, s, c) = (volume.clone(), staging.clone(), cap.clone());

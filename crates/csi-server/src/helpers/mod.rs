@@ -4,4 +4,5 @@ pub mod capacity;
 pub mod idempotency;
 pub mod paging;
 pub mod publish;
+pub mod stage;
 pub mod topology;
