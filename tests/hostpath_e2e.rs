@@ -77,6 +77,25 @@ fn publish_req(
     }
 }
 
+/// Tears a staged and published volume down and deletes it.
+async fn unpublish_unstage_delete(client: &CsiClient, id: &str, staging: &Path, target: &Path) {
+    let req = NodeUnpublishVolumeRequest {
+        volume_id: id.into(),
+        target_path: target.to_string_lossy().into(),
+    };
+    client.node().node_unpublish_volume(req).await.unwrap();
+    let req = NodeUnstageVolumeRequest {
+        volume_id: id.into(),
+        staging_target_path: staging.to_string_lossy().into(),
+    };
+    client.node().node_unstage_volume(req).await.unwrap();
+    let req = DeleteVolumeRequest {
+        volume_id: id.into(),
+        ..Default::default()
+    };
+    client.controller().delete_volume(req).await.unwrap();
+}
+
 fn code<T>(r: Result<T, tonic::Status>) -> Code {
     match r {
         Ok(_) => Code::Ok,
@@ -745,30 +764,7 @@ fn group_snapshots_are_write_order_consistent() {
                 "staging-{}",
                 target.file_name().unwrap().to_string_lossy()
             ));
-            client
-                .node()
-                .node_unpublish_volume(NodeUnpublishVolumeRequest {
-                    volume_id: id.clone(),
-                    target_path: target.to_string_lossy().into(),
-                })
-                .await
-                .unwrap();
-            client
-                .node()
-                .node_unstage_volume(NodeUnstageVolumeRequest {
-                    volume_id: id.clone(),
-                    staging_target_path: staging.to_string_lossy().into(),
-                })
-                .await
-                .unwrap();
-            client
-                .controller()
-                .delete_volume(DeleteVolumeRequest {
-                    volume_id: id.clone(),
-                    ..Default::default()
-                })
-                .await
-                .unwrap();
+            unpublish_unstage_delete(&client, id, &staging, target).await;
         }
         drop(driver);
         drop(state);
@@ -838,30 +834,7 @@ fn directory_volume_capacity_is_a_quota_that_expansion_raises() {
             .unwrap();
         assert_eq!(size(&target), 32 << 20, "expansion raised the quota");
         write(16).unwrap();
-        client
-            .node()
-            .node_unpublish_volume(NodeUnpublishVolumeRequest {
-                volume_id: id.clone(),
-                target_path: target.to_string_lossy().into(),
-            })
-            .await
-            .unwrap();
-        client
-            .node()
-            .node_unstage_volume(NodeUnstageVolumeRequest {
-                volume_id: id.clone(),
-                staging_target_path: staging.to_string_lossy().into(),
-            })
-            .await
-            .unwrap();
-        client
-            .controller()
-            .delete_volume(DeleteVolumeRequest {
-                volume_id: id,
-                ..Default::default()
-            })
-            .await
-            .unwrap();
+        unpublish_unstage_delete(&client, &id, &staging, &target).await;
         drop(driver);
         drop(state);
     });
