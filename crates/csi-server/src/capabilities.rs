@@ -17,7 +17,7 @@ use csi_proto::v1::{
 };
 
 use crate::error::CsiError;
-use crate::method::Requirement;
+use csi_proto::methods::Requirement;
 
 /// The plugin's name and version, as GetPluginInfo reports them.
 #[derive(Debug, Clone, PartialEq, Eq)]

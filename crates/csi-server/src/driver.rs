@@ -1,8 +1,10 @@
-//! The traits a driver implements. Every method has a default: the
-//! `*GetCapabilities`, GetPluginInfo and Probe defaults answer from the
+//! The traits a driver implements, one per CSI service, generated from the
+//! method table (`csi_proto::for_each_method!`). Every method has a default:
+//! the `*GetCapabilities`, GetPluginInfo and Probe defaults answer from the
 //! declaration; everything else returns UNIMPLEMENTED, so a node-only
 //! driver writes only node methods.
 
+use std::fmt;
 use std::pin::Pin;
 use std::sync::Arc;
 
@@ -12,7 +14,7 @@ use futures::Stream;
 
 use crate::capabilities::{Capabilities, PluginInfo};
 use crate::error::CsiError;
-use crate::method::Method;
+use csi_proto::methods::Method;
 
 /// What a driver method knows about the call besides the request.
 #[derive(Debug, Clone)]
@@ -45,6 +47,19 @@ impl CallContext {
         Self::new(0, method, Arc::new(Declared { info, capabilities }))
     }
 
+    /// A context with an empty declaration, for calls made outside a server
+    /// (layers tested alone).
+    pub fn detached(request_id: u64, method: Method) -> Self {
+        static EMPTY: std::sync::OnceLock<Arc<Declared>> = std::sync::OnceLock::new();
+        let declared = EMPTY.get_or_init(|| {
+            Arc::new(Declared {
+                info: PluginInfo::new("csi-kit.invalid", "0").expect("a valid plugin name"),
+                capabilities: Capabilities::new(),
+            })
+        });
+        Self::new(request_id, method, declared.clone())
+    }
+
     /// The capabilities the server serves with.
     pub fn capabilities(&self) -> &Capabilities {
         &self.declared.capabilities
@@ -62,165 +77,90 @@ pub type CsiResult<T> = Result<T, CsiError>;
 /// A server-streaming response.
 pub type CsiStream<T> = Pin<Box<dyn Stream<Item = CsiResult<T>> + Send + 'static>>;
 
+/// A driver's stream travelling back through the layers, which see it as
+/// an opaque value (its `Debug` prints `<stream>`).
+pub struct ResponseStream<T>(pub CsiStream<T>);
+
+impl<T> fmt::Debug for ResponseStream<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<stream>")
+    }
+}
+
+/// The default of every driver method without one of its own.
 fn unimplemented<T>(ctx: &CallContext) -> CsiResult<T> {
     Err(CsiError::unimplemented(ctx.method.name()))
 }
 
-/// The Identity service. Usually nothing to write: the defaults answer from
-/// the declared [`PluginInfo`] and [`Capabilities`], and Probe from the
-/// server's [`Readiness`](crate::Readiness).
-#[async_trait]
-pub trait Identity: Send + Sync + 'static {
-    /// GetPluginInfo.
-    async fn get_plugin_info(
-        &self,
-        ctx: &CallContext,
-        _req: GetPluginInfoRequest,
-    ) -> CsiResult<GetPluginInfoResponse> {
-        Ok(ctx.plugin_info().response())
-    }
-
-    /// GetPluginCapabilities.
-    async fn get_plugin_capabilities(
-        &self,
-        ctx: &CallContext,
-        _req: GetPluginCapabilitiesRequest,
-    ) -> CsiResult<GetPluginCapabilitiesResponse> {
-        Ok(ctx.capabilities().plugin_response())
-    }
-
-    /// Probe, called only once the readiness handle says ready. Return
-    /// FAILED_PRECONDITION when a dependency is unhealthy.
-    async fn probe(&self, _ctx: &CallContext, _req: ProbeRequest) -> CsiResult<ProbeResponse> {
+/// The default answer of a driver method: from the declaration for the
+/// Identity RPCs and the `*GetCapabilities` RPCs, UNIMPLEMENTED otherwise.
+macro_rules! default_answer {
+    (GetPluginInfo, $ctx:ident) => {
+        Ok($ctx.plugin_info().response())
+    };
+    (GetPluginCapabilities, $ctx:ident) => {
+        Ok($ctx.capabilities().plugin_response())
+    };
+    (Probe, $ctx:ident) => {{
+        let _ = $ctx;
         Ok(ProbeResponse { ready: Some(true) })
-    }
+    }};
+    (ControllerGetCapabilities, $ctx:ident) => {
+        Ok($ctx.capabilities().controller_response())
+    };
+    (NodeGetCapabilities, $ctx:ident) => {
+        Ok($ctx.capabilities().node_response())
+    };
+    (GroupControllerGetCapabilities, $ctx:ident) => {
+        Ok($ctx.capabilities().group_controller_response())
+    };
+    ($other:ident, $ctx:ident) => {
+        unimplemented($ctx)
+    };
 }
+
+macro_rules! driver_traits {
+    (() $($svc:ident {
+        unary: [$($m:ident { rust: $fn:ident, request: $req:ident, response: $resp:ident, doc: $doc:literal, })*],
+        server_streaming: [$($sm:ident { rust: $sfn:ident, request: $sreq:ident, response: $sresp:ident, stream: $stream:ident, doc: $smdoc:literal, })*],
+        rust: $srust:ident, server_mod: $smod:ident, server_trait: $strait:ident, server: $server:ident,
+        client_mod: $cmod:ident, client: $client:ident,
+        doc: $sdoc:literal,
+    })*) => {$(
+        #[doc = $sdoc]
+        #[doc = ""]
+        #[doc = "Every method has a default: GetPluginInfo, GetPluginCapabilities, Probe and the \
+                 `*GetCapabilities` RPCs answer from the declared [`PluginInfo`] and \
+                 [`Capabilities`]; every other method answers UNIMPLEMENTED. Implement the \
+                 methods whose capabilities you declare: the server never calls a method whose \
+                 capability is missing, and validates every request before the driver sees it."]
+        #[async_trait]
+        pub trait $svc: Send + Sync + 'static {
+            $(
+                #[doc = $doc]
+                async fn $fn(&self, ctx: &CallContext, _req: $req) -> CsiResult<$resp> {
+                    default_answer!($m, ctx)
+                }
+            )*
+            $(
+                #[doc = $smdoc]
+                #[doc = ""]
+                #[doc = "Returns a boxed stream; an `Err` item ends the stream with that error."]
+                async fn $sfn(&self, ctx: &CallContext, _req: $sreq) -> CsiResult<CsiStream<$sresp>> {
+                    unimplemented(ctx)
+                }
+            )*
+        }
+    )*};
+}
+
+csi_proto::for_each_method!(driver_traits);
 
 /// An Identity service made only of the defaults.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct DefaultIdentity;
 
 impl Identity for DefaultIdentity {}
-
-macro_rules! driver_trait {
-    (
-        $(#[$doc:meta])*
-        trait $name:ident {
-            $($(#[$mdoc:meta])* fn $fn:ident($req:ident) -> $resp:ident;)*
-        }
-        $(capabilities $capfn:ident($capreq:ident) -> $capresp:ident = $respfn:ident;)?
-    ) => {
-        $(#[$doc])*
-        #[async_trait]
-        pub trait $name: Send + Sync + 'static {
-            $(
-                $(#[$mdoc])*
-                async fn $fn(&self, ctx: &CallContext, _req: $req) -> CsiResult<$resp> {
-                    unimplemented(ctx)
-                }
-            )*
-            $(
-                /// Answers from the declared capabilities unless overridden.
-                async fn $capfn(&self, ctx: &CallContext, _req: $capreq) -> CsiResult<$capresp> {
-                    Ok(ctx.capabilities().$respfn())
-                }
-            )?
-        }
-    };
-}
-
-driver_trait! {
-    /// The Controller service. Implement the methods whose capabilities you
-    /// declare; the server never calls a method whose capability is missing.
-    trait Controller {
-        /// CreateVolume (CREATE_DELETE_VOLUME).
-        fn create_volume(CreateVolumeRequest) -> CreateVolumeResponse;
-        /// DeleteVolume (CREATE_DELETE_VOLUME).
-        fn delete_volume(DeleteVolumeRequest) -> DeleteVolumeResponse;
-        /// ControllerPublishVolume (PUBLISH_UNPUBLISH_VOLUME).
-        fn controller_publish_volume(ControllerPublishVolumeRequest) -> ControllerPublishVolumeResponse;
-        /// ControllerUnpublishVolume (PUBLISH_UNPUBLISH_VOLUME).
-        fn controller_unpublish_volume(ControllerUnpublishVolumeRequest) -> ControllerUnpublishVolumeResponse;
-        /// ValidateVolumeCapabilities (always required of a controller).
-        fn validate_volume_capabilities(ValidateVolumeCapabilitiesRequest) -> ValidateVolumeCapabilitiesResponse;
-        /// ListVolumes (LIST_VOLUMES); see [`crate::helpers::paging`].
-        fn list_volumes(ListVolumesRequest) -> ListVolumesResponse;
-        /// GetCapacity (GET_CAPACITY).
-        fn get_capacity(GetCapacityRequest) -> GetCapacityResponse;
-        /// CreateSnapshot (CREATE_DELETE_SNAPSHOT).
-        fn create_snapshot(CreateSnapshotRequest) -> CreateSnapshotResponse;
-        /// DeleteSnapshot (CREATE_DELETE_SNAPSHOT).
-        fn delete_snapshot(DeleteSnapshotRequest) -> DeleteSnapshotResponse;
-        /// ListSnapshots (LIST_SNAPSHOTS).
-        fn list_snapshots(ListSnapshotsRequest) -> ListSnapshotsResponse;
-        /// GetSnapshot (GET_SNAPSHOT).
-        fn get_snapshot(GetSnapshotRequest) -> GetSnapshotResponse;
-        /// ControllerExpandVolume (EXPAND_VOLUME).
-        fn controller_expand_volume(ControllerExpandVolumeRequest) -> ControllerExpandVolumeResponse;
-        /// ControllerGetVolume (GET_VOLUME).
-        fn controller_get_volume(ControllerGetVolumeRequest) -> ControllerGetVolumeResponse;
-        /// ControllerModifyVolume (MODIFY_VOLUME).
-        fn controller_modify_volume(ControllerModifyVolumeRequest) -> ControllerModifyVolumeResponse;
-    }
-    capabilities controller_get_capabilities(ControllerGetCapabilitiesRequest) -> ControllerGetCapabilitiesResponse = controller_response;
-}
-
-driver_trait! {
-    /// The Node service.
-    trait Node {
-        /// NodeStageVolume (STAGE_UNSTAGE_VOLUME).
-        fn node_stage_volume(NodeStageVolumeRequest) -> NodeStageVolumeResponse;
-        /// NodeUnstageVolume (STAGE_UNSTAGE_VOLUME).
-        fn node_unstage_volume(NodeUnstageVolumeRequest) -> NodeUnstageVolumeResponse;
-        /// NodePublishVolume; see [`crate::helpers::publish`] for the repeat table.
-        fn node_publish_volume(NodePublishVolumeRequest) -> NodePublishVolumeResponse;
-        /// NodeUnpublishVolume.
-        fn node_unpublish_volume(NodeUnpublishVolumeRequest) -> NodeUnpublishVolumeResponse;
-        /// NodeGetVolumeStats (GET_VOLUME_STATS).
-        fn node_get_volume_stats(NodeGetVolumeStatsRequest) -> NodeGetVolumeStatsResponse;
-        /// NodeExpandVolume (EXPAND_VOLUME).
-        fn node_expand_volume(NodeExpandVolumeRequest) -> NodeExpandVolumeResponse;
-        /// NodeGetInfo (required of every node plugin).
-        fn node_get_info(NodeGetInfoRequest) -> NodeGetInfoResponse;
-    }
-    capabilities node_get_capabilities(NodeGetCapabilitiesRequest) -> NodeGetCapabilitiesResponse = node_response;
-}
-
-driver_trait! {
-    /// The GroupController service.
-    trait GroupController {
-        /// CreateVolumeGroupSnapshot.
-        fn create_volume_group_snapshot(CreateVolumeGroupSnapshotRequest) -> CreateVolumeGroupSnapshotResponse;
-        /// DeleteVolumeGroupSnapshot.
-        fn delete_volume_group_snapshot(DeleteVolumeGroupSnapshotRequest) -> DeleteVolumeGroupSnapshotResponse;
-        /// GetVolumeGroupSnapshot.
-        fn get_volume_group_snapshot(GetVolumeGroupSnapshotRequest) -> GetVolumeGroupSnapshotResponse;
-    }
-    capabilities group_controller_get_capabilities(GroupControllerGetCapabilitiesRequest) -> GroupControllerGetCapabilitiesResponse = group_controller_response;
-}
-
-/// The SnapshotMetadata service (alpha): server-streaming RPCs returning a
-/// boxed stream. An `Err` item aborts the stream with that error.
-#[async_trait]
-pub trait SnapshotMetadata: Send + Sync + 'static {
-    /// GetMetadataAllocated.
-    async fn get_metadata_allocated(
-        &self,
-        ctx: &CallContext,
-        _req: GetMetadataAllocatedRequest,
-    ) -> CsiResult<CsiStream<GetMetadataAllocatedResponse>> {
-        unimplemented(ctx)
-    }
-
-    /// GetMetadataDelta.
-    async fn get_metadata_delta(
-        &self,
-        ctx: &CallContext,
-        _req: GetMetadataDeltaRequest,
-    ) -> CsiResult<CsiStream<GetMetadataDeltaResponse>> {
-        unimplemented(ctx)
-    }
-}
 
 #[cfg(test)]
 mod tests {

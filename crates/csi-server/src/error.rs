@@ -123,6 +123,26 @@ impl CsiError {
     }
 }
 
+impl From<tower::BoxError> for CsiError {
+    /// The error of a tower layer (e.g. `tower::timeout`) below or around
+    /// the built-in ones: a `CsiError` stays itself, a timeout becomes
+    /// DEADLINE_EXCEEDED, an overloaded service UNAVAILABLE, anything else
+    /// INTERNAL with its message.
+    fn from(e: tower::BoxError) -> Self {
+        let e = match e.downcast::<CsiError>() {
+            Ok(e) => return *e,
+            Err(e) => e,
+        };
+        if e.is::<tower::timeout::error::Elapsed>() {
+            Self::DeadlineExceeded("the call did not finish within the plugin's time limit".into())
+        } else if e.is::<tower::load_shed::error::Overloaded>() {
+            Self::Unavailable("the plugin is overloaded; retry later".into())
+        } else {
+            Self::Internal(e.to_string())
+        }
+    }
+}
+
 impl From<CsiError> for Status {
     fn from(e: CsiError) -> Self {
         // Status::new leaves details empty, as the spec requires.

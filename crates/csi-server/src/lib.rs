@@ -44,13 +44,12 @@
 
 pub mod capabilities;
 pub mod client;
-mod dispatch;
+pub mod dispatch;
 pub mod driver;
 pub mod endpoint;
 pub mod error;
 pub mod helpers;
 pub mod layer;
-pub mod method;
 pub mod persist;
 pub mod request;
 pub mod server;
@@ -60,14 +59,15 @@ pub mod validate;
 pub use async_trait::async_trait;
 pub use capabilities::{Capabilities, PluginInfo};
 pub use client::{ClientOptions, ConnectError, CsiClient};
+pub use csi_proto::methods::{Method, Requirement, Service};
+pub use dispatch::{DriverService, Drivers};
 pub use driver::{
     CallContext, Controller, CsiResult, CsiStream, DefaultIdentity, GroupController, Identity,
-    Node, SnapshotMetadata,
+    Node, ResponseStream, SnapshotMetadata,
 };
 pub use endpoint::{CSI_ENDPOINT_ENV, Endpoint, EndpointError};
 pub use error::CsiError;
-pub use layer::{Layer, Readiness, ReadinessState, Stack};
-pub use method::{Method, Service};
+pub use layer::{BoxCsiService, CsiCall, CsiService, Readiness, ReadinessState};
 pub use request::{CsiRequest, LockKey};
-pub use server::{ServeMode, Server, ServerBuilder, ServerError};
+pub use server::{Builtin, Position, ServeMode, Server, ServerBuilder, ServerError};
 pub use validate::Validate;

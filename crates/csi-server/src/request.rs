@@ -1,222 +1,141 @@
-//! What the layers need to know about any request, type-erased: its method,
-//! the resources it locks, the volume it concerns, its validation and its
-//! capability rules.
+//! What the layers need to know about any request: [`CsiRequest`],
+//! implemented for every request type from the method table, and the
+//! field-level capability rules.
 
-use std::any::Any;
 use std::fmt;
 
+use csi_proto::methods::RpcRequest;
 use csi_proto::v1::controller_service_capability::rpc::Type as ControllerRpc;
 use csi_proto::v1::node_service_capability::rpc::Type as NodeRpc;
 use csi_proto::v1::volume_content_source::Type as SourceType;
 use csi_proto::v1::*;
 
 use crate::capabilities::Capabilities;
+use crate::driver::ResponseStream;
 use crate::error::CsiError;
-use crate::method::Method;
-use crate::validate::Validate;
 
-/// The kind of resource a lock key names.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum KeyKind {
-    /// A volume id.
-    Volume,
-    /// A volume name (CreateVolume).
-    VolumeName,
-    /// A snapshot id.
-    Snapshot,
-    /// A snapshot name (CreateSnapshot).
-    SnapshotName,
-    /// A group snapshot id.
-    GroupSnapshot,
-    /// A group snapshot name (CreateVolumeGroupSnapshot).
-    GroupSnapshotName,
-    /// A node target or staging path.
-    Path,
-}
+pub use csi_proto::methods::{KeyKind, LockKey};
 
-/// A resource one call at a time may operate on.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct LockKey {
-    /// What the value names.
-    pub kind: KeyKind,
-    /// The id, name or path.
-    pub value: String,
-}
+/// A CSI request as the layers see it: its RPC, lock keys and volume id
+/// (from [`RpcRequest`], generated from csi.proto), its field rules
+/// ([`Validate`](crate::Validate)) and its capability rules. Implemented for
+/// every request type of `csi_proto::v1`; `Debug` is the redacting one from
+/// csi-proto, so a layer may log the request.
+pub trait CsiRequest: RpcRequest {
+    /// What the driver answers: the response, or for a streaming RPC a
+    /// [`ResponseStream`] of responses.
+    type Output: fmt::Debug + Send + 'static;
 
-impl LockKey {
-    /// A key of `kind` for `value`.
-    pub fn new(kind: KeyKind, value: impl Into<String>) -> Self {
-        Self {
-            kind,
-            value: value.into(),
-        }
-    }
-}
+    /// The spec's field rules ([`Validate`](crate::Validate)); `Ok` for a
+    /// request without any.
+    fn validate(&self) -> Result<(), CsiError>;
 
-impl fmt::Display for LockKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let kind = match self.kind {
-            KeyKind::Volume => "volume",
-            KeyKind::VolumeName => "volume name",
-            KeyKind::Snapshot => "snapshot",
-            KeyKind::SnapshotName => "snapshot name",
-            KeyKind::GroupSnapshot => "group snapshot",
-            KeyKind::GroupSnapshotName => "group snapshot name",
-            KeyKind::Path => "path",
-        };
-        write!(f, "{kind} {:?}", self.value)
-    }
-}
+    /// Field-level capability rules (beyond the RPC's own capability): a
+    /// content source, mutable parameters or a missing staging path the
+    /// declared capabilities do not allow.
+    fn check_capabilities(&self, caps: &Capabilities) -> Result<(), CsiError>;
 
-/// A CSI request as the layers see it. Implemented for every request type
-/// of `csi_proto::v1`; `Debug` is the redacting one from csi-proto.
-pub trait CsiRequest: Validate + fmt::Debug + Send + Sync + 'static {
-    /// The RPC this request belongs to.
-    fn method(&self) -> Method;
-
-    /// The volume the call concerns, for tracing.
-    fn volume_id(&self) -> Option<&str> {
+    /// The answer of a plugin that is not ready yet, for RPCs that have one
+    /// (Probe: `ready=false`).
+    fn not_ready_response() -> Option<Self::Output> {
         None
     }
-
-    /// Resources that must not be operated on concurrently. Empty values
-    /// are skipped (validation rejects them first).
-    fn lock_keys(&self) -> Vec<LockKey> {
-        Vec::new()
-    }
-
-    /// Field-level capability rules (beyond the RPC's own capability).
-    fn check_capabilities(&self, _caps: &Capabilities) -> Result<(), CsiError> {
-        Ok(())
-    }
-
-    /// Runs [`Validate::validate`] (object-safe entry point).
-    fn validate_request(&self) -> Result<(), CsiError> {
-        self.validate()
-    }
-
-    /// For downcasting back to the concrete request.
-    fn into_any(self: Box<Self>) -> Box<dyn Any + Send>;
 }
 
-fn keys(pairs: &[(KeyKind, &str)]) -> Vec<LockKey> {
-    pairs
-        .iter()
-        .filter(|(_, v)| !v.is_empty())
-        .map(|(k, v)| LockKey::new(*k, *v))
-        .collect()
+/// Picks a request's [`Validate`](crate::Validate) and [`FieldCapabilities`]
+/// impls when it has them and "no rules" otherwise (autoref
+/// specialization: the by-value impl wins when its bound holds), so no list
+/// of rule-free requests is kept by hand.
+mod rules {
+    use super::{Capabilities, CsiError, FieldCapabilities};
+    use crate::validate::Validate;
+
+    pub struct Rules<'a, T>(pub &'a T);
+
+    pub trait HasValidate {
+        fn validate(&self) -> Result<(), CsiError>;
+    }
+    pub trait HasNoValidate {
+        fn validate(&self) -> Result<(), CsiError> {
+            Ok(())
+        }
+    }
+    impl<T: Validate> HasValidate for Rules<'_, T> {
+        fn validate(&self) -> Result<(), CsiError> {
+            self.0.validate()
+        }
+    }
+    impl<T> HasNoValidate for &Rules<'_, T> {}
+
+    pub trait HasCapabilities {
+        fn capabilities(&self, caps: &Capabilities) -> Result<(), CsiError>;
+    }
+    pub trait HasNoCapabilities {
+        fn capabilities(&self, _caps: &Capabilities) -> Result<(), CsiError> {
+            Ok(())
+        }
+    }
+    impl<T: FieldCapabilities> HasCapabilities for Rules<'_, T> {
+        fn capabilities(&self, caps: &Capabilities) -> Result<(), CsiError> {
+            self.0.field_capabilities(caps)
+        }
+    }
+    impl<T> HasNoCapabilities for &Rules<'_, T> {}
 }
 
-macro_rules! csi_request {
-    ($($req:ty => $method:ident $(, volume: $vol:ident)? $(, locks: |$r:ident| $locks:expr)?;)*) => {$(
+macro_rules! csi_requests {
+    (() $($svc:ident {
+        unary: [$($m:ident { rust: $fn:ident, request: $req:ident, response: $resp:ident, doc: $doc:literal, })*],
+        server_streaming: [$($sm:ident { rust: $sfn:ident, request: $sreq:ident, response: $sresp:ident, stream: $stream:ident, doc: $sdoc:literal, })*],
+        $($_k:ident: $_v:tt,)*
+    })*) => {
+        $($(
+            csi_requests!(@one $req, $resp);
+        )* $(
+            csi_requests!(@one $sreq, ResponseStream<$sresp>);
+        )*)*
+    };
+    (@one $req:ident, $out:ty) => {
         impl CsiRequest for $req {
-            fn method(&self) -> Method {
-                Method::$method
+            type Output = $out;
+
+            fn validate(&self) -> Result<(), CsiError> {
+                #[allow(unused_imports)]
+                use rules::{HasNoValidate as _, HasValidate as _};
+                (&rules::Rules(self)).validate()
             }
-            $(fn volume_id(&self) -> Option<&str> {
-                Some(&self.$vol)
-            })?
-            $(fn lock_keys(&self) -> Vec<LockKey> {
-                let $r = self;
-                keys(&$locks)
-            })?
+
             fn check_capabilities(&self, caps: &Capabilities) -> Result<(), CsiError> {
-                field_capabilities(self, caps)
+                #[allow(unused_imports)]
+                use rules::{HasCapabilities as _, HasNoCapabilities as _};
+                (&rules::Rules(self)).capabilities(caps)
             }
-            fn into_any(self: Box<Self>) -> Box<dyn Any + Send> {
-                self
+
+            fn not_ready_response() -> Option<Self::Output> {
+                not_ready_response!($req)
             }
         }
-    )*};
+    };
 }
 
-use KeyKind as K;
-
-csi_request! {
-    GetPluginInfoRequest => GetPluginInfo;
-    GetPluginCapabilitiesRequest => GetPluginCapabilities;
-    ProbeRequest => Probe;
-    CreateVolumeRequest => CreateVolume, locks: |r| [(K::VolumeName, r.name.as_str())];
-    DeleteVolumeRequest => DeleteVolume, volume: volume_id, locks: |r| [(K::Volume, r.volume_id.as_str())];
-    ControllerPublishVolumeRequest => ControllerPublishVolume, volume: volume_id, locks: |r| [(K::Volume, r.volume_id.as_str())];
-    ControllerUnpublishVolumeRequest => ControllerUnpublishVolume, volume: volume_id, locks: |r| [(K::Volume, r.volume_id.as_str())];
-    ValidateVolumeCapabilitiesRequest => ValidateVolumeCapabilities, volume: volume_id;
-    ListVolumesRequest => ListVolumes;
-    GetCapacityRequest => GetCapacity;
-    ControllerGetCapabilitiesRequest => ControllerGetCapabilities;
-    CreateSnapshotRequest => CreateSnapshot, volume: source_volume_id, locks: |r| [(K::SnapshotName, r.name.as_str())];
-    DeleteSnapshotRequest => DeleteSnapshot, locks: |r| [(K::Snapshot, r.snapshot_id.as_str())];
-    ListSnapshotsRequest => ListSnapshots;
-    GetSnapshotRequest => GetSnapshot;
-    ControllerExpandVolumeRequest => ControllerExpandVolume, volume: volume_id, locks: |r| [(K::Volume, r.volume_id.as_str())];
-    ControllerGetVolumeRequest => ControllerGetVolume, volume: volume_id;
-    ControllerModifyVolumeRequest => ControllerModifyVolume, volume: volume_id, locks: |r| [(K::Volume, r.volume_id.as_str())];
-    GroupControllerGetCapabilitiesRequest => GroupControllerGetCapabilities;
-    CreateVolumeGroupSnapshotRequest => CreateVolumeGroupSnapshot, locks: |r| [(K::GroupSnapshotName, r.name.as_str())];
-    DeleteVolumeGroupSnapshotRequest => DeleteVolumeGroupSnapshot, locks: |r| [(K::GroupSnapshot, r.group_snapshot_id.as_str())];
-    GetVolumeGroupSnapshotRequest => GetVolumeGroupSnapshot;
-    GetMetadataAllocatedRequest => GetMetadataAllocated;
-    GetMetadataDeltaRequest => GetMetadataDelta;
-    NodeStageVolumeRequest => NodeStageVolume, volume: volume_id,
-        locks: |r| [(K::Volume, r.volume_id.as_str()), (K::Path, r.staging_target_path.as_str())];
-    NodeUnstageVolumeRequest => NodeUnstageVolume, volume: volume_id,
-        locks: |r| [(K::Volume, r.volume_id.as_str()), (K::Path, r.staging_target_path.as_str())];
-    NodePublishVolumeRequest => NodePublishVolume, volume: volume_id,
-        locks: |r| [(K::Volume, r.volume_id.as_str()), (K::Path, r.target_path.as_str())];
-    NodeUnpublishVolumeRequest => NodeUnpublishVolume, volume: volume_id,
-        locks: |r| [(K::Volume, r.volume_id.as_str()), (K::Path, r.target_path.as_str())];
-    NodeGetVolumeStatsRequest => NodeGetVolumeStats, volume: volume_id;
-    NodeExpandVolumeRequest => NodeExpandVolume, volume: volume_id, locks: |r| [(K::Volume, r.volume_id.as_str())];
-    NodeGetCapabilitiesRequest => NodeGetCapabilities;
-    NodeGetInfoRequest => NodeGetInfo;
+/// Only Probe has a not-ready answer.
+macro_rules! not_ready_response {
+    (ProbeRequest) => {
+        Some(ProbeResponse { ready: Some(false) })
+    };
+    ($other:ident) => {
+        None
+    };
 }
 
-/// Field-level capability rules, keyed by request type.
-trait FieldCapabilities {
-    fn field_capabilities(&self, _caps: &Capabilities) -> Result<(), CsiError> {
-        Ok(())
-    }
-}
+csi_proto::for_each_method!(csi_requests);
 
-fn field_capabilities<T: FieldCapabilities>(req: &T, caps: &Capabilities) -> Result<(), CsiError> {
-    req.field_capabilities(caps)
+/// Field-level capability rules of one request type. Requests without
+/// any need no impl.
+pub trait FieldCapabilities {
+    /// `Ok` when the declared capabilities allow every field that is set.
+    fn field_capabilities(&self, caps: &Capabilities) -> Result<(), CsiError>;
 }
-
-macro_rules! no_field_rules {
-    ($($t:ty),*) => {$(impl FieldCapabilities for $t {})*};
-}
-
-no_field_rules!(
-    GetPluginInfoRequest,
-    GetPluginCapabilitiesRequest,
-    ProbeRequest,
-    DeleteVolumeRequest,
-    ControllerPublishVolumeRequest,
-    ControllerUnpublishVolumeRequest,
-    ListVolumesRequest,
-    GetCapacityRequest,
-    ControllerGetCapabilitiesRequest,
-    CreateSnapshotRequest,
-    DeleteSnapshotRequest,
-    ListSnapshotsRequest,
-    GetSnapshotRequest,
-    ControllerExpandVolumeRequest,
-    ControllerGetVolumeRequest,
-    ControllerModifyVolumeRequest,
-    GroupControllerGetCapabilitiesRequest,
-    CreateVolumeGroupSnapshotRequest,
-    DeleteVolumeGroupSnapshotRequest,
-    GetVolumeGroupSnapshotRequest,
-    GetMetadataAllocatedRequest,
-    GetMetadataDeltaRequest,
-    NodeStageVolumeRequest,
-    NodeUnstageVolumeRequest,
-    NodeUnpublishVolumeRequest,
-    NodeGetVolumeStatsRequest,
-    NodeExpandVolumeRequest,
-    NodeGetCapabilitiesRequest,
-    NodeGetInfoRequest
-);
 
 fn no_mutable_parameters(
     caps: &Capabilities,

@@ -5,8 +5,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use std::task::{Context, Poll};
+
 use futures::FutureExt;
-use futures::future::BoxFuture;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
@@ -14,8 +15,11 @@ use prometheus_client::registry::Registry;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tonic::Code;
+use tower::{Layer, Service};
 
-use super::{Call, CallResult, Layer, Next};
+use super::{CsiCall, CsiFuture};
+use crate::error::CsiError;
+use crate::request::CsiRequest;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct Labels {
@@ -161,13 +165,55 @@ fn code_name(code: Code) -> &'static str {
     }
 }
 
-impl Layer for MetricsLayer {
-    fn call<'a>(&'a self, call: Call, next: Next<'a>) -> BoxFuture<'a, CallResult> {
-        let method = call.method.name();
+impl<S> Layer<S> for MetricsLayer {
+    type Service = Metrics<S>;
+
+    fn layer(&self, inner: S) -> Metrics<S> {
+        Metrics {
+            durations: self.durations.clone(),
+            inner,
+        }
+    }
+}
+
+/// The service of [`MetricsLayer`].
+#[derive(Clone)]
+pub struct Metrics<S> {
+    durations: Durations,
+    inner: S,
+}
+
+impl<S: std::fmt::Debug> std::fmt::Debug for Metrics<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, Req> Service<CsiCall<Req>> for Metrics<S>
+where
+    Req: CsiRequest,
+    S: Service<CsiCall<Req>, Response = Req::Output>,
+    S::Error: Into<CsiError>,
+    S::Future: Send + 'static,
+{
+    type Response = Req::Output;
+    type Error = CsiError;
+    type Future = CsiFuture<Req::Output>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), CsiError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, call: CsiCall<Req>) -> Self::Future {
+        let method = Req::METHOD.name();
         let start = Instant::now();
-        Box::pin(next.run(call).map(move |result| {
+        let durations = self.durations.clone();
+        Box::pin(self.inner.call(call).map(move |result| {
+            let result = result.map_err(Into::into);
             let code = result.as_ref().map_or_else(|e| e.code(), |_| Code::Ok);
-            self.durations
+            durations
                 .get_or_create(&Labels {
                     method,
                     code: code_name(code),
@@ -181,24 +227,25 @@ impl Layer for MetricsLayer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::CsiError;
-    use crate::layer::Stack;
     use csi_proto::v1::{DeleteVolumeRequest, DeleteVolumeResponse, ProbeRequest, ProbeResponse};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tower::ServiceExt;
 
     #[tokio::test]
     async fn records_per_method_and_code_and_serves_text() {
         let layer = MetricsLayer::new();
-        let stack = Stack::new().push(layer.clone());
-        stack
-            .call(1, ProbeRequest {}, |_| async {
-                Ok(ProbeResponse::default())
-            })
+        layer
+            .layer(tower::service_fn(|_: CsiCall<ProbeRequest>| async {
+                Ok::<_, CsiError>(ProbeResponse::default())
+            }))
+            .oneshot(CsiCall::new(1, ProbeRequest {}))
             .await
             .unwrap();
-        let _ = stack
-            .call(2, DeleteVolumeRequest::default(), |_| async {
+        let _ = layer
+            .layer(tower::service_fn(|_: CsiCall<DeleteVolumeRequest>| async {
                 Err::<DeleteVolumeResponse, _>(CsiError::NotFound("v".into()))
-            })
+            }))
+            .oneshot(CsiCall::new(2, DeleteVolumeRequest::default()))
             .await;
         let text = layer.encode();
         assert!(

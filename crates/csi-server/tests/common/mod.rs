@@ -86,6 +86,22 @@ impl Controller for TestDriver {
         }
         Ok(DeleteVolumeResponse {})
     }
+
+    async fn create_snapshot(
+        &self,
+        _: &CallContext,
+        req: CreateSnapshotRequest,
+    ) -> CsiResult<CreateSnapshotResponse> {
+        self.run(&req.name).await?;
+        Ok(CreateSnapshotResponse {
+            snapshot: Some(Snapshot {
+                snapshot_id: format!("snap-{}", req.name),
+                source_volume_id: req.source_volume_id,
+                ready_to_use: true,
+                ..Default::default()
+            }),
+        })
+    }
 }
 
 #[csi_server::async_trait]
