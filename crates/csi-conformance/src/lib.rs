@@ -34,7 +34,10 @@ pub mod mock;
 mod report;
 mod suite;
 
-pub use config::{AccessType, Config, SecretKind, Secrets, Timeouts};
+pub use config::{
+    AccessType, Config, SecretKind, Secrets, Timeouts, from_secrets_file_key, secret_kinds,
+    secrets_file_key,
+};
 pub use report::{CheckResult, Failure, Group, Report, Status};
 pub use suite::{CheckInfo, Error, Suite, code_name};
 

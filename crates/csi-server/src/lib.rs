@@ -58,7 +58,7 @@ pub mod validate;
 
 pub use async_trait::async_trait;
 pub use capabilities::{Capabilities, PluginInfo};
-pub use client::{ClientOptions, ConnectError, CsiClient};
+pub use client::{ClientOptions, ConnectError, CsiClient, UnaryRequest};
 pub use csi_proto::methods::{Method, Requirement, Service};
 pub use dispatch::{DriverService, Drivers};
 pub use driver::{

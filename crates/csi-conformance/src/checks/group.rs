@@ -5,22 +5,16 @@ use tonic::Code;
 
 use super::controller::missing_id;
 use crate::config::SecretKind;
-use crate::suite::{Ctx, Outcome, Resource, fail, rpc, skip};
+use crate::suite::{Ctx, Outcome, Resource, fail, skip};
 
 pub(super) async fn capabilities(ctx: &mut Ctx) -> Outcome {
     if !ctx.has_plugin(PluginCap::GroupControllerService) {
         return skip("plugin capability GROUP_CONTROLLER_SERVICE not advertised");
     }
-    rpc!(
-        ctx,
-        group_controller,
-        group_controller_get_capabilities,
-        "GroupControllerGetCapabilities",
-        GroupControllerGetCapabilitiesRequest {}
-    )
-    .await
-    .ok()
-    .map(drop)
+    ctx.rpc(GroupControllerGetCapabilitiesRequest {})
+        .await
+        .ok()
+        .map(drop)
 }
 
 fn get_req(ctx: &Ctx, id: &str, snaps: Vec<String>) -> GetVolumeGroupSnapshotRequest {
@@ -52,14 +46,7 @@ pub(super) async fn lifecycle(ctx: &mut Ctx) -> Outcome {
     };
     let mut first: Option<VolumeGroupSnapshot> = None;
     for _ in 0..2 {
-        let call = rpc!(
-            ctx,
-            group_controller,
-            create_volume_group_snapshot,
-            "CreateVolumeGroupSnapshot",
-            req.clone()
-        )
-        .await;
+        let call = ctx.rpc(req.clone()).await;
         if let Ok(CreateVolumeGroupSnapshotResponse {
             group_snapshot: Some(g),
         }) = &call.result
@@ -101,38 +88,16 @@ pub(super) async fn lifecycle(ctx: &mut Ctx) -> Outcome {
     let g = first.unwrap_or_default();
     let snaps: Vec<String> = g.snapshots.iter().map(|s| s.snapshot_id.clone()).collect();
     let req = get_req(ctx, &g.group_snapshot_id, snaps.clone());
-    let call = rpc!(
-        ctx,
-        group_controller,
-        get_volume_group_snapshot,
-        "GetVolumeGroupSnapshot",
-        req
-    )
-    .await;
+    let call = ctx.rpc(req).await;
     let got = call.value()?.group_snapshot.clone().unwrap_or_default();
     call.ensure(
         got.group_snapshot_id == g.group_snapshot_id,
         "returned another group snapshot",
     )?;
     let req = delete_req(ctx, &g.group_snapshot_id, snaps.clone());
-    rpc!(
-        ctx,
-        group_controller,
-        delete_volume_group_snapshot,
-        "DeleteVolumeGroupSnapshot",
-        req
-    )
-    .await
-    .ok()?;
+    ctx.rpc(req).await.ok()?;
     let req = get_req(ctx, &g.group_snapshot_id, snaps);
-    let call = rpc!(
-        ctx,
-        group_controller,
-        get_volume_group_snapshot,
-        "GetVolumeGroupSnapshot",
-        req
-    )
-    .await;
+    let call = ctx.rpc(req).await;
     if call.result.is_ok() {
         return fail(
             "GetVolumeGroupSnapshot: the group snapshot is still there after DeleteVolumeGroupSnapshot",
@@ -148,16 +113,10 @@ pub(super) async fn get_missing(ctx: &mut Ctx) -> Outcome {
     // snapshot_ids is REQUIRED, so send one that does not exist either.
     let snap = missing_id(ctx, "snapshot");
     let req = get_req(ctx, &id, vec![snap]);
-    rpc!(
-        ctx,
-        group_controller,
-        get_volume_group_snapshot,
-        "GetVolumeGroupSnapshot",
-        req
-    )
-    .await
-    .code(Code::NotFound, "the group snapshot does not exist")
-    .map(drop)
+    ctx.rpc(req)
+        .await
+        .code(Code::NotFound, "the group snapshot does not exist")
+        .map(drop)
 }
 
 pub(super) async fn delete_missing(ctx: &mut Ctx) -> Outcome {
@@ -166,43 +125,25 @@ pub(super) async fn delete_missing(ctx: &mut Ctx) -> Outcome {
     // snapshot_ids is REQUIRED, so send one that does not exist either.
     let snap = missing_id(ctx, "snapshot");
     let req = delete_req(ctx, &id, vec![snap]);
-    rpc!(
-        ctx,
-        group_controller,
-        delete_volume_group_snapshot,
-        "DeleteVolumeGroupSnapshot",
-        req
-    )
-    .await
-    .code_in(
-        &[Code::Ok],
-        "deleting a group snapshot that does not exist must be OK",
-    )
-    .map(drop)
+    ctx.rpc(req)
+        .await
+        .code_in(
+            &[Code::Ok],
+            "deleting a group snapshot that does not exist must be OK",
+        )
+        .map(drop)
 }
 
 pub(super) async fn missing_snapshot_ids(ctx: &mut Ctx) -> Outcome {
     ctx.need_group()?;
     let id = missing_id(ctx, "group");
     let req = get_req(ctx, &id, vec![]);
-    rpc!(
-        ctx,
-        group_controller,
-        get_volume_group_snapshot,
-        "GetVolumeGroupSnapshot",
-        req
-    )
-    .await
-    .code(Code::InvalidArgument, "snapshot_ids is a required field")?;
+    ctx.rpc(req)
+        .await
+        .code(Code::InvalidArgument, "snapshot_ids is a required field")?;
     let req = delete_req(ctx, &id, vec![]);
-    rpc!(
-        ctx,
-        group_controller,
-        delete_volume_group_snapshot,
-        "DeleteVolumeGroupSnapshot",
-        req
-    )
-    .await
-    .code(Code::InvalidArgument, "snapshot_ids is a required field")
-    .map(drop)
+    ctx.rpc(req)
+        .await
+        .code(Code::InvalidArgument, "snapshot_ids is a required field")
+        .map(drop)
 }
