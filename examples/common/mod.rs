@@ -10,8 +10,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use csi_proto::v1::{
-    ControllerUnpublishVolumeRequest, NodePublishVolumeRequest, ValidateVolumeCapabilitiesRequest,
-    ValidateVolumeCapabilitiesResponse, VolumeCapability, VolumeContentSource, VolumeUsage,
+    ControllerUnpublishVolumeRequest, CreateVolumeGroupSnapshotRequest, NodePublishVolumeRequest,
+    Snapshot, ValidateVolumeCapabilitiesRequest, ValidateVolumeCapabilitiesResponse,
+    VolumeCapability, VolumeContentSource, VolumeGroupSnapshot, VolumeUsage,
     validate_volume_capabilities_response, volume_content_source, volume_usage,
 };
 use csi_server::helpers::paging::{Page, paginate};
@@ -478,6 +479,89 @@ pub fn free_space(dir: &Path) -> i64 {
     nix::sys::statvfs::statvfs(dir)
         .map(|s| s.blocks_available() as i64 * s.fragment_size() as i64)
         .unwrap_or(0)
+}
+
+/// A group snapshot: member snapshots cut at one point in time.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct GroupSnapshotRecord {
+    pub id: String,
+    pub name: String,
+    pub source_volume_ids: Vec<String>,
+    pub snapshot_ids: Vec<String>,
+    pub parameters: BTreeMap<String, String>,
+    pub created_unix_nanos: i128,
+}
+
+impl GroupSnapshotRecord {
+    /// The wire form, with the members' messages.
+    pub fn message(&self, snapshots: Vec<Snapshot>) -> VolumeGroupSnapshot {
+        VolumeGroupSnapshot {
+            group_snapshot_id: self.id.clone(),
+            snapshots,
+            creation_time: Some(timestamp(self.created_unix_nanos)),
+            ready_to_use: true,
+        }
+    }
+
+    /// A repeated CreateVolumeGroupSnapshot under this group's name must
+    /// name the same volumes (in any order) and parameters.
+    pub fn check_repeat(&self, req: &CreateVolumeGroupSnapshotRequest) -> CsiResult<()> {
+        let mut ours = self.source_volume_ids.clone();
+        let mut theirs = req.source_volume_ids.clone();
+        ours.sort();
+        theirs.sort();
+        if ours != theirs || self.parameters != sorted(&req.parameters) {
+            return Err(CsiError::AlreadyExists(format!(
+                "group snapshot {:?} exists with other source volumes or parameters",
+                req.name
+            )));
+        }
+        Ok(())
+    }
+
+    /// `snapshot_ids` sent by the CO must be exactly the members (in any
+    /// order); none sent is not a mismatch (proto3 cannot tell empty from absent).
+    pub fn check_members(&self, ids: &[String]) -> CsiResult<()> {
+        let mut given = ids.to_vec();
+        let mut ours = self.snapshot_ids.clone();
+        given.sort();
+        ours.sort();
+        if !ids.is_empty() && given != ours {
+            return Err(CsiError::invalid(
+                "snapshot_ids",
+                format!("not the members of group snapshot {}", self.id),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Whether the block device `device` is present at `path`: `path` (after
+/// symlinks) is a block device node with the same device number, as the
+/// kubelet's per-pod `volumeDevices` path of a raw block volume is. A
+/// character device with the same numbers, or anything else, is not.
+pub fn device_present_at(path: &Path, device: &Path) -> bool {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let (Ok(at), Ok(dev)) = (fs::metadata(path), fs::metadata(device)) else {
+        return false;
+    };
+    at.file_type().is_block_device() && dev.file_type().is_block_device() && at.rdev() == dev.rdev()
+}
+
+/// ControllerPublish's attach limit: a volume new to a node that already
+/// has `limit` attached is RESOURCE_EXHAUSTED (0 = no limit).
+pub fn check_attach_limit(
+    node: &str,
+    attached_here: usize,
+    new_here: bool,
+    limit: i64,
+) -> CsiResult<()> {
+    if new_here && limit > 0 && attached_here as i64 >= limit {
+        return Err(CsiError::ResourceExhausted(format!(
+            "node {node} has reached its limit of {limit} attached volumes"
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -26,6 +26,11 @@ pub struct Config {
     /// Largest volume the driver creates, in bytes or with a suffix (1Ti, 500Gi).
     #[arg(long, value_parser = parse_size, default_value = "1Ti")]
     pub max_volume_size: i64,
+    /// Most volumes attached to this node at once: reported by NodeGetInfo
+    /// (max_volumes_per_node) and enforced by ControllerPublishVolume
+    /// (RESOURCE_EXHAUSTED). 0 = no limit (the CO decides).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(i64).range(0..))]
+    pub attach_limit: i64,
     /// Log filter (tracing's EnvFilter syntax; RUST_LOG wins when set).
     #[arg(long, default_value = "info")]
     pub log: String,

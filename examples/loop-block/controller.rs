@@ -11,11 +11,12 @@ use csi_server::{CallContext, Controller, CsiError, CsiResult};
 use prost::Message;
 
 use crate::common::{
-    IdKind, blocking, confirmed, forget_attachment, free_space, now_nanos, page, record_attachment,
-    sorted, timestamp, to_map,
+    IdKind, blocking, check_attach_limit, confirmed, forget_attachment, free_space, now_nanos,
+    page, record_attachment, sorted, timestamp, to_map,
 };
 use crate::driver::LoopBlock;
 use crate::store::{Access, SnapshotRecord, Source, VolumeRecord};
+use crate::tuning::{TuneError, Tuning};
 
 /// Size of a volume when the request gives no capacity range.
 pub const DEFAULT_VOLUME_SIZE: i64 = 1 << 30;
@@ -58,14 +59,14 @@ impl LoopBlock {
         }
     }
 
-    fn snapshot_message(s: &SnapshotRecord) -> Snapshot {
+    pub(crate) fn snapshot_message(s: &SnapshotRecord) -> Snapshot {
         Snapshot {
             size_bytes: s.size_bytes,
             snapshot_id: s.id.clone(),
             source_volume_id: s.source_volume_id.clone(),
             creation_time: Some(timestamp(s.created_unix_nanos)),
             ready_to_use: true,
-            group_snapshot_id: String::new(),
+            group_snapshot_id: s.group_snapshot_id.clone().unwrap_or_default(),
         }
     }
 
@@ -124,6 +125,7 @@ impl Controller for LoopBlock {
         req: CreateVolumeRequest,
     ) -> CsiResult<CreateVolumeResponse> {
         let access = access_of(&req.volume_capabilities)?;
+        let tuning = Tuning::default().with(&req.mutable_parameters, self.direct_io_supported)?;
         if let Some(existing) = self.store.read(|s| s.volume_by_name(&req.name).cloned()) {
             let original = CreateVolumeRequest::decode(existing.request.as_slice())
                 .map_err(|e| CsiError::Internal(format!("state of volume {}: {e}", existing.id)))?;
@@ -168,6 +170,7 @@ impl Controller for LoopBlock {
             }
             .encode_to_vec(),
             attached: BTreeMap::new(),
+            tuning,
         };
         let (backend, id) = (self.backend.clone(), record.id.clone());
         blocking(move || match copy_from {
@@ -238,10 +241,14 @@ impl Controller for LoopBlock {
                 format!("volume {} was not created for this access type", volume.id),
             ));
         }
+        let limit = self.config.attach_limit;
         self.store.update(|s| {
+            let attached_here = s.attached_to(&req.node_id);
             let v = s.volumes.get_mut(&req.volume_id).ok_or_else(|| {
                 CsiError::NotFound(format!("volume {} does not exist", req.volume_id))
             })?;
+            let new_here = !v.attached.contains_key(&req.node_id);
+            check_attach_limit(&req.node_id, attached_here, new_here, limit)?;
             record_attachment(
                 &v.id,
                 &mut v.attached,
@@ -281,13 +288,16 @@ impl Controller for LoopBlock {
         req: ValidateVolumeCapabilitiesRequest,
     ) -> CsiResult<ValidateVolumeCapabilitiesResponse> {
         let volume = self.known_volume(&req.volume_id)?;
-        let message = match access_of(&req.volume_capabilities) {
-            Err(e) => Some(e.to_string()),
-            Ok(access) if access != volume.access => Some(format!(
+        let tuning = volume
+            .tuning
+            .with(&req.mutable_parameters, self.direct_io_supported);
+        let message = match (access_of(&req.volume_capabilities), tuning) {
+            (Err(e), _) | (_, Err(e)) => Some(e.to_string()),
+            (Ok(access), _) if access != volume.access => Some(format!(
                 "volume {} was created for {:?} access",
                 volume.id, volume.access
             )),
-            Ok(_) => None,
+            _ => None,
         };
         if let Some(message) = message {
             return Ok(ValidateVolumeCapabilitiesResponse {
@@ -354,6 +364,7 @@ impl Controller for LoopBlock {
             access: volume.access,
             created_unix_nanos: now_nanos(),
             parameters: sorted(&req.parameters),
+            group_snapshot_id: None,
         };
         let (backend, vol, snap) = (self.backend.clone(), volume.id.clone(), record.id.clone());
         blocking(move || backend.snapshot(&vol, &snap)).await?;
@@ -377,7 +388,16 @@ impl Controller for LoopBlock {
         }
         let removed = self
             .store
-            .update(|s| Ok(s.snapshots.remove(&req.snapshot_id)))?;
+            .update(|s| match s.snapshots.get(&req.snapshot_id) {
+                Some(snap) if snap.group_snapshot_id.is_some() => Err(CsiError::invalid(
+                    "snapshot_id",
+                    format!(
+                        "snapshot {} belongs to a group snapshot; delete the group instead",
+                        req.snapshot_id
+                    ),
+                )),
+                _ => Ok(s.snapshots.remove(&req.snapshot_id)),
+            })?;
         if let Some(snap) = removed {
             let backend = self.backend.clone();
             blocking(move || backend.delete_snapshot(&snap.id)).await?;
@@ -472,5 +492,42 @@ impl Controller for LoopBlock {
                 volume_condition: None,
             }),
         })
+    }
+
+    async fn controller_modify_volume(
+        &self,
+        _ctx: &CallContext,
+        req: ControllerModifyVolumeRequest,
+    ) -> CsiResult<ControllerModifyVolumeResponse> {
+        // Exclusive: no NodeStage attaches the disk with the old values meanwhile.
+        let _exclusive = self.attachments.write().await;
+        let volume = self.known_volume(&req.volume_id)?;
+        let tuning = volume
+            .tuning
+            .with(&req.mutable_parameters, self.direct_io_supported)?;
+        if tuning == volume.tuning {
+            return Ok(ControllerModifyVolumeResponse {});
+        }
+        // Attached on this host: the change takes effect now (a cloud disk
+        // changes its IOPS while attached too); otherwise at the next attach.
+        let image = self.backend.volume_path(&volume.id);
+        let applied_to = blocking(move || {
+            let devices = mount_utils::loopdev::find_by_backing_file(&image)
+                .map_err(|e| CsiError::Internal(format!("looking up loop devices: {e}")))?;
+            for d in &devices {
+                tuning.apply(d).map_err(TuneError::for_modify)?;
+            }
+            Ok(devices)
+        })
+        .await?;
+        self.store.update(|s| {
+            let v = s.volumes.get_mut(&volume.id).ok_or_else(|| {
+                CsiError::NotFound(format!("volume {} does not exist", volume.id))
+            })?;
+            v.tuning = tuning;
+            Ok(())
+        })?;
+        tracing::info!(volume = %volume.id, parameters = ?tuning.to_map(), attached = ?applied_to, "modified volume");
+        Ok(ControllerModifyVolumeResponse {})
     }
 }
