@@ -531,3 +531,178 @@ impl Controller for LoopBlock {
         Ok(ControllerModifyVolumeResponse {})
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The driver's own answers, called directly: csi-server's layers are
+    //! not in the way, so these pin what loop-block itself says.
+    use std::collections::HashMap;
+    use std::sync::Arc;
+
+    use clap::Parser;
+    use csi_server::{Node, PluginInfo};
+    use csi_server::method::Method;
+
+    use super::*;
+    use crate::config::Config;
+    use crate::tuning::{DIRECT_IO_KEY, READ_AHEAD_KEY};
+
+    fn driver(dir: &std::path::Path) -> LoopBlock {
+        let statedir = dir.to_string_lossy().into_owned();
+        let config = Config::parse_from(["loop-block", "--statedir", &statedir, "--nodeid", "n1"]);
+        LoopBlock::open(config, Arc::new(mount_utils::FakeMounter::new())).unwrap()
+    }
+
+    fn ctx(method: Method) -> CallContext {
+        let info = PluginInfo::new("loop-block.csi.csi-kit.dev", "test").unwrap();
+        CallContext::for_test(method, info, crate::capabilities())
+    }
+
+    fn params(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    async fn create(d: &LoopBlock, name: &str, mutable: &[(&str, &str)]) -> CsiResult<Volume> {
+        let req = CreateVolumeRequest {
+            name: name.into(),
+            capacity_range: Some(CapacityRange::at_least(BLOCK_UNIT)),
+            volume_capabilities: vec![VolumeCapability::block()],
+            mutable_parameters: params(mutable),
+            ..Default::default()
+        };
+        let resp = d.create_volume(&ctx(Method::CreateVolume), req).await?;
+        Ok(resp.volume.unwrap())
+    }
+
+    async fn modify(d: &LoopBlock, id: &str, mutable: &[(&str, &str)]) -> CsiResult<()> {
+        let req = ControllerModifyVolumeRequest {
+            volume_id: id.into(),
+            mutable_parameters: params(mutable),
+            ..Default::default()
+        };
+        d.controller_modify_volume(&ctx(Method::ControllerModifyVolume), req)
+            .await
+            .map(drop)
+    }
+
+    fn field(e: CsiError) -> String {
+        match e {
+            CsiError::InvalidArgument { field, .. } => field,
+            other => panic!("expected INVALID_ARGUMENT, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn modify_volume_answers() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = driver(dir.path());
+        let v = create(&d, "pvc-1", &[(READ_AHEAD_KEY, "512")])
+            .await
+            .unwrap();
+        let tuning = |d: &LoopBlock| d.known_volume(&v.volume_id).unwrap().tuning;
+        assert_eq!(tuning(&d).read_ahead_kib, Some(512));
+
+        // Empty mutable_parameters on an existing volume: OK, nothing changes.
+        modify(&d, &v.volume_id, &[]).await.unwrap();
+        assert_eq!(tuning(&d).read_ahead_kib, Some(512));
+        // An unknown volume is NOT_FOUND, with or without parameters.
+        for id in [
+            "vol-00000000000000000000000000000000",
+            "non-existing-volume-id",
+        ] {
+            for p in [&[][..], &[(READ_AHEAD_KEY, "8")][..]] {
+                assert!(matches!(
+                    modify(&d, id, p).await,
+                    Err(CsiError::NotFound(_))
+                ));
+            }
+        }
+        // An unknown key next to a good one: INVALID_ARGUMENT naming it, nothing applied.
+        let bad = modify(
+            &d,
+            &v.volume_id,
+            &[(READ_AHEAD_KEY, "8"), ("XXX_FakeKey", "x")],
+        );
+        assert_eq!(
+            field(bad.await.unwrap_err()),
+            "mutable_parameters[XXX_FakeKey]"
+        );
+        assert_eq!(tuning(&d).read_ahead_kib, Some(512));
+        // A known key is kept; keys not sent keep their values.
+        modify(&d, &v.volume_id, &[(DIRECT_IO_KEY, "false")])
+            .await
+            .unwrap();
+        assert_eq!(tuning(&d).read_ahead_kib, Some(512));
+        assert_eq!(tuning(&d).direct_io, Some(false));
+
+        // CreateVolume with an unknown mutable parameter creates nothing.
+        let err = create(&d, "pvc-2", &[("XXX_FakeKey", "XXX_FakeValue")]).await;
+        assert_eq!(field(err.unwrap_err()), "mutable_parameters[XXX_FakeKey]");
+        assert!(d.store.read(|s| s.volume_by_name("pvc-2").is_none()));
+        let files = std::fs::read_dir(d.backend.volumes_dir()).unwrap().count();
+        assert_eq!(files, 1, "no backing file for the refused volume");
+    }
+
+    #[tokio::test]
+    async fn attach_limit_is_reported_and_enforced() {
+        let dir = tempfile::tempdir().unwrap();
+        let statedir = dir.path().to_string_lossy().into_owned();
+        let config = Config::parse_from([
+            "loop-block",
+            "--statedir",
+            &statedir,
+            "--nodeid",
+            "n1",
+            "--attach-limit",
+            "2",
+        ]);
+        let d = LoopBlock::open(config, Arc::new(mount_utils::FakeMounter::new())).unwrap();
+        let info = d
+            .node_get_info(&ctx(Method::NodeGetInfo), NodeGetInfoRequest {})
+            .await
+            .unwrap();
+        assert_eq!(info.max_volumes_per_node, 2);
+        let publish = |id: String| {
+            let d = d.clone();
+            async move {
+                let req = ControllerPublishVolumeRequest {
+                    volume_id: id,
+                    node_id: "n1".into(),
+                    volume_capability: Some(VolumeCapability::block()),
+                    ..Default::default()
+                };
+                d.controller_publish_volume(&ctx(Method::ControllerPublishVolume), req)
+                    .await
+                    .map(drop)
+            }
+        };
+        let mut ids = Vec::new();
+        for i in 0..3 {
+            ids.push(
+                create(&d, &format!("pvc-{i}"), &[])
+                    .await
+                    .unwrap()
+                    .volume_id,
+            );
+        }
+        publish(ids[0].clone()).await.unwrap();
+        publish(ids[1].clone()).await.unwrap();
+        publish(ids[1].clone()).await.unwrap();
+        assert!(matches!(
+            publish(ids[2].clone()).await,
+            Err(CsiError::ResourceExhausted(_))
+        ));
+        let unpublish = ControllerUnpublishVolumeRequest {
+            volume_id: ids[0].clone(),
+            node_id: "n1".into(),
+            ..Default::default()
+        };
+        d.controller_unpublish_volume(&ctx(Method::ControllerUnpublishVolume), unpublish)
+            .await
+            .unwrap();
+        publish(ids[2].clone()).await.unwrap();
+    }
+}
