@@ -18,7 +18,7 @@ use csi_kit::proto::v1::volume_capability::access_mode::Mode;
 use csi_kit::proto::v1::*;
 use csi_kit::server::CsiClient;
 use nix::sys::stat::{Mode as Perm, SFlag, mknod};
-use support::{Driver, mounts_under, run_isolated};
+use support::{Driver, mounts_under, run_isolated_in_tempdir};
 use tonic::Code;
 
 const SIZE: i64 = 16 << 20;
@@ -170,14 +170,13 @@ fn node(path: &Path, kind: SFlag, rdev: u64) -> PathBuf {
 
 /// Two published block volumes; stats of A at every form of its device's
 /// path, and NOT_FOUND wherever A's device is not.
-async fn stats_follow_the_device(example: &str, args: &[&str]) {
-    let dir = tempfile::tempdir().unwrap();
-    let driver = Driver::start(example, &dir.path().join("state"), args);
+async fn stats_follow_the_device(example: &str, args: &[&str], dir: PathBuf) {
+    let driver = Driver::start(example, &dir.join("state"), args);
     let client = driver.client().await;
-    let a = Published::new(&client, dir.path(), "pvc-a").await;
-    let b = Published::new(&client, dir.path(), "pvc-b").await;
+    let a = Published::new(&client, &dir, "pvc-a").await;
+    let b = Published::new(&client, &dir, "pvc-b").await;
     assert_ne!(a.rdev(), b.rdev());
-    let devs = dir.path().join("kubelet");
+    let devs = dir.join("kubelet");
     std::fs::create_dir_all(&devs).unwrap();
 
     // The kubelet's forms of A's device.
@@ -238,22 +237,22 @@ async fn stats_follow_the_device(example: &str, args: &[&str]) {
     LinuxMounter::new().unmount(&bound, false).unwrap();
     a.tear_down(&client).await;
     b.tear_down(&client).await;
-    assert_eq!(mounts_under(dir.path()), Vec::<PathBuf>::new());
+    assert_eq!(mounts_under(&dir), Vec::<PathBuf>::new());
     drop(driver);
 }
 
 #[test]
 fn hostpath_block_stats_at_the_kubelets_device_paths() {
     require_root!("hostpath_block_stats_at_the_kubelets_device_paths");
-    run_isolated("hostpath-block-stats", || {
-        stats_follow_the_device("hostpath", &["--enable-attach"])
+    run_isolated_in_tempdir("hostpath-block-stats", |dir| {
+        stats_follow_the_device("hostpath", &["--enable-attach"], dir)
     });
 }
 
 #[test]
 fn loop_block_block_stats_at_the_kubelets_device_paths() {
     require_root!("loop_block_block_stats_at_the_kubelets_device_paths");
-    run_isolated("loop-block-block-stats", || {
-        stats_follow_the_device("loop-block", &[])
+    run_isolated_in_tempdir("loop-block-block-stats", |dir| {
+        stats_follow_the_device("loop-block", &[], dir)
     });
 }

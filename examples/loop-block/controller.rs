@@ -540,8 +540,8 @@ mod tests {
     use std::sync::Arc;
 
     use clap::Parser;
-    use csi_server::{Node, PluginInfo};
     use csi_server::method::Method;
+    use csi_server::{Node, PluginInfo};
 
     use super::*;
     use crate::config::Config;

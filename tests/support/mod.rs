@@ -154,3 +154,17 @@ pub fn mounts_under(dir: &Path) -> Vec<PathBuf> {
         .filter(|p| p.starts_with(dir))
         .collect()
 }
+
+/// [`run_isolated`] with a fresh temporary directory, removed after the
+/// namespace is gone: even when the body panics with mounts in place, no
+/// mount can keep the directory from being removed.
+pub fn run_isolated_in_tempdir<F, Fut>(name: &str, f: F)
+where
+    F: FnOnce(PathBuf) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()>,
+{
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().to_owned();
+    run_isolated(name, move || f(path));
+    drop(dir);
+}
