@@ -7,9 +7,19 @@ use clap::Parser;
 
 use crate::common::parse_size;
 
+const AFTER_HELP: &str = "\
+Mutable parameters (VolumeAttributesClass / ControllerModifyVolume):
+  readAheadKiB=0..65536   read-ahead of the disk's loop device
+  directIO=true|false     the loop device bypasses the host's page cache
+Applied when the node attaches the disk, and at once to a disk attached here.
+
+Group snapshots freeze the members' filesystems while they are copied; a
+member attached as a raw block device cannot be frozen and is refused
+(FAILED_PRECONDITION).";
+
 /// A block-storage CSI driver whose disks are sparse files attached as loop devices.
 #[derive(Debug, Clone, Parser)]
-#[command(name = "loop-block", version, about)]
+#[command(name = "loop-block", version, about, after_help = AFTER_HELP)]
 pub struct Config {
     /// Where to listen (default: unix://<statedir>/csi.sock).
     #[arg(long, env = "CSI_ENDPOINT")]
