@@ -18,7 +18,7 @@ use csi_kit::proto::v1::volume_capability::access_mode::Mode;
 use csi_kit::proto::v1::*;
 use csi_kit::server::CsiClient;
 use nix::sys::stat::{Mode as Perm, SFlag, mknod};
-use support::{Driver, mounts_under, run_isolated_in_tempdir};
+use support::{Driver, create_and_attach, mounts_under, run_isolated_in_tempdir};
 use tonic::Code;
 
 const SIZE: i64 = 16 << 20;
@@ -37,38 +37,13 @@ struct Published {
 
 impl Published {
     async fn new(client: &CsiClient, dir: &Path, name: &str) -> Published {
-        let volume = client
-            .controller()
-            .create_volume(CreateVolumeRequest {
-                name: name.into(),
-                capacity_range: Some(CapacityRange::at_least(SIZE)),
-                volume_capabilities: vec![block_cap()],
-                ..Default::default()
-            })
-            .await
-            .expect("CreateVolume")
-            .into_inner()
-            .volume
-            .expect("volume");
-        let node = client
-            .node()
-            .node_get_info(NodeGetInfoRequest {})
-            .await
-            .expect("NodeGetInfo")
-            .into_inner()
-            .node_id;
-        let publish_context = client
-            .controller()
-            .controller_publish_volume(ControllerPublishVolumeRequest {
-                volume_id: volume.volume_id.clone(),
-                node_id: node.clone(),
-                volume_capability: Some(block_cap()),
-                ..Default::default()
-            })
-            .await
-            .expect("ControllerPublishVolume")
-            .into_inner()
-            .publish_context;
+        let req = CreateVolumeRequest {
+            name: name.into(),
+            capacity_range: Some(CapacityRange::at_least(SIZE)),
+            volume_capabilities: vec![block_cap()],
+            ..Default::default()
+        };
+        let (volume, node, publish_context) = create_and_attach(client, req).await;
         let staging = dir.join(format!("{name}-staging"));
         let target = dir.join(format!("{name}-pods/target"));
         std::fs::create_dir_all(&staging).unwrap();

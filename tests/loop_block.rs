@@ -15,7 +15,10 @@ use csi_kit::mount::{LinuxMounter, Mounter, require_root};
 use csi_kit::proto::v1::volume_capability::access_mode::Mode;
 use csi_kit::proto::v1::*;
 use csi_kit::server::CsiClient;
-use support::{Driver, mounts_under, run_isolated, run_isolated_in_tempdir};
+use support::{
+    Driver, assert_one_point_in_time, create_and_attach, mounts_under, run_isolated,
+    run_isolated_in_tempdir, spawn_ordered_writer,
+};
 use tonic::Code;
 
 /// Runs the suite against a fresh loop-block; `fs_type` None means block.
@@ -189,33 +192,7 @@ impl Disk {
     /// CreateVolume of `req` (one capability) + ControllerPublish to this node.
     async fn create_from(client: &CsiClient, driver: &Driver, req: CreateVolumeRequest) -> Disk {
         let (name, cap) = (req.name.clone(), req.volume_capabilities[0].clone());
-        let volume = client
-            .controller()
-            .create_volume(req)
-            .await
-            .expect("CreateVolume")
-            .into_inner()
-            .volume
-            .expect("volume");
-        let node = client
-            .node()
-            .node_get_info(NodeGetInfoRequest {})
-            .await
-            .expect("NodeGetInfo")
-            .into_inner()
-            .node_id;
-        let publish_context = client
-            .controller()
-            .controller_publish_volume(ControllerPublishVolumeRequest {
-                volume_id: volume.volume_id.clone(),
-                node_id: node.clone(),
-                volume_capability: Some(cap.clone()),
-                ..Default::default()
-            })
-            .await
-            .expect("ControllerPublishVolume")
-            .into_inner()
-            .publish_context;
+        let (volume, node, publish_context) = create_and_attach(client, req).await;
         let work = driver.statedir.with_file_name(&name);
         std::fs::create_dir_all(work.join("staging")).unwrap();
         std::fs::create_dir_all(work.join("pods")).unwrap();
@@ -852,32 +829,13 @@ fn group_snapshots_freeze_the_members_and_cut_them_at_one_point_in_time() {
         // point-in-time copy of both, B <= A <= B + 1, and the copies only
         // see the lines if the freeze flushed them through the loop devices.
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let writer = {
-            let (stop, a, b) = (
-                stop.clone(),
-                disks[0].target.join("log"),
-                disks[1].target.join("log"),
-            );
-            std::thread::spawn(move || {
-                use std::io::Write;
-                let open = |p: &Path| {
-                    std::fs::OpenOptions::new()
-                        .create(true)
-                        .append(true)
-                        .open(p)
-                        .unwrap()
-                };
-                let (mut fa, mut fb) = (open(&a), open(&b));
-                let mut i = 0u64;
-                // Bounded, so the 128 MiB filesystems never fill up.
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) && i < 4_000_000 {
-                    fa.write_all(format!("{i}\n").as_bytes()).unwrap();
-                    fb.write_all(format!("{i}\n").as_bytes()).unwrap();
-                    i += 1;
-                }
-                i
-            })
-        };
+        // Bounded, so the 128 MiB filesystems never fill up.
+        let writer = spawn_ordered_writer(
+            disks[0].target.join("log"),
+            disks[1].target.join("log"),
+            stop.clone(),
+            4_000_000,
+        );
         while lines(&disks[1].target.join("log")) < 1000 {
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
@@ -893,15 +851,7 @@ fn group_snapshots_freeze_the_members_and_cut_them_at_one_point_in_time() {
                 let n = lines_in_snapshot(&client, &driver, snap).await;
                 counts.insert(snap.source_volume_id.clone(), n);
             }
-            let (a, b) = (counts[ids[0]], counts[ids[1]]);
-            assert!(
-                b <= a && a <= b + 1,
-                "round {round}: not write-order consistent: A has {a} lines, B has {b}"
-            );
-            assert!(
-                b >= 1000,
-                "round {round}: the freeze flushed the writes ({b})"
-            );
+            assert_one_point_in_time(round, counts[ids[0]], counts[ids[1]], 1000);
             // A member is deleted with its group only.
             let err = client
                 .controller()

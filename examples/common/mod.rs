@@ -10,10 +10,12 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use csi_proto::v1::{
-    ControllerUnpublishVolumeRequest, CreateVolumeGroupSnapshotRequest, NodePublishVolumeRequest,
-    Snapshot, ValidateVolumeCapabilitiesRequest, ValidateVolumeCapabilitiesResponse,
-    VolumeCapability, VolumeContentSource, VolumeGroupSnapshot, VolumeUsage,
-    validate_volume_capabilities_response, volume_content_source, volume_usage,
+    ControllerUnpublishVolumeRequest, CreateVolumeGroupSnapshotRequest,
+    DeleteVolumeGroupSnapshotRequest, GetVolumeGroupSnapshotRequest,
+    GetVolumeGroupSnapshotResponse, NodePublishVolumeRequest, Snapshot,
+    ValidateVolumeCapabilitiesRequest, ValidateVolumeCapabilitiesResponse, VolumeCapability,
+    VolumeContentSource, VolumeGroupSnapshot, VolumeUsage, validate_volume_capabilities_response,
+    volume_content_source, volume_usage,
 };
 use csi_server::helpers::paging::{Page, paginate};
 use csi_server::helpers::publish::{Publication, PublishArgs};
@@ -534,6 +536,62 @@ impl GroupSnapshotRecord {
         }
         Ok(())
     }
+}
+
+/// A group and its members' messages, from a driver's records.
+pub fn group_with_members<S>(
+    groups: &BTreeMap<String, GroupSnapshotRecord>,
+    snapshots: &BTreeMap<String, S>,
+    id: &str,
+    message: impl Fn(&S) -> Snapshot,
+) -> Option<(GroupSnapshotRecord, Vec<Snapshot>)> {
+    let g = groups.get(id)?.clone();
+    let members = g
+        .snapshot_ids
+        .iter()
+        .filter_map(|sid| snapshots.get(sid))
+        .map(message)
+        .collect();
+    Some((g, members))
+}
+
+/// GetVolumeGroupSnapshot from `lookup` (see [`group_with_members`]): an
+/// id this driver could not have made, or does not know, is NOT_FOUND.
+pub fn get_group_snapshot(
+    req: &GetVolumeGroupSnapshotRequest,
+    lookup: impl FnOnce(&str) -> Option<(GroupSnapshotRecord, Vec<Snapshot>)>,
+) -> CsiResult<GetVolumeGroupSnapshotResponse> {
+    let id = &req.group_snapshot_id;
+    let (g, members) = IdKind::GroupSnapshot
+        .is_valid(id)
+        .then(|| lookup(id))
+        .flatten()
+        .ok_or_else(|| CsiError::NotFound(format!("group snapshot {id:?} does not exist")))?;
+    g.check_members(&req.snapshot_ids)?;
+    Ok(GetVolumeGroupSnapshotResponse {
+        group_snapshot: Some(g.message(members)),
+    })
+}
+
+/// DeleteVolumeGroupSnapshot's change to the records: the group and its
+/// members go (returned, so their data can be removed after the save); an
+/// unknown group is nothing to do.
+pub fn remove_group<S>(
+    groups: &mut BTreeMap<String, GroupSnapshotRecord>,
+    snapshots: &mut BTreeMap<String, S>,
+    req: &DeleteVolumeGroupSnapshotRequest,
+) -> CsiResult<Vec<S>> {
+    let Some(g) = groups.get(&req.group_snapshot_id) else {
+        return Ok(Vec::new());
+    };
+    g.check_members(&req.snapshot_ids)?;
+    let members = g
+        .snapshot_ids
+        .iter()
+        .filter_map(|id| snapshots.remove(id))
+        .collect();
+    groups.remove(&req.group_snapshot_id);
+    Ok(members)
 }
 
 /// Whether the block device `device` is present at `path`: `path` (after

@@ -19,7 +19,10 @@ use csi_server::{CallContext, CsiError, CsiResult, GroupController};
 use mount_utils::freeze::FrozenFilesystem;
 
 use crate::backend::Backend;
-use crate::common::{GroupSnapshotRecord, IdKind, blocking, now_nanos, sorted};
+use crate::common::{
+    GroupSnapshotRecord, IdKind, blocking, get_group_snapshot, group_with_members, now_nanos,
+    remove_group, sorted,
+};
 use crate::driver::LoopBlock;
 use crate::store::{SnapshotRecord, VolumeRecord};
 
@@ -34,14 +37,7 @@ enum Writer {
 impl LoopBlock {
     fn group_with_members(&self, id: &str) -> Option<(GroupSnapshotRecord, Vec<Snapshot>)> {
         self.store.read(|s| {
-            let g = s.group_snapshots.get(id)?.clone();
-            let members = g
-                .snapshot_ids
-                .iter()
-                .filter_map(|sid| s.snapshots.get(sid))
-                .map(Self::snapshot_message)
-                .collect();
-            Some((g, members))
+            group_with_members(&s.group_snapshots, &s.snapshots, id, Self::snapshot_message)
         })
     }
 
@@ -197,17 +193,9 @@ impl GroupController for LoopBlock {
             return Ok(DeleteVolumeGroupSnapshotResponse {});
         }
         // Records first, then data: a crash in between leaves orphan copies.
-        let removed = self.store.update(|s| {
-            let Some(g) = s.group_snapshots.get(&req.group_snapshot_id).cloned() else {
-                return Ok(Vec::new());
-            };
-            g.check_members(&req.snapshot_ids)?;
-            s.group_snapshots.remove(&g.id);
-            Ok(g.snapshot_ids
-                .iter()
-                .filter_map(|id| s.snapshots.remove(id))
-                .collect::<Vec<_>>())
-        })?;
+        let removed = self
+            .store
+            .update(|s| remove_group(&mut s.group_snapshots, &mut s.snapshots, &req))?;
         let backend = self.backend.clone();
         blocking(move || {
             removed
@@ -223,19 +211,6 @@ impl GroupController for LoopBlock {
         _ctx: &CallContext,
         req: GetVolumeGroupSnapshotRequest,
     ) -> CsiResult<GetVolumeGroupSnapshotResponse> {
-        let (g, members) = IdKind::GroupSnapshot
-            .is_valid(&req.group_snapshot_id)
-            .then(|| self.group_with_members(&req.group_snapshot_id))
-            .flatten()
-            .ok_or_else(|| {
-                CsiError::NotFound(format!(
-                    "group snapshot {:?} does not exist",
-                    req.group_snapshot_id
-                ))
-            })?;
-        g.check_members(&req.snapshot_ids)?;
-        Ok(GetVolumeGroupSnapshotResponse {
-            group_snapshot: Some(g.message(members)),
-        })
+        get_group_snapshot(&req, |id| self.group_with_members(id))
     }
 }
