@@ -902,3 +902,59 @@ fn group_snapshots_freeze_the_members_and_cut_them_at_one_point_in_time() {
         assert_clean(&dir, &driver.statedir);
     });
 }
+
+/// Thaws a filesystem frozen with `fsfreeze` when dropped, so a failing
+/// test does not leave it frozen.
+struct Unfreeze(PathBuf);
+
+impl Drop for Unfreeze {
+    fn drop(&mut self) {
+        let _ = csi_kit::mount::freeze::thaw(&self.0);
+    }
+}
+
+#[test]
+fn a_filesystem_left_frozen_by_a_crash_is_thawed_at_start() {
+    require_root!("a_filesystem_left_frozen_by_a_crash_is_thawed_at_start");
+    if !have_program("a_filesystem_left_frozen_by_a_crash...", "fsfreeze") {
+        return;
+    }
+    run_isolated_in_tempdir("loop-block-thaw", |dir| async move {
+        let mut driver = Driver::start("loop-block", &dir.join("state"), &[]);
+        let client = driver.client().await;
+        let disk = Disk::create(&client, &driver, "pvc-frozen", mount_cap("ext4"), 32 * MIB).await;
+        disk.stage().await.unwrap();
+        disk.publish().await.unwrap();
+        // The driver dies in the middle of a group snapshot: frozen, and
+        // the freezing process gone.
+        let status = std::process::Command::new("fsfreeze")
+            .arg("--freeze")
+            .arg(&disk.staging)
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let _guard = Unfreeze(disk.staging.clone());
+        driver.kill();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let file = disk.target.join("written-by-a-pod");
+        std::thread::spawn(move || {
+            std::fs::write(&file, b"data").unwrap();
+            std::fs::File::open(&file).unwrap().sync_all().unwrap();
+            let _ = tx.send(());
+        });
+        let wait = std::time::Duration::from_millis(300);
+        assert!(rx.recv_timeout(wait).is_err(), "the pod's write waits");
+
+        driver.restart();
+        let client = driver.client().await;
+        rx.recv_timeout(std::time::Duration::from_secs(30))
+            .expect("the restarted driver thawed the filesystem");
+        assert!(
+            driver
+                .log_text()
+                .contains("thawed a filesystem left frozen")
+        );
+        Disk { client, ..disk }.tear_down().await;
+        assert_clean(&dir, &driver.statedir);
+    });
+}
