@@ -519,6 +519,11 @@ fn restart_reattaches_loop_devices_and_remounts_staged_volumes() {
             disk.publish().await.unwrap();
         }
         std::fs::write(fs.target.join("data"), b"before the reboot").unwrap();
+        for disk in [&fs, &raw] {
+            modify(&client, &disk.id, &[("readAheadKiB", "2048")])
+                .await
+                .unwrap();
+        }
 
         // A crash and a "reboot": every mount and loop device is gone.
         driver.kill();
@@ -553,6 +558,13 @@ fn restart_reattaches_loop_devices_and_remounts_staged_volumes() {
             16 << 20,
             "raw target bound to the new device"
         );
+        for disk in [&fs, &raw] {
+            assert_eq!(
+                tuning_at(&disk.target),
+                (2048, false),
+                "re-attached with its parameters"
+            );
+        }
         for disk in [
             Disk {
                 client: client.clone(),
