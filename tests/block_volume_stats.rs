@@ -13,10 +13,10 @@ mod support;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
+use csi_kit::client::CsiClient;
 use csi_kit::mount::{LinuxMounter, Mounter, require_root};
 use csi_kit::proto::v1::volume_capability::access_mode::Mode;
 use csi_kit::proto::v1::*;
-use csi_kit::server::CsiClient;
 use nix::sys::stat::{Mode as Perm, SFlag, mknod};
 use support::{Driver, create_and_attach, mounts_under, run_isolated_in_tempdir};
 use tonic::Code;

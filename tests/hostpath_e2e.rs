@@ -9,10 +9,10 @@ use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use csi_kit::client::CsiClient;
 use csi_kit::mount::require_root;
 use csi_kit::proto::v1::volume_capability::access_mode::Mode;
 use csi_kit::proto::v1::*;
-use csi_kit::server::CsiClient;
 use support::{Driver, assert_one_point_in_time, mounts_under, run_isolated, spawn_ordered_writer};
 use tonic::Code;
 

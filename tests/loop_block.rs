@@ -9,12 +9,12 @@ mod support;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
+use csi_kit::client::CsiClient;
 use csi_kit::conformance::{AccessType, Config, Report, Status, Suite};
 use csi_kit::mount::testing::{assert_no_loop_device_for, have_program};
 use csi_kit::mount::{LinuxMounter, Mounter, require_root};
 use csi_kit::proto::v1::volume_capability::access_mode::Mode;
 use csi_kit::proto::v1::*;
-use csi_kit::server::CsiClient;
 use support::{
     Driver, assert_one_point_in_time, create_and_attach, mounts_under, run_isolated,
     run_isolated_in_tempdir, spawn_ordered_writer,

@@ -6,13 +6,13 @@ use std::fmt::Debug;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use csi_client::{ClientOptions, CsiClient, Endpoint, UnaryRequest};
 use csi_proto::v1::controller_service_capability::rpc::Type as CtrlCap;
 use csi_proto::v1::group_controller_service_capability::rpc::Type as GroupCap;
 use csi_proto::v1::node_service_capability::rpc::Type as NodeCap;
 use csi_proto::v1::plugin_capability::service::Type as PluginCap;
 use csi_proto::v1::volume_capability::access_mode::Mode;
 use csi_proto::v1::*;
-use csi_server::{ClientOptions, CsiClient, Endpoint, UnaryRequest};
 use futures::future::BoxFuture;
 use tonic::{Code, Status as GrpcStatus};
 
@@ -24,7 +24,7 @@ use crate::report::{CheckResult, Failure, Group, Report, Status};
 pub enum Error {
     /// The endpoint is malformed or unreachable.
     #[error(transparent)]
-    Connect(#[from] csi_server::ConnectError),
+    Connect(#[from] csi_client::ConnectError),
     /// The staging or target parent directory is unusable.
     #[error("cannot prepare {path}: {source}")]
     Dir {
@@ -565,7 +565,7 @@ impl Suite {
             .config
             .endpoint
             .parse()
-            .map_err(csi_server::ConnectError::from)?;
+            .map_err(csi_client::ConnectError::from)?;
         let options = ClientOptions {
             connect_timeout: self.config.timeouts.connect,
             call_timeout: Some(self.config.timeouts.rpc),

@@ -296,7 +296,7 @@ async fn unreachable_endpoint_is_an_error() {
 /// What the driver still holds after a run.
 async fn leftovers(env: &Env) -> (usize, usize) {
     use csi_proto::v1::{ListSnapshotsRequest, ListVolumesRequest};
-    let client = csi_server::CsiClient::connect(env.server.endpoint())
+    let client = csi_client::CsiClient::connect(env.server.endpoint())
         .await
         .unwrap();
     let vols = client

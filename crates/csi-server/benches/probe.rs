@@ -6,9 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
+use csi_client::{ClientOptions, CsiClient};
 use csi_proto::v1::identity_server::{Identity as TonicIdentity, IdentityServer};
 use csi_proto::v1::*;
-use csi_server::{ClientOptions, CsiClient, Endpoint, Node, PluginInfo, ServeMode, Server};
+use csi_server::{Endpoint, Node, PluginInfo, ServeMode, Server};
 use tokio::runtime::Runtime;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Request, Response, Status};

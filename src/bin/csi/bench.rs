@@ -12,10 +12,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use csi_client::{CsiClient, UnaryRequest};
 use csi_proto::v1::controller_service_capability::rpc::Type as CtrlCap;
 use csi_proto::v1::node_service_capability::rpc::Type as NodeCap;
 use csi_proto::v1::*;
-use csi_server::{CsiClient, UnaryRequest};
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
 

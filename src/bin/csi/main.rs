@@ -15,8 +15,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use csi_client::{ClientOptions, CsiClient, Endpoint, UnaryRequest};
+use csi_proto::methods::Method;
 use csi_proto::v1::*;
-use csi_server::{ClientOptions, CsiClient, Endpoint, Method, UnaryRequest};
 
 use args::{CapabilityArgs, SecretArgs, SizeArgs, parse_kv, to_map};
 use output::Format;

@@ -6,11 +6,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use csi_client::{ClientOptions, CsiClient};
 use csi_proto::v1::*;
 use csi_server::layer::LockMap;
 use csi_server::{
-    CallContext, Capabilities, ClientOptions, Controller, CsiClient, CsiError, CsiResult, Endpoint,
-    Node, PluginInfo, Server, ServerBuilder, ServerError,
+    CallContext, Capabilities, Controller, CsiError, CsiResult, Endpoint, Node, PluginInfo, Server,
+    ServerBuilder, ServerError,
 };
 use tokio::sync::{Notify, oneshot};
 

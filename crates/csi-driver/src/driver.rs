@@ -28,13 +28,17 @@ pub struct CallContext {
 
 /// The declaration a server was built with, shared by every call.
 #[derive(Debug)]
-pub(crate) struct Declared {
-    pub(crate) info: PluginInfo,
-    pub(crate) capabilities: Capabilities,
+pub struct Declared {
+    /// The plugin's name and version.
+    pub info: PluginInfo,
+    /// The capabilities it serves with.
+    pub capabilities: Capabilities,
 }
 
 impl CallContext {
-    pub(crate) fn new(request_id: u64, method: Method, declared: Arc<Declared>) -> Self {
+    /// The context of call `request_id` of `method` on a server built with
+    /// `declared`.
+    pub fn new(request_id: u64, method: Method, declared: Arc<Declared>) -> Self {
         Self {
             request_id,
             method,

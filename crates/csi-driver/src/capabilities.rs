@@ -205,8 +205,9 @@ impl Capabilities {
         Ok(())
     }
 
-    /// Sets a derived plugin service capability on or off.
-    pub(crate) fn set_plugin(&mut self, service: PluginService, on: bool) {
+    /// Sets a plugin service capability on or off (the server derives the
+    /// service capabilities from what it serves).
+    pub fn set_plugin(&mut self, service: PluginService, on: bool) {
         if on {
             self.plugin.insert(service);
         } else {
