@@ -35,10 +35,13 @@ for tool in unshare losetup mkfs.ext4 mount umount; do
   fi
 done
 
-# Everything below runs in a private mount namespace: no mount can leak to
-# the host, and the namespace's mounts vanish with its last process.
+# Everything below runs in a private mount namespace (no mount can leak to
+# the host; its mounts vanish with its last process) and its own PID
+# namespace (if this script is killed outright, the kernel kills the
+# drivers too, so nothing keeps the namespace alive).
 if [ -z "${CSI_SANITY_IN_NS:-}" ]; then
-  exec env CSI_SANITY_IN_NS=1 unshare -m --propagation private bash "$0" "$@"
+  exec env CSI_SANITY_IN_NS=1 unshare --mount --propagation private --pid --fork --kill-child \
+    --mount-proc bash "$0" "$@"
 fi
 
 runs=${CSI_SANITY_RUNS:-hostpath:mount hostpath:block loop-block:mount loop-block:block}
@@ -88,7 +91,11 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
-trap 'exit 130' INT TERM
+# csi-sanity stops cleanly on SIGINT/SIGTERM itself; bash acts on a signal
+# only once the foreground child has exited (and drops a SIGINT the child
+# handled), so a run also counts as interrupted when ginkgo says so.
+interrupted=
+trap 'interrupted=1' INT TERM
 
 # Waits for the driver's socket, or fails if the driver died.
 wait_socket() {
@@ -113,6 +120,7 @@ make_fs() {
 
 status=0
 for run in $runs; do
+  [ -n "$interrupted" ] && break
   driver=${run%%:*}
   mode=${run#*:}
   dir=$work/$driver-$mode
@@ -155,11 +163,17 @@ for run in $runs; do
     continue
   fi
   set +e
-  timeout 900 "$sanity" "${sanity_args[@]}" >"$log" 2>&1
+  timeout --foreground 900 "$sanity" "${sanity_args[@]}" >"$log" 2>&1
   rc=$?
   set -e
   stop_driver
   release "$dir"
+  grep -q 'Interrupted by User' "$log" && interrupted=1
+  if [ -n "$interrupted" ]; then
+    echo "csi-sanity $driver $mode: interrupted"
+    status=130
+    break
+  fi
 
   # ginkgo's summary: "N Passed | N Failed | N Pending | N Skipped".
   line=$(grep -E '[0-9]+ Passed \| [0-9]+ Failed' "$log" | tail -1 || true)
