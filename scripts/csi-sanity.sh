@@ -35,6 +35,11 @@ for tool in unshare losetup mkfs.ext4 mount umount; do
   fi
 done
 
+# The drivers as they are now (a no-op after scripts/test.sh built them).
+if [ -z "${CSI_SANITY_IN_NS:-}" ]; then
+  cargo build --quiet --example hostpath --example loop-block
+fi
+
 # Everything below runs in a private mount namespace (no mount can leak to
 # the host; its mounts vanish with its last process) and its own PID
 # namespace (if this script is killed outright, the kernel kills the
@@ -49,12 +54,6 @@ runs=${CSI_SANITY_RUNS:-hostpath:mount hostpath:block loop-block:mount loop-bloc
 size=$((64 << 20))
 expand=$((128 << 20))
 attach_limit=16
-
-for ex in hostpath loop-block; do
-  if [ ! -x "target/debug/examples/$ex" ]; then
-    cargo build --quiet --example "$ex"
-  fi
-done
 
 work=$(mktemp -d /tmp/csi-sanity.XXXXXX)
 logs=$root/target/csi-sanity
@@ -85,10 +84,12 @@ release() {
     while read -r dev; do losetup -d "$dev" 2>/dev/null || true; done
 }
 
+# shellcheck disable=SC2317 # run by the EXIT trap
 cleanup() {
   stop_driver
   release "$work"
-  rm -rf "$work"
+  # Never into a filesystem that failed to unmount.
+  rm -rf --one-file-system "$work"
 }
 trap cleanup EXIT
 # csi-sanity stops cleanly on SIGINT/SIGTERM itself; bash acts on a signal
