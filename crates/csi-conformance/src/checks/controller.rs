@@ -437,6 +437,26 @@ pub(super) fn publish_req(ctx: &Ctx, volume: &str, node: &str) -> ControllerPubl
     }
 }
 
+/// ControllerPublishVolume; an attachment it made is registered for cleanup.
+pub(super) async fn send_publish(
+    ctx: &mut Ctx,
+    req: ControllerPublishVolumeRequest,
+) -> Call<ControllerPublishVolumeResponse> {
+    let (volume, node) = (req.volume_id.clone(), req.node_id.clone());
+    let call = rpc!(
+        ctx,
+        controller,
+        controller_publish_volume,
+        "ControllerPublishVolume",
+        req
+    )
+    .await;
+    if call.result.is_ok() {
+        ctx.register(Resource::ControllerPublish { volume, node });
+    }
+    call
+}
+
 fn unpublish_req(ctx: &Ctx, volume: &str, node: &str) -> ControllerUnpublishVolumeRequest {
     ControllerUnpublishVolumeRequest {
         volume_id: volume.to_string(),
@@ -479,21 +499,7 @@ pub(super) async fn publish_missing_fields(ctx: &mut Ctx) -> Outcome {
         ),
     ];
     for (field, req) in cases {
-        let call = rpc!(
-            ctx,
-            controller,
-            controller_publish_volume,
-            "ControllerPublishVolume",
-            req
-        )
-        .await;
-        if call.result.is_ok() {
-            ctx.register(Resource::ControllerPublish {
-                volume: vol.volume_id.clone(),
-                node: node.clone(),
-            });
-        }
-        call.code(
+        send_publish(ctx, req).await.code(
             Code::InvalidArgument,
             &format!("{field} is a required field"),
         )?;
@@ -533,21 +539,9 @@ pub(super) async fn publish_missing_node(ctx: &mut Ctx) -> Outcome {
     let vol = ctx.create_volume("pub-nonode").await?;
     let node = missing_id(ctx, "node");
     let req = publish_req(ctx, &vol.volume_id, &node);
-    let call = rpc!(
-        ctx,
-        controller,
-        controller_publish_volume,
-        "ControllerPublishVolume",
-        req
-    )
-    .await;
-    if call.result.is_ok() {
-        ctx.register(Resource::ControllerPublish {
-            volume: vol.volume_id.clone(),
-            node,
-        });
-    }
-    call.code(Code::NotFound, "the node does not exist")
+    send_publish(ctx, req)
+        .await
+        .code(Code::NotFound, "the node does not exist")
         .map(drop)
 }
 
@@ -780,20 +774,7 @@ pub(super) async fn publish_attach_limit(ctx: &mut Ctx) -> Outcome {
     for i in 0..=limit {
         let vol = ctx.create_volume("attach-limit").await?;
         let req = publish_req(ctx, &vol.volume_id, &node);
-        let call = rpc!(
-            ctx,
-            controller,
-            controller_publish_volume,
-            "ControllerPublishVolume",
-            req
-        )
-        .await;
-        if call.result.is_ok() {
-            ctx.register(Resource::ControllerPublish {
-                volume: vol.volume_id.clone(),
-                node: node.clone(),
-            });
-        }
+        let call = send_publish(ctx, req).await;
         if i < limit {
             call.expect(
                 &[Code::Ok],

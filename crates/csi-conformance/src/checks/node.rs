@@ -7,7 +7,7 @@ use csi_proto::v1::volume_capability::access_mode::Mode;
 use csi_proto::v1::*;
 use tonic::Code;
 
-use super::controller::{missing_id, publish_req};
+use super::controller::{self, missing_id, publish_req};
 use crate::config::SecretKind;
 use crate::suite::{Call, Ctx, Outcome, Resource, fail, rpc, skip};
 
@@ -67,21 +67,12 @@ async fn controller_publish(
         return Ok(HashMap::new());
     }
     let node = ctx.node_id()?;
-    ctx.register(Resource::ControllerPublish {
-        volume: id.to_string(),
-        node: node.clone(),
-    });
     let mut req = publish_req(ctx, id, &node);
     req.volume_capability = Some(cap.clone());
-    let call = rpc!(
-        ctx,
-        controller,
-        controller_publish_volume,
-        "ControllerPublishVolume",
-        req
-    )
-    .await;
-    Ok(call.ok()?.publish_context)
+    Ok(controller::send_publish(ctx, req)
+        .await
+        .ok()?
+        .publish_context)
 }
 
 fn stage_req(ctx: &Ctx, v: &NodeVol, path: &str) -> NodeStageVolumeRequest {
