@@ -113,10 +113,8 @@ wait_socket() {
 # unmounted, or when the namespace goes away).
 make_fs() {
   local img=$1 dir=$2
-  truncate -s 1G "$img"
-  mkfs.ext4 -q -F "$img"
-  mkdir -p "$dir"
-  mount -o loop "$img" "$dir"
+  truncate -s 1G "$img" && mkfs.ext4 -q -F "$img" && mkdir -p "$dir" &&
+    mount -o loop "$img" "$dir"
 }
 
 status=0
@@ -130,7 +128,12 @@ for run in $runs; do
   args=()
   case "$driver" in
     hostpath)
-      make_fs "$dir/state.img" "$dir/state"
+      if ! make_fs "$dir/state.img" "$dir/state"; then
+        echo "csi-sanity $driver $mode: could not make its state filesystem"
+        status=1
+        release "$dir"
+        continue
+      fi
       mkdir -p "$dir/snapshots"
       args=(--statedir "$dir/state" --snapshotdir "$dir/snapshots" --enable-attach
             --nodeid sanity-node)
