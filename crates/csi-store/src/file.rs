@@ -166,7 +166,13 @@ impl FileStore {
         }
     }
 
-    fn table_dir(&self, table: &str, create: bool) -> Result<Option<Arc<TableDir>>, StoreError> {
+    /// The directory of `table`; created when missing if `create_for` is
+    /// the key of a put (named in a `NoSpace` error).
+    fn table_dir(
+        &self,
+        table: &str,
+        create_for: Option<&str>,
+    ) -> Result<Option<Arc<TableDir>>, StoreError> {
         if let Some(t) = self
             .inner
             .tables
@@ -179,7 +185,7 @@ impl FileStore {
         let path = self.inner.tables_dir.join(table);
         let handle = match open_dir(&path) {
             Ok(h) => h,
-            Err(e) if e.kind() == io::ErrorKind::NotFound && create => {
+            Err(e) if e.kind() == io::ErrorKind::NotFound && create_for.is_some() => {
                 match DirBuilder::new().mode(0o700).create(&path) {
                     Ok(()) => {}
                     Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
@@ -187,7 +193,7 @@ impl FileStore {
                         return Err(StoreError::NoSpace {
                             dir: self.inner.tables_dir.clone(),
                             table: table.to_owned(),
-                            key: String::new(),
+                            key: shorten(create_for.unwrap_or_default()),
                         });
                     }
                     Err(e) => return Err(StoreError::io("creating table directory", &path, e)),
@@ -284,7 +290,7 @@ impl RecordStore for FileStore {
             });
         }
         let td = self
-            .table_dir(table, true)?
+            .table_dir(table, Some(key))?
             .expect("table_dir creates the table");
         let err = |op: &'static str, path: &Path, e: io::Error| {
             if is_full(&e) {
@@ -324,7 +330,7 @@ impl RecordStore for FileStore {
     fn get(&self, table: &str, key: &str) -> Result<Option<RawRecord>, StoreError> {
         check_table(table)?;
         check_key(key)?;
-        let Some(td) = self.table_dir(table, false)? else {
+        let Some(td) = self.table_dir(table, None)? else {
             return Ok(None);
         };
         let name = file_name(key);
@@ -371,7 +377,7 @@ impl RecordStore for FileStore {
     fn delete(&self, table: &str, key: &str) -> Result<bool, StoreError> {
         check_table(table)?;
         check_key(key)?;
-        let Some(td) = self.table_dir(table, false)? else {
+        let Some(td) = self.table_dir(table, None)? else {
             return Ok(false);
         };
         let path = td.path.join(file_name(key));
@@ -388,7 +394,7 @@ impl RecordStore for FileStore {
 
     fn scan(&self, table: &str) -> Result<RawScan, StoreError> {
         check_table(table)?;
-        let Some(td) = self.table_dir(table, false)? else {
+        let Some(td) = self.table_dir(table, None)? else {
             return Ok(RawScan::default());
         };
         let mut scan = RawScan::default();
@@ -457,7 +463,7 @@ impl RecordStore for FileStore {
     ) -> Result<Option<Quarantined>, StoreError> {
         check_table(table)?;
         check_key(key)?;
-        let Some(td) = self.table_dir(table, false)? else {
+        let Some(td) = self.table_dir(table, None)? else {
             return Ok(None);
         };
         let name = file_name(key);

@@ -78,7 +78,7 @@ impl MemStore {
             .insert(key.to_owned(), Slot::Good(record));
     }
 
-    /// Puts and deletes so far, in that order.
+    /// Puts that stored a record, and deletes, so far.
     pub fn counts(&self) -> (u64, u64) {
         let i = self.lock();
         (i.puts, i.deletes)
