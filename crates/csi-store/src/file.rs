@@ -69,6 +69,9 @@ struct Inner {
     deletes: AtomicU64,
     quarantined: AtomicU64,
     temps_removed: u64,
+    /// False on tmpfs/ramfs, where fsync is a no-op: skipping it there
+    /// saves the group commit's coordination, not durability.
+    syncs: bool,
     _lock: DirLock,
 }
 
@@ -80,7 +83,10 @@ struct TableDir {
 }
 
 impl TableDir {
-    fn sync(&self) -> Result<(), StoreError> {
+    fn sync(&self, needed: bool) -> Result<(), StoreError> {
+        if !needed {
+            return Ok(());
+        }
         self.sync
             .sync(|| self.handle.sync_all())
             .map_err(|e| StoreError::io("syncing directory", &self.path, e))
@@ -116,6 +122,7 @@ impl FileStore {
         make_dir(&tables_dir)?;
         make_dir(&quarantine_dir)?;
         let temps_removed = remove_temporaries(&tables_dir)?;
+        let syncs = !in_memory_fs(&dir);
         if temps_removed > 0 {
             tracing::info!(dir = %dir.display(), files = temps_removed, "removed temporary files of interrupted writes");
         }
@@ -132,6 +139,7 @@ impl FileStore {
                 deletes: AtomicU64::new(0),
                 quarantined: AtomicU64::new(0),
                 temps_removed,
+                syncs,
                 _lock: lock,
             }),
         })
@@ -145,6 +153,13 @@ impl FileStore {
     /// Where quarantined records of every table go.
     pub fn quarantine_dir(&self) -> &Path {
         &self.inner.quarantine_dir
+    }
+
+    /// Whether writes are fsynced. False when the directory is on tmpfs or
+    /// ramfs, where fsync does nothing (records there survive a process
+    /// crash, never a reboot, synced or not).
+    pub fn syncs_to_disk(&self) -> bool {
+        self.inner.syncs
     }
 
     /// Counters since open.
@@ -318,13 +333,15 @@ impl RecordStore for FileStore {
         let tmp_path = tmp.0.as_deref().expect("set above");
         file.write_all(&contents)
             .map_err(|e| err("writing", tmp_path, e))?;
-        file.sync_data().map_err(|e| err("syncing", tmp_path, e))?;
+        if self.inner.syncs {
+            file.sync_data().map_err(|e| err("syncing", tmp_path, e))?;
+        }
         drop(file);
         let dest = td.path.join(file_name(key));
         fs::rename(tmp_path, &dest).map_err(|e| err("renaming", &dest, e))?;
         tmp.0 = None; // renamed: nothing to remove
         self.inner.puts.fetch_add(1, Ordering::Relaxed);
-        td.sync()
+        td.sync(self.inner.syncs)
     }
 
     fn get(&self, table: &str, key: &str) -> Result<Option<RawRecord>, StoreError> {
@@ -388,7 +405,7 @@ impl RecordStore for FileStore {
         };
         self.inner.deletes.fetch_add(1, Ordering::Relaxed);
         // Also when absent: a concurrent delete's unlink may not be durable yet.
-        td.sync()?;
+        td.sync(self.inner.syncs)?;
         Ok(existed)
     }
 
@@ -578,6 +595,23 @@ impl Drop for Temporary {
             let _ = fs::remove_file(path);
         }
     }
+}
+
+/// Whether `dir` is on tmpfs or ramfs (whose fsync does nothing).
+fn in_memory_fs(dir: &Path) -> bool {
+    const TMPFS_MAGIC: i64 = 0x0102_1994;
+    const RAMFS_MAGIC: i64 = 0x8584_58f6;
+    let Ok(path) = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()) else {
+        return false;
+    };
+    let mut st = std::mem::MaybeUninit::<libc::statfs>::uninit();
+    // SAFETY: a valid path string and a buffer statfs fills on success.
+    if unsafe { libc::statfs(path.as_ptr(), st.as_mut_ptr()) } != 0 {
+        return false;
+    }
+    // SAFETY: statfs returned 0, so the buffer is initialised.
+    let f_type = unsafe { st.assume_init() }.f_type as i64;
+    f_type == TMPFS_MAGIC || f_type == RAMFS_MAGIC
 }
 
 fn open_dir(path: &Path) -> io::Result<File> {

@@ -18,7 +18,6 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 #[derive(Debug, Default)]
 pub(crate) struct GroupSync {
     state: Mutex<State>,
-    done: Condvar,
     syncs: AtomicU64,
 }
 
@@ -28,15 +27,18 @@ struct State {
     pending: Arc<Batch>,
 }
 
+/// The writers one sync covers. Each batch has its own condition variable
+/// (all used with `GroupSync::state`), so a finished sync wakes its own
+/// members and one member of the next batch to lead it, not every waiter.
 #[derive(Debug, Default)]
 struct Batch {
     /// `Err` holds the errno (or kind and text) so every member can get
     /// its own copy of the error.
     result: OnceLock<Result<(), SharedError>>,
+    wake: Condvar,
     #[cfg(test)]
     members: AtomicUsize,
 }
-
 #[derive(Debug, Clone)]
 enum SharedError {
     Os(i32),
@@ -86,11 +88,12 @@ impl GroupSync {
                     .set(result.as_ref().map(|_| ()).map_err(SharedError::of));
                 let mut state = self.lock();
                 state.running = false;
+                batch.wake.notify_all();
+                state.pending.wake.notify_one();
                 drop(state);
-                self.done.notify_all();
                 return result;
             }
-            state = self.done.wait(state).unwrap_or_else(|e| e.into_inner());
+            state = batch.wake.wait(state).unwrap_or_else(|e| e.into_inner());
         }
     }
 

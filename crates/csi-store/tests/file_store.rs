@@ -225,8 +225,33 @@ fn stats_count_puts_deletes_and_directory_syncs() {
     t.delete("zz").unwrap();
     let s = store.stats();
     assert_eq!((s.puts, s.deletes), (2, 2));
-    // One writer: nothing to share, one directory sync per change.
-    assert_eq!(s.dir_syncs, 4);
+    // One writer: nothing to share, one directory sync per change (none
+    // where fsync is a no-op).
+    let expected = if store.syncs_to_disk() { 4 } else { 0 };
+    assert_eq!(s.dir_syncs, expected);
+}
+
+#[test]
+fn syncs_are_skipped_only_where_they_do_nothing() {
+    let disk = tempfile::tempdir().unwrap();
+    assert!(FileStore::open(disk.path()).unwrap().syncs_to_disk() || on_tmpfs(disk.path()));
+    if Path::new("/dev/shm").is_dir() && on_tmpfs(Path::new("/dev/shm")) {
+        let shm = tempfile::tempdir_in("/dev/shm").unwrap();
+        let store = FileStore::open(shm.path()).unwrap();
+        assert!(!store.syncs_to_disk());
+        let t: Table<u8> = Table::new(&store, "volumes").unwrap();
+        t.put("a", &1).unwrap();
+        assert_eq!(store.stats().dir_syncs, 0);
+    }
+}
+
+fn on_tmpfs(path: &Path) -> bool {
+    let out = std::process::Command::new("stat")
+        .args(["-f", "-c", "%T"])
+        .arg(path)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim() == "tmpfs"
 }
 
 #[test]
