@@ -200,69 +200,85 @@ fn whole_file(fs: &Sizes, samples_per_size: usize) {
     }
 }
 
-/// Puts of fresh keys by `writers` threads for `secs`.
-fn throughput(fs: &Sizes, secs: f64) {
+/// Puts of fresh keys by `writers` threads for `secs`, through the store
+/// (`shared`) or `write_atomic`: puts done, latencies, dir syncs per put.
+fn run_writers(fs: &Sizes, writers: usize, shared: bool, secs: f64) -> (u64, Vec<Duration>, f64) {
+    let dir = tempfile::tempdir_in(&fs.root).unwrap();
+    let store = FileStore::open(dir.path().join("store")).unwrap();
+    let table: Table<Record> = Table::new(&store, "volumes").unwrap();
+    let plain_dir = dir.path().join("plain");
+    std::fs::create_dir(&plain_dir).unwrap();
+    let bytes = serde_json::to_vec(&record(1)).unwrap();
+    let stop = AtomicBool::new(false);
+    let latencies = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..writers)
+            .map(|w| {
+                let (table, stop, plain_dir, bytes) = (table.clone(), &stop, &plain_dir, &bytes);
+                s.spawn(move || {
+                    let mut lat = Vec::new();
+                    let mut i = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        let key = format!("vol-{w}-{i:x}");
+                        let t = Instant::now();
+                        if shared {
+                            table.put(&key, &record(i)).unwrap();
+                        } else {
+                            write_atomic(&plain_dir.join(&key), bytes).unwrap();
+                        }
+                        lat.push(t.elapsed());
+                        i += 1;
+                    }
+                    lat
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_secs_f64(secs));
+        stop.store(true, Ordering::Relaxed);
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect::<Vec<_>>()
+    });
+    let stats = store.stats();
+    let per_put = if shared {
+        stats.dir_syncs as f64 / stats.puts.max(1) as f64
+    } else {
+        1.0
+    };
+    (latencies.len() as u64, latencies, per_put)
+}
+
+/// Throughput of 1–8 writers, the store and the baseline alternating in
+/// short runs so the shared machine's drift hits both alike; medians.
+fn throughput(fs: &Sizes, secs: f64, reps: usize) {
     for writers in [1usize, 2, 4, 8] {
-        for shared in [true, false] {
-            let dir = tempfile::tempdir_in(&fs.root).unwrap();
-            let store = FileStore::open(dir.path().join("store")).unwrap();
-            let table: Table<Record> = Table::new(&store, "volumes").unwrap();
-            let plain_dir = dir.path().join("plain");
-            std::fs::create_dir(&plain_dir).unwrap();
-            let bytes = serde_json::to_vec(&record(1)).unwrap();
-            let stop = Arc::new(AtomicBool::new(false));
-            let done = Arc::new(AtomicU64::new(0));
-            let latencies = std::thread::scope(|s| {
-                let handles: Vec<_> = (0..writers)
-                    .map(|w| {
-                        let (table, stop, done) = (table.clone(), stop.clone(), done.clone());
-                        let (plain_dir, bytes) = (&plain_dir, &bytes);
-                        s.spawn(move || {
-                            let mut lat = Vec::new();
-                            let mut i = 0u64;
-                            while !stop.load(Ordering::Relaxed) {
-                                let key = format!("vol-{w}-{i:x}");
-                                let t = Instant::now();
-                                if shared {
-                                    table.put(&key, &record(i)).unwrap();
-                                } else {
-                                    write_atomic(&plain_dir.join(&key), bytes).unwrap();
-                                }
-                                lat.push(t.elapsed());
-                                done.fetch_add(1, Ordering::Relaxed);
-                                i += 1;
-                            }
-                            lat
-                        })
-                    })
-                    .collect();
-                std::thread::sleep(Duration::from_secs_f64(secs));
-                stop.store(true, Ordering::Relaxed);
-                handles
-                    .into_iter()
-                    .flat_map(|h| h.join().unwrap())
-                    .collect::<Vec<_>>()
-            });
-            let mut lat = latencies;
+        let mut runs: [(Vec<f64>, Vec<Duration>, Vec<f64>); 2] = Default::default();
+        for _ in 0..reps {
+            for (slot, shared) in [(0, true), (1, false)] {
+                let (n, lat, syncs) = run_writers(fs, writers, shared, secs);
+                runs[slot].0.push(n as f64 / secs);
+                runs[slot].1.extend(lat);
+                runs[slot].2.push(syncs);
+            }
+        }
+        for (slot, (mut rates, mut lat, syncs)) in runs.into_iter().enumerate() {
+            rates.sort_by(f64::total_cmp);
             lat.sort();
-            let n = done.load(Ordering::Relaxed);
-            let stats = store.stats();
-            let syncs = if shared {
-                format!("{:.2}", stats.dir_syncs as f64 / stats.puts.max(1) as f64)
-            } else {
-                "1.00".to_owned()
-            };
+            let syncs = syncs.iter().sum::<f64>() / syncs.len() as f64;
             println!(
-                "| {} | {} | {writers} | {:.0} puts/s | {} | {} | {syncs} |",
+                "| {} | {} | {writers} | {:.0} puts/s ({:.0}–{:.0}) | {} | {} | {:.2} |",
                 fs.label,
-                if shared {
+                if slot == 0 {
                     "csi-store (shared dir syncs)"
                 } else {
-                    "file per record, own dir fsync each (`persist::write_atomic`)"
+                    "a dir fsync per write (`persist::write_atomic`)"
                 },
-                n as f64 / secs,
+                rates[rates.len() / 2],
+                rates[0],
+                rates[rates.len() - 1],
                 ms(percentile(&lat, 0.5)),
                 ms(percentile(&lat, 0.99)),
+                syncs,
             );
         }
     }
@@ -312,9 +328,11 @@ fn main() {
     }
 
     println!("\n### concurrent writers, puts of fresh keys\n");
-    println!("| filesystem | writes | writers | throughput | p50 | p99 | dir syncs per put |");
+    println!(
+        "| filesystem | writes | writers | throughput, median (range) | p50 | p99 | dir syncs per put |"
+    );
     println!("|---|---|---:|---:|---:|---:|---:|");
-    let secs = if quick { 1.0 } else { 3.0 };
-    throughput(&disk, secs);
-    throughput(&tmpfs, secs);
+    let (secs, reps) = if quick { (0.5, 3) } else { (1.0, 7) };
+    throughput(&disk, secs, reps);
+    throughput(&tmpfs, secs, reps);
 }

@@ -610,6 +610,8 @@ fn in_memory_fs(dir: &Path) -> bool {
         return false;
     }
     // SAFETY: statfs returned 0, so the buffer is initialised.
+    // f_type's integer type differs between architectures.
+    #[allow(clippy::unnecessary_cast)]
     let f_type = unsafe { st.assume_init() }.f_type as i64;
     f_type == TMPFS_MAGIC || f_type == RAMFS_MAGIC
 }
