@@ -29,7 +29,7 @@ use crate::format;
 use crate::group::GroupSync;
 use crate::key::{self, NameKind, TMP_PREFIX, check_key, check_table, file_name, shorten};
 use crate::lock::DirLock;
-use crate::store::{MAX_RECORD_LEN, Quarantined, RawRecord, RawScan, RecordStore};
+use crate::store::{MAX_RECORD_LEN, Quarantined, RawRecord, RawScan, RecordStore, check_put};
 
 const TABLES: &str = "tables";
 const QUARANTINE: &str = "quarantine";
@@ -294,16 +294,7 @@ impl FileStore {
 
 impl RecordStore for FileStore {
     fn put(&self, table: &str, key: &str, codec: CodecId, bytes: &[u8]) -> Result<(), StoreError> {
-        check_table(table)?;
-        check_key(key)?;
-        if bytes.len() > MAX_RECORD_LEN {
-            return Err(StoreError::TooLarge {
-                table: table.to_owned(),
-                key: shorten(key),
-                len: bytes.len(),
-                max: MAX_RECORD_LEN,
-            });
-        }
+        check_put(table, key, bytes.len())?;
         let td = self
             .table_dir(table, Some(key))?
             .expect("table_dir creates the table");

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use crate::codec::CodecId;
 use crate::error::StoreError;
 use crate::key::{check_key, check_table, shorten};
-use crate::store::{MAX_RECORD_LEN, Quarantined, RawRecord, RawScan, RecordStore};
+use crate::store::{Quarantined, RawRecord, RawScan, RecordStore, check_put};
 
 /// Records in memory, with the same rules and errors as
 /// [`crate::FileStore`] (key and table checks, size limit, quarantine of
@@ -109,16 +109,7 @@ impl Inner {
 
 impl RecordStore for MemStore {
     fn put(&self, table: &str, key: &str, codec: CodecId, bytes: &[u8]) -> Result<(), StoreError> {
-        check_table(table)?;
-        check_key(key)?;
-        if bytes.len() > MAX_RECORD_LEN {
-            return Err(StoreError::TooLarge {
-                table: table.to_owned(),
-                key: shorten(key),
-                len: bytes.len(),
-                max: MAX_RECORD_LEN,
-            });
-        }
+        check_put(table, key, bytes.len())?;
         let mut i = self.lock();
         if i.full {
             return Err(StoreError::NoSpace {

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use crate::codec::CodecId;
 use crate::error::StoreError;
+use crate::key::{check_key, check_table, shorten};
 
 /// The largest encoded value a record may hold (16 MiB).
 pub const MAX_RECORD_LEN: usize = 16 << 20;
@@ -85,4 +86,20 @@ pub trait RecordStore: Send + Sync + fmt::Debug {
     /// Keys of every record of `table` that was ever quarantined and is
     /// still in quarantine, so startup cleanup keeps their data.
     fn quarantined_keys(&self, table: &str) -> Result<Vec<String>, StoreError>;
+}
+
+/// The checks every implementation makes before a put: table name, key and
+/// size, so both give the same errors.
+pub(crate) fn check_put(table: &str, key: &str, len: usize) -> Result<(), StoreError> {
+    check_table(table)?;
+    check_key(key)?;
+    if len > MAX_RECORD_LEN {
+        return Err(StoreError::TooLarge {
+            table: table.to_owned(),
+            key: shorten(key),
+            len,
+            max: MAX_RECORD_LEN,
+        });
+    }
+    Ok(())
 }
