@@ -148,6 +148,8 @@ checks! {
     "group-controller.missing_snapshot_ids", GroupController,
         "Get/DeleteVolumeGroupSnapshot without the REQUIRED snapshot_ids is INVALID_ARGUMENT" => group::missing_snapshot_ids;
 
+    "general.any_authority", General,
+        "Probe is answered when :authority is the socket path, raw (grpc-java) or percent-encoded (gRPC C-core: Python, C++)" => general::any_authority;
     "general.secrets_not_in_logs", General,
         "No configured secret value appears in the driver's log" => general::secrets_not_in_logs;
 }
