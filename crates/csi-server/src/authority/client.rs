@@ -9,7 +9,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::hpack::{self, Decoder, HeaderList, HpackError};
 use super::{
-    CONTINUATION, END_HEADERS, END_STREAM, FrameHead, HEADERS, MAX_FRAME, PADDED, PREFACE, PRIORITY,
+    CONTINUATION, END_HEADERS, END_STREAM, FrameHead, HEADERS, MAX_FRAME, PADDED, PREFACE,
+    PRIORITY, write_frame as frame,
 };
 
 const DATA: u8 = 0x0;
@@ -195,17 +196,6 @@ fn eof_is_closed(e: io::Error) -> RawCallError {
     } else {
         RawCallError::Io(e)
     }
-}
-
-fn frame(out: &mut Vec<u8>, kind: u8, flags: u8, stream: u32, payload: &[u8]) {
-    FrameHead {
-        len: payload.len(),
-        kind,
-        flags,
-        stream,
-    }
-    .write(out);
-    out.extend_from_slice(payload);
 }
 
 fn unpad(flags: u8, payload: &[u8]) -> Result<&[u8], RawCallError> {

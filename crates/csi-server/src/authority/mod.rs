@@ -117,6 +117,18 @@ impl FrameHead {
     }
 }
 
+/// Appends a whole frame.
+fn write_frame(out: &mut Vec<u8>, kind: u8, flags: u8, stream: u32, payload: &[u8]) {
+    FrameHead {
+        len: payload.len(),
+        kind,
+        flags,
+        stream,
+    }
+    .write(out);
+    out.extend_from_slice(payload);
+}
+
 #[derive(Debug, Clone, Copy)]
 enum State {
     /// This many bytes of the preface seen.

@@ -9,6 +9,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::hpack::tests::huffman_encode;
 use super::hpack::{self, STATIC_TABLE, encode_integer};
+use super::write_frame as frame;
 use super::*;
 
 /// xorshift64*: deterministic per seed, no dependency.
@@ -135,17 +136,6 @@ impl TestEncoder {
         }
         never
     }
-}
-
-fn frame(out: &mut Vec<u8>, kind: u8, flags: u8, stream: u32, payload: &[u8]) {
-    FrameHead {
-        len: payload.len(),
-        kind,
-        flags,
-        stream,
-    }
-    .write(out);
-    out.extend_from_slice(payload);
 }
 
 /// One request as the server must see it.
