@@ -16,7 +16,8 @@
 //! - [`dispatch`]: tonic's service traits to the stack, and the stack to the
 //!   driver ([`DriverService`]), generated from csi.proto's method table.
 //! - [`socket`]: creating the unix socket (0600, stale sockets replaced,
-//!   anything else refused).
+//!   anything else refused), and [`authority`]: serving clients other than
+//!   grpc-go and grpc-js, which name the socket's path as `:authority`.
 //!
 //! What a driver implements (traits, [`CsiError`], [`Capabilities`], the
 //! spec's rules and helpers) is re-exported from csi-driver, so a driver
@@ -59,6 +60,7 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod authority;
 pub mod dispatch;
 pub mod layer;
 pub mod server;

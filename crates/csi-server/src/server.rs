@@ -7,10 +7,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use csi_proto::v1::plugin_capability::service::Type as PluginService;
+use futures::TryStreamExt;
 use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
 use tonic::service::Routes;
 use tower::Layer;
 
+use crate::authority::AnyAuthority;
 use crate::capabilities::{Capabilities, PluginInfo};
 use crate::dispatch::{Dispatch, DriverService, Drivers};
 use crate::driver::{
@@ -122,10 +124,14 @@ pub enum Builtin {
     Metrics,
     /// [`CatchPanicLayer`].
     CatchPanic,
-    /// [`GatingLayer`].
+    /// [`GatingLayer`]: UNIMPLEMENTED for an undeclared RPC (and, with
+    /// validation off, the field-level capability rules too).
     Gating,
     /// [`ValidationLayer`].
     Validation,
+    /// [`GatingLayer::fields`]: the field-level capability rules, after
+    /// validation (present when both gating and validation are on).
+    FieldRules,
     /// [`ReadinessLayer`].
     Readiness,
     /// [`LockingLayer`].
@@ -134,12 +140,13 @@ pub enum Builtin {
 
 impl Builtin {
     /// Every built-in layer, outermost first.
-    pub const ORDER: [Builtin; 7] = [
+    pub const ORDER: [Builtin; 8] = [
         Self::Tracing,
         Self::Metrics,
         Self::CatchPanic,
         Self::Gating,
         Self::Validation,
+        Self::FieldRules,
         Self::Readiness,
         Self::Locking,
     ];
@@ -430,12 +437,22 @@ impl ServerBuilder {
                 Builtin::CatchPanic if self.catch_panics => {
                     Box::new(|s| BoxCsiService::new(CatchPanicLayer.layer(s)))
                 }
+                // Undeclared RPC first, then missing or invalid fields, then
+                // the field-level capability rules (see layer::gating).
                 Builtin::Gating if self.gating => {
-                    let g = GatingLayer::new(capabilities.clone());
+                    let g = if self.validation {
+                        GatingLayer::rpcs(capabilities.clone())
+                    } else {
+                        GatingLayer::new(capabilities.clone())
+                    };
                     Box::new(move |s| BoxCsiService::new(g.layer(s)))
                 }
                 Builtin::Validation if self.validation => {
                     Box::new(|s| BoxCsiService::new(ValidationLayer.layer(s)))
+                }
+                Builtin::FieldRules if self.gating && self.validation => {
+                    let g = GatingLayer::fields(capabilities.clone());
+                    Box::new(move |s| BoxCsiService::new(g.layer(s)))
                 }
                 Builtin::Readiness => {
                     let r = ReadinessLayer::new(readiness.clone());
@@ -615,8 +632,9 @@ impl Server {
                     self.readiness.set_ready();
                 }
                 tracing::info!(endpoint = %self.endpoint, "serving");
-                let serving =
-                    router.serve_with_incoming_shutdown(UnixListenerStream::new(listener), stop);
+                // Any :authority on the socket (see crate::authority).
+                let incoming = UnixListenerStream::new(listener).map_ok(AnyAuthority::new);
+                let serving = router.serve_with_incoming_shutdown(incoming, stop);
                 let result = drain(
                     serving,
                     shutdown,

@@ -120,6 +120,50 @@ fn blocking(
 }
 
 #[tokio::test]
+async fn gating_split_around_validation() {
+    use csi_proto::v1::node_service_capability::rpc::Type as NodeRpc;
+    let caps = Capabilities::new().node([NodeRpc::StageUnstageVolume]);
+    let published = || {
+        service_fn(|_: CsiCall<NodePublishVolumeRequest>| async {
+            Ok::<_, CsiError>(NodePublishVolumeResponse {})
+        })
+    };
+    let stack = ServiceBuilder::new()
+        .layer(GatingLayer::rpcs(caps.clone()))
+        .layer(ValidationLayer)
+        .layer(GatingLayer::fields(caps.clone()))
+        .service(published());
+    let publish = |volume_id: &str| NodePublishVolumeRequest {
+        volume_id: volume_id.into(),
+        target_path: "/mnt/t".into(),
+        volume_capability: Some(
+            VolumeCapability::mount("ext4").with_access_mode(Mode::SingleNodeWriter),
+        ),
+        ..Default::default()
+    };
+    // Missing volume_id and staging path: the field rule, not the staging rule.
+    assert_eq!(
+        call(&stack, publish("")).await.unwrap_err(),
+        CsiError::required("volume_id")
+    );
+    assert_eq!(
+        call(&stack, publish("v")).await.unwrap_err().code(),
+        Code::FailedPrecondition
+    );
+    // Each half alone makes only its own decision.
+    let rpcs_only = GatingLayer::rpcs(caps.clone()).layer(published());
+    call(&rpcs_only, publish("v")).await.unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let fields_only = GatingLayer::fields(caps).layer(counting(&calls));
+    call(&fields_only, delete("v")).await.unwrap();
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "DELETE is not gated by fields()"
+    );
+}
+
+#[tokio::test]
 async fn locking_alone() {
     let map = LockMap::new();
     let entered = Arc::new(Notify::new());

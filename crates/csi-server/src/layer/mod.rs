@@ -9,7 +9,8 @@
 //! ([`ServerBuilder::layer_at`](crate::ServerBuilder::layer_at)).
 //!
 //! The default order, outermost first: tracing, metrics, panic catching,
-//! capability gating, validation, readiness (Probe only), locking, driver.
+//! RPC capability gating, validation, field-level capability rules,
+//! readiness (Probe only), locking, driver.
 //!
 //! A layer of your own is an ordinary tower layer:
 //!
