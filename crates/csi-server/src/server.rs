@@ -175,6 +175,7 @@ pub struct ServerBuilder {
     mode: ServeMode,
     endpoint: Option<Endpoint>,
     allow_tcp: bool,
+    any_authority: bool,
     drivers: Drivers,
     readiness: Option<Readiness>,
     grace_period: Duration,
@@ -222,6 +223,15 @@ impl ServerBuilder {
     /// Allows a `tcp://` endpoint (off by default: the spec wants unix sockets).
     pub fn allow_tcp(mut self, allow: bool) -> Self {
         self.allow_tcp = allow;
+        self
+    }
+
+    /// Whether connections on a unix socket go through
+    /// [`AnyAuthority`] (default on), so clients that send the socket path
+    /// as `:authority` (gRPC C-core, grpc-java) are served. Off only to test
+    /// that a client or suite notices a server without it.
+    pub fn any_authority(mut self, on: bool) -> Self {
+        self.any_authority = on;
         self
     }
 
@@ -503,6 +513,7 @@ impl ServerBuilder {
             .into();
         Ok(Server {
             endpoint,
+            any_authority: self.any_authority,
             routes,
             readiness,
             ready_on_listen,
@@ -517,6 +528,7 @@ impl ServerBuilder {
 /// A configured CSI server; see [`Server::builder`].
 pub struct Server {
     endpoint: Endpoint,
+    any_authority: bool,
     routes: Routes,
     readiness: Readiness,
     ready_on_listen: bool,
@@ -544,6 +556,7 @@ impl Server {
             mode: ServeMode::Both,
             endpoint: None,
             allow_tcp: false,
+            any_authority: true,
             drivers: Drivers::default(),
             readiness: None,
             grace_period: Duration::from_secs(30),
@@ -632,17 +645,30 @@ impl Server {
                     self.readiness.set_ready();
                 }
                 tracing::info!(endpoint = %self.endpoint, "serving");
-                // Any :authority on the socket (see crate::authority).
-                let incoming = UnixListenerStream::new(listener).map_ok(AnyAuthority::new);
-                let serving = router.serve_with_incoming_shutdown(incoming, stop);
-                let result = drain(
-                    serving,
-                    shutdown,
-                    stop_tx,
-                    self.grace_period,
-                    &self.lock_map,
-                )
-                .await;
+                let incoming = UnixListenerStream::new(listener);
+                let result = if self.any_authority {
+                    // Any :authority on the socket (see crate::authority).
+                    let incoming = incoming.map_ok(AnyAuthority::new);
+                    let serving = router.serve_with_incoming_shutdown(incoming, stop);
+                    drain(
+                        serving,
+                        shutdown,
+                        stop_tx,
+                        self.grace_period,
+                        &self.lock_map,
+                    )
+                    .await
+                } else {
+                    let serving = router.serve_with_incoming_shutdown(incoming, stop);
+                    drain(
+                        serving,
+                        shutdown,
+                        stop_tx,
+                        self.grace_period,
+                        &self.lock_map,
+                    )
+                    .await
+                };
                 file.remove();
                 result
             }
