@@ -32,6 +32,7 @@ fn fs_type_at(path: &Path) -> Option<String> {
 }
 
 #[test]
+#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
 fn format_and_mount_ext4_then_refuse_to_reformat() {
     require_root!("format_and_mount_ext4_then_refuse_to_reformat");
     if !have_program("format_and_mount_ext4_then_refuse_to_reformat", "mkfs.ext4") {
@@ -97,6 +98,7 @@ fn format_and_mount_ext4_then_refuse_to_reformat() {
 }
 
 #[test]
+#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
 fn resize_ext4_after_growing_the_backing_file() {
     require_root!("resize_ext4_after_growing_the_backing_file");
     if !have_program("resize_ext4_after_growing_the_backing_file", "resize2fs") {
@@ -211,6 +213,7 @@ fn format_mount_grow(test: &'static str, fstype: &'static str, size: u64) {
 }
 
 #[test]
+#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
 fn format_mount_and_grow_xfs() {
     require_root!("format_mount_and_grow_xfs");
     let t = "format_mount_and_grow_xfs";
@@ -225,6 +228,7 @@ fn format_mount_and_grow_xfs() {
 }
 
 #[test]
+#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
 fn format_mount_and_grow_btrfs() {
     require_root!("format_mount_and_grow_btrfs");
     let t = "format_mount_and_grow_btrfs";
@@ -235,6 +239,7 @@ fn format_mount_and_grow_btrfs() {
 }
 
 #[test]
+#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
 fn a_failing_test_leaves_no_mount_or_loop_device() {
     require_root!("a_failing_test_leaves_no_mount_or_loop_device");
     if !have_program("a_failing_test_leaves_no_mount_or_loop_device", "mkfs.ext4") {

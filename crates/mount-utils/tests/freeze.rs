@@ -10,6 +10,7 @@ use mount_utils::require_root;
 use mount_utils::testing::{ScratchFilesystem, have_program, in_private_mount_ns};
 
 #[test]
+#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
 fn writes_wait_for_the_thaw() {
     require_root!("writes_wait_for_the_thaw");
     if !have_program("writes_wait_for_the_thaw", "mkfs.ext4") {
@@ -63,6 +64,7 @@ fn open_fds_on(path: &Path) -> usize {
 }
 
 #[test]
+#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
 fn the_root_filesystem_is_never_frozen() {
     require_root!("the_root_filesystem_is_never_frozen");
     let err = FrozenFilesystem::freeze(Path::new("/")).unwrap_err();

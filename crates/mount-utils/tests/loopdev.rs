@@ -10,6 +10,7 @@ use mount_utils::{LoopDevice, LoopOptions, block, loopdev};
 const MIB: u64 = 1 << 20;
 
 #[test]
+#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
 fn loop_attach_find_grow_detach() {
     require_root!("loop_attach_find_grow_detach");
     in_private_mount_ns("loop_attach_find_grow_detach", || {
@@ -53,6 +54,7 @@ fn loop_attach_find_grow_detach() {
 }
 
 #[test]
+#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
 fn loop_read_only_and_direct_io() {
     require_root!("loop_read_only_and_direct_io");
     in_private_mount_ns("loop_read_only_and_direct_io", || {
@@ -92,6 +94,7 @@ fn loop_read_only_and_direct_io() {
 }
 
 #[test]
+#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
 fn autoclear_detaches_a_kept_device_once_unused() {
     require_root!("autoclear_detaches_a_kept_device_once_unused");
     in_private_mount_ns("autoclear_detaches_a_kept_device_once_unused", || {
@@ -125,6 +128,7 @@ fn autoclear_detaches_a_kept_device_once_unused() {
 }
 
 #[test]
+#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
 fn legacy_set_fd_path_attaches_with_autoclear() {
     require_root!("legacy_set_fd_path_attaches_with_autoclear");
     in_private_mount_ns("legacy_set_fd_path_attaches_with_autoclear", || {
@@ -159,6 +163,7 @@ fn legacy_set_fd_path_attaches_with_autoclear() {
 }
 
 #[test]
+#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
 fn parallel_attaches_survive_the_free_device_race() {
     require_root!("parallel_attaches_survive_the_free_device_race");
     in_private_mount_ns("parallel_attaches_survive_the_free_device_race", || {

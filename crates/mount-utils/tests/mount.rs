@@ -25,6 +25,7 @@ fn dir(base: &Path, name: &str) -> PathBuf {
 }
 
 #[test]
+#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
 fn tmpfs_mount_and_unmount() {
     require_root!("tmpfs_mount_and_unmount");
     in_private_mount_ns("tmpfs_mount_and_unmount", || {
@@ -56,6 +57,7 @@ fn tmpfs_mount_and_unmount() {
 }
 
 #[test]
+#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
 fn sensitive_options_reach_the_kernel_but_not_errors() {
     require_root!("sensitive_options_reach_the_kernel_but_not_errors");
     in_private_mount_ns("sensitive_options_reach_the_kernel_but_not_errors", || {
@@ -91,6 +93,7 @@ fn sensitive_options_reach_the_kernel_but_not_errors() {
 }
 
 #[test]
+#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
 fn bind_and_read_only_bind() {
     require_root!("bind_and_read_only_bind");
     in_private_mount_ns("bind_and_read_only_bind", || {
@@ -144,6 +147,7 @@ fn bind_and_read_only_bind() {
 }
 
 #[test]
+#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
 fn same_filesystem_bind_is_a_mount_point() {
     require_root!("same_filesystem_bind_is_a_mount_point");
     in_private_mount_ns("same_filesystem_bind_is_a_mount_point", || {
@@ -179,6 +183,7 @@ fn same_filesystem_bind_is_a_mount_point() {
 }
 
 #[test]
+#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
 fn mount_refs_and_device_from_mount() {
     require_root!("mount_refs_and_device_from_mount");
     in_private_mount_ns("mount_refs_and_device_from_mount", || {
@@ -216,6 +221,7 @@ fn mount_refs_and_device_from_mount() {
 }
 
 #[test]
+#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
 fn escaped_paths_round_trip_through_mountinfo() {
     require_root!("escaped_paths_round_trip_through_mountinfo");
     in_private_mount_ns("escaped_paths_round_trip_through_mountinfo", || {
@@ -231,6 +237,7 @@ fn escaped_paths_round_trip_through_mountinfo() {
 }
 
 #[test]
+#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
 fn cleanup_of_busy_stacked_and_absent_paths() {
     require_root!("cleanup_of_busy_stacked_and_absent_paths");
     in_private_mount_ns("cleanup_of_busy_stacked_and_absent_paths", || {
@@ -267,6 +274,7 @@ fn cleanup_of_busy_stacked_and_absent_paths() {
 }
 
 #[test]
+#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
 fn file_bind_mount_for_block_volumes() {
     require_root!("file_bind_mount_for_block_volumes");
     in_private_mount_ns("file_bind_mount_for_block_volumes", || {

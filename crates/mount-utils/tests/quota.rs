@@ -71,6 +71,7 @@ fn exercise(fs: &ScratchFilesystem) {
 }
 
 #[test]
+#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
 fn ext4_project_quota_limits_a_directory() {
     const TEST: &str = "ext4_project_quota_limits_a_directory";
     require_root!(TEST);
@@ -97,6 +98,7 @@ fn ext4_project_quota_limits_a_directory() {
 }
 
 #[test]
+#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
 fn xfs_project_quota_limits_a_directory() {
     const TEST: &str = "xfs_project_quota_limits_a_directory";
     require_root!(TEST);
