@@ -1,0 +1,270 @@
+//! The traits [`NodeVolumes`](crate::NodeVolumes) acts through, each with a
+//! real implementation and a fake beside it: where records persist, loop
+//! devices, how a filesystem is put on a device, and where a driver keeps
+//! a volume's data.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use mount_utils::{DiskFormat, Errno, LoopDevice, LoopOptions, Mounter, SafeFormatAndMount};
+
+use crate::error::NodeError;
+use crate::observe::device_number;
+use crate::record::{Device, Source};
+
+/// One stored record as loaded: its key and its bytes, or why it could
+/// not be read.
+pub type LoadedRecord = (String, Result<Vec<u8>, String>);
+
+/// Where node records persist: one value per key, durable when a call
+/// returns. csi-store's stores implement it; [`MemoryRecords`] is the fake.
+pub trait RecordStore: Send + Sync {
+    /// Every record. One that cannot be read comes back as `Err(why)`
+    /// under its key, so a bad record never fails the whole load.
+    fn load_all(&self) -> Result<Vec<LoadedRecord>, NodeError>;
+    /// Creates or replaces the record under `key`.
+    fn put(&self, key: &str, value: &[u8]) -> Result<(), NodeError>;
+    /// Removes the record under `key`; an absent one is fine.
+    fn delete(&self, key: &str) -> Result<(), NodeError>;
+}
+
+/// In-memory [`RecordStore`] for tests. Clones share the records, so a
+/// "restarted" plugin can open the same store; writes can be made to fail.
+#[derive(Debug, Clone, Default)]
+pub struct MemoryRecords {
+    inner: Arc<Mutex<MemoryInner>>,
+}
+
+#[derive(Debug, Default)]
+struct MemoryInner {
+    records: BTreeMap<String, Result<Vec<u8>, String>>,
+    fail_writes: Option<bool>,
+}
+
+impl MemoryRecords {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, MemoryInner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Stores raw bytes under `key` (a corrupt record, for tests).
+    pub fn insert_raw(&self, key: &str, value: &[u8]) {
+        self.lock()
+            .records
+            .insert(key.to_owned(), Ok(value.to_vec()));
+    }
+
+    /// A record the store itself cannot read (a checksum mismatch).
+    pub fn insert_unreadable(&self, key: &str, why: &str) {
+        self.lock()
+            .records
+            .insert(key.to_owned(), Err(why.to_owned()));
+    }
+
+    /// The raw record under `key`.
+    pub fn get(&self, key: &str) -> Option<Vec<u8>> {
+        self.lock().records.get(key).and_then(|r| r.clone().ok())
+    }
+
+    /// The keys stored.
+    pub fn keys(&self) -> Vec<String> {
+        self.lock().records.keys().cloned().collect()
+    }
+
+    /// Makes every later write fail (`disk_full`: as ENOSPC) until
+    /// [`heal`](Self::heal).
+    pub fn fail_writes(&self, disk_full: bool) {
+        self.lock().fail_writes = Some(disk_full);
+    }
+
+    /// Lets writes succeed again.
+    pub fn heal(&self) {
+        self.lock().fail_writes = None;
+    }
+
+    fn check(inner: &MemoryInner) -> Result<(), NodeError> {
+        match inner.fail_writes {
+            Some(full) => Err(NodeError::Store {
+                reason: if full {
+                    "no space left on device".into()
+                } else {
+                    "write failed".into()
+                },
+                full,
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
+impl RecordStore for MemoryRecords {
+    fn load_all(&self) -> Result<Vec<LoadedRecord>, NodeError> {
+        Ok(self
+            .lock()
+            .records
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect())
+    }
+
+    fn put(&self, key: &str, value: &[u8]) -> Result<(), NodeError> {
+        let mut inner = self.lock();
+        Self::check(&inner)?;
+        inner.records.insert(key.to_owned(), Ok(value.to_vec()));
+        Ok(())
+    }
+
+    fn delete(&self, key: &str) -> Result<(), NodeError> {
+        let mut inner = self.lock();
+        Self::check(&inner)?;
+        inner.records.remove(key);
+        Ok(())
+    }
+}
+
+/// Loop devices, found by their backing file.
+pub trait LoopDevices: Send + Sync {
+    /// Attaches `backing_file` to a free loop device, left attached (no
+    /// autoclear: a bind mount of the device node does not hold it open).
+    fn attach(&self, backing_file: &Path) -> Result<Device, NodeError>;
+    /// The devices attached to `backing_file` now.
+    fn find(&self, backing_file: &Path) -> Result<Vec<Device>, NodeError>;
+    /// Detaches `device` (deferred by the kernel while it is mounted); one
+    /// already gone is fine.
+    fn detach(&self, device: &Device) -> Result<(), NodeError>;
+}
+
+/// [`LoopDevices`] over mount-utils' loop ioctls and `/sys/block`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemLoopDevices;
+
+impl SystemLoopDevices {
+    fn device(path: &Path) -> Result<Device, NodeError> {
+        let (major, minor) =
+            device_number(path).map_err(|e| NodeError::io("inspecting", path, &e))?;
+        Ok(Device {
+            path: path.to_path_buf(),
+            major,
+            minor,
+        })
+    }
+}
+
+impl LoopDevices for SystemLoopDevices {
+    fn attach(&self, backing_file: &Path) -> Result<Device, NodeError> {
+        let opts = LoopOptions {
+            autoclear: false,
+            ..LoopOptions::default()
+        };
+        let dev = LoopDevice::attach(backing_file, &opts)
+            .map_err(|e| NodeError::loop_device("attaching", backing_file, &e))?;
+        let device = Self::device(dev.path());
+        let path = dev.keep();
+        device.inspect_err(|_| {
+            let _ = mount_utils::loopdev::detach(&path);
+        })
+    }
+
+    fn find(&self, backing_file: &Path) -> Result<Vec<Device>, NodeError> {
+        mount_utils::loopdev::find_by_backing_file(backing_file)
+            .map_err(|e| NodeError::loop_device("looking up loop devices of", backing_file, &e))?
+            .iter()
+            .map(|p| Self::device(p))
+            .collect()
+    }
+
+    fn detach(&self, device: &Device) -> Result<(), NodeError> {
+        match mount_utils::loopdev::detach(&device.path) {
+            Ok(()) => Ok(()),
+            Err(e) if matches!(e.errno(), Some(Errno::ENXIO | Errno::ENOENT)) => Ok(()),
+            Err(e) => Err(NodeError::loop_device("detaching", &device.path, &e)),
+        }
+    }
+}
+
+/// Where a driver keeps a volume's data: the one thing NodeVolumes needs
+/// to know about the driver to stage a volume and to recognise its mounts
+/// and devices without a record (after a crash or a lost record).
+pub trait VolumeLocator: Send + Sync {
+    /// The volume's source on this node; `None` when the driver has no
+    /// such volume (NOT_FOUND).
+    fn source(&self, volume_id: &str) -> Option<Source>;
+}
+
+impl<F> VolumeLocator for F
+where
+    F: Fn(&str) -> Option<Source> + Send + Sync,
+{
+    fn source(&self, volume_id: &str) -> Option<Source> {
+        self(volume_id)
+    }
+}
+
+/// Puts the filesystem of a device at the staging path.
+pub trait FilesystemMount: Send + Sync {
+    /// Mounts the filesystem on `device` at `target`. `may_format`: the
+    /// device may be formatted if it is empty; false once a filesystem was
+    /// mounted from it (it must then be refused, never formatted again).
+    fn mount_filesystem(
+        &self,
+        device: &Path,
+        target: &Path,
+        fs_type: &str,
+        options: &[&str],
+        may_format: bool,
+    ) -> Result<(), NodeError>;
+}
+
+/// Mounts what is there; formats nothing.
+pub struct PlainMount(pub Arc<dyn Mounter>);
+
+impl FilesystemMount for PlainMount {
+    fn mount_filesystem(
+        &self,
+        device: &Path,
+        target: &Path,
+        fs_type: &str,
+        options: &[&str],
+        _may_format: bool,
+    ) -> Result<(), NodeError> {
+        self.0
+            .mount(&device.to_string_lossy(), target, fs_type, options)
+            .map_err(|e| NodeError::mount("mounting", target, &e))
+    }
+}
+
+/// Formats a new volume's empty device, fscks and mounts; a device that
+/// was formatted before and now shows no filesystem (damaged first blocks)
+/// is refused, never formatted again.
+impl FilesystemMount for SafeFormatAndMount {
+    fn mount_filesystem(
+        &self,
+        device: &Path,
+        target: &Path,
+        fs_type: &str,
+        options: &[&str],
+        may_format: bool,
+    ) -> Result<(), NodeError> {
+        let dev = device.to_string_lossy();
+        if !may_format {
+            match self.probe(&dev) {
+                Ok(DiskFormat::Filesystem(_)) => {}
+                Ok(_) => {
+                    return Err(NodeError::FailedPrecondition(format!(
+                        "{} was formatted for this volume but holds no filesystem now; \
+                         refusing to format it again",
+                        device.display()
+                    )));
+                }
+                Err(e) => return Err(NodeError::format(device, target, &e)),
+            }
+        }
+        self.format_and_mount(&dev, target, fs_type, options, &[])
+            .map_err(|e| NodeError::format(device, target, &e))
+    }
+}

@@ -1,0 +1,1013 @@
+//! [`NodeVolumes`]: the node record plus the effects, in the order that
+//! keeps crashes harmless: gather facts, decide ([`crate::rules`]), save
+//! the intent, act, verify in mountinfo, save the outcome.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::OpenOptions;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use csi_proto::v1::{
+    NodePublishVolumeRequest, NodeStageVolumeRequest, NodeUnpublishVolumeRequest,
+    NodeUnstageVolumeRequest, VolumeCondition,
+};
+use mount_utils::{MountInfo, Mounter};
+
+use crate::error::NodeError;
+use crate::observe::{Identities, MountId, PathKind, facts, mounts_at, normalize, resolve};
+use crate::record::{
+    Capability, PublishRecord, PublishState, Source, StageRecord, StageState, VolumeRecord, sorted,
+};
+use crate::rules::{
+    PublishDecision, PublishFacts, StageDecision, StageFacts, UnpublishDecision, UnpublishFacts,
+    UnstageDecision, UnstageFacts, decide_publish, decide_stage, decide_unpublish, decide_unstage,
+    effective_readonly, mount_options,
+};
+use crate::seams::{
+    FilesystemMount, LoopDevices, PlainMount, RecordStore, SystemLoopDevices, VolumeLocator,
+};
+
+/// Whether a call changed anything on the node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Mounted, unmounted, attached or detached something.
+    Changed,
+    /// Already so (an idempotent repeat): nothing was touched.
+    Unchanged,
+}
+
+/// What [`NodeVolumes::restore`] found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RestoreReport {
+    /// Volumes whose stage and publications are in place.
+    pub healthy: Vec<String>,
+    /// Volumes that could not be restored or whose record is unreadable,
+    /// with why. They are reported abnormal; everything else is served.
+    pub abnormal: BTreeMap<String, String>,
+}
+
+/// The mounts gone over when one path holds several stacked mounts.
+const MAX_STACKED: usize = 16;
+
+struct Inner {
+    mounter: Arc<dyn Mounter>,
+    loops: Arc<dyn LoopDevices>,
+    store: Arc<dyn RecordStore>,
+    locator: Arc<dyn VolumeLocator>,
+    filesystems: Arc<dyn FilesystemMount>,
+    single_node_multi_writer: bool,
+    table: Mutex<Table>,
+}
+
+#[derive(Default)]
+struct Table {
+    records: BTreeMap<String, VolumeRecord>,
+    abnormal: BTreeMap<String, String>,
+    busy_volumes: BTreeSet<String>,
+    busy_paths: BTreeSet<PathBuf>,
+}
+
+/// What this node plugin staged and published, and the rules that guard
+/// it: NodeStage, NodeUnstage, NodePublish and NodeUnpublish done safely,
+/// for any driver whose volumes are directories or image files.
+///
+/// Cheap to clone; every method blocks (run it in `spawn_blocking`). Calls
+/// on a volume or path another call is working on are ABORTED.
+#[derive(Clone)]
+pub struct NodeVolumes {
+    inner: Arc<Inner>,
+}
+
+/// Sets up a [`NodeVolumes`].
+pub struct NodeVolumesBuilder {
+    mounter: Arc<dyn Mounter>,
+    store: Arc<dyn RecordStore>,
+    locator: Arc<dyn VolumeLocator>,
+    loops: Option<Arc<dyn LoopDevices>>,
+    filesystems: Option<Arc<dyn FilesystemMount>>,
+    single_node_multi_writer: bool,
+}
+
+impl NodeVolumesBuilder {
+    /// Loop devices to use (default [`SystemLoopDevices`]).
+    pub fn loop_devices(mut self, loops: Arc<dyn LoopDevices>) -> Self {
+        self.loops = Some(loops);
+        self
+    }
+
+    /// How filesystems on devices are mounted (default [`PlainMount`];
+    /// pass a `SafeFormatAndMount` to format new volumes).
+    pub fn filesystem_mount(mut self, filesystems: Arc<dyn FilesystemMount>) -> Self {
+        self.filesystems = Some(filesystems);
+        self
+    }
+
+    /// Whether the plugin declares SINGLE_NODE_MULTI_WRITER (the repeat
+    /// table then allows several targets for that mode).
+    pub fn single_node_multi_writer(mut self, declared: bool) -> Self {
+        self.single_node_multi_writer = declared;
+        self
+    }
+
+    /// Loads every record. An unreadable record does not fail this: its
+    /// volume is reported abnormal and served as having no record (nothing
+    /// of it is touched unless verifiably its own).
+    pub fn open(self) -> Result<NodeVolumes, NodeError> {
+        let mut table = Table::default();
+        for (key, value) in self.store.load_all()? {
+            let record = value.and_then(|bytes| VolumeRecord::decode(&bytes));
+            match record {
+                Ok(r) if r.volume_id == key => {
+                    table.records.insert(key, r);
+                }
+                Ok(_) => {
+                    table.abnormal.insert(
+                        key,
+                        "its node record names another volume; set aside".into(),
+                    );
+                }
+                Err(why) => {
+                    tracing::warn!(volume = %key, %why, "unreadable node record set aside");
+                    table.abnormal.insert(
+                        key,
+                        format!("its node record is unreadable ({why}); set aside"),
+                    );
+                }
+            }
+        }
+        let filesystems = self
+            .filesystems
+            .unwrap_or_else(|| Arc::new(PlainMount(self.mounter.clone())));
+        Ok(NodeVolumes {
+            inner: Arc::new(Inner {
+                loops: self.loops.unwrap_or_else(|| Arc::new(SystemLoopDevices)),
+                mounter: self.mounter,
+                store: self.store,
+                locator: self.locator,
+                filesystems,
+                single_node_multi_writer: self.single_node_multi_writer,
+                table: Mutex::new(table),
+            }),
+        })
+    }
+}
+
+/// Marks a volume and its paths busy for one call.
+struct Claim<'a> {
+    table: &'a Mutex<Table>,
+    volume: String,
+    paths: Vec<PathBuf>,
+}
+
+impl Drop for Claim<'_> {
+    fn drop(&mut self) {
+        let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        t.busy_volumes.remove(&self.volume);
+        for p in &self.paths {
+            t.busy_paths.remove(p);
+        }
+    }
+}
+
+/// What a call did so far, to undo when it fails before anything was
+/// acknowledged.
+#[derive(Default)]
+struct Undo {
+    attached: Option<crate::record::Device>,
+    created: Option<PathBuf>,
+    mounted: bool,
+}
+
+impl NodeVolumes {
+    /// Starts a builder: `mounter` for the mount table, `store` for the
+    /// records, `locator` for where the driver keeps each volume.
+    pub fn builder(
+        mounter: Arc<dyn Mounter>,
+        store: Arc<dyn RecordStore>,
+        locator: Arc<dyn VolumeLocator>,
+    ) -> NodeVolumesBuilder {
+        NodeVolumesBuilder {
+            mounter,
+            store,
+            locator,
+            loops: None,
+            filesystems: None,
+            single_node_multi_writer: false,
+        }
+    }
+
+    fn table(&self) -> MutexGuard<'_, Table> {
+        self.inner.table.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The record of a volume.
+    pub fn record(&self, volume_id: &str) -> Option<VolumeRecord> {
+        self.table().records.get(volume_id).cloned()
+    }
+
+    /// Every record, by volume id.
+    pub fn records(&self) -> BTreeMap<String, VolumeRecord> {
+        self.table().records.clone()
+    }
+
+    /// Volumes reported abnormal (unreadable record, failed restore), with why.
+    pub fn abnormal(&self) -> BTreeMap<String, String> {
+        self.table().abnormal.clone()
+    }
+
+    fn claim(&self, volume: &str, paths: &[&Path]) -> Result<Claim<'_>, NodeError> {
+        let mut t = self.table();
+        if t.busy_volumes.contains(volume) {
+            return Err(NodeError::Aborted(format!(
+                "an operation on volume {volume} is in progress"
+            )));
+        }
+        if let Some(p) = paths.iter().find(|p| t.busy_paths.contains(**p)) {
+            return Err(NodeError::Aborted(format!(
+                "an operation on {} is in progress",
+                p.display()
+            )));
+        }
+        t.busy_volumes.insert(volume.to_owned());
+        for p in paths {
+            t.busy_paths.insert(p.to_path_buf());
+        }
+        Ok(Claim {
+            table: &self.inner.table,
+            volume: volume.to_owned(),
+            paths: paths.iter().map(|p| p.to_path_buf()).collect(),
+        })
+    }
+
+    /// This volume's record and the other volume whose record names `path`.
+    fn snapshot(&self, volume: &str, path: &Path) -> (Option<VolumeRecord>, Option<String>) {
+        let t = self.table();
+        let claimed = t
+            .records
+            .values()
+            .find(|r| r.volume_id != volume && r.names(path))
+            .map(|r| r.volume_id.clone());
+        (t.records.get(volume).cloned(), claimed)
+    }
+
+    /// Persists `rec` (deletes it when empty), then updates memory: memory
+    /// never runs ahead of disk.
+    fn save(&self, rec: &VolumeRecord) -> Result<(), NodeError> {
+        if rec.is_empty() {
+            self.inner.store.delete(&rec.volume_id)?;
+            self.table().records.remove(&rec.volume_id);
+        } else {
+            self.inner.store.put(&rec.volume_id, &rec.encode())?;
+            self.table()
+                .records
+                .insert(rec.volume_id.clone(), rec.clone());
+        }
+        Ok(())
+    }
+
+    fn mount_table(&self) -> Result<Vec<MountInfo>, NodeError> {
+        self.inner
+            .mounter
+            .mount_points()
+            .map_err(|e| NodeError::mount("reading", Path::new("the mount table"), &e))
+    }
+
+    /// What identifies `volume`'s mounts: from its stage record and from
+    /// the driver's locator, with its devices found by backing file now.
+    fn identities(
+        &self,
+        volume: &str,
+        record: Option<&VolumeRecord>,
+        table: &[MountInfo],
+    ) -> Result<Identities, NodeError> {
+        let mut sources: Vec<Source> = record
+            .and_then(|r| r.stage.as_ref())
+            .map(|s| s.source.clone())
+            .into_iter()
+            .collect();
+        if let Some(s) = self
+            .inner
+            .locator
+            .source(volume)
+            .filter(|s| !sources.contains(s))
+        {
+            sources.push(s);
+        }
+        let mut out = Identities::default();
+        for source in sources {
+            match source {
+                Source::Directory(d) => {
+                    out.ids.extend(MountId::bind_of(table, &d));
+                    out.directory = Some(normalize(&d));
+                }
+                Source::Image(image) => {
+                    for dev in self.inner.loops.find(&image)? {
+                        out.ids.push(MountId::filesystem_on(&dev));
+                        out.ids.extend(MountId::bind_of(table, &dev.path));
+                        out.devices.push(dev);
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// NodeStageVolume. The volume's source comes from the locator; an
+    /// image is attached (or its existing device reused), and for mount
+    /// access its filesystem, or the directory, is mounted at the staging
+    /// path, read-only for reader-only modes.
+    pub fn stage(&self, req: &NodeStageVolumeRequest) -> Result<Outcome, NodeError> {
+        let cap = Capability::from_proto(req.volume_capability.as_ref(), "volume_capability")?;
+        let path = absolute(&req.staging_target_path, "staging_target_path")?;
+        let mut req = req.clone();
+        req.staging_target_path = path.to_string_lossy().into_owned();
+        let readonly = effective_readonly(false, &cap);
+        let options = mount_options(&cap, readonly)?;
+        let vol = req.volume_id.as_str();
+        let source = self
+            .inner
+            .locator
+            .source(vol)
+            .ok_or_else(|| NodeError::NotFound(format!("volume {vol} does not exist")))?;
+        if cap.is_block() && matches!(source, Source::Directory(_)) {
+            return Err(NodeError::FailedPrecondition(format!(
+                "volume {vol} is a directory and cannot be staged for block access"
+            )));
+        }
+        let _claim = self.claim(vol, &[&path])?;
+        let table = self.mount_table()?;
+        let (record, claimed) = self.snapshot(vol, &path);
+        let ids = self.identities(vol, record.as_ref(), &table)?;
+        let here = facts(&table, &path, &ids);
+        let decision = decide_stage(
+            &req,
+            &cap,
+            &StageFacts {
+                staged: record.as_ref().and_then(|r| r.stage.as_ref()),
+                path_claimed_by: claimed.as_deref(),
+                path: &here,
+                device_attached: !ids.devices.is_empty(),
+            },
+        )?;
+        let StageDecision::Stage { resume, mounted } = decision else {
+            return Ok(Outcome::Unchanged);
+        };
+        let mut rec = record.unwrap_or_else(|| VolumeRecord::new(vol));
+        let stage = match rec.stage.take() {
+            Some(mut s) if resume => {
+                s.state = StageState::Staging;
+                s
+            }
+            _ => StageRecord {
+                path: path.clone(),
+                capability: cap.clone(),
+                readonly,
+                source,
+                device: None,
+                formatted: false,
+                publish_context: sorted(&req.publish_context),
+                volume_context: sorted(&req.volume_context),
+                state: StageState::Staging,
+            },
+        };
+        rec.stage = Some(stage);
+        self.save(&rec)?;
+        let mut undo = Undo::default();
+        match self.stage_effects(&mut rec, &ids, mounted, &options, &mut undo) {
+            Ok(()) => {
+                if let Some(s) = rec.stage.as_mut() {
+                    s.state = StageState::Staged;
+                    s.formatted |= s.device.is_some() && !s.capability.is_block();
+                }
+                self.save(&rec)?;
+                self.table().abnormal.remove(vol);
+                tracing::info!(volume = %vol, path = %path.display(), "staged");
+                Ok(Outcome::Changed)
+            }
+            Err(e) => {
+                if !resume {
+                    self.undo(&mut rec, &path, undo, |r| r.stage = None);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn stage_effects(
+        &self,
+        rec: &mut VolumeRecord,
+        ids: &Identities,
+        mounted: bool,
+        options: &[String],
+        undo: &mut Undo,
+    ) -> Result<(), NodeError> {
+        let Some(s) = rec.stage.clone() else {
+            return Ok(());
+        };
+        let device = match &s.source {
+            Source::Directory(_) => None,
+            Source::Image(image) => {
+                let dev = match ids.devices.first() {
+                    Some(d) => d.clone(),
+                    None => {
+                        if !image.is_file() {
+                            return Err(NodeError::FailedPrecondition(format!(
+                                "the image of volume {} is missing",
+                                rec.volume_id
+                            )));
+                        }
+                        let d = self.inner.loops.attach(image)?;
+                        undo.attached = Some(d.clone());
+                        d
+                    }
+                };
+                if s.device.as_ref() != Some(&dev) {
+                    if let Some(st) = rec.stage.as_mut() {
+                        st.device = Some(dev.clone());
+                    }
+                    self.save(rec)?;
+                }
+                Some(dev)
+            }
+        };
+        if s.capability.is_block() || mounted {
+            return Ok(());
+        }
+        if PathKind::of(&s.path) == PathKind::Absent {
+            std::fs::create_dir(&s.path).map_err(|e| NodeError::io("creating", &s.path, &e))?;
+            undo.created = Some(s.path.clone());
+        }
+        match (&s.source, &device) {
+            (Source::Directory(dir), _) => self
+                .inner
+                .mounter
+                .bind_mount(dir, &s.path, s.readonly)
+                .map_err(|e| NodeError::mount("staging at", &s.path, &e))?,
+            (Source::Image(_), Some(dev)) => {
+                let opts: Vec<&str> = options.iter().map(String::as_str).collect();
+                self.inner.filesystems.mount_filesystem(
+                    &dev.path,
+                    &s.path,
+                    s.capability.fs_type().unwrap_or_default(),
+                    &opts,
+                    !s.formatted,
+                )?
+            }
+            (Source::Image(_), None) => unreachable!("an image source always has a device here"),
+        }
+        undo.mounted = true;
+        self.verify(&rec.volume_id, rec, &s.path, s.readonly)
+    }
+
+    /// After a mount: the path shows exactly this volume, read-only when it
+    /// must be. Otherwise an error (the caller undoes the mount).
+    fn verify(
+        &self,
+        volume: &str,
+        rec: &VolumeRecord,
+        path: &Path,
+        readonly: bool,
+    ) -> Result<(), NodeError> {
+        let table = self.mount_table()?;
+        let ids = self.identities(volume, Some(rec), &table)?;
+        let here = mounts_at(&table, path);
+        if here.is_empty() || !here.iter().all(|m| ids.owns(m)) {
+            return Err(NodeError::FailedPrecondition(format!(
+                "after mounting, {} does not show volume {volume}",
+                path.display()
+            )));
+        }
+        if readonly && !here.last().is_some_and(|m| m.is_read_only()) {
+            return Err(NodeError::FailedPrecondition(format!(
+                "{} could not be made read-only for volume {volume}",
+                path.display()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Undoes what a failed first attempt did, then forgets it. If undoing
+    /// fails the record stays, so a later unstage or unpublish finishes.
+    fn undo(
+        &self,
+        rec: &mut VolumeRecord,
+        path: &Path,
+        undo: Undo,
+        forget: impl FnOnce(&mut VolumeRecord),
+    ) {
+        let result = (|| {
+            if undo.mounted {
+                let table = self.mount_table()?;
+                let ids = self.identities(&rec.volume_id, Some(rec), &table)?;
+                self.unmount_ours(&rec.volume_id, path, &ids)?;
+            }
+            if let Some(created) = &undo.created {
+                remove_if_empty(created)?;
+            }
+            if let Some(dev) = &undo.attached {
+                self.inner.loops.detach(dev)?;
+            }
+            forget(rec);
+            self.save(rec)
+        })();
+        if let Err(e) = result {
+            tracing::warn!(volume = %rec.volume_id, path = %path.display(), error = %e,
+                "could not undo a failed call; the record is kept for cleanup");
+        }
+    }
+
+    /// Unmounts every mount at `path`, each verified to be this volume's
+    /// first; stops at anything else.
+    fn unmount_ours(&self, volume: &str, path: &Path, ids: &Identities) -> Result<(), NodeError> {
+        for _ in 0..MAX_STACKED {
+            let table = self.mount_table()?;
+            let Some(top) = mounts_at(&table, path).last().copied() else {
+                return Ok(());
+            };
+            if !ids.owns(top) {
+                return Err(NodeError::FailedPrecondition(format!(
+                    "something other than volume {volume} is mounted at {}; not touching it",
+                    path.display()
+                )));
+            }
+            self.inner
+                .mounter
+                .unmount(path, false)
+                .map_err(|e| NodeError::mount("unmounting", path, &e))?;
+        }
+        Err(NodeError::FailedPrecondition(format!(
+            "{} is still mounted after {MAX_STACKED} unmounts",
+            path.display()
+        )))
+    }
+
+    /// NodeUnstageVolume: refuses while the volume is published anywhere;
+    /// unmounts the staging path only where it shows this volume; detaches
+    /// the volume's devices, found by backing file (so also after a crash
+    /// that lost the record of the attach).
+    pub fn unstage(&self, req: &NodeUnstageVolumeRequest) -> Result<Outcome, NodeError> {
+        let path = absolute(&req.staging_target_path, "staging_target_path")?;
+        let vol = req.volume_id.as_str();
+        let _claim = self.claim(vol, &[&path])?;
+        let table = self.mount_table()?;
+        let (record, claimed) = self.snapshot(vol, &path);
+        let known = self.inner.locator.source(vol).is_some();
+        let ids = self.identities(vol, record.as_ref(), &table)?;
+        let here = facts(&table, &path, &ids);
+        let mut in_use: Vec<PathBuf> = record
+            .iter()
+            .flat_map(|r| r.publications.iter().map(|p| p.target.clone()))
+            .collect();
+        for p in ids.uses(&table, &resolve(&path)) {
+            if !in_use.iter().any(|t| resolve(t) == p) {
+                in_use.push(p.to_path_buf());
+            }
+        }
+        let decision = decide_unstage(
+            vol,
+            &path,
+            &UnstageFacts {
+                staged: record.as_ref().and_then(|r| r.stage.as_ref()),
+                known,
+                path_claimed_by: claimed.as_deref(),
+                path: &here,
+                in_use_at: &in_use,
+                device_attached: !ids.devices.is_empty(),
+            },
+        )?;
+        let UnstageDecision::Unstage { unmount } = decision else {
+            return Ok(Outcome::Unchanged);
+        };
+        let mut rec = record.unwrap_or_else(|| VolumeRecord::new(vol));
+        if let Some(s) = rec.stage.as_mut() {
+            s.state = StageState::Unstaging;
+            self.save(&rec)?;
+        }
+        if unmount {
+            self.unmount_ours(vol, &path, &ids)?;
+        }
+        for dev in &ids.devices {
+            self.inner.loops.detach(dev)?;
+            tracing::info!(volume = %vol, device = %dev.path.display(), "detached");
+        }
+        rec.stage = None;
+        self.save(&rec)?;
+        tracing::info!(volume = %vol, path = %path.display(), "unstaged");
+        Ok(Outcome::Changed)
+    }
+
+    /// NodePublishVolume: binds the staging path (mount access), the
+    /// volume's device node (block access) or, without staging, the
+    /// volume's directory at the target; read-only always wins.
+    pub fn publish(&self, req: &NodePublishVolumeRequest) -> Result<Outcome, NodeError> {
+        let cap = Capability::from_proto(req.volume_capability.as_ref(), "volume_capability")?;
+        let target = absolute(&req.target_path, "target_path")?;
+        let staging = match req.staging_target_path.as_str() {
+            "" => None,
+            s => Some(absolute(s, "staging_target_path")?),
+        };
+        let mut req = req.clone();
+        req.target_path = target.to_string_lossy().into_owned();
+        if let Some(s) = &staging {
+            req.staging_target_path = s.to_string_lossy().into_owned();
+        }
+        let readonly = effective_readonly(req.readonly, &cap);
+        let options = mount_options(&cap, readonly)?;
+        let vol = req.volume_id.as_str();
+        let _claim = self.claim(vol, &[&target])?;
+        let table = self.mount_table()?;
+        let (record, claimed) = self.snapshot(vol, &target);
+        let located = self.inner.locator.source(vol);
+        let ids = self.identities(vol, record.as_ref(), &table)?;
+        let here = facts(&table, &target, &ids);
+        let staged = record.as_ref().and_then(|r| r.stage.as_ref());
+        let decision = decide_publish(
+            &req,
+            &cap,
+            &PublishFacts {
+                known: located.is_some(),
+                publications: record.as_ref().map_or(&[], |r| &r.publications),
+                staged,
+                target_claimed_by: claimed.as_deref(),
+                target: &here,
+                single_node_multi_writer: self.inner.single_node_multi_writer,
+            },
+        )?;
+        let PublishDecision::Publish { resume, mounted } = decision else {
+            return Ok(Outcome::Unchanged);
+        };
+        let source = match (staged, &staging, &located) {
+            (Some(_), Some(_), _) if cap.is_block() => {
+                ids.devices.first().map(|d| d.path.clone()).ok_or_else(|| {
+                    NodeError::FailedPrecondition(format!(
+                        "the device of staged volume {vol} is no longer attached"
+                    ))
+                })?
+            }
+            (Some(s), Some(_), _) => s.path.clone(),
+            (_, None, Some(Source::Directory(dir))) if !cap.is_block() => dir.clone(),
+            _ => {
+                return Err(NodeError::FailedPrecondition(format!(
+                    "volume {vol} must be staged before it is published"
+                )));
+            }
+        };
+        let mut rec = record.unwrap_or_else(|| VolumeRecord::new(vol));
+        let publication = PublishRecord {
+            target: target.clone(),
+            staging_path: staging.clone().unwrap_or_default(),
+            capability: cap.clone(),
+            readonly: req.readonly,
+            effective_readonly: readonly,
+            publish_context: sorted(&req.publish_context),
+            volume_context: sorted(&req.volume_context),
+            state: PublishState::Publishing,
+        };
+        rec.publications.retain(|p| p.target != target);
+        rec.publications.push(publication);
+        self.save(&rec)?;
+        let mut undo = Undo::default();
+        let result = self.bind(
+            &rec,
+            &source,
+            &target,
+            cap.is_block(),
+            readonly,
+            &options,
+            mounted,
+            &mut undo,
+        );
+        match result {
+            Ok(()) => {
+                if let Some(p) = rec.publications.iter_mut().find(|p| p.target == target) {
+                    p.state = PublishState::Published;
+                }
+                self.save(&rec)?;
+                tracing::info!(volume = %vol, target = %target.display(), readonly, "published");
+                Ok(Outcome::Changed)
+            }
+            Err(e) => {
+                if !resume {
+                    let t = target.clone();
+                    self.undo(&mut rec, &target, undo, move |r| {
+                        r.publications.retain(|p| p.target != t)
+                    });
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Creates the target (never through a symlink) and binds `source` there.
+    #[allow(clippy::too_many_arguments)]
+    fn bind(
+        &self,
+        rec: &VolumeRecord,
+        source: &Path,
+        target: &Path,
+        block: bool,
+        readonly: bool,
+        options: &[String],
+        mounted: bool,
+        undo: &mut Undo,
+    ) -> Result<(), NodeError> {
+        if !mounted {
+            if PathKind::of(target) == PathKind::Absent {
+                let created = if block {
+                    OpenOptions::new()
+                        .write(true)
+                        .create_new(true)
+                        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
+                        .mode(0o600)
+                        .open(target)
+                        .map(drop)
+                } else {
+                    std::fs::create_dir(target)
+                };
+                created.map_err(|e| NodeError::io("creating", target, &e))?;
+                undo.created = Some(target.to_path_buf());
+            }
+            let result = if options.is_empty() {
+                self.inner.mounter.bind_mount(source, target, false)
+            } else {
+                let mut opts = vec!["bind"];
+                opts.extend(options.iter().map(String::as_str));
+                self.inner
+                    .mounter
+                    .mount(&source.to_string_lossy(), target, "", &opts)
+            };
+            result.map_err(|e| NodeError::mount("publishing at", target, &e))?;
+            undo.mounted = true;
+        }
+        self.verify(&rec.volume_id, rec, target, readonly)
+    }
+
+    /// NodeUnpublishVolume: unmounts the target only where it shows this
+    /// volume and removes it if empty; a target recorded for another volume,
+    /// or holding something else, is NOT_FOUND and left alone.
+    pub fn unpublish(&self, req: &NodeUnpublishVolumeRequest) -> Result<Outcome, NodeError> {
+        let target = absolute(&req.target_path, "target_path")?;
+        let vol = req.volume_id.as_str();
+        let _claim = self.claim(vol, &[&target])?;
+        let table = self.mount_table()?;
+        let (record, claimed) = self.snapshot(vol, &target);
+        let known = self.inner.locator.source(vol).is_some();
+        let ids = self.identities(vol, record.as_ref(), &table)?;
+        let here = facts(&table, &target, &ids);
+        let decision = decide_unpublish(
+            vol,
+            &target,
+            &UnpublishFacts {
+                known,
+                record: record.as_ref().and_then(|r| r.publication(&target)),
+                target_claimed_by: claimed.as_deref(),
+                target: &here,
+            },
+        )?;
+        let UnpublishDecision::Unpublish { unmount, remove } = decision else {
+            return Ok(Outcome::Unchanged);
+        };
+        let mut rec = record.unwrap_or_else(|| VolumeRecord::new(vol));
+        if let Some(p) = rec.publications.iter_mut().find(|p| p.target == target) {
+            p.state = PublishState::Unpublishing;
+            self.save(&rec)?;
+        }
+        if unmount {
+            self.unmount_ours(vol, &target, &ids)?;
+        }
+        if remove {
+            remove_if_empty(&target)?;
+        }
+        rec.publications.retain(|p| p.target != target);
+        self.save(&rec)?;
+        tracing::info!(volume = %vol, target = %target.display(), "unpublished");
+        Ok(Outcome::Changed)
+    }
+
+    /// For NodeGetVolumeStats: the condition of `volume_id` at `path` (its
+    /// staging path or a target), checked in mountinfo now. NOT_FOUND when
+    /// the volume is not staged or published there; a volume whose record
+    /// is unreadable or that could not be restored is abnormal at any path.
+    pub fn volume_condition(
+        &self,
+        volume_id: &str,
+        path: &str,
+    ) -> Result<VolumeCondition, NodeError> {
+        let path = absolute(path, "volume_path")?;
+        let (record, abnormal) = {
+            let t = self.table();
+            (
+                t.records.get(volume_id).cloned(),
+                t.abnormal.get(volume_id).cloned(),
+            )
+        };
+        let named = record.as_ref().is_some_and(|r| r.names(&path));
+        let abnormal_here = |message: String| VolumeCondition {
+            abnormal: true,
+            message,
+        };
+        match (named, abnormal) {
+            (_, Some(why)) if named || record.is_none() => return Ok(abnormal_here(why)),
+            (false, _) => {
+                return Err(NodeError::NotFound(format!(
+                    "volume {volume_id} is not staged or published at {}",
+                    path.display()
+                )));
+            }
+            _ => {}
+        }
+        let table = self.mount_table()?;
+        let ids = self.identities(volume_id, record.as_ref(), &table)?;
+        let here = facts(&table, &path, &ids);
+        let stage = record.as_ref().and_then(|r| r.stage.as_ref());
+        let block_stage = stage.is_some_and(|s| s.path == path && s.capability.is_block());
+        Ok(if here.has_foreign_mount() {
+            abnormal_here(format!("something else is mounted at {}", path.display()))
+        } else if block_stage {
+            match ids.devices.first() {
+                Some(d) => VolumeCondition {
+                    abnormal: false,
+                    message: format!("attached as {}", d.path.display()),
+                },
+                None => abnormal_here("its device is no longer attached".into()),
+            }
+        } else if here.is_ours() {
+            VolumeCondition {
+                abnormal: false,
+                message: "mounted".into(),
+            }
+        } else {
+            abnormal_here(format!("{} is not mounted", path.display()))
+        })
+    }
+
+    /// After a restart: puts every staged and published volume back (loop
+    /// devices are gone after a reboot, mounts too), never formatting again.
+    /// A volume that cannot be restored (its image gone, its target now a
+    /// regular file or a symlink, its filesystem damaged) is reported
+    /// abnormal and left as it is; the others are served.
+    pub fn restore(&self) -> RestoreReport {
+        let mut report = RestoreReport::default();
+        for (vol, rec) in self.records() {
+            match self.restore_volume(&vol, rec) {
+                Ok(()) => report.healthy.push(vol),
+                Err(e) => {
+                    let why = e.to_string();
+                    tracing::warn!(volume = %vol, error = %why, "could not restore; reporting it abnormal");
+                    self.table().abnormal.insert(vol.clone(), why);
+                }
+            }
+        }
+        report.abnormal = self.abnormal();
+        report
+    }
+
+    fn restore_volume(&self, vol: &str, mut rec: VolumeRecord) -> Result<(), NodeError> {
+        let paths: Vec<PathBuf> = rec
+            .stage
+            .iter()
+            .map(|s| s.path.clone())
+            .chain(rec.publications.iter().map(|p| p.target.clone()))
+            .collect();
+        let refs: Vec<&Path> = paths.iter().map(PathBuf::as_path).collect();
+        let _claim = self.claim(vol, &refs)?;
+        if let Some(s) = rec.stage.clone().filter(|s| s.state == StageState::Staged) {
+            self.restore_stage(&mut rec, &s)?;
+        }
+        let mut problems = Vec::new();
+        for p in rec.publications.clone() {
+            if p.state != PublishState::Published {
+                continue;
+            }
+            if let Err(e) = self.restore_publication(&rec, &p) {
+                problems.push(e.to_string());
+            }
+        }
+        match problems.is_empty() {
+            true => Ok(()),
+            false => Err(NodeError::FailedPrecondition(problems.join("; "))),
+        }
+    }
+
+    fn restore_stage(&self, rec: &mut VolumeRecord, s: &StageRecord) -> Result<(), NodeError> {
+        let gone = |what: &str, p: &Path| {
+            NodeError::FailedPrecondition(format!("its {what} {} is gone", p.display()))
+        };
+        match &s.source {
+            Source::Directory(d) if !d.is_dir() => return Err(gone("directory", d)),
+            Source::Image(f) if !f.is_file() => return Err(gone("image", f)),
+            _ => {}
+        }
+        let table = self.mount_table()?;
+        let ids = self.identities(&rec.volume_id, Some(rec), &table)?;
+        let here = facts(&table, &s.path, &ids);
+        if here.kind == PathKind::Symlink || here.has_foreign_mount() {
+            return Err(NodeError::FailedPrecondition(format!(
+                "its staging path {} is now a symlink or holds something else",
+                s.path.display()
+            )));
+        }
+        if !s.capability.is_block()
+            && !here.is_ours()
+            && here.kind != PathKind::Absent
+            && here.kind != PathKind::Directory
+        {
+            return Err(NodeError::FailedPrecondition(format!(
+                "its staging path {} is no longer a directory",
+                s.path.display()
+            )));
+        }
+        let options = mount_options(&s.capability, s.readonly)?;
+        let mut undo = Undo::default();
+        let result = self.stage_effects(rec, &ids, here.is_ours(), &options, &mut undo);
+        if result.is_ok() && undo.mounted {
+            tracing::info!(volume = %rec.volume_id, path = %s.path.display(), "restored staging mount");
+        }
+        result
+    }
+
+    fn restore_publication(&self, rec: &VolumeRecord, p: &PublishRecord) -> Result<(), NodeError> {
+        let table = self.mount_table()?;
+        let ids = self.identities(&rec.volume_id, Some(rec), &table)?;
+        let here = facts(&table, &p.target, &ids);
+        if here.is_ours() {
+            return Ok(());
+        }
+        let block = p.capability.is_block();
+        let refuse = |what: &str| {
+            Err(NodeError::FailedPrecondition(format!(
+                "its target {} {what}",
+                p.target.display()
+            )))
+        };
+        match here.kind {
+            _ if here.has_foreign_mount() => return refuse("holds something else"),
+            PathKind::Symlink => return refuse("is now a symlink"),
+            PathKind::Absent | PathKind::File { len: 0 } if block => {}
+            PathKind::Absent | PathKind::Directory if !block => {}
+            PathKind::File { .. } if !block => return refuse("is now a regular file"),
+            _ => return refuse("is no longer what was published there"),
+        }
+        let source = match (&rec.stage, block) {
+            (Some(_), true) => match ids.devices.first() {
+                Some(d) => d.path.clone(),
+                None => return refuse("lost its device"),
+            },
+            (Some(s), false) => s.path.clone(),
+            (None, _) => match self.inner.locator.source(&rec.volume_id) {
+                Some(Source::Directory(d)) => d,
+                _ => return refuse("has no source to bind"),
+            },
+        };
+        let options = mount_options(&p.capability, p.effective_readonly)?;
+        let mut undo = Undo::default();
+        self.bind(
+            rec,
+            &source,
+            &p.target,
+            block,
+            p.effective_readonly,
+            &options,
+            false,
+            &mut undo,
+        )?;
+        tracing::info!(volume = %rec.volume_id, target = %p.target.display(), "restored publication");
+        Ok(())
+    }
+}
+
+/// An absolute, lexically normalised path from a request field.
+fn absolute(path: &str, field: &str) -> Result<PathBuf, NodeError> {
+    let p = Path::new(path);
+    if path.is_empty() {
+        return Err(NodeError::invalid(field, "required"));
+    }
+    if !p.is_absolute() {
+        return Err(NodeError::invalid(field, "must be an absolute path"));
+    }
+    Ok(normalize(p))
+}
+
+/// Removes an empty directory or an empty regular file (what NodePublish
+/// creates); leaves anything else, which is not ours to delete.
+fn remove_if_empty(path: &Path) -> Result<(), NodeError> {
+    let removed = match PathKind::of(path) {
+        PathKind::Directory => std::fs::remove_dir(path),
+        PathKind::File { len: 0 } => std::fs::remove_file(path),
+        PathKind::Absent => return Ok(()),
+        kind => {
+            tracing::warn!(path = %path.display(), ?kind, "left in place: not an empty file or directory");
+            return Ok(());
+        }
+    };
+    match removed {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) if e.raw_os_error() == Some(nix::libc::ENOTEMPTY) => {
+            tracing::warn!(path = %path.display(), "left in place: the directory is not empty");
+            Ok(())
+        }
+        Err(e) => Err(NodeError::io("removing", path, &e)),
+    }
+}
