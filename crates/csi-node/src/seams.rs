@@ -220,7 +220,7 @@ pub trait FilesystemMount: Send + Sync {
     ) -> Result<(), NodeError>;
 }
 
-/// Mounts what is there; formats nothing.
+/// Mounts what is there (ext4 when no type is asked for); formats nothing.
 pub struct PlainMount(pub Arc<dyn Mounter>);
 
 impl FilesystemMount for PlainMount {
@@ -232,6 +232,11 @@ impl FilesystemMount for PlainMount {
         options: &[&str],
         _may_format: bool,
     ) -> Result<(), NodeError> {
+        let fs_type = if fs_type.is_empty() {
+            mount_utils::DEFAULT_FS_TYPE
+        } else {
+            fs_type
+        };
         self.0
             .mount(&device.to_string_lossy(), target, fs_type, options)
             .map_err(|e| NodeError::mount("mounting", target, &e))

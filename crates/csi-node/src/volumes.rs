@@ -298,8 +298,10 @@ impl NodeVolumes {
         for source in sources {
             match source {
                 Source::Directory(d) => {
+                    // mountinfo shows resolved paths.
+                    let d = std::fs::canonicalize(&d).unwrap_or_else(|_| normalize(&d));
                     out.ids.extend(MountId::bind_of(table, &d));
-                    out.directory = Some(normalize(&d));
+                    out.directory = Some(d);
                 }
                 Source::Image(image) => {
                     for dev in self.inner.loops.find(&image)? {

@@ -1,0 +1,1154 @@
+//! The cases of issue #13 that concern the node record, with fakes (no
+//! root): FakeHost (FakeMounter + fake loop devices), MemoryRecords, and
+//! temporary directories for the paths. Test names start with the case
+//! number.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{Receiver, Sender, channel};
+use std::sync::{Arc, Mutex};
+
+use csi_node::testing::FakeHost;
+use csi_node::{
+    FilesystemMount, LoopDevices, MemoryRecords, NodeError, NodeVolumes, Outcome, PublishState,
+    RecordStore, Source, StageState, VolumeLocator,
+};
+use csi_proto::v1::volume_capability::access_mode::Mode;
+use csi_proto::v1::*;
+use csi_server::CsiError;
+use mount_utils::{
+    Errno, ExecOutput, FakeAction, FakeExec, FakeOp, MountError, MountInfo, Mounter,
+    SafeFormatAndMount, Sensitive,
+};
+use tonic::Code;
+
+/// A node: a temp dir with `data/<id>` directory volumes and
+/// `images/<id>.img` image volumes, a fake host and a record store.
+struct Node {
+    dir: tempfile::TempDir,
+    host: Arc<FakeHost>,
+    store: MemoryRecords,
+    volumes: NodeVolumes,
+}
+
+fn locator(base: PathBuf) -> Arc<dyn VolumeLocator> {
+    Arc::new(move |id: &str| {
+        let dir = base.join("data").join(id);
+        let image = base.join("images").join(format!("{id}.img"));
+        if dir.is_dir() {
+            Some(Source::Directory(dir))
+        } else if image.is_file() {
+            Some(Source::Image(image))
+        } else {
+            None
+        }
+    })
+}
+
+impl Node {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("data")).unwrap();
+        std::fs::create_dir(dir.path().join("images")).unwrap();
+        std::fs::create_dir(dir.path().join("pods")).unwrap();
+        let host = Arc::new(FakeHost::new());
+        let store = MemoryRecords::new();
+        let volumes = open(dir.path(), host.clone(), host.clone(), &store, None);
+        Self {
+            dir,
+            host,
+            store,
+            volumes,
+        }
+    }
+
+    /// The same node after a plugin restart (mounts and devices kept).
+    fn restart(&self) -> NodeVolumes {
+        open(
+            self.base(),
+            self.host.clone(),
+            self.host.clone(),
+            &self.store,
+            None,
+        )
+    }
+
+    /// The same records after a reboot: no mounts, no loop devices.
+    fn reboot(&mut self) -> NodeVolumes {
+        self.host = Arc::new(FakeHost::new());
+        self.volumes = self.restart();
+        self.volumes.clone()
+    }
+
+    fn base(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn path(&self, rel: &str) -> PathBuf {
+        self.base().join(rel)
+    }
+
+    fn dir_volume(&self, id: &str) -> String {
+        std::fs::create_dir(self.path(&format!("data/{id}"))).unwrap();
+        id.to_owned()
+    }
+
+    fn image_volume(&self, id: &str) -> String {
+        std::fs::write(self.path(&format!("images/{id}.img")), b"").unwrap();
+        id.to_owned()
+    }
+
+    fn image(&self, id: &str) -> PathBuf {
+        self.path(&format!("images/{id}.img"))
+    }
+
+    /// Loop devices attached now.
+    fn attached(&self) -> usize {
+        self.host.loops().attached().len()
+    }
+
+    fn mounted(&self, path: &Path) -> Vec<MountInfo> {
+        self.host.mounts_at(path)
+    }
+}
+
+fn open(
+    base: &Path,
+    mounter: Arc<dyn Mounter>,
+    host: Arc<FakeHost>,
+    store: &MemoryRecords,
+    fs: Option<Arc<dyn FilesystemMount>>,
+) -> NodeVolumes {
+    let mut b = NodeVolumes::builder(mounter, Arc::new(store.clone()), locator(base.into()))
+        .loop_devices(host.loops());
+    if let Some(fs) = fs {
+        b = b.filesystem_mount(fs);
+    }
+    b.open().unwrap()
+}
+
+fn mount_cap(mode: Mode) -> VolumeCapability {
+    VolumeCapability::mount("ext4").with_access_mode(mode)
+}
+
+fn block_cap() -> VolumeCapability {
+    VolumeCapability::block().with_access_mode(Mode::SingleNodeWriter)
+}
+
+fn s(p: &Path) -> String {
+    p.to_string_lossy().into_owned()
+}
+
+fn stage(vol: &str, path: &Path, cap: VolumeCapability) -> NodeStageVolumeRequest {
+    NodeStageVolumeRequest {
+        volume_id: vol.into(),
+        staging_target_path: s(path),
+        volume_capability: Some(cap),
+        ..Default::default()
+    }
+}
+
+fn unstage(vol: &str, path: &Path) -> NodeUnstageVolumeRequest {
+    NodeUnstageVolumeRequest {
+        volume_id: vol.into(),
+        staging_target_path: s(path),
+    }
+}
+
+fn publish(
+    vol: &str,
+    staging: Option<&Path>,
+    target: &Path,
+    cap: VolumeCapability,
+    readonly: bool,
+) -> NodePublishVolumeRequest {
+    NodePublishVolumeRequest {
+        volume_id: vol.into(),
+        staging_target_path: staging.map(s).unwrap_or_default(),
+        target_path: s(target),
+        volume_capability: Some(cap),
+        readonly,
+        ..Default::default()
+    }
+}
+
+fn unpublish(vol: &str, target: &Path) -> NodeUnpublishVolumeRequest {
+    NodeUnpublishVolumeRequest {
+        volume_id: vol.into(),
+        target_path: s(target),
+    }
+}
+
+fn code<T: std::fmt::Debug>(r: Result<T, NodeError>) -> Code {
+    CsiError::from(r.unwrap_err()).code()
+}
+
+/// Stages and publishes a block image volume: (staging, target).
+fn block_published(node: &Node, vol: &str) -> (PathBuf, PathBuf) {
+    let staging = node.path(&format!("staging-{vol}"));
+    let target = node.path(&format!("pods/{vol}"));
+    node.volumes
+        .stage(&stage(vol, &staging, block_cap()))
+        .unwrap();
+    node.volumes
+        .publish(&publish(vol, Some(&staging), &target, block_cap(), false))
+        .unwrap();
+    (staging, target)
+}
+
+/// Stages and publishes a mount volume: (staging, target).
+fn mount_published(node: &Node, vol: &str) -> (PathBuf, PathBuf) {
+    let staging = node.path(&format!("staging-{vol}"));
+    let target = node.path(&format!("pods/{vol}"));
+    let cap = mount_cap(Mode::SingleNodeWriter);
+    node.volumes
+        .stage(&stage(vol, &staging, cap.clone()))
+        .unwrap();
+    node.volumes
+        .publish(&publish(vol, Some(&staging), &target, cap, false))
+        .unwrap();
+    (staging, target)
+}
+
+#[test]
+fn case1_unstage_of_a_published_block_volume_is_refused_and_keeps_its_device() {
+    let node = Node::new();
+    let vol = node.image_volume("img-1");
+    let (staging, target) = block_published(&node, &vol);
+    assert_eq!(node.attached(), 1);
+    node.host.fake().clear_actions();
+
+    assert_eq!(
+        code(node.volumes.unstage(&unstage(&vol, &staging))),
+        Code::FailedPrecondition
+    );
+    assert_eq!(
+        node.attached(),
+        1,
+        "the device stays with the published volume"
+    );
+    assert!(node.host.loops().detached().is_empty());
+    assert_eq!(node.mounted(&target).len(), 1);
+    assert!(node.host.fake().actions().is_empty(), "nothing was touched");
+
+    // Also when the records are lost: the mount table shows the device in use.
+    let forgetful = open(
+        node.base(),
+        node.host.clone(),
+        node.host.clone(),
+        &MemoryRecords::new(),
+        None,
+    );
+    assert_eq!(
+        code(forgetful.unstage(&unstage(&vol, &staging))),
+        Code::FailedPrecondition
+    );
+    assert_eq!(node.attached(), 1);
+
+    node.volumes.unpublish(&unpublish(&vol, &target)).unwrap();
+    assert_eq!(
+        node.volumes.unstage(&unstage(&vol, &staging)).unwrap(),
+        Outcome::Changed
+    );
+    assert_eq!(node.attached(), 0);
+    assert!(!target.exists(), "the target file NodePublish made is gone");
+    assert_eq!(
+        node.volumes.unstage(&unstage(&vol, &staging)).unwrap(),
+        Outcome::Unchanged
+    );
+    assert!(node.volumes.records().is_empty());
+}
+
+#[test]
+fn case1_unstage_of_a_published_filesystem_volume_is_refused() {
+    let node = Node::new();
+    let vol = node.image_volume("img-1");
+    let (staging, target) = mount_published(&node, &vol);
+    assert_eq!(
+        code(node.volumes.unstage(&unstage(&vol, &staging))),
+        Code::FailedPrecondition
+    );
+    assert_eq!(node.mounted(&staging).len(), 1);
+    assert_eq!(node.attached(), 1);
+    node.volumes.unpublish(&unpublish(&vol, &target)).unwrap();
+    node.volumes.unstage(&unstage(&vol, &staging)).unwrap();
+    assert!(node.mounted(&staging).is_empty());
+    assert_eq!(node.attached(), 0);
+}
+
+#[test]
+fn case2_read_only_wins_over_rw_flags() {
+    let node = Node::new();
+    let vol = node.dir_volume("dir-1");
+    let asked = node.path("pods/asked");
+    let rw = |mode| mount_cap(mode).with_mount_flags(["rw", "noexec"]);
+    node.volumes
+        .publish(&publish(
+            &vol,
+            None,
+            &asked,
+            rw(Mode::MultiNodeMultiWriter),
+            true,
+        ))
+        .unwrap();
+    let by_mode = node.path("pods/by-mode");
+    node.volumes
+        .publish(&publish(
+            &vol,
+            None,
+            &by_mode,
+            rw(Mode::MultiNodeReaderOnly),
+            false,
+        ))
+        .unwrap();
+    for t in [&asked, &by_mode] {
+        let m = node.mounted(t);
+        assert!(
+            m[0].is_read_only(),
+            "{}: {:?}",
+            t.display(),
+            m[0].mount_options
+        );
+    }
+    let writable = node.path("pods/writable");
+    node.volumes
+        .publish(&publish(
+            &vol,
+            None,
+            &writable,
+            rw(Mode::MultiNodeMultiWriter),
+            false,
+        ))
+        .unwrap();
+    assert!(!node.mounted(&writable)[0].is_read_only());
+
+    // Staging a filesystem for a reader-only mode mounts it read-only too.
+    let image = node.image_volume("img-ro");
+    let staging = node.path("staging-ro");
+    node.volumes
+        .stage(&stage(&image, &staging, rw(Mode::SingleNodeReaderOnly)))
+        .unwrap();
+    assert!(node.mounted(&staging)[0].is_read_only());
+}
+
+/// A mounter that makes binds writable whatever it is asked (an old
+/// kernel, a buggy implementation).
+struct IgnoresReadOnly(Arc<FakeHost>);
+
+impl Mounter for IgnoresReadOnly {
+    fn mount_sensitive(
+        &self,
+        source: &str,
+        target: &Path,
+        fstype: &str,
+        options: &[&str],
+        sensitive: &[Sensitive],
+    ) -> Result<(), MountError> {
+        let writable: Vec<&str> = options.iter().copied().filter(|o| *o != "ro").collect();
+        self.0
+            .mount_sensitive(source, target, fstype, &writable, sensitive)
+    }
+    fn bind_mount(&self, source: &Path, target: &Path, _read_only: bool) -> Result<(), MountError> {
+        self.0.bind_mount(source, target, false)
+    }
+    fn unmount(&self, target: &Path, lazy: bool) -> Result<(), MountError> {
+        self.0.unmount(target, lazy)
+    }
+    fn mount_points(&self) -> Result<Vec<MountInfo>, MountError> {
+        self.0.mount_points()
+    }
+    fn is_mount_point(&self, path: &Path) -> Result<bool, MountError> {
+        self.0.is_mount_point(path)
+    }
+    fn is_likely_not_mount_point(&self, path: &Path) -> Result<bool, MountError> {
+        self.0.is_likely_not_mount_point(path)
+    }
+    fn mount_refs(&self, path: &Path) -> Result<Vec<PathBuf>, MountError> {
+        self.0.mount_refs(path)
+    }
+    fn cleanup_mount_point(&self, path: &Path) -> Result<(), MountError> {
+        self.0.cleanup_mount_point(path)
+    }
+}
+
+#[test]
+fn case2_a_mount_that_did_not_become_read_only_is_undone() {
+    let node = Node::new();
+    let vol = node.dir_volume("dir-1");
+    let volumes = open(
+        node.base(),
+        Arc::new(IgnoresReadOnly(node.host.clone())),
+        node.host.clone(),
+        &node.store,
+        None,
+    );
+    let target = node.path("pods/t");
+    for flags in [vec![], vec!["noexec"]] {
+        let cap = mount_cap(Mode::SingleNodeWriter).with_mount_flags(flags);
+        let err = volumes
+            .publish(&publish(&vol, None, &target, cap, true))
+            .unwrap_err();
+        assert!(err.to_string().contains("read-only"), "{err}");
+        assert!(
+            node.mounted(&target).is_empty(),
+            "the writable mount was undone"
+        );
+        assert!(!target.exists());
+        assert!(volumes.records().is_empty());
+    }
+}
+
+/// Collects every log line at every level.
+#[derive(Clone, Default)]
+struct Logs(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn case3_flag_values_reach_no_error_record_debug_or_log_line() {
+    let logs = Logs::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::TRACE)
+        .with_writer(move || writer.clone())
+        .finish();
+    let mut seen = Vec::new();
+    tracing::subscriber::with_default(subscriber, || {
+        let node = Node::new();
+        let vol = node.dir_volume("dir-1");
+        let target = node.path("pods/t");
+        let secret = |extra: &str| {
+            mount_cap(Mode::SingleNodeWriter)
+                .with_mount_flags(["noatime".to_string(), format!("password=hunter2{extra}")])
+        };
+        // A flag that would turn the publish into a remount.
+        let err = node
+            .volumes
+            .publish(&publish(&vol, None, &target, secret(",remount"), false))
+            .unwrap_err();
+        seen.push(err.to_string());
+        // A mount that fails.
+        node.host
+            .fake()
+            .inject_error(FakeOp::Mount, &target, Errno::EPERM);
+        let err = node
+            .volumes
+            .publish(&publish(&vol, None, &target, secret(""), false))
+            .unwrap_err();
+        seen.push(err.to_string());
+        seen.push(CsiError::from(err).to_string());
+        node.host.fake().clear_errors();
+        // A whole lifecycle, with a restart and the records' Debug.
+        node.volumes
+            .publish(&publish(&vol, None, &target, secret(""), false))
+            .unwrap();
+        seen.push(format!("{:?}", node.volumes.records()));
+        seen.push(format!("{:?}", node.restart().restore()));
+        node.volumes.unpublish(&unpublish(&vol, &target)).unwrap();
+    });
+    seen.push(String::from_utf8(logs.0.lock().unwrap().clone()).unwrap());
+    assert!(seen[2].contains("publishing at"), "{}", seen[2]);
+    assert!(seen.last().unwrap().contains("published"), "logging works");
+    for text in seen {
+        assert!(!text.contains("hunter2"), "a flag value leaked: {text}");
+    }
+}
+
+#[test]
+fn case4_unpublish_never_touches_a_foreign_mount() {
+    let node = Node::new();
+    let vol = node.dir_volume("dir-1");
+    let foreign = node.path("pods/foreign");
+    std::fs::create_dir(&foreign).unwrap();
+    node.host.fake().add_mount("tmpfs", &foreign, "tmpfs");
+    node.host.fake().clear_actions();
+    assert_eq!(
+        code(node.volumes.unpublish(&unpublish(&vol, &foreign))),
+        Code::NotFound
+    );
+    assert_eq!(node.mounted(&foreign)[0].fs_type, "tmpfs");
+    assert!(foreign.is_dir());
+    assert!(node.host.fake().actions().is_empty());
+}
+
+#[test]
+fn case4_a_target_is_unpublished_only_for_the_volume_recorded_there() {
+    let node = Node::new();
+    let (a, b) = (node.image_volume("img-a"), node.image_volume("img-b"));
+    let (staging_a, target_a) = mount_published(&node, &a);
+    let (staging_b, _) = mount_published(&node, &b);
+    node.host.fake().clear_actions();
+    for who in ["vol-unknown", b.as_str()] {
+        assert_eq!(
+            code(node.volumes.unpublish(&unpublish(who, &target_a))),
+            Code::NotFound,
+            "{who}"
+        );
+    }
+    assert_eq!(
+        code(node.volumes.unstage(&unstage(&a, &staging_b))),
+        Code::NotFound
+    );
+    assert!(node.host.fake().actions().is_empty(), "nothing was touched");
+    assert_eq!(node.mounted(&target_a).len(), 1);
+    assert_eq!(node.mounted(&staging_b).len(), 1);
+    assert!(
+        node.volumes
+            .record(&a)
+            .unwrap()
+            .publication(&target_a)
+            .is_some()
+    );
+    let _ = staging_a;
+}
+
+#[test]
+fn case4_stage_and_publish_refuse_a_path_holding_another_volume() {
+    let node = Node::new();
+    let (a, b) = (node.image_volume("img-a"), node.image_volume("img-b"));
+    let (staging_a, target_a) = mount_published(&node, &a);
+    let cap = mount_cap(Mode::SingleNodeWriter);
+    node.host.fake().clear_actions();
+    let devices = node.attached();
+
+    // Recorded for another volume.
+    assert_eq!(
+        code(node.volumes.stage(&stage(&b, &staging_a, cap.clone()))),
+        Code::AlreadyExists
+    );
+    // Merely mounted by someone else.
+    let foreign = node.path("foreign");
+    std::fs::create_dir(&foreign).unwrap();
+    node.host.fake().add_mount("tmpfs", &foreign, "tmpfs");
+    node.host.fake().clear_actions();
+    assert_eq!(
+        code(node.volumes.stage(&stage(&b, &foreign, cap.clone()))),
+        Code::AlreadyExists
+    );
+    assert_eq!(
+        node.attached(),
+        devices,
+        "refused before attaching anything"
+    );
+
+    let staging_b = node.path("staging-b");
+    node.volumes
+        .stage(&stage(&b, &staging_b, cap.clone()))
+        .unwrap();
+    node.host.fake().clear_actions();
+    for target in [&target_a, &foreign] {
+        assert_eq!(
+            code(
+                node.volumes
+                    .publish(&publish(&b, Some(&staging_b), target, cap.clone(), false))
+            ),
+            Code::AlreadyExists,
+            "{}",
+            target.display()
+        );
+    }
+    assert!(node.host.fake().actions().is_empty());
+    assert!(node.volumes.record(&b).unwrap().publications.is_empty());
+}
+
+#[test]
+fn case4_a_repeat_stage_is_ok_only_when_the_path_shows_this_volume() {
+    let node = Node::new();
+    let vol = node.image_volume("img-1");
+    let staging = node.path("staging");
+    let req = stage(&vol, &staging, mount_cap(Mode::SingleNodeWriter));
+    node.volumes.stage(&req).unwrap();
+    node.host.fake().clear_actions();
+    assert_eq!(node.volumes.stage(&req).unwrap(), Outcome::Unchanged);
+    assert!(node.host.fake().actions().is_empty());
+
+    // Someone unmounts it and mounts their own filesystem there.
+    node.host.unmount(&staging, false).unwrap();
+    node.host.fake().add_mount("/dev/sdz", &staging, "ext4");
+    assert_eq!(code(node.volumes.stage(&req)), Code::AlreadyExists);
+
+    // Once that is gone, a repeat mounts this volume again.
+    node.host.unmount(&staging, false).unwrap();
+    assert_eq!(node.volumes.stage(&req).unwrap(), Outcome::Changed);
+    let m = node.mounted(&staging);
+    assert_eq!((m.len(), m[0].source.as_str()), (1, "/dev/loop0"));
+}
+
+#[test]
+fn case4_a_symlink_target_or_staging_path_is_never_followed() {
+    let node = Node::new();
+    let vol = node.dir_volume("dir-1");
+    let elsewhere = node.path("elsewhere");
+    std::fs::create_dir(&elsewhere).unwrap();
+    let link = node.path("pods/link");
+    std::os::unix::fs::symlink(&elsewhere, &link).unwrap();
+    let cap = mount_cap(Mode::SingleNodeWriter);
+    assert_eq!(
+        code(
+            node.volumes
+                .publish(&publish(&vol, None, &link, cap.clone(), false))
+        ),
+        Code::FailedPrecondition
+    );
+    assert_eq!(
+        code(node.volumes.stage(&stage(&vol, &link, cap))),
+        Code::FailedPrecondition
+    );
+    assert!(node.host.mounted().is_empty());
+    assert!(link.is_symlink());
+    // Unpublish of an unrecorded symlink: OK, the link is left alone.
+    assert_eq!(
+        node.volumes.unpublish(&unpublish(&vol, &link)).unwrap(),
+        Outcome::Unchanged
+    );
+    assert!(link.is_symlink() && elsewhere.is_dir());
+}
+
+#[test]
+fn case5_block_publish_never_mounts_over_a_file_with_data() {
+    let node = Node::new();
+    let vol = node.image_volume("img-1");
+    let staging = node.path("staging");
+    node.volumes
+        .stage(&stage(&vol, &staging, block_cap()))
+        .unwrap();
+    let target = node.path("pods/user-file");
+    std::fs::write(&target, b"the user's data").unwrap();
+    assert_eq!(
+        code(
+            node.volumes
+                .publish(&publish(&vol, Some(&staging), &target, block_cap(), false))
+        ),
+        Code::FailedPrecondition
+    );
+    assert_eq!(std::fs::read(&target).unwrap(), b"the user's data");
+    assert!(node.mounted(&target).is_empty());
+    assert!(node.volumes.record(&vol).unwrap().publications.is_empty());
+
+    let empty = node.path("pods/empty");
+    std::fs::write(&empty, b"").unwrap();
+    node.volumes
+        .publish(&publish(&vol, Some(&staging), &empty, block_cap(), false))
+        .unwrap();
+    assert_eq!(node.mounted(&empty)[0].root, Path::new("/dev/loop0"));
+}
+
+/// Runs `f` with a mounter that panics right after its next successful
+/// mount or bind: the plugin "crashes" between the mount and the save.
+struct CrashAfterMount(Arc<FakeHost>);
+
+impl CrashAfterMount {
+    fn crash(&self, r: Result<(), MountError>) -> Result<(), MountError> {
+        r?;
+        panic!("crash after mounting");
+    }
+}
+
+impl Mounter for CrashAfterMount {
+    fn mount_sensitive(
+        &self,
+        source: &str,
+        target: &Path,
+        fstype: &str,
+        options: &[&str],
+        sensitive: &[Sensitive],
+    ) -> Result<(), MountError> {
+        self.crash(
+            self.0
+                .mount_sensitive(source, target, fstype, options, sensitive),
+        )
+    }
+    fn bind_mount(&self, source: &Path, target: &Path, read_only: bool) -> Result<(), MountError> {
+        self.crash(self.0.bind_mount(source, target, read_only))
+    }
+    fn unmount(&self, target: &Path, lazy: bool) -> Result<(), MountError> {
+        self.0.unmount(target, lazy)
+    }
+    fn mount_points(&self) -> Result<Vec<MountInfo>, MountError> {
+        self.0.mount_points()
+    }
+    fn is_mount_point(&self, path: &Path) -> Result<bool, MountError> {
+        self.0.is_mount_point(path)
+    }
+    fn is_likely_not_mount_point(&self, path: &Path) -> Result<bool, MountError> {
+        self.0.is_likely_not_mount_point(path)
+    }
+    fn mount_refs(&self, path: &Path) -> Result<Vec<PathBuf>, MountError> {
+        self.0.mount_refs(path)
+    }
+    fn cleanup_mount_point(&self, path: &Path) -> Result<(), MountError> {
+        self.0.cleanup_mount_point(path)
+    }
+}
+
+fn crashing(node: &Node) -> NodeVolumes {
+    open(
+        node.base(),
+        Arc::new(CrashAfterMount(node.host.clone())),
+        node.host.clone(),
+        &node.store,
+        None,
+    )
+}
+
+fn crashes(f: impl FnOnce()) {
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    std::panic::set_hook(hook);
+    assert!(result.is_err(), "the call was expected to crash");
+}
+
+#[test]
+fn case7_a_crash_between_publish_mount_and_save_is_cleaned_up_by_unpublish() {
+    let node = Node::new();
+    let vol = node.dir_volume("dir-1");
+    let target = node.path("pods/t");
+    let req = publish(
+        &vol,
+        None,
+        &target,
+        mount_cap(Mode::SingleNodeWriter),
+        false,
+    );
+    crashes(|| {
+        let _ = crashing(&node).publish(&req);
+    });
+    assert_eq!(node.mounted(&target).len(), 1, "mounted, then crashed");
+
+    let restarted = node.restart();
+    let p = restarted.record(&vol).unwrap().publications[0].clone();
+    assert_eq!(
+        p.state,
+        PublishState::Publishing,
+        "the intent was saved first"
+    );
+    restarted.unpublish(&unpublish(&vol, &target)).unwrap();
+    assert!(node.mounted(&target).is_empty());
+    assert!(!target.exists());
+    assert!(node.store.keys().is_empty());
+}
+
+#[test]
+fn case7_a_retried_publish_after_a_crash_completes_it() {
+    let node = Node::new();
+    let vol = node.dir_volume("dir-1");
+    let target = node.path("pods/t");
+    let req = publish(
+        &vol,
+        None,
+        &target,
+        mount_cap(Mode::SingleNodeWriter),
+        false,
+    );
+    crashes(|| {
+        let _ = crashing(&node).publish(&req);
+    });
+    let restarted = node.restart();
+    assert_eq!(restarted.publish(&req).unwrap(), Outcome::Changed);
+    assert_eq!(node.mounted(&target).len(), 1, "not mounted twice");
+    assert_eq!(
+        restarted.record(&vol).unwrap().publications[0].state,
+        PublishState::Published
+    );
+    assert_eq!(restarted.publish(&req).unwrap(), Outcome::Unchanged);
+}
+
+#[test]
+fn case7_a_crash_while_staging_leaves_a_record_unstage_cleans_up() {
+    let node = Node::new();
+    let vol = node.image_volume("img-1");
+    let staging = node.path("staging");
+    crashes(|| {
+        let _ = crashing(&node).stage(&stage(&vol, &staging, mount_cap(Mode::SingleNodeWriter)));
+    });
+    assert_eq!(node.attached(), 1);
+    let restarted = node.restart();
+    let st = restarted.record(&vol).unwrap().stage.unwrap();
+    assert_eq!(st.state, StageState::Staging);
+    assert_eq!(st.device.unwrap().path, Path::new("/dev/loop0"));
+    restarted.unstage(&unstage(&vol, &staging)).unwrap();
+    assert_eq!(node.attached(), 0);
+    assert!(node.mounted(&staging).is_empty());
+    assert!(restarted.records().is_empty());
+}
+
+#[test]
+fn case7_unstage_without_a_record_detaches_the_device_found_by_backing_file() {
+    let node = Node::new();
+    let vol = node.image_volume("img-1");
+    let staging = node.path("staging");
+    // Attached, then the plugin died before saving (or the record was lost).
+    node.host.loops().attach(&node.image(&vol)).unwrap();
+    assert_eq!(
+        node.volumes.unstage(&unstage(&vol, &staging)).unwrap(),
+        Outcome::Changed
+    );
+    assert_eq!(node.attached(), 0);
+    assert_eq!(node.host.loops().detached(), [PathBuf::from("/dev/loop0")]);
+}
+
+#[test]
+fn case7_a_lost_record_neither_leaks_a_mount_nor_frees_someone_elses() {
+    let node = Node::new();
+    let vol = node.image_volume("img-1");
+    let staging = node.path("staging");
+    node.volumes
+        .stage(&stage(&vol, &staging, mount_cap(Mode::SingleNodeWriter)))
+        .unwrap();
+    let forgetful = open(
+        node.base(),
+        node.host.clone(),
+        node.host.clone(),
+        &MemoryRecords::new(),
+        None,
+    );
+    // Verifiably this volume (its device number in mountinfo): cleaned up.
+    forgetful.unstage(&unstage(&vol, &staging)).unwrap();
+    assert!(node.mounted(&staging).is_empty());
+    assert_eq!(node.attached(), 0);
+
+    // Someone else's filesystem at the path: not this volume, not touched
+    // (and the device stays: it may be theirs to use).
+    node.host.fake().add_mount("tmpfs", &staging, "tmpfs");
+    node.host.loops().attach(&node.image(&vol)).unwrap();
+    assert_eq!(
+        code(forgetful.unstage(&unstage(&vol, &staging))),
+        Code::NotFound
+    );
+    assert_eq!(node.mounted(&staging).len(), 1);
+    assert_eq!(node.attached(), 1);
+}
+
+#[test]
+fn case7_failed_calls_leave_no_record_mount_device_or_directory() {
+    let node = Node::new();
+    let vol = node.image_volume("img-1");
+    let staging = node.path("staging");
+    node.host
+        .fake()
+        .inject_error(FakeOp::Mount, &staging, Errno::EIO);
+    assert_eq!(
+        code(
+            node.volumes
+                .stage(&stage(&vol, &staging, mount_cap(Mode::SingleNodeWriter)))
+        ),
+        Code::Internal
+    );
+    assert!(node.volumes.records().is_empty() && node.store.keys().is_empty());
+    assert_eq!(
+        node.attached(),
+        0,
+        "the device attached for it was detached"
+    );
+    assert!(!staging.exists());
+    node.host.fake().clear_errors();
+
+    let dir = node.dir_volume("dir-1");
+    let target = node.path("pods/t");
+    node.host
+        .fake()
+        .inject_error(FakeOp::BindMount, &target, Errno::EIO);
+    let req = publish(
+        &dir,
+        None,
+        &target,
+        mount_cap(Mode::SingleNodeWriter),
+        false,
+    );
+    assert_eq!(code(node.volumes.publish(&req)), Code::Internal);
+    assert!(node.volumes.records().is_empty());
+    assert!(!target.exists());
+}
+
+#[test]
+fn case7_a_full_record_store_fails_before_anything_is_mounted() {
+    let node = Node::new();
+    let vol = node.dir_volume("dir-1");
+    let target = node.path("pods/t");
+    node.store.fail_writes(true);
+    let req = publish(
+        &vol,
+        None,
+        &target,
+        mount_cap(Mode::SingleNodeWriter),
+        false,
+    );
+    assert_eq!(code(node.volumes.publish(&req)), Code::ResourceExhausted);
+    assert!(
+        node.host.mounted().is_empty(),
+        "no intent saved, so no mount"
+    );
+    node.store.heal();
+    node.volumes.publish(&req).unwrap();
+}
+
+#[test]
+fn case6_a_formatted_volume_is_never_formatted_again() {
+    let mut node = Node::new();
+    let vol = node.image_volume("img-1");
+    let staging = node.path("staging");
+    let exec = Arc::new(FakeExec::new());
+    let with_formatter = |node: &Node| {
+        let sfm = SafeFormatAndMount::new(node.host.clone(), exec.clone());
+        open(
+            node.base(),
+            node.host.clone(),
+            node.host.clone(),
+            &node.store,
+            Some(Arc::new(sfm)),
+        )
+    };
+    exec.expect("blkid", ExecOutput::exit(2, ""));
+    exec.expect("mkfs.ext4", ExecOutput::ok(""));
+    let req = stage(&vol, &staging, mount_cap(Mode::SingleNodeWriter));
+    with_formatter(&node).stage(&req).unwrap();
+    let staged = node.restart().record(&vol).unwrap().stage.unwrap();
+    assert!(staged.formatted && staged.state == StageState::Staged);
+
+    // Reboot; the first blocks of the image got damaged: blkid finds nothing.
+    node.reboot();
+    exec.expect("blkid", ExecOutput::exit(2, ""));
+    let volumes = with_formatter(&node);
+    let report = volumes.restore();
+    assert!(
+        report.abnormal[&vol].contains("refusing to format"),
+        "{report:?}"
+    );
+    let condition = volumes.volume_condition(&vol, &s(&staging)).unwrap();
+    assert!(condition.abnormal);
+    // The CO retries NodeStage: still refused.
+    exec.expect("blkid", ExecOutput::exit(2, ""));
+    assert_eq!(code(volumes.stage(&req)), Code::FailedPrecondition);
+    let mkfs = exec
+        .calls()
+        .iter()
+        .filter(|c| c.program.starts_with("mkfs"))
+        .count();
+    assert_eq!(mkfs, 1, "formatted once, when it was new");
+    assert!(node.mounted(&staging).is_empty());
+}
+
+#[test]
+fn case8_bad_records_do_not_stop_the_plugin() {
+    let mut node = Node::new();
+    let good = node.dir_volume("dir-good");
+    let (good_staging, good_target) = mount_published(&node, &good);
+    let gone = node.image_volume("img-gone");
+    let gone_staging = node.path("staging-gone");
+    node.volumes
+        .stage(&stage(&gone, &gone_staging, block_cap()))
+        .unwrap();
+    let filed = node.dir_volume("dir-filed");
+    let filed_target = node.path("pods/filed");
+    node.volumes
+        .publish(&publish(
+            &filed,
+            None,
+            &filed_target,
+            mount_cap(Mode::SingleNodeWriter),
+            false,
+        ))
+        .unwrap();
+    node.store.insert_raw(
+        "vol-corrupt",
+        b"{\"volume_id\": \"vol-corrupt\", \"stage\": 7",
+    );
+    node.store
+        .insert_unreadable("vol-checksum", "checksum mismatch");
+
+    // Reboot: mounts and loop devices are gone; the image was deleted; the
+    // target directory was replaced by a file.
+    std::fs::remove_file(node.image(&gone)).unwrap();
+    std::fs::remove_dir(&filed_target).unwrap();
+    std::fs::write(&filed_target, b"not a directory").unwrap();
+    let volumes = node.reboot();
+    let report = volumes.restore();
+    assert_eq!(report.healthy, [good.as_str()]);
+    let abnormal: Vec<&str> = report.abnormal.keys().map(String::as_str).collect();
+    assert_eq!(
+        abnormal,
+        ["dir-filed", "img-gone", "vol-checksum", "vol-corrupt"]
+    );
+    assert!(report.abnormal["img-gone"].contains("image"));
+    assert!(report.abnormal["dir-filed"].contains("regular file"));
+    assert_eq!(std::fs::read(&filed_target).unwrap(), b"not a directory");
+
+    // The good volume is back and healthy; the others report abnormal.
+    assert_eq!(node.mounted(&good_staging).len(), 1);
+    assert_eq!(node.mounted(&good_target).len(), 1);
+    let ok = volumes.volume_condition(&good, &s(&good_target)).unwrap();
+    assert!(!ok.abnormal, "{ok:?}");
+    for (vol, path) in [
+        ("img-gone", gone_staging.clone()),
+        ("dir-filed", filed_target.clone()),
+        ("vol-corrupt", node.path("anywhere")),
+    ] {
+        let c = volumes.volume_condition(vol, &s(&path)).unwrap();
+        assert!(c.abnormal, "{vol}: {c:?}");
+    }
+    assert_eq!(
+        code(volumes.volume_condition(&good, &s(&node.path("elsewhere")))),
+        Code::NotFound
+    );
+
+    // Everything else is served: a new volume stages and publishes.
+    let new = node.image_volume("img-new");
+    let staging = node.path("staging-new");
+    volumes.stage(&stage(&new, &staging, block_cap())).unwrap();
+    // The corrupt record's volume can be staged afresh, which clears it.
+    std::fs::write(node.image("vol-corrupt"), b"").unwrap();
+    volumes
+        .stage(&stage("vol-corrupt", &node.path("staging-c"), block_cap()))
+        .unwrap();
+    assert!(!volumes.abnormal().contains_key("vol-corrupt"));
+}
+
+#[test]
+fn a_reboot_restores_staged_and_published_volumes_with_new_devices() {
+    let mut node = Node::new();
+    let first = node.image_volume("img-a");
+    let vol = node.image_volume("img-b");
+    let (staging, target) = block_published(&node, &vol);
+    let _ = first;
+    node.reboot();
+    // Another image takes loop0 first after the reboot.
+    node.host.loops().attach(&node.image("img-a")).unwrap();
+    let report = node.volumes.restore();
+    assert_eq!(report.healthy, [vol.as_str()]);
+    let dev = node
+        .volumes
+        .record(&vol)
+        .unwrap()
+        .stage
+        .unwrap()
+        .device
+        .unwrap();
+    assert_eq!(dev.path, Path::new("/dev/loop1"));
+    assert_eq!(node.mounted(&target)[0].root, Path::new("/dev/loop1"));
+    assert!(
+        !node
+            .volumes
+            .volume_condition(&vol, &s(&staging))
+            .unwrap()
+            .abnormal
+    );
+    // Unstaging still refuses while published, then detaches the new device.
+    assert_eq!(
+        code(node.volumes.unstage(&unstage(&vol, &staging))),
+        Code::FailedPrecondition
+    );
+    node.volumes.unpublish(&unpublish(&vol, &target)).unwrap();
+    node.volumes.unstage(&unstage(&vol, &staging)).unwrap();
+    assert_eq!(
+        node.host.loops().attached().len(),
+        1,
+        "img-a's device stays"
+    );
+}
+
+/// Blocks binds until told to go on.
+struct Paused {
+    host: Arc<FakeHost>,
+    entered: Mutex<Sender<()>>,
+    release: Mutex<Receiver<()>>,
+}
+
+impl Mounter for Paused {
+    fn mount_sensitive(
+        &self,
+        source: &str,
+        target: &Path,
+        fstype: &str,
+        options: &[&str],
+        sensitive: &[Sensitive],
+    ) -> Result<(), MountError> {
+        self.host
+            .mount_sensitive(source, target, fstype, options, sensitive)
+    }
+    fn bind_mount(&self, source: &Path, target: &Path, read_only: bool) -> Result<(), MountError> {
+        self.entered.lock().unwrap().send(()).unwrap();
+        self.release.lock().unwrap().recv().unwrap();
+        self.host.bind_mount(source, target, read_only)
+    }
+    fn unmount(&self, target: &Path, lazy: bool) -> Result<(), MountError> {
+        self.host.unmount(target, lazy)
+    }
+    fn mount_points(&self) -> Result<Vec<MountInfo>, MountError> {
+        self.host.mount_points()
+    }
+    fn is_mount_point(&self, path: &Path) -> Result<bool, MountError> {
+        self.host.is_mount_point(path)
+    }
+    fn is_likely_not_mount_point(&self, path: &Path) -> Result<bool, MountError> {
+        self.host.is_likely_not_mount_point(path)
+    }
+    fn mount_refs(&self, path: &Path) -> Result<Vec<PathBuf>, MountError> {
+        self.host.mount_refs(path)
+    }
+    fn cleanup_mount_point(&self, path: &Path) -> Result<(), MountError> {
+        self.host.cleanup_mount_point(path)
+    }
+}
+
+#[test]
+fn a_call_on_a_busy_volume_or_path_is_aborted() {
+    let node = Node::new();
+    let (a, b) = (node.dir_volume("dir-a"), node.dir_volume("dir-b"));
+    let (entered_tx, entered) = channel();
+    let (release, release_rx) = channel();
+    let volumes = open(
+        node.base(),
+        Arc::new(Paused {
+            host: node.host.clone(),
+            entered: Mutex::new(entered_tx),
+            release: Mutex::new(release_rx),
+        }),
+        node.host.clone(),
+        &node.store,
+        None,
+    );
+    let target = node.path("pods/t");
+    let req = publish(&a, None, &target, mount_cap(Mode::SingleNodeWriter), false);
+    let (v, r) = (volumes.clone(), req.clone());
+    let first = std::thread::spawn(move || v.publish(&r));
+    entered.recv().unwrap();
+    assert_eq!(code(volumes.publish(&req)), Code::Aborted, "same volume");
+    let other = publish(&b, None, &target, mount_cap(Mode::SingleNodeWriter), false);
+    assert_eq!(code(volumes.publish(&other)), Code::Aborted, "same path");
+    assert_eq!(
+        code(volumes.unpublish(&unpublish(&a, &target))),
+        Code::Aborted
+    );
+    release.send(()).unwrap();
+    assert_eq!(first.join().unwrap().unwrap(), Outcome::Changed);
+    assert_eq!(code(volumes.publish(&other)), Code::AlreadyExists);
+}
+
+#[test]
+fn records_are_one_per_volume_and_gone_when_nothing_is_left() {
+    let node = Node::new();
+    let vol = node.image_volume("img-1");
+    let (staging, target) = block_published(&node, &vol);
+    assert_eq!(node.store.keys(), [vol.as_str()]);
+    let loaded = node.store.load_all().unwrap();
+    let rec = csi_node::VolumeRecord::decode(loaded[0].1.as_ref().unwrap()).unwrap();
+    assert_eq!(rec, node.volumes.record(&vol).unwrap());
+    node.volumes.unpublish(&unpublish(&vol, &target)).unwrap();
+    node.volumes.unstage(&unstage(&vol, &staging)).unwrap();
+    assert!(node.store.keys().is_empty());
+    let actions = node.host.fake().actions();
+    assert!(
+        actions
+            .iter()
+            .any(|a| matches!(a, FakeAction::BindMount { .. }))
+    );
+}
