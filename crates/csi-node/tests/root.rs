@@ -1,0 +1,391 @@
+//! The key cases with real mounts and loop devices: run as root, each in a
+//! private mount namespace (its mounts vanish with it) with a guard that
+//! detaches every loop device over its temporary directory. Not root:
+//! each test prints why it is skipped.
+
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use csi_node::{MemoryRecords, NodeError, NodeVolumes, Outcome, Source, SystemLoopDevices};
+use csi_proto::v1::volume_capability::access_mode::Mode;
+use csi_proto::v1::*;
+use csi_server::CsiError;
+use mount_utils::testing::{
+    assert_no_loop_device_for, detach_loop_devices_under, have_program, in_private_mount_ns,
+    is_root,
+};
+use mount_utils::{LinuxMounter, Mounter, SafeFormatAndMount, SystemExec};
+use tonic::Code;
+
+/// Detaches the loop devices over the test's files, however it ended.
+struct LoopGuard(PathBuf);
+
+impl Drop for LoopGuard {
+    fn drop(&mut self) {
+        detach_loop_devices_under(&self.0);
+    }
+}
+
+/// Runs `f(base)` as root in a private mount namespace over a fresh
+/// temporary directory with `data/`, `images/` and `pods/`.
+fn as_root(name: &str, f: impl FnOnce(&Path) + Send + 'static) {
+    if !is_root() {
+        eprintln!("skipped: {name}: needs root (euid != 0)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let base = std::fs::canonicalize(dir.path()).unwrap();
+    for sub in ["data", "images", "pods"] {
+        std::fs::create_dir(base.join(sub)).unwrap();
+    }
+    let _guard = LoopGuard(base.clone());
+    in_private_mount_ns(name, move || f(&base));
+}
+
+fn locator(base: &Path) -> Arc<dyn csi_node::VolumeLocator> {
+    let base = base.to_path_buf();
+    Arc::new(move |id: &str| {
+        let dir = base.join("data").join(id);
+        let image = base.join("images").join(format!("{id}.img"));
+        if dir.is_dir() {
+            Some(Source::Directory(dir))
+        } else if image.is_file() {
+            Some(Source::Image(image))
+        } else {
+            None
+        }
+    })
+}
+
+fn volumes(base: &Path, store: &MemoryRecords) -> NodeVolumes {
+    let mounter: Arc<dyn Mounter> = Arc::new(LinuxMounter::new());
+    NodeVolumes::builder(mounter.clone(), Arc::new(store.clone()), locator(base))
+        .loop_devices(Arc::new(SystemLoopDevices))
+        .filesystem_mount(Arc::new(SafeFormatAndMount::new(
+            mounter,
+            Arc::new(SystemExec::new()),
+        )))
+        .open()
+        .unwrap()
+}
+
+fn image(base: &Path, id: &str, size: u64) -> PathBuf {
+    let path = base.join("images").join(format!("{id}.img"));
+    std::fs::File::create(&path).unwrap().set_len(size).unwrap();
+    path
+}
+
+fn mounts_at(path: &Path) -> Vec<mount_utils::MountInfo> {
+    let mut table = LinuxMounter::new().mount_points().unwrap();
+    table.retain(|m| m.mount_point == path);
+    table
+}
+
+fn s(p: &Path) -> String {
+    p.to_string_lossy().into_owned()
+}
+
+fn code<T: std::fmt::Debug>(r: Result<T, NodeError>) -> Code {
+    CsiError::from(r.unwrap_err()).code()
+}
+
+fn block() -> VolumeCapability {
+    VolumeCapability::block().with_access_mode(Mode::SingleNodeWriter)
+}
+
+fn mount(mode: Mode) -> VolumeCapability {
+    VolumeCapability::mount("ext4").with_access_mode(mode)
+}
+
+fn stage(vol: &str, path: &Path, cap: VolumeCapability) -> NodeStageVolumeRequest {
+    NodeStageVolumeRequest {
+        volume_id: vol.into(),
+        staging_target_path: s(path),
+        volume_capability: Some(cap),
+        ..Default::default()
+    }
+}
+
+fn unstage(vol: &str, path: &Path) -> NodeUnstageVolumeRequest {
+    NodeUnstageVolumeRequest {
+        volume_id: vol.into(),
+        staging_target_path: s(path),
+    }
+}
+
+fn publish(
+    vol: &str,
+    staging: Option<&Path>,
+    target: &Path,
+    cap: VolumeCapability,
+    readonly: bool,
+) -> NodePublishVolumeRequest {
+    NodePublishVolumeRequest {
+        volume_id: vol.into(),
+        staging_target_path: staging.map(s).unwrap_or_default(),
+        target_path: s(target),
+        volume_capability: Some(cap),
+        readonly,
+        ..Default::default()
+    }
+}
+
+fn unpublish(vol: &str, target: &Path) -> NodeUnpublishVolumeRequest {
+    NodeUnpublishVolumeRequest {
+        volume_id: vol.into(),
+        target_path: s(target),
+    }
+}
+
+#[test]
+fn root_case1_block_unstage_while_published_keeps_the_device() {
+    as_root("root_case1", |base| {
+        let img = image(base, "img-1", 8 << 20);
+        let store = MemoryRecords::new();
+        let v = volumes(base, &store);
+        let (staging, target) = (base.join("staging"), base.join("pods/t"));
+        v.stage(&stage("img-1", &staging, block())).unwrap();
+        v.publish(&publish("img-1", Some(&staging), &target, block(), false))
+            .unwrap();
+        let device = v.record("img-1").unwrap().stage.unwrap().device.unwrap();
+        assert_eq!(
+            mounts_at(&target)[0].root,
+            Path::new("/").join(device.path.file_name().unwrap())
+        );
+        // Writes through the target reach the image.
+        std::fs::write(&target, b"through the target").unwrap();
+
+        assert_eq!(
+            code(v.unstage(&unstage("img-1", &staging))),
+            Code::FailedPrecondition
+        );
+        let attached = mount_utils::loopdev::find_by_backing_file(&img).unwrap();
+        assert_eq!(attached, std::slice::from_ref(&device.path));
+
+        v.unpublish(&unpublish("img-1", &target)).unwrap();
+        assert!(!target.exists());
+        v.unstage(&unstage("img-1", &staging)).unwrap();
+        assert_no_loop_device_for(&img);
+        assert!(
+            std::fs::read(&img)
+                .unwrap()
+                .starts_with(b"through the target")
+        );
+    });
+}
+
+#[test]
+fn root_case2_read_only_wins_over_rw() {
+    as_root("root_case2", |base| {
+        std::fs::create_dir(base.join("data/dir-1")).unwrap();
+        let v = volumes(base, &MemoryRecords::new());
+        for (name, mode, readonly) in [
+            ("asked", Mode::SingleNodeWriter, true),
+            ("reader", Mode::SingleNodeReaderOnly, false),
+        ] {
+            let target = base.join("pods").join(name);
+            let cap = mount(mode).with_mount_flags(["rw", "noatime"]);
+            v.publish(&publish("dir-1", None, &target, cap, readonly))
+                .unwrap();
+            assert!(mounts_at(&target)[0].is_read_only(), "{name}");
+            let err = std::fs::write(target.join("f"), b"x").unwrap_err();
+            assert_eq!(err.raw_os_error(), Some(nix::libc::EROFS), "{name}");
+            v.unpublish(&unpublish("dir-1", &target)).unwrap();
+        }
+    });
+}
+
+#[test]
+fn root_case4_foreign_mounts_and_symlinks_are_never_touched() {
+    as_root("root_case4", |base| {
+        std::fs::create_dir(base.join("data/dir-1")).unwrap();
+        let v = volumes(base, &MemoryRecords::new());
+        let cap = mount(Mode::SingleNodeWriter);
+        let foreign = base.join("pods/foreign");
+        std::fs::create_dir(&foreign).unwrap();
+        LinuxMounter::new()
+            .mount("tmpfs", &foreign, "tmpfs", &["size=1m"])
+            .unwrap();
+        std::fs::write(foreign.join("theirs"), b"x").unwrap();
+
+        assert_eq!(
+            code(v.unpublish(&unpublish("dir-1", &foreign))),
+            Code::NotFound
+        );
+        assert_eq!(
+            code(v.publish(&publish("dir-1", None, &foreign, cap.clone(), false))),
+            Code::AlreadyExists
+        );
+        assert_eq!(
+            code(v.stage(&stage("dir-1", &foreign, cap.clone()))),
+            Code::AlreadyExists
+        );
+        assert_eq!(mounts_at(&foreign)[0].fs_type, "tmpfs");
+        assert!(foreign.join("theirs").exists());
+
+        // A symlink target: refused, its destination never mounted on.
+        let elsewhere = base.join("elsewhere");
+        std::fs::create_dir(&elsewhere).unwrap();
+        let link = base.join("pods/link");
+        std::os::unix::fs::symlink(&elsewhere, &link).unwrap();
+        assert_eq!(
+            code(v.publish(&publish("dir-1", None, &link, cap.clone(), false))),
+            Code::FailedPrecondition
+        );
+        assert!(mounts_at(&elsewhere).is_empty() && mounts_at(&link).is_empty());
+
+        // Another volume id at a recorded target: NOT_FOUND, still mounted.
+        let target = base.join("pods/t");
+        v.publish(&publish("dir-1", None, &target, cap, false))
+            .unwrap();
+        assert_eq!(
+            code(v.unpublish(&unpublish("vol-x", &target))),
+            Code::NotFound
+        );
+        assert_eq!(mounts_at(&target).len(), 1);
+        v.unpublish(&unpublish("dir-1", &target)).unwrap();
+        assert!(mounts_at(&target).is_empty() && !target.exists());
+    });
+}
+
+#[test]
+fn root_case5_block_publish_refuses_a_file_with_data() {
+    as_root("root_case5", |base| {
+        let img = image(base, "img-1", 8 << 20);
+        let v = volumes(base, &MemoryRecords::new());
+        let staging = base.join("staging");
+        v.stage(&stage("img-1", &staging, block())).unwrap();
+        let target = base.join("pods/user-file");
+        std::fs::OpenOptions::new()
+            .create_new(true)
+            .write(true)
+            .mode(0o644)
+            .open(&target)
+            .and_then(|mut f| std::io::Write::write_all(&mut f, b"user data"))
+            .unwrap();
+        assert_eq!(
+            code(v.publish(&publish("img-1", Some(&staging), &target, block(), false))),
+            Code::FailedPrecondition
+        );
+        assert_eq!(std::fs::read(&target).unwrap(), b"user data");
+        assert!(mounts_at(&target).is_empty());
+        v.unstage(&unstage("img-1", &staging)).unwrap();
+        assert_no_loop_device_for(&img);
+    });
+}
+
+#[test]
+fn root_case7_a_lost_record_is_cleaned_up_by_device_number() {
+    if !have_program("root_case7", "mkfs.ext4") {
+        return;
+    }
+    as_root("root_case7", |base| {
+        let img = image(base, "img-1", 32 << 20);
+        let v = volumes(base, &MemoryRecords::new());
+        let staging = base.join("staging");
+        v.stage(&stage("img-1", &staging, mount(Mode::SingleNodeWriter)))
+            .unwrap();
+        assert_eq!(mounts_at(&staging)[0].fs_type, "ext4");
+
+        // The record is lost: a fresh store. The mount is recognised by its
+        // device number and cleaned up; the device is found by its image.
+        let forgetful = volumes(base, &MemoryRecords::new());
+        assert_eq!(
+            forgetful.unstage(&unstage("img-1", &staging)).unwrap(),
+            Outcome::Changed
+        );
+        assert!(mounts_at(&staging).is_empty());
+        assert_no_loop_device_for(&img);
+
+        // A device left attached by a crash before any record: detached.
+        let dev = mount_utils::LoopDevice::attach(
+            &img,
+            &mount_utils::LoopOptions {
+                autoclear: false,
+                ..Default::default()
+            },
+        )
+        .unwrap()
+        .keep();
+        assert!(dev.exists());
+        forgetful.unstage(&unstage("img-1", &staging)).unwrap();
+        assert_no_loop_device_for(&img);
+    });
+}
+
+#[test]
+fn root_case6_8_restart_restores_and_never_reformats_a_damaged_volume() {
+    if !have_program("root_case6_8", "mkfs.ext4") {
+        return;
+    }
+    as_root("root_case6_8", |base| {
+        let good = image(base, "img-good", 32 << 20);
+        let bad = image(base, "img-bad", 32 << 20);
+        let store = MemoryRecords::new();
+        let v = volumes(base, &store);
+        let cap = mount(Mode::SingleNodeWriter);
+        let mut paths = Vec::new();
+        for id in ["img-good", "img-bad"] {
+            let staging = base.join(format!("staging-{id}"));
+            let target = base.join("pods").join(id);
+            v.stage(&stage(id, &staging, cap.clone())).unwrap();
+            v.publish(&publish(id, Some(&staging), &target, cap.clone(), false))
+                .unwrap();
+            std::fs::write(target.join("data"), id).unwrap();
+            paths.push((staging, target));
+        }
+        // "Reboot": every mount and device is gone; img-bad's first blocks
+        // are wiped.
+        let m = LinuxMounter::new();
+        for (staging, target) in &paths {
+            m.unmount(target, false).unwrap();
+            m.unmount(staging, false).unwrap();
+        }
+        detach_loop_devices_under(base);
+        assert_no_loop_device_for(&good);
+        assert_no_loop_device_for(&bad);
+        let f = std::fs::OpenOptions::new().write(true).open(&bad).unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&f, &[0u8; 1 << 20], 0).unwrap();
+        drop(f);
+
+        let restarted = volumes(base, &store);
+        let report = restarted.restore();
+        assert_eq!(report.healthy, ["img-good"]);
+        assert!(
+            report.abnormal["img-bad"].contains("refusing to format"),
+            "{report:?}"
+        );
+        let (good_staging, good_target) = &paths[0];
+        assert_eq!(
+            std::fs::read(good_target.join("data")).unwrap(),
+            b"img-good"
+        );
+        assert!(
+            !restarted
+                .volume_condition("img-good", &s(good_target))
+                .unwrap()
+                .abnormal
+        );
+        let (bad_staging, bad_target) = &paths[1];
+        assert!(
+            restarted
+                .volume_condition("img-bad", &s(bad_target))
+                .unwrap()
+                .abnormal
+        );
+        assert!(mounts_at(bad_staging).is_empty());
+        // Never formatted again: still no filesystem on it.
+        let blkid = SystemExec::new();
+        let out = mount_utils::Exec::run(&blkid, "blkid", &["-p", &s(&bad)]).unwrap();
+        assert_eq!(out.code, Some(2), "img-bad was reformatted");
+
+        for (id, (staging, target)) in ["img-good", "img-bad"].into_iter().zip(&paths) {
+            restarted.unpublish(&unpublish(id, target)).unwrap();
+            restarted.unstage(&unstage(id, staging)).unwrap();
+        }
+        assert!(mounts_at(good_staging).is_empty());
+        assert_no_loop_device_for(&good);
+        assert_no_loop_device_for(&bad);
+    });
+}
