@@ -456,7 +456,12 @@ impl NodeVolumes {
                     !s.formatted,
                 )?
             }
-            (Source::Image(_), None) => unreachable!("an image source always has a device here"),
+            (Source::Image(image), None) => {
+                return Err(NodeError::FailedPrecondition(format!(
+                    "no loop device for {}",
+                    image.display()
+                )));
+            }
         }
         undo.mounted = true;
         self.verify(&rec.volume_id, rec, &s.path, s.readonly)
