@@ -70,6 +70,22 @@ pub fn mount_options(cap: &Capability, readonly: bool) -> Result<Vec<String>, No
     Ok(out)
 }
 
+/// ALREADY_EXISTS: `path` holds a mount that is not `volume`.
+fn occupied(volume: &str, path: &Path) -> NodeError {
+    NodeError::AlreadyExists(format!(
+        "something other than volume {volume} is mounted at {}",
+        path.display()
+    ))
+}
+
+/// FAILED_PRECONDITION: a mount that is not `volume` lies over its own.
+pub(crate) fn covered(volume: &str, path: &Path) -> NodeError {
+    NodeError::FailedPrecondition(format!(
+        "something other than volume {volume} is mounted over {}; not touching it",
+        path.display()
+    ))
+}
+
 /// Splits a comma-separated option list; commas inside double quotes
 /// (SELinux `context="a,b"`) do not split.
 fn split(s: &str) -> Vec<&str> {
@@ -141,11 +157,7 @@ pub fn decide_stage(
     }
     check_not_symlink(facts.path, "staging_target_path", path)?;
     if facts.path.has_foreign_mount() {
-        return Err(NodeError::AlreadyExists(format!(
-            "something other than volume {} is mounted at {}",
-            req.volume_id,
-            path.display()
-        )));
+        return Err(occupied(&req.volume_id, path));
     }
     let mounted = facts.path.is_ours();
     if let Some(s) = facts.staged {
@@ -232,10 +244,7 @@ pub fn decide_unstage(
     }
     if facts.path.has_foreign_mount() {
         return Err(if facts.staged.is_some() {
-            NodeError::FailedPrecondition(format!(
-                "something other than volume {volume_id} is mounted over {}; not touching it",
-                path.display()
-            ))
+            covered(volume_id, path)
         } else {
             NodeError::NotFound(format!(
                 "volume {volume_id} is not staged at {}",
@@ -315,11 +324,7 @@ pub fn decide_publish(
         )));
     }
     if facts.target.has_foreign_mount() {
-        return Err(NodeError::AlreadyExists(format!(
-            "something other than volume {} is mounted at {}",
-            req.volume_id,
-            target.display()
-        )));
+        return Err(occupied(&req.volume_id, target));
     }
     let existing: Vec<Publication> = facts
         .publications
@@ -468,10 +473,7 @@ pub fn decide_unpublish(
     }
     if facts.target.has_foreign_mount() {
         return Err(match facts.record {
-            Some(_) => NodeError::FailedPrecondition(format!(
-                "something other than volume {volume_id} is mounted over {}; not touching it",
-                target.display()
-            )),
+            Some(_) => covered(volume_id, target),
             None => NodeError::NotFound(format!(
                 "volume {volume_id} is not published at {}; what is mounted there is not this volume",
                 target.display()

@@ -21,8 +21,8 @@ use crate::record::{
 };
 use crate::rules::{
     PublishDecision, PublishFacts, StageDecision, StageFacts, UnpublishDecision, UnpublishFacts,
-    UnstageDecision, UnstageFacts, decide_publish, decide_stage, decide_unpublish, decide_unstage,
-    effective_readonly, mount_options,
+    UnstageDecision, UnstageFacts, covered, decide_publish, decide_stage, decide_unpublish,
+    decide_unstage, effective_readonly, mount_options,
 };
 use crate::seams::{
     FilesystemMount, LoopDevices, PlainMount, RecordStore, SystemLoopDevices, VolumeLocator,
@@ -533,10 +533,7 @@ impl NodeVolumes {
                 return Ok(());
             };
             if !ids.owns(top) {
-                return Err(NodeError::FailedPrecondition(format!(
-                    "something other than volume {volume} is mounted at {}; not touching it",
-                    path.display()
-                )));
+                return Err(covered(volume, path));
             }
             self.inner
                 .mounter

@@ -10,17 +10,19 @@ use std::sync::{Arc, Mutex};
 
 use csi_node::testing::FakeHost;
 use csi_node::{
-    FilesystemMount, LoopDevices, MemoryRecords, NodeError, NodeVolumes, Outcome, PublishState,
-    RecordStore, Source, StageState, VolumeLocator,
+    FilesystemMount, LoopDevices, MemoryRecords, NodeVolumes, Outcome, PublishState, RecordStore,
+    StageState,
 };
 use csi_proto::v1::volume_capability::access_mode::Mode;
-use csi_proto::v1::*;
 use csi_server::CsiError;
 use mount_utils::{
     Errno, ExecOutput, FakeAction, FakeExec, FakeOp, MountError, MountInfo, Mounter,
     SafeFormatAndMount, Sensitive,
 };
 use tonic::Code;
+
+mod common;
+use common::*;
 
 /// A node: a temp dir with `data/<id>` directory volumes and
 /// `images/<id>.img` image volumes, a fake host and a record store.
@@ -31,26 +33,10 @@ struct Node {
     volumes: NodeVolumes,
 }
 
-fn locator(base: PathBuf) -> Arc<dyn VolumeLocator> {
-    Arc::new(move |id: &str| {
-        let dir = base.join("data").join(id);
-        let image = base.join("images").join(format!("{id}.img"));
-        if dir.is_dir() {
-            Some(Source::Directory(dir))
-        } else if image.is_file() {
-            Some(Source::Image(image))
-        } else {
-            None
-        }
-    })
-}
-
 impl Node {
     fn new() -> Self {
         let dir = tempfile::tempdir().unwrap();
-        std::fs::create_dir(dir.path().join("data")).unwrap();
-        std::fs::create_dir(dir.path().join("images")).unwrap();
-        std::fs::create_dir(dir.path().join("pods")).unwrap();
+        layout(dir.path());
         let host = Arc::new(FakeHost::new());
         let store = MemoryRecords::new();
         let volumes = open(dir.path(), host.clone(), host.clone(), &store, None);
@@ -119,68 +105,12 @@ fn open(
     store: &MemoryRecords,
     fs: Option<Arc<dyn FilesystemMount>>,
 ) -> NodeVolumes {
-    let mut b = NodeVolumes::builder(mounter, Arc::new(store.clone()), locator(base.into()))
+    let mut b = NodeVolumes::builder(mounter, Arc::new(store.clone()), locator(base))
         .loop_devices(host.loops());
     if let Some(fs) = fs {
         b = b.filesystem_mount(fs);
     }
     b.open().unwrap()
-}
-
-fn mount_cap(mode: Mode) -> VolumeCapability {
-    VolumeCapability::mount("ext4").with_access_mode(mode)
-}
-
-fn block_cap() -> VolumeCapability {
-    VolumeCapability::block().with_access_mode(Mode::SingleNodeWriter)
-}
-
-fn s(p: &Path) -> String {
-    p.to_string_lossy().into_owned()
-}
-
-fn stage(vol: &str, path: &Path, cap: VolumeCapability) -> NodeStageVolumeRequest {
-    NodeStageVolumeRequest {
-        volume_id: vol.into(),
-        staging_target_path: s(path),
-        volume_capability: Some(cap),
-        ..Default::default()
-    }
-}
-
-fn unstage(vol: &str, path: &Path) -> NodeUnstageVolumeRequest {
-    NodeUnstageVolumeRequest {
-        volume_id: vol.into(),
-        staging_target_path: s(path),
-    }
-}
-
-fn publish(
-    vol: &str,
-    staging: Option<&Path>,
-    target: &Path,
-    cap: VolumeCapability,
-    readonly: bool,
-) -> NodePublishVolumeRequest {
-    NodePublishVolumeRequest {
-        volume_id: vol.into(),
-        staging_target_path: staging.map(s).unwrap_or_default(),
-        target_path: s(target),
-        volume_capability: Some(cap),
-        readonly,
-        ..Default::default()
-    }
-}
-
-fn unpublish(vol: &str, target: &Path) -> NodeUnpublishVolumeRequest {
-    NodeUnpublishVolumeRequest {
-        volume_id: vol.into(),
-        target_path: s(target),
-    }
-}
-
-fn code<T: std::fmt::Debug>(r: Result<T, NodeError>) -> Code {
-    CsiError::from(r.unwrap_err()).code()
 }
 
 /// Stages and publishes a block image volume: (staging, target).
@@ -331,11 +261,37 @@ fn case2_read_only_wins_over_rw_flags() {
     assert!(node.mounted(&staging)[0].is_read_only());
 }
 
-/// A mounter that makes binds writable whatever it is asked (an old
-/// kernel, a buggy implementation).
-struct IgnoresReadOnly(Arc<FakeHost>);
+/// How [`Twisted`] departs from the fake host it wraps.
+enum Twist {
+    /// Makes mounts writable whatever it is asked (an old kernel, a bug).
+    IgnoreReadOnly,
+    /// Panics right after a successful mount or bind: the plugin
+    /// "crashes" between the mount and the save.
+    CrashAfterMount,
+    /// Blocks each bind until told to go on.
+    PauseBinds {
+        entered: Mutex<Sender<()>>,
+        release: Mutex<Receiver<()>>,
+    },
+}
 
-impl Mounter for IgnoresReadOnly {
+/// A [`FakeHost`] with a [`Twist`].
+struct Twisted {
+    host: Arc<FakeHost>,
+    twist: Twist,
+}
+
+impl Twisted {
+    fn after(&self, r: Result<(), MountError>) -> Result<(), MountError> {
+        r?;
+        if matches!(self.twist, Twist::CrashAfterMount) {
+            panic!("crash after mounting");
+        }
+        Ok(())
+    }
+}
+
+impl Mounter for Twisted {
     fn mount_sensitive(
         &self,
         source: &str,
@@ -344,44 +300,66 @@ impl Mounter for IgnoresReadOnly {
         options: &[&str],
         sensitive: &[Sensitive],
     ) -> Result<(), MountError> {
-        let writable: Vec<&str> = options.iter().copied().filter(|o| *o != "ro").collect();
-        self.0
-            .mount_sensitive(source, target, fstype, &writable, sensitive)
+        let mut options = options.to_vec();
+        if matches!(self.twist, Twist::IgnoreReadOnly) {
+            options.retain(|o| *o != "ro");
+        }
+        self.after(
+            self.host
+                .mount_sensitive(source, target, fstype, &options, sensitive),
+        )
     }
-    fn bind_mount(&self, source: &Path, target: &Path, _read_only: bool) -> Result<(), MountError> {
-        self.0.bind_mount(source, target, false)
+    fn bind_mount(&self, source: &Path, target: &Path, read_only: bool) -> Result<(), MountError> {
+        let read_only = match &self.twist {
+            Twist::IgnoreReadOnly => false,
+            Twist::PauseBinds { entered, release } => {
+                entered.lock().unwrap().send(()).unwrap();
+                release.lock().unwrap().recv().unwrap();
+                read_only
+            }
+            Twist::CrashAfterMount => read_only,
+        };
+        self.after(self.host.bind_mount(source, target, read_only))
     }
     fn unmount(&self, target: &Path, lazy: bool) -> Result<(), MountError> {
-        self.0.unmount(target, lazy)
+        self.host.unmount(target, lazy)
     }
     fn mount_points(&self) -> Result<Vec<MountInfo>, MountError> {
-        self.0.mount_points()
+        self.host.mount_points()
     }
     fn is_mount_point(&self, path: &Path) -> Result<bool, MountError> {
-        self.0.is_mount_point(path)
+        self.host.is_mount_point(path)
     }
     fn is_likely_not_mount_point(&self, path: &Path) -> Result<bool, MountError> {
-        self.0.is_likely_not_mount_point(path)
+        self.host.is_likely_not_mount_point(path)
     }
     fn mount_refs(&self, path: &Path) -> Result<Vec<PathBuf>, MountError> {
-        self.0.mount_refs(path)
+        self.host.mount_refs(path)
     }
     fn cleanup_mount_point(&self, path: &Path) -> Result<(), MountError> {
-        self.0.cleanup_mount_point(path)
+        self.host.cleanup_mount_point(path)
     }
+}
+
+/// The node's records and host, seen through a twisted mounter.
+fn twisted(node: &Node, twist: Twist) -> NodeVolumes {
+    open(
+        node.base(),
+        Arc::new(Twisted {
+            host: node.host.clone(),
+            twist,
+        }),
+        node.host.clone(),
+        &node.store,
+        None,
+    )
 }
 
 #[test]
 fn case2_a_mount_that_did_not_become_read_only_is_undone() {
     let node = Node::new();
     let vol = node.dir_volume("dir-1");
-    let volumes = open(
-        node.base(),
-        Arc::new(IgnoresReadOnly(node.host.clone())),
-        node.host.clone(),
-        &node.store,
-        None,
-    );
+    let volumes = twisted(&node, Twist::IgnoreReadOnly);
     let target = node.path("pods/t");
     for flags in [vec![], vec!["noexec"]] {
         let cap = mount_cap(Mode::SingleNodeWriter).with_mount_flags(flags);
@@ -641,64 +619,6 @@ fn case5_block_publish_never_mounts_over_a_file_with_data() {
     assert_eq!(node.mounted(&empty)[0].root, Path::new("/dev/loop0"));
 }
 
-/// Runs `f` with a mounter that panics right after its next successful
-/// mount or bind: the plugin "crashes" between the mount and the save.
-struct CrashAfterMount(Arc<FakeHost>);
-
-impl CrashAfterMount {
-    fn crash(&self, r: Result<(), MountError>) -> Result<(), MountError> {
-        r?;
-        panic!("crash after mounting");
-    }
-}
-
-impl Mounter for CrashAfterMount {
-    fn mount_sensitive(
-        &self,
-        source: &str,
-        target: &Path,
-        fstype: &str,
-        options: &[&str],
-        sensitive: &[Sensitive],
-    ) -> Result<(), MountError> {
-        self.crash(
-            self.0
-                .mount_sensitive(source, target, fstype, options, sensitive),
-        )
-    }
-    fn bind_mount(&self, source: &Path, target: &Path, read_only: bool) -> Result<(), MountError> {
-        self.crash(self.0.bind_mount(source, target, read_only))
-    }
-    fn unmount(&self, target: &Path, lazy: bool) -> Result<(), MountError> {
-        self.0.unmount(target, lazy)
-    }
-    fn mount_points(&self) -> Result<Vec<MountInfo>, MountError> {
-        self.0.mount_points()
-    }
-    fn is_mount_point(&self, path: &Path) -> Result<bool, MountError> {
-        self.0.is_mount_point(path)
-    }
-    fn is_likely_not_mount_point(&self, path: &Path) -> Result<bool, MountError> {
-        self.0.is_likely_not_mount_point(path)
-    }
-    fn mount_refs(&self, path: &Path) -> Result<Vec<PathBuf>, MountError> {
-        self.0.mount_refs(path)
-    }
-    fn cleanup_mount_point(&self, path: &Path) -> Result<(), MountError> {
-        self.0.cleanup_mount_point(path)
-    }
-}
-
-fn crashing(node: &Node) -> NodeVolumes {
-    open(
-        node.base(),
-        Arc::new(CrashAfterMount(node.host.clone())),
-        node.host.clone(),
-        &node.store,
-        None,
-    )
-}
-
 fn crashes(f: impl FnOnce()) {
     let hook = std::panic::take_hook();
     std::panic::set_hook(Box::new(|_| {}));
@@ -720,7 +640,7 @@ fn case7_a_crash_between_publish_mount_and_save_is_cleaned_up_by_unpublish() {
         false,
     );
     crashes(|| {
-        let _ = crashing(&node).publish(&req);
+        let _ = twisted(&node, Twist::CrashAfterMount).publish(&req);
     });
     assert_eq!(node.mounted(&target).len(), 1, "mounted, then crashed");
 
@@ -750,7 +670,7 @@ fn case7_a_retried_publish_after_a_crash_completes_it() {
         false,
     );
     crashes(|| {
-        let _ = crashing(&node).publish(&req);
+        let _ = twisted(&node, Twist::CrashAfterMount).publish(&req);
     });
     let restarted = node.restart();
     assert_eq!(restarted.publish(&req).unwrap(), Outcome::Changed);
@@ -768,7 +688,11 @@ fn case7_a_crash_while_staging_leaves_a_record_unstage_cleans_up() {
     let vol = node.image_volume("img-1");
     let staging = node.path("staging");
     crashes(|| {
-        let _ = crashing(&node).stage(&stage(&vol, &staging, mount_cap(Mode::SingleNodeWriter)));
+        let _ = twisted(&node, Twist::CrashAfterMount).stage(&stage(
+            &vol,
+            &staging,
+            mount_cap(Mode::SingleNodeWriter),
+        ));
     });
     assert_eq!(node.attached(), 1);
     let restarted = node.restart();
@@ -1055,66 +979,18 @@ fn a_reboot_restores_staged_and_published_volumes_with_new_devices() {
     );
 }
 
-/// Blocks binds until told to go on.
-struct Paused {
-    host: Arc<FakeHost>,
-    entered: Mutex<Sender<()>>,
-    release: Mutex<Receiver<()>>,
-}
-
-impl Mounter for Paused {
-    fn mount_sensitive(
-        &self,
-        source: &str,
-        target: &Path,
-        fstype: &str,
-        options: &[&str],
-        sensitive: &[Sensitive],
-    ) -> Result<(), MountError> {
-        self.host
-            .mount_sensitive(source, target, fstype, options, sensitive)
-    }
-    fn bind_mount(&self, source: &Path, target: &Path, read_only: bool) -> Result<(), MountError> {
-        self.entered.lock().unwrap().send(()).unwrap();
-        self.release.lock().unwrap().recv().unwrap();
-        self.host.bind_mount(source, target, read_only)
-    }
-    fn unmount(&self, target: &Path, lazy: bool) -> Result<(), MountError> {
-        self.host.unmount(target, lazy)
-    }
-    fn mount_points(&self) -> Result<Vec<MountInfo>, MountError> {
-        self.host.mount_points()
-    }
-    fn is_mount_point(&self, path: &Path) -> Result<bool, MountError> {
-        self.host.is_mount_point(path)
-    }
-    fn is_likely_not_mount_point(&self, path: &Path) -> Result<bool, MountError> {
-        self.host.is_likely_not_mount_point(path)
-    }
-    fn mount_refs(&self, path: &Path) -> Result<Vec<PathBuf>, MountError> {
-        self.host.mount_refs(path)
-    }
-    fn cleanup_mount_point(&self, path: &Path) -> Result<(), MountError> {
-        self.host.cleanup_mount_point(path)
-    }
-}
-
 #[test]
 fn a_call_on_a_busy_volume_or_path_is_aborted() {
     let node = Node::new();
     let (a, b) = (node.dir_volume("dir-a"), node.dir_volume("dir-b"));
     let (entered_tx, entered) = channel();
     let (release, release_rx) = channel();
-    let volumes = open(
-        node.base(),
-        Arc::new(Paused {
-            host: node.host.clone(),
+    let volumes = twisted(
+        &node,
+        Twist::PauseBinds {
             entered: Mutex::new(entered_tx),
             release: Mutex::new(release_rx),
-        }),
-        node.host.clone(),
-        &node.store,
-        None,
+        },
     );
     let target = node.path("pods/t");
     let req = publish(&a, None, &target, mount_cap(Mode::SingleNodeWriter), false);

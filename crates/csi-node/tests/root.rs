@@ -7,16 +7,17 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use csi_node::{MemoryRecords, NodeError, NodeVolumes, Outcome, Source, SystemLoopDevices};
+use csi_node::{MemoryRecords, NodeVolumes, Outcome, SystemLoopDevices};
 use csi_proto::v1::volume_capability::access_mode::Mode;
-use csi_proto::v1::*;
-use csi_server::CsiError;
 use mount_utils::testing::{
     assert_no_loop_device_for, detach_loop_devices_under, have_program, in_private_mount_ns,
     is_root,
 };
 use mount_utils::{LinuxMounter, Mounter, SafeFormatAndMount, SystemExec};
 use tonic::Code;
+
+mod common;
+use common::*;
 
 /// Detaches the loop devices over the test's files, however it ended.
 struct LoopGuard(PathBuf);
@@ -36,26 +37,9 @@ fn as_root(name: &str, f: impl FnOnce(&Path) + Send + 'static) {
     }
     let dir = tempfile::tempdir().unwrap();
     let base = std::fs::canonicalize(dir.path()).unwrap();
-    for sub in ["data", "images", "pods"] {
-        std::fs::create_dir(base.join(sub)).unwrap();
-    }
+    layout(&base);
     let _guard = LoopGuard(base.clone());
     in_private_mount_ns(name, move || f(&base));
-}
-
-fn locator(base: &Path) -> Arc<dyn csi_node::VolumeLocator> {
-    let base = base.to_path_buf();
-    Arc::new(move |id: &str| {
-        let dir = base.join("data").join(id);
-        let image = base.join("images").join(format!("{id}.img"));
-        if dir.is_dir() {
-            Some(Source::Directory(dir))
-        } else if image.is_file() {
-            Some(Source::Image(image))
-        } else {
-            None
-        }
-    })
 }
 
 fn volumes(base: &Path, store: &MemoryRecords) -> NodeVolumes {
@@ -82,62 +66,6 @@ fn mounts_at(path: &Path) -> Vec<mount_utils::MountInfo> {
     table
 }
 
-fn s(p: &Path) -> String {
-    p.to_string_lossy().into_owned()
-}
-
-fn code<T: std::fmt::Debug>(r: Result<T, NodeError>) -> Code {
-    CsiError::from(r.unwrap_err()).code()
-}
-
-fn block() -> VolumeCapability {
-    VolumeCapability::block().with_access_mode(Mode::SingleNodeWriter)
-}
-
-fn mount(mode: Mode) -> VolumeCapability {
-    VolumeCapability::mount("ext4").with_access_mode(mode)
-}
-
-fn stage(vol: &str, path: &Path, cap: VolumeCapability) -> NodeStageVolumeRequest {
-    NodeStageVolumeRequest {
-        volume_id: vol.into(),
-        staging_target_path: s(path),
-        volume_capability: Some(cap),
-        ..Default::default()
-    }
-}
-
-fn unstage(vol: &str, path: &Path) -> NodeUnstageVolumeRequest {
-    NodeUnstageVolumeRequest {
-        volume_id: vol.into(),
-        staging_target_path: s(path),
-    }
-}
-
-fn publish(
-    vol: &str,
-    staging: Option<&Path>,
-    target: &Path,
-    cap: VolumeCapability,
-    readonly: bool,
-) -> NodePublishVolumeRequest {
-    NodePublishVolumeRequest {
-        volume_id: vol.into(),
-        staging_target_path: staging.map(s).unwrap_or_default(),
-        target_path: s(target),
-        volume_capability: Some(cap),
-        readonly,
-        ..Default::default()
-    }
-}
-
-fn unpublish(vol: &str, target: &Path) -> NodeUnpublishVolumeRequest {
-    NodeUnpublishVolumeRequest {
-        volume_id: vol.into(),
-        target_path: s(target),
-    }
-}
-
 #[test]
 fn root_case1_block_unstage_while_published_keeps_the_device() {
     as_root("root_case1", |base| {
@@ -145,9 +73,15 @@ fn root_case1_block_unstage_while_published_keeps_the_device() {
         let store = MemoryRecords::new();
         let v = volumes(base, &store);
         let (staging, target) = (base.join("staging"), base.join("pods/t"));
-        v.stage(&stage("img-1", &staging, block())).unwrap();
-        v.publish(&publish("img-1", Some(&staging), &target, block(), false))
-            .unwrap();
+        v.stage(&stage("img-1", &staging, block_cap())).unwrap();
+        v.publish(&publish(
+            "img-1",
+            Some(&staging),
+            &target,
+            block_cap(),
+            false,
+        ))
+        .unwrap();
         let device = v.record("img-1").unwrap().stage.unwrap().device.unwrap();
         assert_eq!(
             mounts_at(&target)[0].root,
@@ -185,7 +119,7 @@ fn root_case2_read_only_wins_over_rw() {
             ("reader", Mode::SingleNodeReaderOnly, false),
         ] {
             let target = base.join("pods").join(name);
-            let cap = mount(mode).with_mount_flags(["rw", "noatime"]);
+            let cap = mount_cap(mode).with_mount_flags(["rw", "noatime"]);
             v.publish(&publish("dir-1", None, &target, cap, readonly))
                 .unwrap();
             assert!(mounts_at(&target)[0].is_read_only(), "{name}");
@@ -201,7 +135,7 @@ fn root_case4_foreign_mounts_and_symlinks_are_never_touched() {
     as_root("root_case4", |base| {
         std::fs::create_dir(base.join("data/dir-1")).unwrap();
         let v = volumes(base, &MemoryRecords::new());
-        let cap = mount(Mode::SingleNodeWriter);
+        let cap = mount_cap(Mode::SingleNodeWriter);
         let foreign = base.join("pods/foreign");
         std::fs::create_dir(&foreign).unwrap();
         LinuxMounter::new()
@@ -255,7 +189,7 @@ fn root_case5_block_publish_refuses_a_file_with_data() {
         let img = image(base, "img-1", 8 << 20);
         let v = volumes(base, &MemoryRecords::new());
         let staging = base.join("staging");
-        v.stage(&stage("img-1", &staging, block())).unwrap();
+        v.stage(&stage("img-1", &staging, block_cap())).unwrap();
         let target = base.join("pods/user-file");
         std::fs::OpenOptions::new()
             .create_new(true)
@@ -265,7 +199,13 @@ fn root_case5_block_publish_refuses_a_file_with_data() {
             .and_then(|mut f| std::io::Write::write_all(&mut f, b"user data"))
             .unwrap();
         assert_eq!(
-            code(v.publish(&publish("img-1", Some(&staging), &target, block(), false))),
+            code(v.publish(&publish(
+                "img-1",
+                Some(&staging),
+                &target,
+                block_cap(),
+                false
+            ))),
             Code::FailedPrecondition
         );
         assert_eq!(std::fs::read(&target).unwrap(), b"user data");
@@ -284,7 +224,7 @@ fn root_case7_a_lost_record_is_cleaned_up_by_device_number() {
         let img = image(base, "img-1", 32 << 20);
         let v = volumes(base, &MemoryRecords::new());
         let staging = base.join("staging");
-        v.stage(&stage("img-1", &staging, mount(Mode::SingleNodeWriter)))
+        v.stage(&stage("img-1", &staging, mount_cap(Mode::SingleNodeWriter)))
             .unwrap();
         assert_eq!(mounts_at(&staging)[0].fs_type, "ext4");
 
@@ -324,7 +264,7 @@ fn root_case6_8_restart_restores_and_never_reformats_a_damaged_volume() {
         let bad = image(base, "img-bad", 32 << 20);
         let store = MemoryRecords::new();
         let v = volumes(base, &store);
-        let cap = mount(Mode::SingleNodeWriter);
+        let cap = mount_cap(Mode::SingleNodeWriter);
         let mut paths = Vec::new();
         for id in ["img-good", "img-bad"] {
             let staging = base.join(format!("staging-{id}"));
