@@ -789,6 +789,21 @@ impl NodeVolumes {
         Ok(Outcome::Changed)
     }
 
+    /// The volume's record when `path` is its staging path or one of its
+    /// targets, for NodeGetVolumeStats and NodeExpandVolume (the staged
+    /// device and the staging path); NOT_FOUND otherwise.
+    pub fn record_at(&self, volume_id: &str, path: &str) -> Result<VolumeRecord, NodeError> {
+        let path = absolute(path, "volume_path")?;
+        self.record(volume_id)
+            .filter(|r| r.names(&path))
+            .ok_or_else(|| {
+                NodeError::NotFound(format!(
+                    "volume {volume_id} is not staged or published at {}",
+                    path.display()
+                ))
+            })
+    }
+
     /// For NodeGetVolumeStats: the condition of `volume_id` at `path` (its
     /// staging path or a target), checked in mountinfo now. NOT_FOUND when
     /// the volume is not staged or published there; a volume whose record
