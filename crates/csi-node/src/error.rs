@@ -82,6 +82,11 @@ fn errno_text(errno: Option<Errno>) -> String {
 }
 
 impl NodeError {
+    /// Whether this is the record store's disk being full.
+    pub fn is_disk_full(&self) -> bool {
+        matches!(self, Self::Store { full: true, .. })
+    }
+
     /// INVALID_ARGUMENT naming `field`.
     pub fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Self {
         Self::InvalidArgument {

@@ -3,10 +3,11 @@
 //! A CSI node plugin must never touch what it does not own: not a
 //! directory someone else mounted a tmpfs on, not another volume's staging
 //! path, not the destination of a symlink, not a loop device another
-//! volume now uses. [`NodeVolumes`] keeps a persisted record per volume
+//! volume now uses. [`NodeVolumes`] keeps a record per volume
 //! ([`VolumeRecord`]: staging path, capability with its mount flags
 //! (stored, never shown), device and number or bind source, publications,
-//! progress) and does NodeStage, NodeUnstage, NodePublish and NodeUnpublish
+//! progress), persisted as one stored record per stage and per publication
+//! (so forgetting one is a delete, which works on a full disk), and does NodeStage, NodeUnstage, NodePublish and NodeUnpublish
 //! in an order that keeps crashes harmless:
 //!
 //! 1. gather facts: the records, and what is at the path ([`observe`]:

@@ -516,6 +516,7 @@ mod tests {
 
     fn staged(path: &str, c: &VolumeCapability, state: StageState) -> StageRecord {
         StageRecord {
+            volume_id: "v".into(),
             path: path.into(),
             capability: cap(c.clone()),
             readonly: false,
@@ -964,6 +965,7 @@ mod tests {
     fn published(req: &NodePublishVolumeRequest, state: PublishState) -> PublishRecord {
         let c = cap(req.volume_capability.clone().unwrap());
         PublishRecord {
+            volume_id: req.volume_id.clone(),
             target: req.target_path.clone().into(),
             staging_path: req.staging_target_path.clone().into(),
             effective_readonly: effective_readonly(req.readonly, &c),

@@ -17,7 +17,8 @@ use mount_utils::{MountInfo, Mounter};
 use crate::error::NodeError;
 use crate::observe::{Identities, MountId, PathKind, facts, mounts_at, normalize, resolve};
 use crate::record::{
-    Capability, PublishRecord, PublishState, Source, StageRecord, StageState, VolumeRecord, sorted,
+    Capability, PublishRecord, PublishState, Source, StageRecord, StageState, StoredPart,
+    VolumeRecord, decode, encode, publish_key, sorted, stage_key,
 };
 use crate::rules::{
     PublishDecision, PublishFacts, StageDecision, StageFacts, UnpublishDecision, UnpublishFacts,
@@ -63,9 +64,63 @@ struct Inner {
 #[derive(Default)]
 struct Table {
     records: BTreeMap<String, VolumeRecord>,
+    /// Volumes reported abnormal, with why.
     abnormal: BTreeMap<String, String>,
+    /// Targets whose publication record is unreadable, with why.
+    abnormal_paths: BTreeMap<PathBuf, String>,
     busy_volumes: BTreeSet<String>,
     busy_paths: BTreeSet<PathBuf>,
+}
+
+impl Table {
+    /// Adds one stored part to the records.
+    fn load(&mut self, key: &str, value: Result<Vec<u8>, String>) {
+        let unreadable = |why: String| format!("its node record is unreadable ({why}); set aside");
+        match StoredPart::of(key) {
+            Some(StoredPart::Stage(vol)) => match value.and_then(|b| decode::<StageRecord>(&b)) {
+                Ok(s) if s.volume_id == vol => {
+                    self.entry(&vol).stage = Some(s);
+                }
+                Ok(_) => {
+                    self.abnormal
+                        .insert(vol, unreadable("another volume's".into()));
+                }
+                Err(why) => {
+                    tracing::warn!(volume = %vol, %why, "unreadable stage record set aside");
+                    self.abnormal.insert(vol, unreadable(why));
+                }
+            },
+            Some(StoredPart::Publication(target)) => {
+                match value.and_then(|b| decode::<PublishRecord>(&b)) {
+                    Ok(p) if p.target == target => {
+                        self.entry(&p.volume_id.clone()).publications.push(p);
+                    }
+                    Ok(_) => {
+                        self.abnormal_paths
+                            .insert(target, unreadable("another target's".into()));
+                    }
+                    Err(why) => {
+                        tracing::warn!(target = %target.display(), %why, "unreadable publication record set aside");
+                        self.abnormal_paths.insert(target, unreadable(why));
+                    }
+                }
+            }
+            None => tracing::warn!(key, "ignoring a stored record this crate did not write"),
+        }
+    }
+
+    fn entry(&mut self, volume: &str) -> &mut VolumeRecord {
+        self.records
+            .entry(volume.to_owned())
+            .or_insert_with(|| VolumeRecord::new(volume))
+    }
+}
+
+/// Which part of a volume's record a save writes.
+#[derive(Clone, Copy)]
+enum Part<'a> {
+    Stage,
+    Publication(&'a Path),
 }
 
 /// What this node plugin staged and published, and the rules that guard
@@ -111,30 +166,13 @@ impl NodeVolumesBuilder {
     }
 
     /// Loads every record. An unreadable record does not fail this: its
-    /// volume is reported abnormal and served as having no record (nothing
-    /// of it is touched unless verifiably its own).
+    /// volume (or, for a publication, its target) is reported abnormal and
+    /// served as having no record: nothing of it is touched unless
+    /// verifiably its own.
     pub fn open(self) -> Result<NodeVolumes, NodeError> {
         let mut table = Table::default();
         for (key, value) in self.store.load_all()? {
-            let record = value.and_then(|bytes| VolumeRecord::decode(&bytes));
-            match record {
-                Ok(r) if r.volume_id == key => {
-                    table.records.insert(key, r);
-                }
-                Ok(_) => {
-                    table.abnormal.insert(
-                        key,
-                        "its node record names another volume; set aside".into(),
-                    );
-                }
-                Err(why) => {
-                    tracing::warn!(volume = %key, %why, "unreadable node record set aside");
-                    table.abnormal.insert(
-                        key,
-                        format!("its node record is unreadable ({why}); set aside"),
-                    );
-                }
-            }
+            table.load(&key, value);
         }
         let filesystems = self
             .filesystems
@@ -211,9 +249,16 @@ impl NodeVolumes {
         self.table().records.clone()
     }
 
-    /// Volumes reported abnormal (unreadable record, failed restore), with why.
+    /// What is reported abnormal, with why: volumes by id (an unreadable
+    /// stage record, a failed restore) and targets by path (an unreadable
+    /// publication record).
     pub fn abnormal(&self) -> BTreeMap<String, String> {
-        self.table().abnormal.clone()
+        let t = self.table();
+        let paths = t
+            .abnormal_paths
+            .iter()
+            .map(|(p, why)| (p.display().to_string(), why.clone()));
+        t.abnormal.clone().into_iter().chain(paths).collect()
     }
 
     fn claim(&self, volume: &str, paths: &[&Path]) -> Result<Claim<'_>, NodeError> {
@@ -251,19 +296,39 @@ impl NodeVolumes {
         (t.records.get(volume).cloned(), claimed)
     }
 
-    /// Persists `rec` (deletes it when empty), then updates memory: memory
-    /// never runs ahead of disk.
-    fn save(&self, rec: &VolumeRecord) -> Result<(), NodeError> {
+    /// Persists one part of `rec` (a delete when it is gone), then updates
+    /// memory: memory never runs ahead of disk.
+    fn save(&self, rec: &VolumeRecord, part: Part<'_>) -> Result<(), NodeError> {
+        let store = &self.inner.store;
+        match part {
+            Part::Stage => match &rec.stage {
+                Some(s) => store.put(&stage_key(&rec.volume_id), &encode(s))?,
+                None => store.delete(&stage_key(&rec.volume_id))?,
+            },
+            Part::Publication(target) => match rec.publication(target) {
+                Some(p) => store.put(&publish_key(target), &encode(p))?,
+                None => store.delete(&publish_key(target))?,
+            },
+        }
+        let mut t = self.table();
         if rec.is_empty() {
-            self.inner.store.delete(&rec.volume_id)?;
-            self.table().records.remove(&rec.volume_id);
+            t.records.remove(&rec.volume_id);
         } else {
-            self.inner.store.put(&rec.volume_id, &rec.encode())?;
-            self.table()
-                .records
-                .insert(rec.volume_id.clone(), rec.clone());
+            t.records.insert(rec.volume_id.clone(), rec.clone());
         }
         Ok(())
+    }
+
+    /// Saves a step that only helps a restart (Unstaging, Unpublishing):
+    /// on a full disk it is skipped, so space can still be freed.
+    fn save_progress(&self, rec: &VolumeRecord, part: Part<'_>) -> Result<(), NodeError> {
+        match self.save(rec, part) {
+            Err(e) if e.is_disk_full() => {
+                tracing::warn!(volume = %rec.volume_id, "disk full: going on without saving progress");
+                Ok(())
+            }
+            other => other,
+        }
     }
 
     fn mount_table(&self) -> Result<Vec<MountInfo>, NodeError> {
@@ -362,6 +427,7 @@ impl NodeVolumes {
                 s
             }
             _ => StageRecord {
+                volume_id: vol.to_owned(),
                 path: path.clone(),
                 capability: cap.clone(),
                 readonly,
@@ -374,7 +440,7 @@ impl NodeVolumes {
             },
         };
         rec.stage = Some(stage);
-        self.save(&rec)?;
+        self.save(&rec, Part::Stage)?;
         let mut undo = Undo::default();
         match self.stage_effects(&mut rec, &ids, mounted, &options, &mut undo) {
             Ok(()) => {
@@ -382,14 +448,14 @@ impl NodeVolumes {
                     s.state = StageState::Staged;
                     s.formatted |= s.device.is_some() && !s.capability.is_block();
                 }
-                self.save(&rec)?;
+                self.save(&rec, Part::Stage)?;
                 self.table().abnormal.remove(vol);
                 tracing::info!(volume = %vol, path = %path.display(), "staged");
                 Ok(Outcome::Changed)
             }
             Err(e) => {
                 if !resume {
-                    self.undo(&mut rec, &path, undo, |r| r.stage = None);
+                    self.undo(&mut rec, &path, undo, Part::Stage);
                 }
                 Err(e)
             }
@@ -428,7 +494,7 @@ impl NodeVolumes {
                     if let Some(st) = rec.stage.as_mut() {
                         st.device = Some(dev.clone());
                     }
-                    self.save(rec)?;
+                    self.save(rec, Part::Stage)?;
                 }
                 Some(dev)
             }
@@ -496,13 +562,7 @@ impl NodeVolumes {
 
     /// Undoes what a failed first attempt did, then forgets it. If undoing
     /// fails the record stays, so a later unstage or unpublish finishes.
-    fn undo(
-        &self,
-        rec: &mut VolumeRecord,
-        path: &Path,
-        undo: Undo,
-        forget: impl FnOnce(&mut VolumeRecord),
-    ) {
+    fn undo(&self, rec: &mut VolumeRecord, path: &Path, undo: Undo, forget: Part<'_>) {
         let result = (|| {
             if undo.mounted {
                 let table = self.mount_table()?;
@@ -515,8 +575,11 @@ impl NodeVolumes {
             if let Some(dev) = &undo.attached {
                 self.inner.loops.detach(dev)?;
             }
-            forget(rec);
-            self.save(rec)
+            match forget {
+                Part::Stage => rec.stage = None,
+                Part::Publication(t) => rec.publications.retain(|p| p.target != t),
+            }
+            self.save(rec, forget)
         })();
         if let Err(e) = result {
             tracing::warn!(volume = %rec.volume_id, path = %path.display(), error = %e,
@@ -586,7 +649,7 @@ impl NodeVolumes {
         let mut rec = record.unwrap_or_else(|| VolumeRecord::new(vol));
         if let Some(s) = rec.stage.as_mut() {
             s.state = StageState::Unstaging;
-            self.save(&rec)?;
+            self.save_progress(&rec, Part::Stage)?;
         }
         if unmount {
             self.unmount_ours(vol, &path, &ids)?;
@@ -596,7 +659,7 @@ impl NodeVolumes {
             tracing::info!(volume = %vol, device = %dev.path.display(), "detached");
         }
         rec.stage = None;
-        self.save(&rec)?;
+        self.save(&rec, Part::Stage)?;
         tracing::info!(volume = %vol, path = %path.display(), "unstaged");
         Ok(Outcome::Changed)
     }
@@ -659,6 +722,7 @@ impl NodeVolumes {
         };
         let mut rec = record.unwrap_or_else(|| VolumeRecord::new(vol));
         let publication = PublishRecord {
+            volume_id: vol.to_owned(),
             target: target.clone(),
             staging_path: staging.clone().unwrap_or_default(),
             capability: cap.clone(),
@@ -670,7 +734,7 @@ impl NodeVolumes {
         };
         rec.publications.retain(|p| p.target != target);
         rec.publications.push(publication);
-        self.save(&rec)?;
+        self.save(&rec, Part::Publication(&target))?;
         let mut undo = Undo::default();
         let result = self.bind(
             &rec,
@@ -687,16 +751,13 @@ impl NodeVolumes {
                 if let Some(p) = rec.publications.iter_mut().find(|p| p.target == target) {
                     p.state = PublishState::Published;
                 }
-                self.save(&rec)?;
+                self.save(&rec, Part::Publication(&target))?;
                 tracing::info!(volume = %vol, target = %target.display(), readonly, "published");
                 Ok(Outcome::Changed)
             }
             Err(e) => {
                 if !resume {
-                    let t = target.clone();
-                    self.undo(&mut rec, &target, undo, move |r| {
-                        r.publications.retain(|p| p.target != t)
-                    });
+                    self.undo(&mut rec, &target, undo, Part::Publication(&target));
                 }
                 Err(e)
             }
@@ -775,7 +836,7 @@ impl NodeVolumes {
         let mut rec = record.unwrap_or_else(|| VolumeRecord::new(vol));
         if let Some(p) = rec.publications.iter_mut().find(|p| p.target == target) {
             p.state = PublishState::Unpublishing;
-            self.save(&rec)?;
+            self.save_progress(&rec, Part::Publication(&target))?;
         }
         if unmount {
             self.unmount_ours(vol, &target, &ids)?;
@@ -784,7 +845,7 @@ impl NodeVolumes {
             remove_if_empty(&target)?;
         }
         rec.publications.retain(|p| p.target != target);
-        self.save(&rec)?;
+        self.save(&rec, Part::Publication(&target))?;
         tracing::info!(volume = %vol, target = %target.display(), "unpublished");
         Ok(Outcome::Changed)
     }
@@ -816,10 +877,11 @@ impl NodeVolumes {
         let path = absolute(path, "volume_path")?;
         let (record, abnormal) = {
             let t = self.table();
-            (
-                t.records.get(volume_id).cloned(),
-                t.abnormal.get(volume_id).cloned(),
-            )
+            let why = t
+                .abnormal
+                .get(volume_id)
+                .or_else(|| t.abnormal_paths.get(&path));
+            (t.records.get(volume_id).cloned(), why.cloned())
         };
         let named = record.as_ref().is_some_and(|r| r.names(&path));
         let abnormal_here = |message: String| VolumeCondition {

@@ -10,8 +10,7 @@ use std::sync::{Arc, Mutex};
 
 use csi_node::testing::FakeHost;
 use csi_node::{
-    FilesystemMount, LoopDevices, MemoryRecords, NodeVolumes, Outcome, PublishState, RecordStore,
-    StageState,
+    FilesystemMount, LoopDevices, MemoryRecords, NodeVolumes, Outcome, PublishState, StageState,
 };
 use csi_proto::v1::volume_capability::access_mode::Mode;
 use csi_server::CsiError;
@@ -816,6 +815,19 @@ fn case7_a_full_record_store_fails_before_anything_is_mounted() {
 }
 
 #[test]
+fn a_full_record_store_still_lets_unpublish_and_unstage_free_space() {
+    let node = Node::new();
+    let vol = node.image_volume("img-1");
+    let (staging, target) = mount_published(&node, &vol);
+    node.store.fail_writes(true);
+    node.volumes.unpublish(&unpublish(&vol, &target)).unwrap();
+    node.volumes.unstage(&unstage(&vol, &staging)).unwrap();
+    assert!(node.host.mounted().is_empty());
+    assert_eq!(node.attached(), 0);
+    assert!(node.store.keys().is_empty() && node.volumes.records().is_empty());
+}
+
+#[test]
 fn case6_a_formatted_volume_is_never_formatted_again() {
     let mut node = Node::new();
     let vol = node.image_volume("img-1");
@@ -883,11 +895,14 @@ fn case8_bad_records_do_not_stop_the_plugin() {
         ))
         .unwrap();
     node.store.insert_raw(
-        "vol-corrupt",
+        "stage/vol-corrupt",
         b"{\"volume_id\": \"vol-corrupt\", \"stage\": 7",
     );
     node.store
-        .insert_unreadable("vol-checksum", "checksum mismatch");
+        .insert_unreadable("stage/vol-checksum", "checksum mismatch");
+    let broken = node.path("pods/broken");
+    node.store
+        .insert_raw(&format!("publish/{}", broken.display()), b"\x00garbage");
 
     // Reboot: mounts and loop devices are gone; the image was deleted; the
     // target directory was replaced by a file.
@@ -898,9 +913,16 @@ fn case8_bad_records_do_not_stop_the_plugin() {
     let report = volumes.restore();
     assert_eq!(report.healthy, [good.as_str()]);
     let abnormal: Vec<&str> = report.abnormal.keys().map(String::as_str).collect();
+    let broken_key = broken.display().to_string();
     assert_eq!(
         abnormal,
-        ["dir-filed", "img-gone", "vol-checksum", "vol-corrupt"]
+        [
+            broken_key.as_str(),
+            "dir-filed",
+            "img-gone",
+            "vol-checksum",
+            "vol-corrupt"
+        ]
     );
     assert!(report.abnormal["img-gone"].contains("image"));
     assert!(report.abnormal["dir-filed"].contains("regular file"));
@@ -912,6 +934,7 @@ fn case8_bad_records_do_not_stop_the_plugin() {
     let ok = volumes.volume_condition(&good, &s(&good_target)).unwrap();
     assert!(!ok.abnormal, "{ok:?}");
     for (vol, path) in [
+        ("dir-whatever", broken.clone()),
         ("img-gone", gone_staging.clone()),
         ("dir-filed", filed_target.clone()),
         ("vol-corrupt", node.path("anywhere")),
@@ -1010,14 +1033,19 @@ fn a_call_on_a_busy_volume_or_path_is_aborted() {
 }
 
 #[test]
-fn records_are_one_per_volume_and_gone_when_nothing_is_left() {
+fn records_are_one_per_stage_and_publication_and_deleted_when_undone() {
     let node = Node::new();
     let vol = node.image_volume("img-1");
     let (staging, target) = block_published(&node, &vol);
-    assert_eq!(node.store.keys(), [vol.as_str()]);
-    let loaded = node.store.load_all().unwrap();
-    let rec = csi_node::VolumeRecord::decode(loaded[0].1.as_ref().unwrap()).unwrap();
-    assert_eq!(rec, node.volumes.record(&vol).unwrap());
+    assert_eq!(
+        node.store.keys(),
+        [
+            format!("publish/{}", target.display()),
+            format!("stage/{vol}")
+        ]
+    );
+    let reloaded = node.restart();
+    assert_eq!(reloaded.records(), node.volumes.records());
     node.volumes.unpublish(&unpublish(&vol, &target)).unwrap();
     node.volumes.unstage(&unstage(&vol, &staging)).unwrap();
     assert!(node.store.keys().is_empty());
