@@ -239,6 +239,18 @@ pub fn normalize(path: &Path) -> PathBuf {
     out
 }
 
+/// Whether `path`, after symlinks (this only looks), is a block device
+/// node of `device`.
+pub fn shows_device(path: &Path, device: &Device) -> bool {
+    std::fs::metadata(path).is_ok_and(|m| {
+        m.file_type().is_block_device()
+            && (
+                nix::sys::stat::major(m.rdev()) as u32,
+                nix::sys::stat::minor(m.rdev()) as u32,
+            ) == (device.major, device.minor)
+    })
+}
+
 /// The device number of a device node.
 pub fn device_number(path: &Path) -> std::io::Result<(u32, u32)> {
     let rdev = std::fs::metadata(path)?.rdev();

@@ -199,6 +199,15 @@ pub trait VolumeLocator: Send + Sync {
     /// The volume's source on this node; `None` when the driver has no
     /// such volume (NOT_FOUND).
     fn source(&self, volume_id: &str) -> Option<Source>;
+
+    /// Called with the volume's loop device each time it is staged or
+    /// restored, attached just now or found attached: the place for
+    /// per-volume device settings (read-ahead, direct I/O). Nothing by
+    /// default.
+    fn prepare_device(&self, volume_id: &str, device: &Device) -> Result<(), NodeError> {
+        let _ = (volume_id, device);
+        Ok(())
+    }
 }
 
 impl<F> VolumeLocator for F

@@ -15,7 +15,9 @@ use csi_proto::v1::{
 use mount_utils::{MountInfo, Mounter};
 
 use crate::error::NodeError;
-use crate::observe::{Identities, MountId, PathKind, facts, mounts_at, normalize, resolve};
+use crate::observe::{
+    Identities, MountId, PathKind, facts, mounts_at, normalize, resolve, shows_device,
+};
 use crate::record::{
     Capability, PublishRecord, PublishState, Source, StageRecord, StageState, StoredPart,
     VolumeRecord, decode, encode, publish_key, sorted, stage_key,
@@ -496,6 +498,7 @@ impl NodeVolumes {
                     }
                     self.save(rec, Part::Stage)?;
                 }
+                self.inner.locator.prepare_device(&rec.volume_id, &dev)?;
                 Some(dev)
             }
         };
@@ -866,9 +869,10 @@ impl NodeVolumes {
     }
 
     /// For NodeGetVolumeStats: the condition of `volume_id` at `path` (its
-    /// staging path or a target), checked in mountinfo now. NOT_FOUND when
-    /// the volume is not staged or published there; a volume whose record
-    /// is unreadable or that could not be restored is abnormal at any path.
+    /// staging path, a target, or for a raw block volume any block device
+    /// node of its device, such as the pod's `volumeDevices` path), checked
+    /// now. NOT_FOUND when the volume is not there; a volume whose record is
+    /// unreadable or that could not be restored is abnormal at any path.
     pub fn volume_condition(
         &self,
         volume_id: &str,
@@ -888,18 +892,26 @@ impl NodeVolumes {
             abnormal: true,
             message,
         };
-        match (named, abnormal) {
-            (_, Some(why)) if named || record.is_none() => return Ok(abnormal_here(why)),
-            (false, _) => {
-                return Err(NodeError::NotFound(format!(
-                    "volume {volume_id} is not staged or published at {}",
-                    path.display()
-                )));
-            }
-            _ => {}
+        if let (Some(why), true) = (&abnormal, named || record.is_none()) {
+            return Ok(abnormal_here(why.clone()));
         }
         let table = self.mount_table()?;
         let ids = self.identities(volume_id, record.as_ref(), &table)?;
+        if !named {
+            // A raw block volume is also wherever its device node is: the
+            // kubelet asks at the pod's volumeDevices path.
+            let stage = record.as_ref().and_then(|r| r.stage.as_ref());
+            return match ids.devices.iter().find(|d| shows_device(&path, d)) {
+                Some(d) if stage.is_some_and(|s| s.capability.is_block()) => Ok(VolumeCondition {
+                    abnormal: false,
+                    message: format!("its device {} is present", d.path.display()),
+                }),
+                _ => Err(NodeError::NotFound(format!(
+                    "volume {volume_id} is not staged or published at {}",
+                    path.display()
+                ))),
+            };
+        }
         let here = facts(&table, &path, &ids);
         let stage = record.as_ref().and_then(|r| r.stage.as_ref());
         let block_stage = stage.is_some_and(|s| s.path == path && s.capability.is_block());

@@ -10,7 +10,8 @@ use std::sync::{Arc, Mutex};
 
 use csi_node::testing::FakeHost;
 use csi_node::{
-    FilesystemMount, LoopDevices, MemoryRecords, NodeVolumes, Outcome, PublishState, StageState,
+    Device, FilesystemMount, LoopDevices, MemoryRecords, NodeError, NodeVolumes, Outcome,
+    PublishState, Source, StageState, VolumeLocator,
 };
 use csi_proto::v1::volume_capability::access_mode::Mode;
 use csi_server::CsiError;
@@ -1055,4 +1056,68 @@ fn records_are_one_per_stage_and_publication_and_deleted_when_undone() {
             .iter()
             .any(|a| matches!(a, FakeAction::BindMount { .. }))
     );
+}
+
+/// A locator that tunes devices and counts how often.
+struct Tuning {
+    base: PathBuf,
+    prepared: Mutex<Vec<(String, PathBuf)>>,
+    fail: bool,
+}
+
+impl VolumeLocator for Tuning {
+    fn source(&self, volume_id: &str) -> Option<Source> {
+        locator(&self.base).source(volume_id)
+    }
+
+    fn prepare_device(&self, volume_id: &str, device: &Device) -> Result<(), NodeError> {
+        if self.fail {
+            return Err(NodeError::FailedPrecondition("cannot tune".into()));
+        }
+        self.prepared
+            .lock()
+            .unwrap()
+            .push((volume_id.to_owned(), device.path.clone()));
+        Ok(())
+    }
+}
+
+#[test]
+fn the_driver_prepares_each_device_when_staged_and_when_restored() {
+    let mut node = Node::new();
+    let vol = node.image_volume("img-1");
+    let staging = node.path("staging");
+    let with = |node: &Node, fail: bool| {
+        let tuning = Arc::new(Tuning {
+            base: node.base().to_path_buf(),
+            prepared: Mutex::new(Vec::new()),
+            fail,
+        });
+        let v = NodeVolumes::builder(
+            node.host.clone(),
+            Arc::new(node.store.clone()),
+            tuning.clone(),
+        )
+        .loop_devices(node.host.loops())
+        .open()
+        .unwrap();
+        (v, tuning)
+    };
+    let (failing, _) = with(&node, true);
+    assert_eq!(
+        code(failing.stage(&stage(&vol, &staging, block_cap()))),
+        Code::FailedPrecondition
+    );
+    assert_eq!(node.attached(), 0, "undone");
+    let (v, tuning) = with(&node, false);
+    v.stage(&stage(&vol, &staging, block_cap())).unwrap();
+    node.reboot();
+    let (v, after) = with(&node, false);
+    assert_eq!(v.restore().healthy, [vol.as_str()]);
+    let dev = PathBuf::from("/dev/loop0");
+    assert_eq!(
+        *tuning.prepared.lock().unwrap(),
+        [(vol.clone(), dev.clone())]
+    );
+    assert_eq!(*after.prepared.lock().unwrap(), [(vol, dev)]);
 }

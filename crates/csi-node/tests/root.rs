@@ -89,6 +89,15 @@ fn root_case1_block_unstage_while_published_keeps_the_device() {
         );
         // Writes through the target reach the image.
         std::fs::write(&target, b"through the target").unwrap();
+        // The pod's volumeDevices path (a link to the device) reports it healthy.
+        let link = base.join("pods/device-link");
+        std::os::unix::fs::symlink(&device.path, &link).unwrap();
+        assert!(!v.volume_condition("img-1", &s(&link)).unwrap().abnormal);
+        assert_eq!(
+            code(v.volume_condition("img-1", &s(&base.join("images")))),
+            Code::NotFound
+        );
+        std::fs::remove_file(&link).unwrap();
 
         assert_eq!(
             code(v.unstage(&unstage("img-1", &staging))),
