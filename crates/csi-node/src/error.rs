@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use csi_server::CsiError;
+use csi_store::StoreError;
 use mount_utils::{Errno, FormatError, LoopError, MountError};
 
 /// Why a node operation was refused (a rule) or failed (an effect).
@@ -166,6 +167,16 @@ impl NodeError {
                     _ => "a tool could not be run".to_owned(),
                 },
             },
+        }
+    }
+}
+
+impl From<StoreError> for NodeError {
+    /// Store errors name tables, keys and files, never record contents.
+    fn from(e: StoreError) -> Self {
+        NodeError::Store {
+            full: e.is_no_space(),
+            reason: e.to_string(),
         }
     }
 }

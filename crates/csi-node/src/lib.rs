@@ -6,8 +6,9 @@
 //! volume now uses. [`NodeVolumes`] keeps a record per volume
 //! ([`VolumeRecord`]: staging path, capability with its mount flags
 //! (stored, never shown), device and number or bind source, publications,
-//! progress), persisted as one stored record per stage and per publication
-//! (so forgetting one is a delete, which works on a full disk), and does NodeStage, NodeUnstage, NodePublish and NodeUnpublish
+//! progress), persisted in csi-store as one record per stage and one per
+//! publication (so forgetting one is a delete, which works on a full disk),
+//! and does NodeStage, NodeUnstage, NodePublish and NodeUnpublish
 //! in an order that keeps crashes harmless:
 //!
 //! 1. gather facts: the records, and what is at the path ([`observe`]:
@@ -18,7 +19,8 @@
 //! 3. save the intent (`Staging`, `Publishing`, ...), so a crash between a
 //!    mount and the next save still leaves a record to clean up from;
 //! 4. act through the seams ([`Mounter`](mount_utils::Mounter),
-//!    [`LoopDevices`], [`FilesystemMount`], [`RecordStore`]);
+//!    [`LoopDevices`], [`FilesystemMount`], and csi-store's
+//!    [`RecordStore`](csi_store::RecordStore) for the records);
 //! 5. verify in mountinfo (this volume is what is mounted, read-only when
 //!    it must be: read-only always wins over an `rw` flag), then save.
 //!
@@ -36,7 +38,8 @@
 //! ```
 //! use std::path::PathBuf;
 //! use std::sync::Arc;
-//! use csi_node::{NodeVolumes, RecordStore, Source};
+//! use csi_node::{NodeVolumes, Source};
+//! use csi_store::RecordStore;
 //! use csi_proto::v1::*;
 //! use csi_server::{CallContext, CsiError, CsiResult, Node};
 //! use mount_utils::Mounter;
@@ -107,7 +110,8 @@
 //! ```
 //! use std::sync::Arc;
 //! use csi_node::testing::FakeHost;
-//! use csi_node::{MemoryRecords, NodeVolumes, Outcome, Source};
+//! use csi_node::{NodeVolumes, Outcome, Source};
+//! use csi_store::MemStore;
 //! use csi_proto::v1::volume_capability::access_mode::Mode;
 //! use csi_proto::v1::*;
 //!
@@ -117,7 +121,7 @@
 //! let host = Arc::new(FakeHost::new());
 //! let data_dir = data.clone();
 //! let locator = Arc::new(move |id: &str| (id == "vol-1").then(|| Source::Directory(data_dir.clone())));
-//! let volumes = NodeVolumes::builder(host.clone(), Arc::new(MemoryRecords::new()), locator).open().unwrap();
+//! let volumes = NodeVolumes::builder(host.clone(), Arc::new(MemStore::new()), locator).open().unwrap();
 //!
 //! let target = dir.path().join("pod");
 //! let publish = NodePublishVolumeRequest {
@@ -154,8 +158,7 @@ pub use record::{
     AccessType, Capability, Device, MountFlags, PublishRecord, PublishState, Source, StageRecord,
     StageState, VolumeRecord,
 };
-pub use seams::{
-    FilesystemMount, LoadedRecord, LoopDevices, MemoryRecords, PlainMount, RecordStore,
-    SystemLoopDevices, VolumeLocator,
+pub use seams::{FilesystemMount, LoopDevices, PlainMount, SystemLoopDevices, VolumeLocator};
+pub use volumes::{
+    NodeVolumes, NodeVolumesBuilder, Outcome, PUBLISHED_TABLE, RestoreReport, STAGED_TABLE,
 };
-pub use volumes::{NodeVolumes, NodeVolumesBuilder, Outcome, RestoreReport};

@@ -257,9 +257,10 @@ impl PublishRecord {
 }
 
 /// Everything this node plugin did with one volume. Stored in parts: the
-/// stage under `stage/<volume id>`, each publication under
-/// `publish/<target>`, so forgetting one is a delete, which works on a
-/// full disk.
+/// stage in table [`STAGED_TABLE`](crate::STAGED_TABLE) under the volume
+/// id, each publication in [`PUBLISHED_TABLE`](crate::PUBLISHED_TABLE)
+/// under its target, so forgetting one is a delete, which works on a full
+/// disk.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VolumeRecord {
     /// The volume id the CO uses.
@@ -294,53 +295,6 @@ impl VolumeRecord {
     pub fn names(&self, path: &Path) -> bool {
         self.stage.as_ref().is_some_and(|s| s.path == path) || self.publication(path).is_some()
     }
-}
-
-/// The store key of a volume's stage.
-pub(crate) fn stage_key(volume_id: &str) -> String {
-    format!("stage/{volume_id}")
-}
-
-/// The store key of a publication.
-pub(crate) fn publish_key(target: &Path) -> String {
-    format!("publish/{}", target.display())
-}
-
-/// A stored part of a record, as the store sees it.
-pub(crate) enum StoredPart {
-    /// `stage/<volume id>`.
-    Stage(String),
-    /// `publish/<target>`.
-    Publication(PathBuf),
-}
-
-impl StoredPart {
-    /// What a store key names; `None` for keys this crate did not write.
-    pub(crate) fn of(key: &str) -> Option<StoredPart> {
-        match key.split_once('/')? {
-            ("stage", vol) if !vol.is_empty() => Some(StoredPart::Stage(vol.to_owned())),
-            ("publish", target) if target.starts_with('/') => {
-                Some(StoredPart::Publication(PathBuf::from(target)))
-            }
-            _ => None,
-        }
-    }
-}
-
-/// The stored form of a part of a record.
-pub(crate) fn encode<T: Serialize>(part: &T) -> Vec<u8> {
-    serde_json::to_vec(part).expect("records serialise")
-}
-
-/// Reads a stored part; the error says why without echoing content.
-pub(crate) fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
-    serde_json::from_slice(bytes).map_err(|e| {
-        format!(
-            "unreadable record ({:?} at line {})",
-            e.classify(),
-            e.line()
-        )
-    })
 }
 
 /// A sorted map (stable records) from a wire map.
@@ -407,28 +361,9 @@ mod tests {
         );
         assert!(shown.contains("<2 redacted>"));
         let stage = record.stage.clone().unwrap();
-        let back: StageRecord = decode(&encode(&stage)).unwrap();
+        let back: StageRecord =
+            serde_json::from_slice(&serde_json::to_vec(&stage).unwrap()).unwrap();
         assert_eq!(back, stage);
         assert_eq!(back.capability.flags(), ["password=hunter2", "rw"]);
-    }
-
-    #[test]
-    fn store_keys_name_a_stage_or_a_publication() {
-        assert!(
-            matches!(StoredPart::of(&stage_key("vol/1")), Some(StoredPart::Stage(v)) if v == "vol/1")
-        );
-        let target = Path::new("/var/lib/kubelet/pods/x/mount");
-        assert!(
-            matches!(StoredPart::of(&publish_key(target)), Some(StoredPart::Publication(t)) if t == target)
-        );
-        for other in ["stage/", "publish/relative", "volumes/v", "v"] {
-            assert!(StoredPart::of(other).is_none(), "{other}");
-        }
-    }
-
-    #[test]
-    fn corrupt_records_do_not_echo_their_content() {
-        let err = decode::<StageRecord>(b"{\"volume_id\": \"v\", \"secret\": hunter2").unwrap_err();
-        assert!(!err.contains("hunter2"), "{err}");
     }
 }

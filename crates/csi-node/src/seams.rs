@@ -1,136 +1,16 @@
-//! The traits [`NodeVolumes`](crate::NodeVolumes) acts through, each with a
-//! real implementation and a fake beside it: where records persist, loop
-//! devices, how a filesystem is put on a device, and where a driver keeps
-//! a volume's data.
+//! The traits [`NodeVolumes`](crate::NodeVolumes) acts through besides the
+//! mounter and csi-store's record store, each with a real implementation and
+//! a fake beside it: loop devices, how a filesystem is put on a device, and
+//! where a driver keeps a volume's data.
 
-use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use mount_utils::{DiskFormat, Errno, LoopDevice, LoopOptions, Mounter, SafeFormatAndMount};
 
 use crate::error::NodeError;
 use crate::observe::device_number;
 use crate::record::{Device, Source};
-
-/// One stored record as loaded: its key and its bytes, or why it could
-/// not be read.
-pub type LoadedRecord = (String, Result<Vec<u8>, String>);
-
-/// Where node records persist: one value per key, durable when a call
-/// returns. csi-store's stores implement it; [`MemoryRecords`] is the fake.
-pub trait RecordStore: Send + Sync {
-    /// Every record. One that cannot be read comes back as `Err(why)`
-    /// under its key, so a bad record never fails the whole load.
-    fn load_all(&self) -> Result<Vec<LoadedRecord>, NodeError>;
-    /// Creates or replaces the record under `key`.
-    fn put(&self, key: &str, value: &[u8]) -> Result<(), NodeError>;
-    /// Removes the record under `key`; an absent one is fine. Must work
-    /// when the disk is full, so space can be freed.
-    fn delete(&self, key: &str) -> Result<(), NodeError>;
-}
-
-/// In-memory [`RecordStore`] for tests. Clones share the records, so a
-/// "restarted" plugin can open the same store; writes can be made to fail.
-#[derive(Debug, Clone, Default)]
-pub struct MemoryRecords {
-    inner: Arc<Mutex<MemoryInner>>,
-}
-
-#[derive(Debug, Default)]
-struct MemoryInner {
-    records: BTreeMap<String, Result<Vec<u8>, String>>,
-    fail_writes: Option<bool>,
-}
-
-impl MemoryRecords {
-    /// An empty store.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    fn lock(&self) -> MutexGuard<'_, MemoryInner> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Stores raw bytes under `key` (a corrupt record, for tests).
-    pub fn insert_raw(&self, key: &str, value: &[u8]) {
-        self.lock()
-            .records
-            .insert(key.to_owned(), Ok(value.to_vec()));
-    }
-
-    /// A record the store itself cannot read (a checksum mismatch).
-    pub fn insert_unreadable(&self, key: &str, why: &str) {
-        self.lock()
-            .records
-            .insert(key.to_owned(), Err(why.to_owned()));
-    }
-
-    /// The raw record under `key`.
-    pub fn get(&self, key: &str) -> Option<Vec<u8>> {
-        self.lock().records.get(key).and_then(|r| r.clone().ok())
-    }
-
-    /// The keys stored.
-    pub fn keys(&self) -> Vec<String> {
-        self.lock().records.keys().cloned().collect()
-    }
-
-    /// Makes later writes fail until [`heal`](Self::heal): with
-    /// `disk_full` puts fail as ENOSPC and deletes still work (as on a full
-    /// filesystem), otherwise both fail.
-    pub fn fail_writes(&self, disk_full: bool) {
-        self.lock().fail_writes = Some(disk_full);
-    }
-
-    /// Lets writes succeed again.
-    pub fn heal(&self) {
-        self.lock().fail_writes = None;
-    }
-
-    fn check(inner: &MemoryInner) -> Result<(), NodeError> {
-        match inner.fail_writes {
-            Some(full) => Err(NodeError::Store {
-                reason: if full {
-                    "no space left on device".into()
-                } else {
-                    "write failed".into()
-                },
-                full,
-            }),
-            None => Ok(()),
-        }
-    }
-}
-
-impl RecordStore for MemoryRecords {
-    fn load_all(&self) -> Result<Vec<LoadedRecord>, NodeError> {
-        Ok(self
-            .lock()
-            .records
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect())
-    }
-
-    fn put(&self, key: &str, value: &[u8]) -> Result<(), NodeError> {
-        let mut inner = self.lock();
-        Self::check(&inner)?;
-        inner.records.insert(key.to_owned(), Ok(value.to_vec()));
-        Ok(())
-    }
-
-    fn delete(&self, key: &str) -> Result<(), NodeError> {
-        let mut inner = self.lock();
-        // Like csi-store: deleting works on a full disk.
-        if inner.fail_writes != Some(true) {
-            Self::check(&inner)?;
-        }
-        inner.records.remove(key);
-        Ok(())
-    }
-}
 
 /// Loop devices, found by their backing file.
 pub trait LoopDevices: Send + Sync {

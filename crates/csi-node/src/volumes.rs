@@ -19,17 +19,20 @@ use crate::observe::{
     Identities, MountId, PathKind, facts, mounts_at, normalize, resolve, shows_device,
 };
 use crate::record::{
-    Capability, PublishRecord, PublishState, Source, StageRecord, StageState, StoredPart,
-    VolumeRecord, decode, encode, publish_key, sorted, stage_key,
+    Capability, PublishRecord, PublishState, Source, StageRecord, StageState, VolumeRecord, sorted,
 };
 use crate::rules::{
     PublishDecision, PublishFacts, StageDecision, StageFacts, UnpublishDecision, UnpublishFacts,
     UnstageDecision, UnstageFacts, covered, decide_publish, decide_stage, decide_unpublish,
     decide_unstage, effective_readonly, mount_options,
 };
-use crate::seams::{
-    FilesystemMount, LoopDevices, PlainMount, RecordStore, SystemLoopDevices, VolumeLocator,
-};
+use crate::seams::{FilesystemMount, LoopDevices, PlainMount, SystemLoopDevices, VolumeLocator};
+use csi_store::{RecordStore, Scan, Table as StoreTable};
+
+/// The csi-store table of stage records, keyed by volume id.
+pub const STAGED_TABLE: &str = "node-staged";
+/// The csi-store table of publication records, keyed by target path.
+pub const PUBLISHED_TABLE: &str = "node-published";
 
 /// Whether a call changed anything on the node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,7 +59,8 @@ const MAX_STACKED: usize = 16;
 struct Inner {
     mounter: Arc<dyn Mounter>,
     loops: Arc<dyn LoopDevices>,
-    store: Arc<dyn RecordStore>,
+    staged: StoreTable<StageRecord>,
+    published: StoreTable<PublishRecord>,
     locator: Arc<dyn VolumeLocator>,
     filesystems: Arc<dyn FilesystemMount>,
     single_node_multi_writer: bool,
@@ -75,40 +79,71 @@ struct Table {
 }
 
 impl Table {
-    /// Adds one stored part to the records.
-    fn load(&mut self, key: &str, value: Result<Vec<u8>, String>) {
-        let unreadable = |why: String| format!("its node record is unreadable ({why}); set aside");
-        match StoredPart::of(key) {
-            Some(StoredPart::Stage(vol)) => match value.and_then(|b| decode::<StageRecord>(&b)) {
-                Ok(s) if s.volume_id == vol => {
-                    self.entry(&vol).stage = Some(s);
-                }
-                Ok(_) => {
-                    self.abnormal
-                        .insert(vol, unreadable("another volume's".into()));
-                }
-                Err(why) => {
-                    tracing::warn!(volume = %vol, %why, "unreadable stage record set aside");
-                    self.abnormal.insert(vol, unreadable(why));
-                }
-            },
-            Some(StoredPart::Publication(target)) => {
-                match value.and_then(|b| decode::<PublishRecord>(&b)) {
-                    Ok(p) if p.target == target => {
-                        self.entry(&p.volume_id.clone()).publications.push(p);
-                    }
-                    Ok(_) => {
-                        self.abnormal_paths
-                            .insert(target, unreadable("another target's".into()));
-                    }
-                    Err(why) => {
-                        tracing::warn!(target = %target.display(), %why, "unreadable publication record set aside");
-                        self.abnormal_paths.insert(target, unreadable(why));
-                    }
-                }
+    /// Adds the stored stages and publications to the records; what was
+    /// set aside (now or in an earlier run) and not recorded anew since is
+    /// reported abnormal.
+    fn load(
+        &mut self,
+        staged: &StoreTable<StageRecord>,
+        published: &StoreTable<PublishRecord>,
+    ) -> Result<(), NodeError> {
+        let unreadable = |why: &str| format!("its node record is unreadable ({why}); set aside");
+        let Scan {
+            records,
+            quarantined,
+        } = staged.scan()?;
+        for (vol, s) in records {
+            if s.volume_id == vol {
+                self.entry(&vol).stage = Some(s);
+            } else {
+                self.abnormal.insert(vol, unreadable("another volume's"));
             }
-            None => tracing::warn!(key, "ignoring a stored record this crate did not write"),
         }
+        for q in quarantined {
+            if let Some(vol) = q.key {
+                tracing::warn!(volume = %vol, reason = %q.reason, "unreadable stage record set aside");
+                self.abnormal.insert(vol, unreadable(&q.reason));
+            }
+        }
+        for vol in staged.quarantined_keys()? {
+            if !self.records.contains_key(&vol) {
+                self.abnormal
+                    .entry(vol)
+                    .or_insert_with(|| unreadable("set aside earlier"));
+            }
+        }
+        let Scan {
+            records,
+            quarantined,
+        } = published.scan()?;
+        for (target, p) in records {
+            if p.target == Path::new(&target) {
+                self.entry(&p.volume_id.clone()).publications.push(p);
+            } else {
+                self.abnormal_paths
+                    .insert(target.into(), unreadable("another target's"));
+            }
+        }
+        for q in quarantined {
+            if let Some(target) = q.key {
+                tracing::warn!(%target, reason = %q.reason, "unreadable publication record set aside");
+                self.abnormal_paths
+                    .insert(target.into(), unreadable(&q.reason));
+            }
+        }
+        for target in published.quarantined_keys()? {
+            let target = PathBuf::from(target);
+            if !self
+                .records
+                .values()
+                .any(|r| r.publication(&target).is_some())
+            {
+                self.abnormal_paths
+                    .entry(target)
+                    .or_insert_with(|| unreadable("set aside earlier"));
+            }
+        }
+        Ok(())
     }
 
     fn entry(&mut self, volume: &str) -> &mut VolumeRecord {
@@ -172,10 +207,10 @@ impl NodeVolumesBuilder {
     /// served as having no record: nothing of it is touched unless
     /// verifiably its own.
     pub fn open(self) -> Result<NodeVolumes, NodeError> {
+        let staged = StoreTable::with_shared(self.store.clone(), STAGED_TABLE)?;
+        let published = StoreTable::with_shared(self.store, PUBLISHED_TABLE)?;
         let mut table = Table::default();
-        for (key, value) in self.store.load_all()? {
-            table.load(&key, value);
-        }
+        table.load(&staged, &published)?;
         let filesystems = self
             .filesystems
             .unwrap_or_else(|| Arc::new(PlainMount(self.mounter.clone())));
@@ -183,7 +218,8 @@ impl NodeVolumesBuilder {
             inner: Arc::new(Inner {
                 loops: self.loops.unwrap_or_else(|| Arc::new(SystemLoopDevices)),
                 mounter: self.mounter,
-                store: self.store,
+                staged,
+                published,
                 locator: self.locator,
                 filesystems,
                 single_node_multi_writer: self.single_node_multi_writer,
@@ -221,7 +257,8 @@ struct Undo {
 
 impl NodeVolumes {
     /// Starts a builder: `mounter` for the mount table, `store` for the
-    /// records, `locator` for where the driver keeps each volume.
+    /// records (tables [`STAGED_TABLE`] and [`PUBLISHED_TABLE`]), `locator`
+    /// for where the driver keeps each volume.
     pub fn builder(
         mounter: Arc<dyn Mounter>,
         store: Arc<dyn RecordStore>,
@@ -301,16 +338,19 @@ impl NodeVolumes {
     /// Persists one part of `rec` (a delete when it is gone), then updates
     /// memory: memory never runs ahead of disk.
     fn save(&self, rec: &VolumeRecord, part: Part<'_>) -> Result<(), NodeError> {
-        let store = &self.inner.store;
+        let (staged, published) = (&self.inner.staged, &self.inner.published);
         match part {
             Part::Stage => match &rec.stage {
-                Some(s) => store.put(&stage_key(&rec.volume_id), &encode(s))?,
-                None => store.delete(&stage_key(&rec.volume_id))?,
+                Some(s) => staged.put(&rec.volume_id, s)?,
+                None => drop(staged.delete(&rec.volume_id)?),
             },
-            Part::Publication(target) => match rec.publication(target) {
-                Some(p) => store.put(&publish_key(target), &encode(p))?,
-                None => store.delete(&publish_key(target))?,
-            },
+            Part::Publication(target) => {
+                let key = target.to_string_lossy();
+                match rec.publication(target) {
+                    Some(p) => published.put(&key, p)?,
+                    None => drop(published.delete(&key)?),
+                }
+            }
         }
         let mut t = self.table();
         if rec.is_empty() {

@@ -1,5 +1,5 @@
 //! The cases of issue #13 that concern the node record, with fakes (no
-//! root): FakeHost (FakeMounter + fake loop devices), MemoryRecords, and
+//! root): FakeHost (FakeMounter + fake loop devices), csi-store's MemStore, and
 //! temporary directories for the paths. Test names start with the case
 //! number.
 
@@ -10,11 +10,12 @@ use std::sync::{Arc, Mutex};
 
 use csi_node::testing::FakeHost;
 use csi_node::{
-    Device, FilesystemMount, LoopDevices, MemoryRecords, NodeError, NodeVolumes, Outcome,
-    PublishState, Source, StageState, VolumeLocator,
+    Device, FilesystemMount, LoopDevices, NodeError, NodeVolumes, Outcome, PUBLISHED_TABLE,
+    PublishState, STAGED_TABLE, Source, StageState, VolumeLocator,
 };
 use csi_proto::v1::volume_capability::access_mode::Mode;
 use csi_server::CsiError;
+use csi_store::{CodecId, MemStore, RawRecord, RecordStore};
 use mount_utils::{
     Errno, ExecOutput, FakeAction, FakeExec, FakeOp, MountError, MountInfo, Mounter,
     SafeFormatAndMount, Sensitive,
@@ -29,7 +30,7 @@ use common::*;
 struct Node {
     dir: tempfile::TempDir,
     host: Arc<FakeHost>,
-    store: MemoryRecords,
+    store: MemStore,
     volumes: NodeVolumes,
 }
 
@@ -38,7 +39,7 @@ impl Node {
         let dir = tempfile::tempdir().unwrap();
         layout(dir.path());
         let host = Arc::new(FakeHost::new());
-        let store = MemoryRecords::new();
+        let store = MemStore::new();
         let volumes = open(dir.path(), host.clone(), host.clone(), &store, None);
         Self {
             dir,
@@ -98,11 +99,24 @@ impl Node {
     }
 }
 
+/// Every stored record, as `table/key`.
+fn keys(store: &MemStore) -> Vec<String> {
+    [PUBLISHED_TABLE, STAGED_TABLE]
+        .iter()
+        .flat_map(|t| {
+            let scan = store.scan(t).unwrap();
+            scan.records
+                .into_iter()
+                .map(move |(k, _)| format!("{t}/{k}"))
+        })
+        .collect()
+}
+
 fn open(
     base: &Path,
     mounter: Arc<dyn Mounter>,
     host: Arc<FakeHost>,
-    store: &MemoryRecords,
+    store: &MemStore,
     fs: Option<Arc<dyn FilesystemMount>>,
 ) -> NodeVolumes {
     let mut b = NodeVolumes::builder(mounter, Arc::new(store.clone()), locator(base))
@@ -166,7 +180,7 @@ fn case1_unstage_of_a_published_block_volume_is_refused_and_keeps_its_device() {
         node.base(),
         node.host.clone(),
         node.host.clone(),
-        &MemoryRecords::new(),
+        &MemStore::new(),
         None,
     );
     assert_eq!(
@@ -654,7 +668,7 @@ fn case7_a_crash_between_publish_mount_and_save_is_cleaned_up_by_unpublish() {
     restarted.unpublish(&unpublish(&vol, &target)).unwrap();
     assert!(node.mounted(&target).is_empty());
     assert!(!target.exists());
-    assert!(node.store.keys().is_empty());
+    assert!(keys(&node.store).is_empty());
 }
 
 #[test]
@@ -732,7 +746,7 @@ fn case7_a_lost_record_neither_leaks_a_mount_nor_frees_someone_elses() {
         node.base(),
         node.host.clone(),
         node.host.clone(),
-        &MemoryRecords::new(),
+        &MemStore::new(),
         None,
     );
     // Verifiably this volume (its device number in mountinfo): cleaned up.
@@ -767,7 +781,7 @@ fn case7_failed_calls_leave_no_record_mount_device_or_directory() {
         ),
         Code::Internal
     );
-    assert!(node.volumes.records().is_empty() && node.store.keys().is_empty());
+    assert!(node.volumes.records().is_empty() && keys(&node.store).is_empty());
     assert_eq!(
         node.attached(),
         0,
@@ -798,7 +812,7 @@ fn case7_a_full_record_store_fails_before_anything_is_mounted() {
     let node = Node::new();
     let vol = node.dir_volume("dir-1");
     let target = node.path("pods/t");
-    node.store.fail_writes(true);
+    node.store.set_full(true);
     let req = publish(
         &vol,
         None,
@@ -811,7 +825,7 @@ fn case7_a_full_record_store_fails_before_anything_is_mounted() {
         node.host.mounted().is_empty(),
         "no intent saved, so no mount"
     );
-    node.store.heal();
+    node.store.set_full(false);
     node.volumes.publish(&req).unwrap();
 }
 
@@ -820,12 +834,12 @@ fn a_full_record_store_still_lets_unpublish_and_unstage_free_space() {
     let node = Node::new();
     let vol = node.image_volume("img-1");
     let (staging, target) = mount_published(&node, &vol);
-    node.store.fail_writes(true);
+    node.store.set_full(true);
     node.volumes.unpublish(&unpublish(&vol, &target)).unwrap();
     node.volumes.unstage(&unstage(&vol, &staging)).unwrap();
     assert!(node.host.mounted().is_empty());
     assert_eq!(node.attached(), 0);
-    assert!(node.store.keys().is_empty() && node.volumes.records().is_empty());
+    assert!(keys(&node.store).is_empty() && node.volumes.records().is_empty());
 }
 
 #[test]
@@ -895,15 +909,20 @@ fn case8_bad_records_do_not_stop_the_plugin() {
             false,
         ))
         .unwrap();
+    let json = |bytes: &[u8]| RawRecord {
+        codec: CodecId::JSON,
+        bytes: bytes.to_vec(),
+    };
     node.store.insert_raw(
-        "stage/vol-corrupt",
-        b"{\"volume_id\": \"vol-corrupt\", \"stage\": 7",
+        STAGED_TABLE,
+        "vol-corrupt",
+        json(b"{\"volume_id\": \"vol-corrupt\", \"stage\": 7"),
     );
     node.store
-        .insert_unreadable("stage/vol-checksum", "checksum mismatch");
+        .insert_unreadable(STAGED_TABLE, "vol-checksum", "checksum mismatch");
     let broken = node.path("pods/broken");
     node.store
-        .insert_raw(&format!("publish/{}", broken.display()), b"\x00garbage");
+        .insert_raw(PUBLISHED_TABLE, &s(&broken), json(b"\x00garbage"));
 
     // Reboot: mounts and loop devices are gone; the image was deleted; the
     // target directory was replaced by a file.
@@ -1039,17 +1058,17 @@ fn records_are_one_per_stage_and_publication_and_deleted_when_undone() {
     let vol = node.image_volume("img-1");
     let (staging, target) = block_published(&node, &vol);
     assert_eq!(
-        node.store.keys(),
+        keys(&node.store),
         [
-            format!("publish/{}", target.display()),
-            format!("stage/{vol}")
+            format!("{PUBLISHED_TABLE}/{}", target.display()),
+            format!("{STAGED_TABLE}/{vol}")
         ]
     );
     let reloaded = node.restart();
     assert_eq!(reloaded.records(), node.volumes.records());
     node.volumes.unpublish(&unpublish(&vol, &target)).unwrap();
     node.volumes.unstage(&unstage(&vol, &staging)).unwrap();
-    assert!(node.store.keys().is_empty());
+    assert!(keys(&node.store).is_empty());
     let actions = node.host.fake().actions();
     assert!(
         actions

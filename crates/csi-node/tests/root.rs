@@ -7,8 +7,9 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use csi_node::{MemoryRecords, NodeVolumes, Outcome, SystemLoopDevices};
+use csi_node::{NodeVolumes, Outcome, SystemLoopDevices};
 use csi_proto::v1::volume_capability::access_mode::Mode;
+use csi_store::{FileStore, MemStore, RecordStore};
 use mount_utils::testing::{
     assert_no_loop_device_for, detach_loop_devices_under, have_program, in_private_mount_ns,
     is_root,
@@ -42,7 +43,7 @@ fn as_root(name: &str, f: impl FnOnce(&Path) + Send + 'static) {
     in_private_mount_ns(name, move || f(&base));
 }
 
-fn volumes(base: &Path, store: &MemoryRecords) -> NodeVolumes {
+fn volumes<S: RecordStore + Clone + 'static>(base: &Path, store: &S) -> NodeVolumes {
     let mounter: Arc<dyn Mounter> = Arc::new(LinuxMounter::new());
     NodeVolumes::builder(mounter.clone(), Arc::new(store.clone()), locator(base))
         .loop_devices(Arc::new(SystemLoopDevices))
@@ -70,7 +71,7 @@ fn mounts_at(path: &Path) -> Vec<mount_utils::MountInfo> {
 fn root_case1_block_unstage_while_published_keeps_the_device() {
     as_root("root_case1", |base| {
         let img = image(base, "img-1", 8 << 20);
-        let store = MemoryRecords::new();
+        let store = MemStore::new();
         let v = volumes(base, &store);
         let (staging, target) = (base.join("staging"), base.join("pods/t"));
         v.stage(&stage("img-1", &staging, block_cap())).unwrap();
@@ -122,7 +123,7 @@ fn root_case1_block_unstage_while_published_keeps_the_device() {
 fn root_case2_read_only_wins_over_rw() {
     as_root("root_case2", |base| {
         std::fs::create_dir(base.join("data/dir-1")).unwrap();
-        let v = volumes(base, &MemoryRecords::new());
+        let v = volumes(base, &MemStore::new());
         for (name, mode, readonly) in [
             ("asked", Mode::SingleNodeWriter, true),
             ("reader", Mode::SingleNodeReaderOnly, false),
@@ -143,7 +144,7 @@ fn root_case2_read_only_wins_over_rw() {
 fn root_case4_foreign_mounts_and_symlinks_are_never_touched() {
     as_root("root_case4", |base| {
         std::fs::create_dir(base.join("data/dir-1")).unwrap();
-        let v = volumes(base, &MemoryRecords::new());
+        let v = volumes(base, &MemStore::new());
         let cap = mount_cap(Mode::SingleNodeWriter);
         let foreign = base.join("pods/foreign");
         std::fs::create_dir(&foreign).unwrap();
@@ -196,7 +197,7 @@ fn root_case4_foreign_mounts_and_symlinks_are_never_touched() {
 fn root_case5_block_publish_refuses_a_file_with_data() {
     as_root("root_case5", |base| {
         let img = image(base, "img-1", 8 << 20);
-        let v = volumes(base, &MemoryRecords::new());
+        let v = volumes(base, &MemStore::new());
         let staging = base.join("staging");
         v.stage(&stage("img-1", &staging, block_cap())).unwrap();
         let target = base.join("pods/user-file");
@@ -231,7 +232,7 @@ fn root_case7_a_lost_record_is_cleaned_up_by_device_number() {
     }
     as_root("root_case7", |base| {
         let img = image(base, "img-1", 32 << 20);
-        let v = volumes(base, &MemoryRecords::new());
+        let v = volumes(base, &MemStore::new());
         let staging = base.join("staging");
         v.stage(&stage("img-1", &staging, mount_cap(Mode::SingleNodeWriter)))
             .unwrap();
@@ -239,7 +240,7 @@ fn root_case7_a_lost_record_is_cleaned_up_by_device_number() {
 
         // The record is lost: a fresh store. The mount is recognised by its
         // device number and cleaned up; the device is found by its image.
-        let forgetful = volumes(base, &MemoryRecords::new());
+        let forgetful = volumes(base, &MemStore::new());
         assert_eq!(
             forgetful.unstage(&unstage("img-1", &staging)).unwrap(),
             Outcome::Changed
@@ -271,7 +272,8 @@ fn root_case6_8_restart_restores_and_never_reformats_a_damaged_volume() {
     as_root("root_case6_8", |base| {
         let good = image(base, "img-good", 32 << 20);
         let bad = image(base, "img-bad", 32 << 20);
-        let store = MemoryRecords::new();
+        // Records on disk, as a driver keeps them.
+        let store = FileStore::open(base.join("state")).unwrap();
         let v = volumes(base, &store);
         let cap = mount_cap(Mode::SingleNodeWriter);
         let mut paths = Vec::new();
