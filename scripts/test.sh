@@ -44,6 +44,11 @@ cargo test --workspace --all-features --no-fail-fast 2>&1 | tee target/test-outp
 status=${PIPESTATUS[0]}
 set -e
 
+# The community's csi-sanity against both example drivers, as vendors run
+# it (it says so and skips when the binary is absent or we are not root).
+log "csi-sanity"
+bash scripts/csi-sanity.sh || status=1
+
 # Wire compatibility with the CSI v1.12.0 schema, when the checker is present.
 checker=../shared/tools/csi-schema-check
 if [ -x "$checker" ]; then

@@ -335,11 +335,18 @@ impl ServerBuilder {
         if self.catch_panics {
             stack = stack.push(CatchPanicLayer);
         }
-        if self.gating {
-            stack = stack.push(GatingLayer::new(capabilities.clone()));
-        }
-        if self.validation {
-            stack = stack.push(ValidationLayer);
+        // Undeclared RPC first, then missing or invalid fields, then the
+        // field-level capability rules (see layer::gating).
+        match (self.gating, self.validation) {
+            (true, true) => {
+                stack = stack
+                    .push(GatingLayer::rpcs(capabilities.clone()))
+                    .push(ValidationLayer)
+                    .push(GatingLayer::fields(capabilities.clone()));
+            }
+            (true, false) => stack = stack.push(GatingLayer::new(capabilities.clone())),
+            (false, true) => stack = stack.push(ValidationLayer),
+            (false, false) => {}
         }
         stack = stack.push(ReadinessLayer::new(readiness.clone()));
         if self.locking {
