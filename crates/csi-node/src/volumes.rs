@@ -897,15 +897,10 @@ impl NodeVolumes {
     /// targets, for NodeGetVolumeStats and NodeExpandVolume (the staged
     /// device and the staging path); NOT_FOUND otherwise.
     pub fn record_at(&self, volume_id: &str, path: &str) -> Result<VolumeRecord, NodeError> {
-        let path = absolute(path, "volume_path")?;
+        let path = volume_path(volume_id, path)?;
         self.record(volume_id)
             .filter(|r| r.names(&path))
-            .ok_or_else(|| {
-                NodeError::NotFound(format!(
-                    "volume {volume_id} is not staged or published at {}",
-                    path.display()
-                ))
-            })
+            .ok_or_else(|| not_there(volume_id, &path))
     }
 
     /// For NodeGetVolumeStats: the condition of `volume_id` at `path` (its
@@ -918,7 +913,7 @@ impl NodeVolumes {
         volume_id: &str,
         path: &str,
     ) -> Result<VolumeCondition, NodeError> {
-        let path = absolute(path, "volume_path")?;
+        let path = volume_path(volume_id, path)?;
         let (record, abnormal) = {
             let t = self.table();
             let why = t
@@ -946,10 +941,7 @@ impl NodeVolumes {
                     abnormal: false,
                     message: format!("its device {} is present", d.path.display()),
                 }),
-                _ => Err(NodeError::NotFound(format!(
-                    "volume {volume_id} is not staged or published at {}",
-                    path.display()
-                ))),
+                _ => Err(not_there(volume_id, &path)),
             };
         }
         let here = facts(&table, &path, &ids);
@@ -1120,6 +1112,24 @@ fn absolute(path: &str, field: &str) -> Result<PathBuf, NodeError> {
         return Err(NodeError::invalid(field, "must be an absolute path"));
     }
     Ok(normalize(p))
+}
+
+/// A `volume_path` (NodeGetVolumeStats, NodeExpandVolume): a relative one
+/// names no volume, which is NOT_FOUND as csi-sanity expects.
+fn volume_path(volume_id: &str, path: &str) -> Result<PathBuf, NodeError> {
+    absolute(path, "volume_path").map_err(|e| match e {
+        NodeError::InvalidArgument { reason, .. } if reason != "required" => {
+            not_there(volume_id, Path::new(path))
+        }
+        e => e,
+    })
+}
+
+fn not_there(volume_id: &str, path: &Path) -> NodeError {
+    NodeError::NotFound(format!(
+        "volume {volume_id} is not staged or published at {}",
+        path.display()
+    ))
 }
 
 /// Removes an empty directory or an empty regular file (what NodePublish

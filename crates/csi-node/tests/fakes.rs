@@ -1008,6 +1008,25 @@ fn a_reboot_restores_staged_and_published_volumes_with_new_devices() {
             .unwrap()
             .abnormal
     );
+    let at_target = node.volumes.volume_condition(&vol, &s(&target)).unwrap();
+    assert!(!at_target.abnormal, "{at_target:?}");
+    let rec = node.volumes.record_at(&vol, &s(&target)).unwrap();
+    assert_eq!(
+        rec.stage.unwrap().device.unwrap().path,
+        Path::new("/dev/loop1")
+    );
+    for (path, want) in [
+        ("/elsewhere", Code::NotFound),
+        ("relative", Code::NotFound),
+        ("", Code::InvalidArgument),
+    ] {
+        assert_eq!(code(node.volumes.record_at(&vol, path)), want, "{path:?}");
+        assert_eq!(
+            code(node.volumes.volume_condition(&vol, path)),
+            want,
+            "{path:?}"
+        );
+    }
     // Unstaging still refuses while published, then detaches the new device.
     assert_eq!(
         code(node.volumes.unstage(&unstage(&vol, &staging))),
