@@ -24,6 +24,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use futures::TryStreamExt;
+
 use csi_proto::v1::controller_server::{Controller, ControllerServer};
 use csi_proto::v1::controller_service_capability::rpc::Type as CtrlCap;
 use csi_proto::v1::group_controller_server::{GroupController, GroupControllerServer};
@@ -67,6 +69,9 @@ pub enum Fault {
     RequiresSnapshotIds,
     /// ControllerPublishVolume ignores the max_volumes_per_node it reports.
     NoAttachLimit,
+    /// Served by tonic as it comes, which resets requests whose
+    /// `:authority` is the socket path (what gRPC C-core and grpc-java send).
+    StrictAuthority,
 }
 
 /// The mutable parameter keys the mock accepts.
@@ -266,17 +271,22 @@ impl MockDriver {
         let listener = tokio::net::UnixListener::bind(&socket)?;
         let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let strict = self.has(Fault::StrictAuthority);
         let router = tonic::transport::Server::builder()
             .add_service(IdentityServer::new(self.clone()))
             .add_service(ControllerServer::new(self.clone()))
             .add_service(NodeServer::new(self.clone()))
             .add_service(GroupControllerServer::new(self));
+        let stop = async {
+            let _ = rx.await;
+        };
         let task = tokio::spawn(async move {
-            let _ = router
-                .serve_with_incoming_shutdown(incoming, async {
-                    let _ = rx.await;
-                })
-                .await;
+            let _ = if strict {
+                router.serve_with_incoming_shutdown(incoming, stop).await
+            } else {
+                let incoming = incoming.map_ok(csi_server::authority::AnyAuthority::new);
+                router.serve_with_incoming_shutdown(incoming, stop).await
+            };
         });
         Ok(MockServer {
             endpoint: format!("unix://{}", socket.display()),

@@ -341,6 +341,16 @@ fn assert_only_failures(report: &Report, ids: &[&str]) {
 }
 
 #[tokio::test]
+async fn a_server_resetting_socket_path_authorities_is_caught() {
+    let (report, text) = failure_of(Fault::StrictAuthority, "general.any_authority").await;
+    assert!(text.contains("PROTOCOL_ERROR"), "{text}");
+    assert!(text.contains("grpc-java"), "{text}");
+    // Nothing else depends on the authority: grpc-go style clients are fine.
+    let failures: Vec<_> = report.failures().map(|(r, _)| r.id.as_str()).collect();
+    assert_eq!(failures, ["general.any_authority"], "{report}");
+}
+
+#[tokio::test]
 async fn skipping_by_id_group_and_prefix() {
     let env = start(MockDriver::new().with_fault(Fault::NoPaging)).await;
     let cfg = config(&env)

@@ -12,9 +12,11 @@ use csi_proto::v1::identity_server::IdentityServer;
 use csi_proto::v1::node_server::NodeServer;
 use csi_proto::v1::plugin_capability::service::Type as PluginService;
 use csi_proto::v1::snapshot_metadata_server::SnapshotMetadataServer;
+use futures::TryStreamExt;
 use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
 use tonic::service::{Routes, RoutesBuilder};
 
+use crate::authority::AnyAuthority;
 use crate::capabilities::{Capabilities, PluginInfo};
 use crate::dispatch::{
     ControllerService, GroupControllerService, IdentityService, NodeService, Shared,
@@ -537,8 +539,9 @@ impl Server {
                     self.readiness.set_ready();
                 }
                 tracing::info!(endpoint = %self.endpoint, "serving");
-                let serving =
-                    router.serve_with_incoming_shutdown(UnixListenerStream::new(listener), stop);
+                // Any :authority on the socket (see crate::authority).
+                let incoming = UnixListenerStream::new(listener).map_ok(AnyAuthority::new);
+                let serving = router.serve_with_incoming_shutdown(incoming, stop);
                 let result = drain(serving, shutdown, stop_tx, self.grace_period).await;
                 file.remove();
                 result

@@ -160,6 +160,8 @@ checks! {
     "group-controller.delete.missing", GroupController,
         "DeleteVolumeGroupSnapshot of a missing group snapshot is OK, with or without snapshot_ids" => group::delete_missing;
 
+    "general.any_authority", General,
+        "Probe is answered when :authority is the socket path, raw (grpc-java) or percent-encoded (gRPC C-core: Python, C++)" => general::any_authority;
     "general.secrets_not_in_logs", General,
         "No configured secret value appears in the driver's log" => general::secrets_not_in_logs;
 }
