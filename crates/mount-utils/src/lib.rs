@@ -42,27 +42,35 @@ pub mod block;
 mod error;
 mod exec;
 mod fake;
+mod fake_loop;
 mod format;
 pub mod freeze;
 mod linux;
 pub mod loopdev;
 mod mounter;
 mod mountinfo;
+pub mod nofollow;
 mod options;
 pub mod quota;
 mod resize;
+mod source;
 pub mod testing;
 
+pub use block::{DeviceNumber, same_device};
 pub use error::{MountError, is_corrupted_mount_errno};
 pub use exec::{Exec, ExecCall, ExecError, ExecOutput, FakeExec, SystemExec};
 pub use fake::{FakeAction, FakeMounter, FakeOp};
+pub use fake_loop::{FakeLoopAction, FakeLoopDevices, FakeLoopOp};
 pub use format::{DEFAULT_FS_TYPE, DiskFormat, FormatError, SafeFormatAndMount};
 pub use linux::LinuxMounter;
-pub use loopdev::{LoopDevice, LoopError, LoopOptions};
+pub use loopdev::{
+    AttachedLoop, LinuxLoopDevices, LoopDevice, LoopDeviceInfo, LoopDevices, LoopError, LoopOptions,
+};
 pub use mounter::Mounter;
 pub use mountinfo::{
     MountInfo, OptionalField, ParseError, ParseErrorKind, decode_octal_escapes, parse_mountinfo,
 };
 pub use nix::errno::Errno;
-pub use options::{MountOptions, Sensitive};
+pub use options::{MountOptions, RedactedOptions, Sensitive};
 pub use resize::{ResizeError, ResizeFs};
+pub use source::{FsUsage, MountCheck, MountSource};

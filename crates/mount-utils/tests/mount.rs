@@ -86,7 +86,7 @@ fn sensitive_options_reach_the_kernel_but_not_errors() {
         assert_eq!(err.errno(), Some(Errno::EINVAL));
         assert!(!err.to_string().contains("hunter2"), "{err}");
         assert!(!format!("{err:?}").contains("hunter2"));
-        assert!(err.to_string().contains("<redacted>"));
+        assert!(err.to_string().contains("1 option"), "{err}");
     });
 }
 
