@@ -1,5 +1,7 @@
 //! Benchmarks: mountinfo parsing of 10,000 entries, and `is_mount_point`
-//! latency (statx vs mountinfo scan) as the mount table grows to 10,000.
+//! latency (statx vs mountinfo scan, and the symlink-refusing
+//! `Mounter::is_mount_point` and `mounted_at`) as the mount table grows to
+//! 10,000.
 //!
 //! Run: `cargo bench -p mount-utils --bench mount_utils`. The
 //! `is_mount_point` group needs root; it creates its mounts in a private
@@ -154,6 +156,12 @@ fn bench_is_mount_point(c: &mut Criterion) {
         });
         g.bench_with_input(BenchmarkId::new("mountinfo_scan", n), &probe, |b, p| {
             b.iter(|| m.is_mount_point_by_scan(black_box(p)).unwrap())
+        });
+        g.bench_with_input(BenchmarkId::new("is_mount_point", n), &probe, |b, p| {
+            b.iter(|| m.is_mount_point(black_box(p)).unwrap())
+        });
+        g.bench_with_input(BenchmarkId::new("mounted_at", n), &probe, |b, p| {
+            b.iter(|| m.mounted_at(black_box(p)).unwrap().unwrap())
         });
         g.bench_with_input(
             BenchmarkId::new("likely_not_mount_point", n),
