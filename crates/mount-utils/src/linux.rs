@@ -282,14 +282,17 @@ impl Mounter for LinuxMounter {
             Err(e) if is_absent(&e) => return Ok(()),
             Err(e) => return Err(e),
         };
-        match pinned.lstat()? {
-            None => return Ok(()),
-            Some(st) if file_type(st.st_mode) == SFlag::S_IFLNK => {
+        match pinned.lstat() {
+            Ok(None) => return Ok(()),
+            Ok(Some(st)) if file_type(st.st_mode) == SFlag::S_IFLNK => {
                 return Err(MountError::Symlink {
                     path: target.to_path_buf(),
                 });
             }
-            Some(_) => {}
+            // The stat reached a dead filesystem: a mount, not a symlink.
+            Err(e) if e.is_corrupted_mount() => {}
+            Err(e) => return Err(e),
+            Ok(Some(_)) => {}
         }
         tracing::debug!(target = ?target, lazy, "unmount");
         // The last component relative to the pinned parent, not followed.

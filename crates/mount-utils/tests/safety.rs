@@ -374,3 +374,57 @@ impl Drop for DetachGuard {
         let _ = LinuxLoopDevices::new().detach(&self.0);
     }
 }
+
+/// A FUSE mount whose daemon is gone: every access fails with ENOTCONN.
+/// Made without a daemon by closing the `/dev/fuse` descriptor right after
+/// mounting.
+fn dead_fuse_mount(m: &LinuxMounter, target: &Path, name: &str) {
+    use std::os::fd::AsRawFd;
+    let dev = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")
+        .unwrap();
+    let data = format!("fd={},rootmode=40000,user_id=0,group_id=0", dev.as_raw_fd());
+    m.mount(name, target, "fuse", &[&data]).unwrap();
+    drop(dev);
+}
+
+#[test]
+fn dead_fuse_mounts_are_recognised_and_cleaned_up_only_if_ours() {
+    require_root!("dead_fuse_mounts_are_recognised_and_cleaned_up_only_if_ours");
+    if !Path::new("/dev/fuse").exists() {
+        eprintln!(
+            "skipped: dead_fuse_mounts_are_recognised_and_cleaned_up_only_if_ours: no /dev/fuse"
+        );
+        return;
+    }
+    in_private_mount_ns("dead_fuse_mounts", || {
+        let tmp = tempfile::tempdir().unwrap();
+        let m = LinuxMounter::new();
+        let ours = dir(tmp.path(), "ours");
+        dead_fuse_mount(&m, &ours, "fuse-ours");
+        let err = m.is_mount_point(&ours).unwrap_err();
+        assert!(err.is_corrupted_mount(), "{err}");
+        let entry = m.mounted_at(&ours).unwrap().expect("found by path");
+        assert_eq!(
+            (entry.fs_type.as_str(), entry.source.as_str()),
+            ("fuse", "fuse-ours")
+        );
+        let expected = MountSource::of_mount(&entry);
+        assert!(m.check_mounted(&ours, &expected).unwrap().is_ours());
+
+        // Someone else's dead mount is left alone.
+        let theirs = dir(tmp.path(), "theirs");
+        dead_fuse_mount(&m, &theirs, "fuse-theirs");
+        let err = m.cleanup_mount_point_owned(&theirs, &expected).unwrap_err();
+        assert!(matches!(err, MountError::NotOurs { .. }), "{err}");
+        assert!(m.mounted_at(&theirs).unwrap().is_some());
+
+        m.cleanup_mount_point_owned(&ours, &expected).unwrap();
+        assert!(!ours.exists());
+        // The unconditional cleanup still handles a dead mount.
+        m.cleanup_mount_point(&theirs).unwrap();
+        assert!(!theirs.exists());
+    });
+}
