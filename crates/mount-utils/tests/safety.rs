@@ -1,7 +1,7 @@
 //! Real-mount tests of the node-safety rules: read-only whatever the flags
 //! say, no symlinks followed, only our own mounts touched. They need root
-//! and run in private mount namespaces; loop devices are autoclear or
-//! detached by guards.
+//! (reported as ignored otherwise) and run in private mount namespaces; loop
+//! devices are autoclear or detached by guards.
 
 mod common;
 
@@ -11,8 +11,41 @@ use std::path::{Path, PathBuf};
 use common::{assert_no_loop_device_for, have_program, in_private_mount_ns, sparse_file};
 use mount_utils::{
     DeviceNumber, Errno, Exec, LinuxLoopDevices, LinuxMounter, LoopDevices, LoopOptions,
-    MountCheck, MountError, MountSource, Mounter, SystemExec, require_root, same_device,
+    MountCheck, MountError, MountSource, Mounter, SystemExec, same_device,
 };
+
+fn main() {
+    common::run_root_tests(&[
+        (
+            "read_only_stays_read_only_whatever_the_flags_say",
+            read_only_stays_read_only_whatever_the_flags_say,
+        ),
+        (
+            "remount_changes_only_what_it_names",
+            remount_changes_only_what_it_names,
+        ),
+        (
+            "symlinked_targets_are_refused_never_followed",
+            symlinked_targets_are_refused_never_followed,
+        ),
+        (
+            "only_our_own_mounts_are_unmounted_or_removed",
+            only_our_own_mounts_are_unmounted_or_removed,
+        ),
+        (
+            "fs_usage_matches_what_was_written",
+            fs_usage_matches_what_was_written,
+        ),
+        (
+            "loop_devices_through_the_trait_and_device_identity",
+            loop_devices_through_the_trait_and_device_identity,
+        ),
+        (
+            "dead_fuse_mounts_are_recognised_and_cleaned_up_only_if_ours",
+            dead_fuse_mounts_are_recognised_and_cleaned_up_only_if_ours,
+        ),
+    ])
+}
 
 const MIB: u64 = 1 << 20;
 
@@ -40,9 +73,7 @@ fn mounters() -> [LinuxMounter; 2] {
     ]
 }
 
-#[test]
 fn read_only_stays_read_only_whatever_the_flags_say() {
-    require_root!("read_only_stays_read_only_whatever_the_flags_say");
     in_private_mount_ns("read_only_stays_read_only_whatever_the_flags_say", || {
         let tmp = tempfile::tempdir().unwrap();
         let src = dir(tmp.path(), "src");
@@ -89,9 +120,7 @@ fn read_only_stays_read_only_whatever_the_flags_say() {
     });
 }
 
-#[test]
 fn remount_changes_only_what_it_names() {
-    require_root!("remount_changes_only_what_it_names");
     in_private_mount_ns("remount_changes_only_what_it_names", || {
         let tmp = tempfile::tempdir().unwrap();
         let src = dir(tmp.path(), "src");
@@ -126,9 +155,7 @@ fn remount_changes_only_what_it_names() {
     });
 }
 
-#[test]
 fn symlinked_targets_are_refused_never_followed() {
-    require_root!("symlinked_targets_are_refused_never_followed");
     in_private_mount_ns("symlinked_targets_are_refused_never_followed", || {
         let tmp = tempfile::tempdir().unwrap();
         let src = dir(tmp.path(), "src");
@@ -174,9 +201,7 @@ fn symlinked_targets_are_refused_never_followed() {
     });
 }
 
-#[test]
 fn only_our_own_mounts_are_unmounted_or_removed() {
-    require_root!("only_our_own_mounts_are_unmounted_or_removed");
     in_private_mount_ns("only_our_own_mounts_are_unmounted_or_removed", || {
         let tmp = tempfile::tempdir().unwrap();
         let staging = dir(tmp.path(), "staging");
@@ -250,9 +275,7 @@ fn only_our_own_mounts_are_unmounted_or_removed() {
     });
 }
 
-#[test]
 fn fs_usage_matches_what_was_written() {
-    require_root!("fs_usage_matches_what_was_written");
     in_private_mount_ns("fs_usage_matches_what_was_written", || {
         let tmp = tempfile::tempdir().unwrap();
         let t = dir(tmp.path(), "t");
@@ -271,9 +294,7 @@ fn fs_usage_matches_what_was_written() {
     });
 }
 
-#[test]
 fn loop_devices_through_the_trait_and_device_identity() {
-    require_root!("loop_devices_through_the_trait_and_device_identity");
     in_private_mount_ns("loop_devices_through_the_trait_and_device_identity", || {
         let tmp = tempfile::tempdir().unwrap();
         let (a, b) = (tmp.path().join("a.img"), tmp.path().join("b.img"));
@@ -390,9 +411,7 @@ fn dead_fuse_mount(m: &LinuxMounter, target: &Path, name: &str) {
     drop(dev);
 }
 
-#[test]
 fn dead_fuse_mounts_are_recognised_and_cleaned_up_only_if_ours() {
-    require_root!("dead_fuse_mounts_are_recognised_and_cleaned_up_only_if_ours");
     if !Path::new("/dev/fuse").exists() {
         eprintln!(
             "skipped: dead_fuse_mounts_are_recognised_and_cleaned_up_only_if_ours: no /dev/fuse"
