@@ -266,7 +266,20 @@ impl LoopDevice {
                     errno,
                 }
             })? as u32;
-            let dev = open_device(number)?;
+            let dev = match open_device(number) {
+                Ok(dev) => dev,
+                // A device still being torn down (autoclear of another
+                // user's device) is handed out as free but cannot be
+                // opened yet: give it a moment, then ask again.
+                Err(LoopError::Open {
+                    errno: Errno::ENXIO,
+                    ..
+                }) => {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             let path = device_path(number);
             match configure(&dev, &backing, info, opts) {
                 Ok(()) => {
