@@ -386,19 +386,28 @@ impl Mounter for LinuxMounter {
     }
 
     fn is_likely_not_mount_point(&self, path: &Path) -> Result<bool, MountError> {
-        if absolute(path)? == Path::new("/") {
-            return Ok(false); // "/" is always a mount point.
-        }
-        let pinned = PinnedPath::new(path)?;
-        let fd = pinned
-            .open()?
-            .ok_or_else(|| stat_error(path, Errno::ENOENT))?;
-        let dev = |fd: BorrowedFd<'_>| {
-            nix::sys::stat::fstat(fd)
-                .map(|s| s.st_dev)
-                .map_err(|errno| stat_error(path, errno))
+        let fd = nofollow::open(path)?;
+        let stat =
+            |st: nix::Result<nix::sys::stat::FileStat>| st.map_err(|errno| stat_error(path, errno));
+        let st = stat(nix::sys::stat::fstat(&fd))?;
+        let parent_dev = if file_type(st.st_mode) == SFlag::S_IFDIR {
+            // `..` of a mount root is the directory it is mounted on:
+            // exactly the parent to compare with, without another lookup.
+            stat(nix::sys::stat::fstatat(
+                &fd,
+                "..",
+                nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+            ))?
+            .st_dev
+        } else {
+            let pinned = PinnedPath::new(path)?;
+            stat(nix::sys::stat::fstat(pinned.parent_fd()))?.st_dev
         };
-        Ok(dev(fd.as_fd())? == dev(pinned.parent_fd())?)
+        // "/" is its own parent, and always a mount point.
+        if absolute(path)? == Path::new("/") {
+            return Ok(false);
+        }
+        Ok(st.st_dev == parent_dev)
     }
 
     fn mount_refs(&self, path: &Path) -> Result<Vec<PathBuf>, MountError> {
