@@ -204,6 +204,12 @@ fn canonicalize_likely_not_mount_point(path: &Path) -> bool {
     std::fs::metadata(&c).unwrap().dev() == std::fs::metadata(parent).unwrap().dev()
 }
 
+/// `is_mount_point_by_scan` as it was before (canonicalize, then scan).
+fn canonicalize_scan_reference(m: &LinuxMounter, path: &Path) -> bool {
+    let c = std::fs::canonicalize(path).unwrap();
+    m.mount_points().unwrap().iter().any(|e| e.mount_point == c)
+}
+
 fn bench_cpu_time(c: &mut Criterion) {
     if !nix::unistd::geteuid().is_root() {
         eprintln!("skipped: cpu_time benchmark: needs root (euid != 0)");
@@ -236,6 +242,20 @@ fn bench_cpu_time(c: &mut Criterion) {
         b.iter_custom(|n| {
             cpu(n, || {
                 assert!(m.is_likely_not_mount_point(black_box(&probe)).is_ok())
+            })
+        })
+    });
+    g.bench_function("mountinfo_scan_canonicalize_reference", |b| {
+        b.iter_custom(|n| {
+            cpu(n, || {
+                assert!(canonicalize_scan_reference(&m, black_box(&probe)))
+            })
+        })
+    });
+    g.bench_function("mountinfo_scan", |b| {
+        b.iter_custom(|n| {
+            cpu(n, || {
+                assert!(m.is_mount_point_by_scan(black_box(&probe)).is_ok())
             })
         })
     });
