@@ -152,6 +152,10 @@ impl NodeError {
             FormatError::HasFilesystemErrors { .. } => Self::FailedPrecondition(format!(
                 "the filesystem on {dev} has errors fsck could not correct"
             )),
+            FormatError::FilesystemMissing { .. } => Self::FailedPrecondition(format!(
+                "{dev} was formatted for this volume but holds no filesystem now; \
+                 refusing to format it again"
+            )),
             FormatError::UnsupportedFilesystem { fstype } => Self::invalid(
                 "volume_capability.mount.fs_type",
                 format!("{fstype:?} is not a filesystem this plugin can create"),

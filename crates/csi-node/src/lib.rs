@@ -19,7 +19,7 @@
 //! 3. save the intent (`Staging`, `Publishing`, ...), so a crash between a
 //!    mount and the next save still leaves a record to clean up from;
 //! 4. act through the seams ([`Mounter`](mount_utils::Mounter),
-//!    [`LoopDevices`], [`FilesystemMount`], and csi-store's
+//!    [`LoopDevices`](mount_utils::LoopDevices), [`FilesystemMount`], and csi-store's
 //!    [`RecordStore`](csi_store::RecordStore) for the records);
 //! 5. verify in mountinfo (this volume is what is mounted, read-only when
 //!    it must be: read-only always wins over an `rw` flag), then save.
@@ -118,10 +118,13 @@
 //! let dir = tempfile::tempdir().unwrap();
 //! let data = dir.path().join("vol-1");
 //! std::fs::create_dir(&data).unwrap();
-//! let host = Arc::new(FakeHost::new());
+//! let host = FakeHost::new();
 //! let data_dir = data.clone();
 //! let locator = Arc::new(move |id: &str| (id == "vol-1").then(|| Source::Directory(data_dir.clone())));
-//! let volumes = NodeVolumes::builder(host.clone(), Arc::new(MemStore::new()), locator).open().unwrap();
+//! let volumes = NodeVolumes::builder(host.mounter(), Arc::new(MemStore::new()), locator)
+//!     .loop_devices(host.loops())
+//!     .open()
+//!     .unwrap();
 //!
 //! let target = dir.path().join("pod");
 //! let publish = NodePublishVolumeRequest {
@@ -158,7 +161,7 @@ pub use record::{
     AccessType, Capability, Device, MountFlags, PublishRecord, PublishState, Source, StageRecord,
     StageState, VolumeRecord,
 };
-pub use seams::{FilesystemMount, LoopDevices, PlainMount, SystemLoopDevices, VolumeLocator};
+pub use seams::{FilesystemMount, PlainMount, VolumeLocator};
 pub use volumes::{
     NodeVolumes, NodeVolumesBuilder, Outcome, PUBLISHED_TABLE, RestoreReport, STAGED_TABLE,
 };

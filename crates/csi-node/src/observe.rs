@@ -251,15 +251,6 @@ pub fn shows_device(path: &Path, device: &Device) -> bool {
     })
 }
 
-/// The device number of a device node.
-pub fn device_number(path: &Path) -> std::io::Result<(u32, u32)> {
-    let rdev = std::fs::metadata(path)?.rdev();
-    Ok((
-        nix::sys::stat::major(rdev) as u32,
-        nix::sys::stat::minor(rdev) as u32,
-    ))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -159,6 +159,17 @@ pub struct Device {
     pub minor: u32,
 }
 
+impl Device {
+    /// The device of a loop device's info.
+    pub fn of(info: &mount_utils::LoopDeviceInfo) -> Self {
+        Self {
+            path: info.path.clone(),
+            major: info.device.major,
+            minor: info.device.minor,
+        }
+    }
+}
+
 /// Where a volume's data lives on this node, as the driver knows it
 /// ([`VolumeLocator`](crate::VolumeLocator)).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,76 +1,15 @@
-//! The traits [`NodeVolumes`](crate::NodeVolumes) acts through besides the
-//! mounter and csi-store's record store, each with a real implementation and
-//! a fake beside it: loop devices, how a filesystem is put on a device, and
-//! where a driver keeps a volume's data.
+//! The driver-side seams of [`NodeVolumes`](crate::NodeVolumes), besides
+//! mount-utils' `Mounter` and `LoopDevices` and csi-store's record store:
+//! how a filesystem is put on a device, and where a driver keeps a volume's
+//! data.
 
 use std::path::Path;
 use std::sync::Arc;
 
-use mount_utils::{DiskFormat, Errno, LoopDevice, LoopOptions, Mounter, SafeFormatAndMount};
+use mount_utils::{Mounter, SafeFormatAndMount};
 
 use crate::error::NodeError;
-use crate::observe::device_number;
 use crate::record::{Device, Source};
-
-/// Loop devices, found by their backing file.
-pub trait LoopDevices: Send + Sync {
-    /// Attaches `backing_file` to a free loop device, left attached (no
-    /// autoclear: a bind mount of the device node does not hold it open).
-    fn attach(&self, backing_file: &Path) -> Result<Device, NodeError>;
-    /// The devices attached to `backing_file` now.
-    fn find(&self, backing_file: &Path) -> Result<Vec<Device>, NodeError>;
-    /// Detaches `device` (deferred by the kernel while it is mounted); one
-    /// already gone is fine.
-    fn detach(&self, device: &Device) -> Result<(), NodeError>;
-}
-
-/// [`LoopDevices`] over mount-utils' loop ioctls and `/sys/block`.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct SystemLoopDevices;
-
-impl SystemLoopDevices {
-    fn device(path: &Path) -> Result<Device, NodeError> {
-        let (major, minor) =
-            device_number(path).map_err(|e| NodeError::io("inspecting", path, &e))?;
-        Ok(Device {
-            path: path.to_path_buf(),
-            major,
-            minor,
-        })
-    }
-}
-
-impl LoopDevices for SystemLoopDevices {
-    fn attach(&self, backing_file: &Path) -> Result<Device, NodeError> {
-        let opts = LoopOptions {
-            autoclear: false,
-            ..LoopOptions::default()
-        };
-        let dev = LoopDevice::attach(backing_file, &opts)
-            .map_err(|e| NodeError::loop_device("attaching", backing_file, &e))?;
-        let device = Self::device(dev.path());
-        let path = dev.keep();
-        device.inspect_err(|_| {
-            let _ = mount_utils::loopdev::detach(&path);
-        })
-    }
-
-    fn find(&self, backing_file: &Path) -> Result<Vec<Device>, NodeError> {
-        mount_utils::loopdev::find_by_backing_file(backing_file)
-            .map_err(|e| NodeError::loop_device("looking up loop devices of", backing_file, &e))?
-            .iter()
-            .map(|p| Self::device(p))
-            .collect()
-    }
-
-    fn detach(&self, device: &Device) -> Result<(), NodeError> {
-        match mount_utils::loopdev::detach(&device.path) {
-            Ok(()) => Ok(()),
-            Err(e) if matches!(e.errno(), Some(Errno::ENXIO | Errno::ENOENT)) => Ok(()),
-            Err(e) => Err(NodeError::loop_device("detaching", &device.path, &e)),
-        }
-    }
-}
 
 /// Where a driver keeps a volume's data: the one thing NodeVolumes needs
 /// to know about the driver to stage a volume and to recognise its mounts
@@ -139,7 +78,8 @@ impl FilesystemMount for PlainMount {
 
 /// Formats a new volume's empty device, fscks and mounts; a device that
 /// was formatted before and now shows no filesystem (damaged first blocks)
-/// is refused, never formatted again.
+/// is refused ([`SafeFormatAndMount::mount_formatted`]), never formatted
+/// again.
 impl FilesystemMount for SafeFormatAndMount {
     fn mount_filesystem(
         &self,
@@ -150,20 +90,11 @@ impl FilesystemMount for SafeFormatAndMount {
         may_format: bool,
     ) -> Result<(), NodeError> {
         let dev = device.to_string_lossy();
-        if !may_format {
-            match self.probe(&dev) {
-                Ok(DiskFormat::Filesystem(_)) => {}
-                Ok(_) => {
-                    return Err(NodeError::FailedPrecondition(format!(
-                        "{} was formatted for this volume but holds no filesystem now; \
-                         refusing to format it again",
-                        device.display()
-                    )));
-                }
-                Err(e) => return Err(NodeError::format(device, target, &e)),
-            }
-        }
-        self.format_and_mount(&dev, target, fs_type, options, &[])
-            .map_err(|e| NodeError::format(device, target, &e))
+        let result = if may_format {
+            self.format_and_mount(&dev, target, fs_type, options, &[])
+        } else {
+            self.mount_formatted(&dev, target, fs_type, options, &[])
+        };
+        result.map_err(|e| NodeError::format(device, target, &e))
     }
 }

@@ -12,21 +12,22 @@ use csi_proto::v1::{
     NodePublishVolumeRequest, NodeStageVolumeRequest, NodeUnpublishVolumeRequest,
     NodeUnstageVolumeRequest, VolumeCondition,
 };
-use mount_utils::{MountInfo, Mounter};
+use mount_utils::{LinuxLoopDevices, LoopDevices, LoopOptions, MountInfo, Mounter};
 
 use crate::error::NodeError;
 use crate::observe::{
     Identities, MountId, PathKind, facts, mounts_at, normalize, resolve, shows_device,
 };
 use crate::record::{
-    Capability, PublishRecord, PublishState, Source, StageRecord, StageState, VolumeRecord, sorted,
+    Capability, Device, PublishRecord, PublishState, Source, StageRecord, StageState, VolumeRecord,
+    sorted,
 };
 use crate::rules::{
     PublishDecision, PublishFacts, StageDecision, StageFacts, UnpublishDecision, UnpublishFacts,
     UnstageDecision, UnstageFacts, covered, decide_publish, decide_stage, decide_unpublish,
     decide_unstage, effective_readonly, mount_options,
 };
-use crate::seams::{FilesystemMount, LoopDevices, PlainMount, SystemLoopDevices, VolumeLocator};
+use crate::seams::{FilesystemMount, PlainMount, VolumeLocator};
 use csi_store::{RecordStore, Scan, Table as StoreTable};
 
 /// The csi-store table of stage records, keyed by volume id.
@@ -182,7 +183,7 @@ pub struct NodeVolumesBuilder {
 }
 
 impl NodeVolumesBuilder {
-    /// Loop devices to use (default [`SystemLoopDevices`]).
+    /// Loop devices to use (default mount-utils' `LinuxLoopDevices`).
     pub fn loop_devices(mut self, loops: Arc<dyn LoopDevices>) -> Self {
         self.loops = Some(loops);
         self
@@ -216,7 +217,9 @@ impl NodeVolumesBuilder {
             .unwrap_or_else(|| Arc::new(PlainMount(self.mounter.clone())));
         Ok(NodeVolumes {
             inner: Arc::new(Inner {
-                loops: self.loops.unwrap_or_else(|| Arc::new(SystemLoopDevices)),
+                loops: self
+                    .loops
+                    .unwrap_or_else(|| Arc::new(LinuxLoopDevices::new())),
                 mounter: self.mounter,
                 staged,
                 published,
@@ -380,6 +383,46 @@ impl NodeVolumes {
             .map_err(|e| NodeError::mount("reading", Path::new("the mount table"), &e))
     }
 
+    /// The loop devices attached to `image` now.
+    fn devices_of(&self, image: &Path) -> Result<Vec<Device>, NodeError> {
+        let loops = &self.inner.loops;
+        let found = loops
+            .find_by_backing_file(image)
+            .map_err(|e| NodeError::loop_device("looking up loop devices of", image, &e))?;
+        let mut out = Vec::new();
+        for path in found {
+            // Gone meanwhile (detached by someone): not a device of it.
+            let info = loops
+                .info(&path)
+                .map_err(|e| NodeError::loop_device("inspecting", &path, &e))?;
+            out.extend(info.as_ref().map(Device::of));
+        }
+        Ok(out)
+    }
+
+    /// Attaches `image`, left attached (no autoclear: a bind mount of the
+    /// device node does not hold it open; NodeUnstage detaches it).
+    fn attach(&self, image: &Path) -> Result<Device, NodeError> {
+        let opts = LoopOptions {
+            autoclear: false,
+            ..LoopOptions::default()
+        };
+        let attached = self
+            .inner
+            .loops
+            .attach(image, &opts)
+            .map_err(|e| NodeError::loop_device("attaching", image, &e))?;
+        Ok(Device::of(&attached.keep()))
+    }
+
+    /// Detaches `device`; one already gone is fine.
+    fn detach(&self, device: &Device) -> Result<(), NodeError> {
+        self.inner
+            .loops
+            .detach(&device.path)
+            .map_err(|e| NodeError::loop_device("detaching", &device.path, &e))
+    }
+
     /// What identifies `volume`'s mounts: from its stage record and from
     /// the driver's locator, with its devices found by backing file now.
     fn identities(
@@ -411,7 +454,7 @@ impl NodeVolumes {
                     out.directory = Some(d);
                 }
                 Source::Image(image) => {
-                    for dev in self.inner.loops.find(&image)? {
+                    for dev in self.devices_of(&image)? {
                         out.ids.push(MountId::filesystem_on(&dev));
                         out.ids.extend(MountId::bind_of(table, &dev.path));
                         out.devices.push(dev);
@@ -527,7 +570,7 @@ impl NodeVolumes {
                                 rec.volume_id
                             )));
                         }
-                        let d = self.inner.loops.attach(image)?;
+                        let d = self.attach(image)?;
                         undo.attached = Some(d.clone());
                         d
                     }
@@ -613,10 +656,10 @@ impl NodeVolumes {
                 self.unmount_ours(&rec.volume_id, path, &ids)?;
             }
             if let Some(created) = &undo.created {
-                remove_if_empty(created)?;
+                self.remove_if_empty(created)?;
             }
             if let Some(dev) = &undo.attached {
-                self.inner.loops.detach(dev)?;
+                self.detach(dev)?;
             }
             match forget {
                 Part::Stage => rec.stage = None,
@@ -627,6 +670,18 @@ impl NodeVolumes {
         if let Err(e) = result {
             tracing::warn!(volume = %rec.volume_id, path = %path.display(), error = %e,
                 "could not undo a failed call; the record is kept for cleanup");
+        }
+    }
+
+    /// Removes an empty directory or empty file (what NodePublish creates);
+    /// leaves anything with content, which is not ours to delete.
+    fn remove_if_empty(&self, path: &Path) -> Result<(), NodeError> {
+        match self.inner.mounter.remove_mount_point(path) {
+            Err(e) if e.errno() == Some(mount_utils::Errno::ENOTEMPTY) => {
+                tracing::warn!(path = %path.display(), "left in place: it is not empty");
+                Ok(())
+            }
+            result => result.map_err(|e| NodeError::mount("removing", path, &e)),
         }
     }
 
@@ -698,7 +753,7 @@ impl NodeVolumes {
             self.unmount_ours(vol, &path, &ids)?;
         }
         for dev in &ids.devices {
-            self.inner.loops.detach(dev)?;
+            self.detach(dev)?;
             tracing::info!(volume = %vol, device = %dev.path.display(), "detached");
         }
         rec.stage = None;
@@ -885,7 +940,7 @@ impl NodeVolumes {
             self.unmount_ours(vol, &target, &ids)?;
         }
         if remove {
-            remove_if_empty(&target)?;
+            self.remove_if_empty(&target)?;
         }
         rec.publications.retain(|p| p.target != target);
         self.save(&rec, Part::Publication(&target))?;
@@ -1130,27 +1185,4 @@ fn not_there(volume_id: &str, path: &Path) -> NodeError {
         "volume {volume_id} is not staged or published at {}",
         path.display()
     ))
-}
-
-/// Removes an empty directory or an empty regular file (what NodePublish
-/// creates); leaves anything else, which is not ours to delete.
-fn remove_if_empty(path: &Path) -> Result<(), NodeError> {
-    let removed = match PathKind::of(path) {
-        PathKind::Directory => std::fs::remove_dir(path),
-        PathKind::File { len: 0 } => std::fs::remove_file(path),
-        PathKind::Absent => return Ok(()),
-        kind => {
-            tracing::warn!(path = %path.display(), ?kind, "left in place: not an empty file or directory");
-            return Ok(());
-        }
-    };
-    match removed {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) if e.raw_os_error() == Some(nix::libc::ENOTEMPTY) => {
-            tracing::warn!(path = %path.display(), "left in place: the directory is not empty");
-            Ok(())
-        }
-        Err(e) => Err(NodeError::io("removing", path, &e)),
-    }
 }

@@ -10,15 +10,15 @@ use std::sync::{Arc, Mutex};
 
 use csi_node::testing::FakeHost;
 use csi_node::{
-    Device, FilesystemMount, LoopDevices, NodeError, NodeVolumes, Outcome, PUBLISHED_TABLE,
-    PublishState, STAGED_TABLE, Source, StageState, VolumeLocator,
+    Device, FilesystemMount, NodeError, NodeVolumes, Outcome, PUBLISHED_TABLE, PublishState,
+    STAGED_TABLE, Source, StageState, VolumeLocator,
 };
 use csi_proto::v1::volume_capability::access_mode::Mode;
 use csi_server::CsiError;
 use csi_store::{CodecId, MemStore, RawRecord, RecordStore};
 use mount_utils::{
-    Errno, ExecOutput, FakeAction, FakeExec, FakeOp, MountError, MountInfo, Mounter,
-    SafeFormatAndMount, Sensitive,
+    DeviceNumber, Errno, ExecOutput, FakeAction, FakeExec, FakeOp, FsUsage, LoopOptions,
+    MountError, MountInfo, MountSource, Mounter, SafeFormatAndMount, Sensitive,
 };
 use tonic::Code;
 
@@ -29,7 +29,7 @@ use common::*;
 /// `images/<id>.img` image volumes, a fake host and a record store.
 struct Node {
     dir: tempfile::TempDir,
-    host: Arc<FakeHost>,
+    host: FakeHost,
     store: MemStore,
     volumes: NodeVolumes,
 }
@@ -38,9 +38,9 @@ impl Node {
     fn new() -> Self {
         let dir = tempfile::tempdir().unwrap();
         layout(dir.path());
-        let host = Arc::new(FakeHost::new());
+        let host = FakeHost::new();
         let store = MemStore::new();
-        let volumes = open(dir.path(), host.clone(), host.clone(), &store, None);
+        let volumes = open(dir.path(), host.mounter(), &host, &store, None);
         Self {
             dir,
             host,
@@ -53,8 +53,8 @@ impl Node {
     fn restart(&self) -> NodeVolumes {
         open(
             self.base(),
-            self.host.clone(),
-            self.host.clone(),
+            self.host.mounter(),
+            &self.host,
             &self.store,
             None,
         )
@@ -62,7 +62,7 @@ impl Node {
 
     /// The same records after a reboot: no mounts, no loop devices.
     fn reboot(&mut self) -> NodeVolumes {
-        self.host = Arc::new(FakeHost::new());
+        self.host = FakeHost::new();
         self.volumes = self.restart();
         self.volumes.clone()
     }
@@ -91,7 +91,7 @@ impl Node {
 
     /// Loop devices attached now.
     fn attached(&self) -> usize {
-        self.host.loops().attached().len()
+        self.host.attached()
     }
 
     fn mounted(&self, path: &Path) -> Vec<MountInfo> {
@@ -115,7 +115,7 @@ fn keys(store: &MemStore) -> Vec<String> {
 fn open(
     base: &Path,
     mounter: Arc<dyn Mounter>,
-    host: Arc<FakeHost>,
+    host: &FakeHost,
     store: &MemStore,
     fs: Option<Arc<dyn FilesystemMount>>,
 ) -> NodeVolumes {
@@ -171,15 +171,15 @@ fn case1_unstage_of_a_published_block_volume_is_refused_and_keeps_its_device() {
         1,
         "the device stays with the published volume"
     );
-    assert!(node.host.loops().detached().is_empty());
+    assert!(node.host.detached().is_empty());
     assert_eq!(node.mounted(&target).len(), 1);
     assert!(node.host.fake().actions().is_empty(), "nothing was touched");
 
     // Also when the records are lost: the mount table shows the device in use.
     let forgetful = open(
         node.base(),
-        node.host.clone(),
-        node.host.clone(),
+        node.host.mounter(),
+        &node.host,
         &MemStore::new(),
         None,
     );
@@ -291,7 +291,7 @@ enum Twist {
 
 /// A [`FakeHost`] with a [`Twist`].
 struct Twisted {
-    host: Arc<FakeHost>,
+    host: FakeHost,
     twist: Twist,
 }
 
@@ -353,6 +353,24 @@ impl Mounter for Twisted {
     fn cleanup_mount_point(&self, path: &Path) -> Result<(), MountError> {
         self.host.cleanup_mount_point(path)
     }
+    fn remount(&self, target: &Path, options: &[&str]) -> Result<(), MountError> {
+        self.host.remount(target, options)
+    }
+    fn mounted_at(&self, path: &Path) -> Result<Option<MountInfo>, MountError> {
+        self.host.mounted_at(path)
+    }
+    fn block_device_at(&self, path: &Path) -> Result<Option<DeviceNumber>, MountError> {
+        self.host.block_device_at(path)
+    }
+    fn bind_source(&self, source: &Path) -> Result<MountSource, MountError> {
+        self.host.bind_source(source)
+    }
+    fn remove_mount_point(&self, path: &Path) -> Result<(), MountError> {
+        self.host.remove_mount_point(path)
+    }
+    fn fs_usage(&self, path: &Path) -> Result<FsUsage, MountError> {
+        self.host.fs_usage(path)
+    }
 }
 
 /// The node's records and host, seen through a twisted mounter.
@@ -363,7 +381,7 @@ fn twisted(node: &Node, twist: Twist) -> NodeVolumes {
             host: node.host.clone(),
             twist,
         }),
-        node.host.clone(),
+        &node.host,
         &node.store,
         None,
     )
@@ -725,13 +743,15 @@ fn case7_unstage_without_a_record_detaches_the_device_found_by_backing_file() {
     let vol = node.image_volume("img-1");
     let staging = node.path("staging");
     // Attached, then the plugin died before saving (or the record was lost).
-    node.host.loops().attach(&node.image(&vol)).unwrap();
+    node.host
+        .loops()
+        .attach_existing(node.image(&vol), &LoopOptions::default());
     assert_eq!(
         node.volumes.unstage(&unstage(&vol, &staging)).unwrap(),
         Outcome::Changed
     );
     assert_eq!(node.attached(), 0);
-    assert_eq!(node.host.loops().detached(), [PathBuf::from("/dev/loop0")]);
+    assert_eq!(node.host.detached(), [PathBuf::from("/dev/loop0")]);
 }
 
 #[test]
@@ -744,8 +764,8 @@ fn case7_a_lost_record_neither_leaks_a_mount_nor_frees_someone_elses() {
         .unwrap();
     let forgetful = open(
         node.base(),
-        node.host.clone(),
-        node.host.clone(),
+        node.host.mounter(),
+        &node.host,
         &MemStore::new(),
         None,
     );
@@ -757,7 +777,9 @@ fn case7_a_lost_record_neither_leaks_a_mount_nor_frees_someone_elses() {
     // Someone else's filesystem at the path: not this volume, not touched
     // (and the device stays: it may be theirs to use).
     node.host.fake().add_mount("tmpfs", &staging, "tmpfs");
-    node.host.loops().attach(&node.image(&vol)).unwrap();
+    node.host
+        .loops()
+        .attach_existing(node.image(&vol), &LoopOptions::default());
     assert_eq!(
         code(forgetful.unstage(&unstage(&vol, &staging))),
         Code::NotFound
@@ -849,11 +871,11 @@ fn case6_a_formatted_volume_is_never_formatted_again() {
     let staging = node.path("staging");
     let exec = Arc::new(FakeExec::new());
     let with_formatter = |node: &Node| {
-        let sfm = SafeFormatAndMount::new(node.host.clone(), exec.clone());
+        let sfm = SafeFormatAndMount::new(node.host.mounter(), exec.clone());
         open(
             node.base(),
-            node.host.clone(),
-            node.host.clone(),
+            node.host.mounter(),
+            &node.host,
             &node.store,
             Some(Arc::new(sfm)),
         )
@@ -988,7 +1010,9 @@ fn a_reboot_restores_staged_and_published_volumes_with_new_devices() {
     let _ = first;
     node.reboot();
     // Another image takes loop0 first after the reboot.
-    node.host.loops().attach(&node.image("img-a")).unwrap();
+    node.host
+        .loops()
+        .attach_existing(node.image("img-a"), &LoopOptions::default());
     let report = node.volumes.restore();
     assert_eq!(report.healthy, [vol.as_str()]);
     let dev = node
@@ -1034,11 +1058,7 @@ fn a_reboot_restores_staged_and_published_volumes_with_new_devices() {
     );
     node.volumes.unpublish(&unpublish(&vol, &target)).unwrap();
     node.volumes.unstage(&unstage(&vol, &staging)).unwrap();
-    assert_eq!(
-        node.host.loops().attached().len(),
-        1,
-        "img-a's device stays"
-    );
+    assert_eq!(node.host.attached(), 1, "img-a's device stays");
 }
 
 #[test]
@@ -1132,7 +1152,7 @@ fn the_driver_prepares_each_device_when_staged_and_when_restored() {
             fail,
         });
         let v = NodeVolumes::builder(
-            node.host.clone(),
+            node.host.mounter(),
             Arc::new(node.store.clone()),
             tuning.clone(),
         )

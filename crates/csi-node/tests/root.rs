@@ -7,14 +7,14 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use csi_node::{NodeVolumes, Outcome, SystemLoopDevices};
+use csi_node::{NodeVolumes, Outcome};
 use csi_proto::v1::volume_capability::access_mode::Mode;
 use csi_store::{FileStore, MemStore, RecordStore};
 use mount_utils::testing::{
     assert_no_loop_device_for, detach_loop_devices_under, have_program, in_private_mount_ns,
     is_root,
 };
-use mount_utils::{LinuxMounter, Mounter, SafeFormatAndMount, SystemExec};
+use mount_utils::{LinuxLoopDevices, LinuxMounter, Mounter, SafeFormatAndMount, SystemExec};
 use tonic::Code;
 
 mod common;
@@ -46,7 +46,7 @@ fn as_root(name: &str, f: impl FnOnce(&Path) + Send + 'static) {
 fn volumes<S: RecordStore + Clone + 'static>(base: &Path, store: &S) -> NodeVolumes {
     let mounter: Arc<dyn Mounter> = Arc::new(LinuxMounter::new());
     NodeVolumes::builder(mounter.clone(), Arc::new(store.clone()), locator(base))
-        .loop_devices(Arc::new(SystemLoopDevices))
+        .loop_devices(Arc::new(LinuxLoopDevices::new()))
         .filesystem_mount(Arc::new(SafeFormatAndMount::new(
             mounter,
             Arc::new(SystemExec::new()),
