@@ -49,6 +49,8 @@ pub mod controller;
 pub mod csi;
 mod error;
 mod gate;
+pub mod journal;
+pub mod mounts;
 pub mod node;
 mod plugin;
 mod runner;
