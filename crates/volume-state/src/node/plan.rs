@@ -126,8 +126,8 @@ pub enum Operation<V, P> {
     },
     /// Unmount a discovered mount that has no metadata (once).
     CleanupOrphan {
-        /// The mount.
-        mount: DiscoveredMount<V, P>,
+        /// The mount (boxed: rare, and large next to the other variants).
+        mount: Box<DiscoveredMount<V, P>>,
     },
     /// Drop an orphan record because its pod is wanted again; the normal
     /// publish path takes over.
@@ -427,7 +427,7 @@ pub fn plan<V: Key, P: Key, N: Key>(
                 OperationKind::CleanupOrphan,
             ) {
                 detach.push(Operation::CleanupOrphan {
-                    mount: mount.clone(),
+                    mount: Box::new(mount.clone()),
                 });
             }
         }

@@ -15,7 +15,7 @@ use crate::journal::{Journal, PublishRecord, VolumeRecord};
 use crate::mounts::{MountSource, MountTable};
 use crate::plugin::{ExpandRequest, PublishRequest, StageRequest, VolumePlugin};
 use crate::runner::Reconcile;
-use crate::types::{AttachInfo, Key};
+use crate::types::Key;
 
 /// What happened to one operation.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -245,9 +245,12 @@ impl<V: Key, P: Key, N: Key> Reconciler<V, P, N> {
         if let Err(e) = self.gate.try_start(&key, self.clock.now()) {
             return ExecutionResult::Skipped(e);
         }
-        let result = match self.record_intent(&op).await {
-            Ok(()) => self.call_plugin(op).await,
-            Err(e) => Err(e),
+        let result = if self.journal.is_some() {
+            // Boxed: the journal's futures would otherwise enlarge every
+            // operation's future (10k of them per pass), journal or not.
+            Box::pin(self.call_journaled(op)).await
+        } else {
+            self.call_plugin(op).await
         };
         self.gate.finish(
             &key,
@@ -270,19 +273,16 @@ impl<V: Key, P: Key, N: Key> Reconciler<V, P, N> {
             Operation::Attach { volume, spec } => {
                 let result = plugin.attach(&volume, &self.node, &spec).await;
                 actual.apply_attach(&volume, &spec, &result);
-                self.record_attach(&volume, result.as_ref().ok()).await;
                 result.map(|_| ())
             }
             Operation::VerifyAttached { volume, spec } => {
                 let result = plugin.wait_for_attach(&volume, &self.node, &spec).await;
                 actual.apply_attach(&volume, &spec, &result);
-                self.record_attach(&volume, result.as_ref().ok()).await;
                 result.map(|_| ())
             }
             Operation::Detach { volume } => {
                 let result = plugin.detach(&volume, &self.node).await;
                 actual.apply_detach(&volume, &result);
-                self.record_attach(&volume, None).await;
                 result
             }
             Operation::Stage {
@@ -299,8 +299,6 @@ impl<V: Key, P: Key, N: Key> Reconciler<V, P, N> {
                 };
                 let result = plugin.stage(&request).await;
                 actual.apply_stage(&request.volume, &request.staging_path, &result);
-                let source = self.source_after(&result, &request.staging_path);
-                self.record_device(&request.volume, source).await;
                 result.map(|_| ())
             }
             Operation::Unstage {
@@ -309,7 +307,6 @@ impl<V: Key, P: Key, N: Key> Reconciler<V, P, N> {
             } => {
                 let result = plugin.unstage(&volume, &staging_path).await;
                 actual.apply_unstage(&volume, &result);
-                self.record_device(&volume, None).await;
                 result
             }
             Operation::Publish {
@@ -329,8 +326,6 @@ impl<V: Key, P: Key, N: Key> Reconciler<V, P, N> {
                 };
                 let result = plugin.publish(&request).await;
                 actual.apply_publish(&request.volume, &pod, &request.target_path, &result);
-                let source = self.source_after(&result, &request.target_path);
-                self.record_pod(&request.volume, &pod, source).await;
                 result.map(|_| ())
             }
             Operation::Unpublish {
@@ -340,7 +335,6 @@ impl<V: Key, P: Key, N: Key> Reconciler<V, P, N> {
             } => {
                 let result = plugin.unpublish(&volume, &target_path).await;
                 actual.apply_unpublish(&volume, &pod, &result);
-                self.record_pod(&volume, &pod, None).await;
                 result
             }
             Operation::Expand {
@@ -391,6 +385,26 @@ impl<V: Key, P: Key, N: Key> Reconciler<V, P, N> {
 // but never less. Each step touches only its own fields: concurrent
 // publishes of one volume keep each other's intents.
 impl<V: Key, P: Key, N: Key> Reconciler<V, P, N> {
+    /// Writes the intent of `op`, runs it, records the outcome.
+    async fn call_journaled(&self, op: Operation<V, P>) -> Result<(), PluginError> {
+        self.record_intent(&op).await?;
+        let step = JournalStep::of(&op);
+        let result = self.call_plugin(op).await;
+        match step {
+            JournalStep::Attach(volume) => self.record_attach(&volume).await,
+            JournalStep::Device(volume, path) => {
+                let source = path.and_then(|p| self.source_after(&result, &p));
+                self.record_device(&volume, source).await
+            }
+            JournalStep::Pod(volume, pod, path) => {
+                let source = path.and_then(|p| self.source_after(&result, &p));
+                self.record_pod(&volume, &pod, source).await
+            }
+            JournalStep::Nothing => {}
+        }
+        result
+    }
+
     /// Writes the intent of `op` before it runs; failing that, `op` does
     /// not run.
     async fn record_intent(&self, op: &Operation<V, P>) -> Result<(), PluginError> {
@@ -404,12 +418,11 @@ impl<V: Key, P: Key, N: Key> Reconciler<V, P, N> {
                 staging_path,
                 ..
             } => {
-                journal
-                    .update(volume, |r| {
-                        r.staging_path = Some(staging_path.clone());
-                        r.staged = None;
-                    })
-                    .await
+                (journal.update(volume, |r| {
+                    r.staging_path = Some(staging_path.clone());
+                    r.staged = None;
+                }))
+                .await
             }
             Operation::Publish {
                 volume,
@@ -417,18 +430,17 @@ impl<V: Key, P: Key, N: Key> Reconciler<V, P, N> {
                 target_path,
                 ..
             } => {
-                journal
-                    .update(volume, |r| {
-                        let record = r.pods.entry(pod.clone()).or_insert(PublishRecord {
-                            target_path: target_path.clone(),
-                            source: None,
-                        });
-                        if record.target_path != *target_path {
-                            record.target_path = target_path.clone();
-                            record.source = None;
-                        }
-                    })
-                    .await
+                (journal.update(volume, |r| {
+                    let record = r.pods.entry(pod.clone()).or_insert(PublishRecord {
+                        target_path: target_path.clone(),
+                        source: None,
+                    });
+                    if record.target_path != *target_path {
+                        record.target_path = target_path.clone();
+                        record.source = None;
+                    }
+                }))
+                .await
             }
             _ => Ok(()),
         };
@@ -455,26 +467,27 @@ impl<V: Key, P: Key, N: Key> Reconciler<V, P, N> {
     /// Applies `change` to the journal record; a failure only leaves the
     /// record claiming more than is there, so it is logged.
     async fn record(&self, volume: &V, change: impl FnOnce(&mut VolumeRecord<P>)) {
+        // Boxed: this is also awaited outside `call_journaled`.
         if let Some(journal) = &self.journal
-            && let Err(e) = journal.update(volume, change).await
+            && let Err(e) = Box::pin(journal.update(volume, change)).await
         {
             tracing::warn!(?volume, error = %e, "journal update failed");
         }
     }
 
-    /// After attach, verify-attached or detach.
-    async fn record_attach(&self, volume: &V, info: Option<&AttachInfo>) {
-        if self.journal.is_none() {
-            return;
-        }
-        let state = self.actual.snapshot().get(volume).map(|a| a.attach);
-        let attached = state.is_some_and(|s| s != AttachState::Detached);
+    /// After attach, verify-attached or detach: keeps what the actual
+    /// state says (attached or not, and the attach info once confirmed).
+    async fn record_attach(&self, volume: &V) {
+        let (state, info) = match self.actual.snapshot().get(volume) {
+            Some(a) => (a.attach, Some(a.attach_info.clone())),
+            None => (AttachState::Detached, None),
+        };
         self.record(volume, |r| {
-            r.attached &= attached;
-            if let Some(info) = info {
-                r.attach_info = Some(info.clone());
-            } else if !attached {
-                r.attach_info = None;
+            r.attached &= state != AttachState::Detached;
+            match (state, info) {
+                (AttachState::Attached, Some(info)) => r.attach_info = Some((*info).clone()),
+                (AttachState::Detached, _) => r.attach_info = None,
+                _ => {}
             }
         })
         .await
@@ -482,9 +495,6 @@ impl<V: Key, P: Key, N: Key> Reconciler<V, P, N> {
 
     /// After stage or unstage; `source` is what a successful stage mounted.
     async fn record_device(&self, volume: &V, source: Option<MountSource>) {
-        if self.journal.is_none() {
-            return;
-        }
         let device = self.actual.snapshot().get(volume).map(|a| a.device.clone());
         self.record(volume, |r| match device {
             None | Some(DeviceState::NotMounted) => {
@@ -505,9 +515,6 @@ impl<V: Key, P: Key, N: Key> Reconciler<V, P, N> {
     /// After publish or unpublish for `pod`; `source` is what a successful
     /// publish mounted.
     async fn record_pod(&self, volume: &V, pod: &P, source: Option<MountSource>) {
-        if self.journal.is_none() {
-            return;
-        }
         let state = self
             .actual
             .snapshot()
@@ -528,6 +535,41 @@ impl<V: Key, P: Key, N: Key> Reconciler<V, P, N> {
             }
         })
         .await
+    }
+}
+
+/// Which part of the journal record an operation's outcome updates, and
+/// for a set-up step the path to look up what it mounted.
+enum JournalStep<V, P> {
+    Attach(V),
+    Device(V, Option<std::path::PathBuf>),
+    Pod(V, P, Option<std::path::PathBuf>),
+    Nothing,
+}
+
+impl<V: Key, P: Key> JournalStep<V, P> {
+    fn of(op: &Operation<V, P>) -> Self {
+        match op {
+            Operation::Attach { volume, .. }
+            | Operation::VerifyAttached { volume, .. }
+            | Operation::Detach { volume } => JournalStep::Attach(volume.clone()),
+            Operation::Stage {
+                volume,
+                staging_path,
+                ..
+            } => JournalStep::Device(volume.clone(), Some(staging_path.clone())),
+            Operation::Unstage { volume, .. } => JournalStep::Device(volume.clone(), None),
+            Operation::Publish {
+                volume,
+                pod,
+                target_path,
+                ..
+            } => JournalStep::Pod(volume.clone(), pod.clone(), Some(target_path.clone())),
+            Operation::Unpublish { volume, pod, .. } => {
+                JournalStep::Pod(volume.clone(), pod.clone(), None)
+            }
+            _ => JournalStep::Nothing,
+        }
     }
 }
 
