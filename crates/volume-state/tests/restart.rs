@@ -493,3 +493,40 @@ async fn volumes_in_use_include_volumes_still_mounted_but_no_longer_wanted() {
         );
     }
 }
+
+/// In controller-attach mode the node owes no detach, yet the attach info
+/// (publish context, device path) must survive a restart for the stage
+/// and publish that may follow it.
+#[tokio::test]
+async fn controller_attach_mode_keeps_the_attach_info_across_a_restart() {
+    let store = Arc::new(Store::new());
+    let mounts = Arc::new(FakeMountTable::new());
+    mounts.mount(staging("v1"), disk(1));
+    mounts.mount(target("a", "v1"), disk(1));
+    let first = start(AttachMode::ByController, &store, &mounts);
+    first.add("v1", "a");
+    first.desired.mark_populated();
+    first
+        .desired
+        .mark_volumes_reported_in_use(&first.reconciler.volumes_in_use());
+    first.settle().await;
+    assert_eq!(
+        first.calls(),
+        [v(WaitForAttach, "v1"), v(Stage, "v1"), v(Publish, "v1")]
+    );
+    let record = store.load().unwrap()["v1"].clone();
+    assert!(!record.attached, "the controller detaches, not the node");
+    let info = record.attach_info.expect("attach info kept");
+    assert_eq!(info.device_path, Some("/dev/fake/\"v1\"".into()));
+    drop(first);
+
+    let second = start(AttachMode::ByController, &store, &mounts);
+    let found = second.scan(&mounts, "v1", &["a"]);
+    second
+        .actual
+        .reconstruct_with_journal(found, &second.journal.records(), |v| Some(spec(v)));
+    let snapshot = second.actual.snapshot();
+    let volume = snapshot.get(&"v1".into()).unwrap();
+    assert_eq!(volume.attach, AttachState::Attached);
+    assert_eq!(*volume.attach_info, info);
+}

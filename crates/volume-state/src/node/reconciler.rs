@@ -15,7 +15,7 @@ use crate::journal::{Journal, PublishRecord, VolumeRecord};
 use crate::mounts::{MountSource, MountTable};
 use crate::plugin::{ExpandRequest, PublishRequest, StageRequest, VolumePlugin};
 use crate::runner::Reconcile;
-use crate::types::Key;
+use crate::types::{AttachInfo, Key};
 
 /// What happened to one operation.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -411,36 +411,49 @@ impl<V: Key, P: Key, N: Key> Reconciler<V, P, N> {
         let Some(journal) = &self.journal else {
             return Ok(());
         };
+        // The attach info rides along: in controller-attach mode nothing
+        // else would keep it (the node owes no detach).
+        let keep_info = |r: &mut VolumeRecord<P>, info: &AttachInfo| {
+            if *info != AttachInfo::default() {
+                r.attach_info = Some(info.clone());
+            }
+        };
         let written = match op {
             Operation::Attach { volume, .. } => journal.update(volume, |r| r.attached = true).await,
             Operation::Stage {
                 volume,
                 staging_path,
+                attach,
                 ..
             } => {
-                (journal.update(volume, |r| {
-                    r.staging_path = Some(staging_path.clone());
-                    r.staged = None;
-                }))
-                .await
+                journal
+                    .update(volume, |r| {
+                        r.staging_path = Some(staging_path.clone());
+                        r.staged = None;
+                        keep_info(r, attach);
+                    })
+                    .await
             }
             Operation::Publish {
                 volume,
                 pod,
                 target_path,
+                attach,
                 ..
             } => {
-                (journal.update(volume, |r| {
-                    let record = r.pods.entry(pod.clone()).or_insert(PublishRecord {
-                        target_path: target_path.clone(),
-                        source: None,
-                    });
-                    if record.target_path != *target_path {
-                        record.target_path = target_path.clone();
-                        record.source = None;
-                    }
-                }))
-                .await
+                journal
+                    .update(volume, |r| {
+                        let record = r.pods.entry(pod.clone()).or_insert(PublishRecord {
+                            target_path: target_path.clone(),
+                            source: None,
+                        });
+                        if record.target_path != *target_path {
+                            record.target_path = target_path.clone();
+                            record.source = None;
+                        }
+                        keep_info(r, attach);
+                    })
+                    .await
             }
             _ => Ok(()),
         };
