@@ -73,6 +73,30 @@ impl Env {
             .map(|a| a.state)
     }
 
+    /// Attached to `node`, which no longer uses it; calls forgotten.
+    async fn attached_unused(&self, node: &str, mode: AccessMode) {
+        self.add(node, mode);
+        self.reconciler.run_until_idle(5).await;
+        self.not_in_use(node);
+        self.calls();
+    }
+
+    /// The pod moves from `from` to `to`.
+    fn move_pod(&self, from: &str, to: &str, mode: AccessMode) {
+        self.remove(from);
+        self.add(to, mode);
+    }
+
+    /// Detached from n1, then attached to n2, since the last calls.
+    fn assert_moved_to_n2(&self) {
+        assert_eq!(
+            self.calls(),
+            [n(PluginMethod::Detach, "n1"), n(PluginMethod::Attach, "n2")]
+        );
+        assert_eq!(self.state("n1"), None);
+        assert_eq!(self.state("n2"), Some(AttachState::Attached));
+    }
+
     /// (method, node) of the recorded calls since the last call.
     fn calls(&self) -> Vec<(PluginMethod, String)> {
         self.plugin
@@ -122,13 +146,8 @@ async fn attach_then_detach_once_the_node_stops_using_the_volume() {
 #[tokio::test]
 async fn detach_before_attach_for_single_node_volumes() {
     let env = env(ControllerConfig::default());
-    env.add("n1", AccessMode::SingleNode);
-    env.reconciler.run_until_idle(5).await;
-    env.not_in_use("n1");
-    env.calls();
-    // The pod moves to n2.
-    env.remove("n1");
-    env.add("n2", AccessMode::SingleNode);
+    env.attached_unused("n1", AccessMode::SingleNode).await;
+    env.move_pod("n1", "n2", AccessMode::SingleNode);
     // Single-node attaches share a volume-level key, so wait out n1's backoff.
     env.clock.advance(Duration::from_millis(500));
     let plan = env.reconciler.plan();
@@ -141,12 +160,7 @@ async fn detach_before_attach_for_single_node_volumes() {
         "{plan:?}"
     );
     env.reconciler.run_until_idle(5).await;
-    assert_eq!(
-        env.calls(),
-        [n(PluginMethod::Detach, "n1"), n(PluginMethod::Attach, "n2")]
-    );
-    assert_eq!(env.state("n1"), None);
-    assert_eq!(env.state("n2"), Some(AttachState::Attached));
+    env.assert_moved_to_n2();
 }
 
 #[tokio::test]
@@ -341,15 +355,10 @@ async fn never_detached_while_an_operation_on_the_volume_is_pending() {
 #[tokio::test]
 async fn failed_detach_blocks_attaching_a_single_node_volume_elsewhere_until_it_succeeds() {
     let env = env(ControllerConfig::default());
-    env.add("n1", AccessMode::SingleNode);
-    env.reconciler.run_until_idle(5).await;
-    env.not_in_use("n1");
-    env.calls();
+    env.attached_unused("n1", AccessMode::SingleNode).await;
     env.plugin
         .fail_once(PluginMethod::Detach, None, ErrorKind::Uncertain);
-    // The pod moves to n2.
-    env.remove("n1");
-    env.add("n2", AccessMode::SingleNode);
+    env.move_pod("n1", "n2", AccessMode::SingleNode);
     env.reconciler.run_until_idle(5).await;
     assert_eq!(env.calls(), [n(PluginMethod::Detach, "n1")]);
     assert_eq!(env.state("n2"), None, "attached while n1 may hold it");
@@ -361,12 +370,7 @@ async fn failed_detach_blocks_attaching_a_single_node_volume_elsewhere_until_it_
     // The retried detach succeeds: now n2 gets it.
     env.clock.advance(Duration::from_millis(1));
     env.reconciler.run_until_idle(5).await;
-    assert_eq!(
-        env.calls(),
-        [n(PluginMethod::Detach, "n1"), n(PluginMethod::Attach, "n2")]
-    );
-    assert_eq!(env.state("n1"), None);
-    assert_eq!(env.state("n2"), Some(AttachState::Attached));
+    env.assert_moved_to_n2();
 }
 
 #[tokio::test]
@@ -382,14 +386,10 @@ async fn a_failed_detach_does_not_block_a_multi_node_volume_or_when_opted_out() 
         ),
     ] {
         let env = env(config);
-        env.add("n1", mode);
-        env.reconciler.run_until_idle(5).await;
-        env.not_in_use("n1");
-        env.calls();
+        env.attached_unused("n1", mode).await;
         env.plugin
             .fail_once(PluginMethod::Detach, None, ErrorKind::Final);
-        env.remove("n1");
-        env.add("n2", mode);
+        env.move_pod("n1", "n2", mode);
         env.reconciler.run_until_idle(5).await;
         assert_eq!(
             env.calls(),
@@ -403,9 +403,7 @@ async fn a_failed_detach_does_not_block_a_multi_node_volume_or_when_opted_out() 
 #[tokio::test]
 async fn a_failed_attach_never_clears_detach_uncertain() {
     let env = env(ControllerConfig::default());
-    env.add("n1", AccessMode::SingleNode);
-    env.reconciler.run_until_idle(5).await;
-    env.not_in_use("n1");
+    env.attached_unused("n1", AccessMode::SingleNode).await;
     env.plugin
         .fail_once(PluginMethod::Detach, None, ErrorKind::Uncertain);
     env.remove("n1");
