@@ -13,7 +13,7 @@ use csi_kit::mount::require_root;
 use csi_kit::proto::v1::volume_capability::access_mode::Mode;
 use csi_kit::proto::v1::*;
 use csi_kit::server::CsiClient;
-use support::{Driver, mounts_under, run_isolated};
+use support::{Driver, assert_one_point_in_time, mounts_under, run_isolated, spawn_ordered_writer};
 use tonic::Code;
 
 const MARKER: &str = "SECRET-MARKER-e2e-91c3";
@@ -650,27 +650,12 @@ fn group_snapshots_are_write_order_consistent() {
             ids.push(id);
         }
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let writer = {
-            let (stop, a, b) = (stop.clone(), targets[0].join("log"), targets[1].join("log"));
-            std::thread::spawn(move || {
-                use std::io::Write;
-                let open = |p: &Path| {
-                    std::fs::OpenOptions::new()
-                        .create(true)
-                        .append(true)
-                        .open(p)
-                        .unwrap()
-                };
-                let (mut fa, mut fb) = (open(&a), open(&b));
-                let mut i = 0u64;
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    fa.write_all(format!("{i}\n").as_bytes()).unwrap();
-                    fb.write_all(format!("{i}\n").as_bytes()).unwrap();
-                    i += 1;
-                }
-                i
-            })
-        };
+        let writer = spawn_ordered_writer(
+            targets[0].join("log"),
+            targets[1].join("log"),
+            stop.clone(),
+            u64::MAX,
+        );
         let count = |path: &Path| {
             std::fs::read_to_string(path)
                 .map(|t| t.lines().count())
@@ -732,15 +717,7 @@ fn group_snapshots_are_write_order_consistent() {
                     .unwrap();
             }
             let of = |id: &String| lines.iter().find(|(v, _)| v == id).unwrap().1;
-            let (a, b) = (of(&ids[0]), of(&ids[1]));
-            assert!(
-                b <= a && a <= b + 1,
-                "round {round}: the cut is not write-order consistent: A has {a} entries, B has {b}"
-            );
-            assert!(
-                b >= 1000,
-                "round {round}: the snapshot saw the writes ({b})"
-            );
+            assert_one_point_in_time(round, of(&ids[0]), of(&ids[1]), 1000);
             let member_ids = group
                 .snapshots
                 .iter()

@@ -15,7 +15,10 @@ use csi_kit::mount::{LinuxMounter, Mounter, require_root};
 use csi_kit::proto::v1::volume_capability::access_mode::Mode;
 use csi_kit::proto::v1::*;
 use csi_kit::server::CsiClient;
-use support::{Driver, mounts_under, run_isolated};
+use support::{
+    Driver, assert_one_point_in_time, create_and_attach, mounts_under, run_isolated,
+    run_isolated_in_tempdir, spawn_ordered_writer,
+};
 use tonic::Code;
 
 /// Runs the suite against a fresh loop-block; `fs_type` None means block.
@@ -177,39 +180,20 @@ impl Disk {
         cap: VolumeCapability,
         size: i64,
     ) -> Disk {
-        let volume = client
-            .controller()
-            .create_volume(CreateVolumeRequest {
-                name: name.into(),
-                capacity_range: Some(CapacityRange::at_least(size)),
-                volume_capabilities: vec![cap.clone()],
-                ..Default::default()
-            })
-            .await
-            .expect("CreateVolume")
-            .into_inner()
-            .volume
-            .expect("volume");
-        let node = client
-            .node()
-            .node_get_info(NodeGetInfoRequest {})
-            .await
-            .expect("NodeGetInfo")
-            .into_inner()
-            .node_id;
-        let publish_context = client
-            .controller()
-            .controller_publish_volume(ControllerPublishVolumeRequest {
-                volume_id: volume.volume_id.clone(),
-                node_id: node.clone(),
-                volume_capability: Some(cap.clone()),
-                ..Default::default()
-            })
-            .await
-            .expect("ControllerPublishVolume")
-            .into_inner()
-            .publish_context;
-        let work = driver.statedir.with_file_name(name);
+        let req = CreateVolumeRequest {
+            name: name.into(),
+            capacity_range: Some(CapacityRange::at_least(size)),
+            volume_capabilities: vec![cap],
+            ..Default::default()
+        };
+        Disk::create_from(client, driver, req).await
+    }
+
+    /// CreateVolume of `req` (one capability) + ControllerPublish to this node.
+    async fn create_from(client: &CsiClient, driver: &Driver, req: CreateVolumeRequest) -> Disk {
+        let (name, cap) = (req.name.clone(), req.volume_capabilities[0].clone());
+        let (volume, node, publish_context) = create_and_attach(client, req).await;
+        let work = driver.statedir.with_file_name(&name);
         std::fs::create_dir_all(work.join("staging")).unwrap();
         std::fs::create_dir_all(work.join("pods")).unwrap();
         Disk {
@@ -296,6 +280,11 @@ impl Disk {
     async fn tear_down(&self) {
         self.unpublish().await;
         self.unstage().await;
+        self.tear_down_detached().await;
+    }
+
+    /// ControllerUnpublish and DeleteVolume of an unstaged disk.
+    async fn tear_down_detached(&self) {
         self.client
             .controller()
             .controller_unpublish_volume(ControllerUnpublishVolumeRequest {
@@ -530,6 +519,11 @@ fn restart_reattaches_loop_devices_and_remounts_staged_volumes() {
             disk.publish().await.unwrap();
         }
         std::fs::write(fs.target.join("data"), b"before the reboot").unwrap();
+        for disk in [&fs, &raw] {
+            modify(&client, &disk.id, &[("readAheadKiB", "2048")])
+                .await
+                .unwrap();
+        }
 
         // A crash and a "reboot": every mount and loop device is gone.
         driver.kill();
@@ -564,6 +558,13 @@ fn restart_reattaches_loop_devices_and_remounts_staged_volumes() {
             16 << 20,
             "raw target bound to the new device"
         );
+        for disk in [&fs, &raw] {
+            assert_eq!(
+                tuning_at(&disk.target),
+                (2048, false),
+                "re-attached with its parameters"
+            );
+        }
         for disk in [
             Disk {
                 client: client.clone(),
@@ -574,5 +575,398 @@ fn restart_reattaches_loop_devices_and_remounts_staged_volumes() {
             disk.tear_down().await;
         }
         assert_eq!(mounts_under(dir.path()), Vec::<PathBuf>::new());
+    });
+}
+
+/// The sysfs directory of the loop device behind a published target (the
+/// device itself for block access, the filesystem's device for mount).
+fn sysfs_of(target: &Path) -> PathBuf {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let meta = std::fs::metadata(target).expect("target");
+    let dev = if meta.file_type().is_block_device() {
+        meta.rdev()
+    } else {
+        meta.dev()
+    };
+    let (major, minor) = (nix::sys::stat::major(dev), nix::sys::stat::minor(dev));
+    PathBuf::from(format!("/sys/dev/block/{major}:{minor}"))
+}
+
+/// What the kernel applies to the disk behind `target`: read-ahead in KiB
+/// and whether the loop device does direct I/O.
+fn tuning_at(target: &Path) -> (u32, bool) {
+    let sys = sysfs_of(target);
+    let read = |f: &str| std::fs::read_to_string(sys.join(f)).expect("sysfs");
+    let kib = read("queue/read_ahead_kb")
+        .trim()
+        .parse()
+        .expect("read_ahead_kb");
+    (kib, read("loop/dio").trim() == "1")
+}
+
+fn mutable(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+async fn modify(client: &CsiClient, id: &str, pairs: &[(&str, &str)]) -> Result<(), tonic::Status> {
+    let req = ControllerModifyVolumeRequest {
+        volume_id: id.into(),
+        mutable_parameters: mutable(pairs),
+        ..Default::default()
+    };
+    client
+        .controller()
+        .controller_modify_volume(req)
+        .await
+        .map(drop)
+}
+
+/// Writes and reads back through the published disk (a file on the
+/// filesystem, or the raw device), synced so it reaches the backing file.
+fn write_and_read_back(target: &Path, block: bool, data: &[u8]) {
+    use std::io::{Read, Seek, SeekFrom, Write};
+    let path = if block {
+        target.to_owned()
+    } else {
+        target.join("probe")
+    };
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(!block)
+        .truncate(false)
+        .open(&path)
+        .expect("open");
+    f.write_all(data).unwrap();
+    f.sync_all().unwrap();
+    f.seek(SeekFrom::Start(0)).unwrap();
+    let mut back = vec![0; data.len()];
+    f.read_exact(&mut back).unwrap();
+    assert_eq!(back, data);
+}
+
+#[test]
+fn modify_volume_retunes_the_attached_disk_and_every_later_attachment() {
+    require_root!("modify_volume_retunes_the_attached_disk_and_every_later_attachment");
+    run_isolated_in_tempdir("loop-block-modify", |dir| async move {
+        let driver = Driver::start("loop-block", &dir.join("state"), &[]);
+        let client = driver.client().await;
+        for (name, cap) in [("pvc-fs", mount_cap("ext4")), ("pvc-raw", block_cap())] {
+            let block = cap.is_block();
+            // Created with a VolumeAttributesClass.
+            let req = CreateVolumeRequest {
+                name: name.into(),
+                capacity_range: Some(CapacityRange::at_least(32 * MIB)),
+                volume_capabilities: vec![cap],
+                mutable_parameters: mutable(&[("readAheadKiB", "512")]),
+                ..Default::default()
+            };
+            let disk = Disk::create_from(&client, &driver, req).await;
+            disk.stage().await.unwrap();
+            disk.publish().await.unwrap();
+            assert_eq!(
+                tuning_at(&disk.target),
+                (512, false),
+                "{name}: applied at attach"
+            );
+
+            // Changed while in use: the kernel applies it at once.
+            modify(
+                &client,
+                &disk.id,
+                &[("readAheadKiB", "4096"), ("directIO", "true")],
+            )
+            .await
+            .unwrap();
+            assert_eq!(
+                tuning_at(&disk.target),
+                (4096, true),
+                "{name}: applied while published"
+            );
+            write_and_read_back(&disk.target, block, &[0x5a; 64 << 10]);
+
+            // A key the driver does not know: INVALID_ARGUMENT naming it, nothing applied.
+            let err = modify(
+                &client,
+                &disk.id,
+                &[("readAheadKiB", "8"), ("iops", "3000")],
+            )
+            .await
+            .unwrap_err();
+            assert_eq!(err.code(), Code::InvalidArgument);
+            assert!(err.message().contains("iops"), "{}", err.message());
+            let err = modify(&client, &disk.id, &[("readAheadKiB", "a lot")])
+                .await
+                .unwrap_err();
+            assert_eq!(err.code(), Code::InvalidArgument);
+            assert!(err.message().contains("readAheadKiB"), "{}", err.message());
+            assert_eq!(
+                tuning_at(&disk.target),
+                (4096, true),
+                "{name}: nothing applied"
+            );
+            let missing = format!("vol-{}", "0".repeat(32));
+            let err = modify(&client, &missing, &[("readAheadKiB", "8")]).await;
+            assert_eq!(err.unwrap_err().code(), Code::NotFound);
+
+            // Changed while detached: the next attachment has it, with the
+            // values not sent kept.
+            disk.unpublish().await;
+            disk.unstage().await;
+            assert_no_loop_device_for(&disk.image);
+            modify(&client, &disk.id, &[("readAheadKiB", "1024")])
+                .await
+                .unwrap();
+            disk.stage().await.unwrap();
+            disk.publish().await.unwrap();
+            assert_eq!(
+                tuning_at(&disk.target),
+                (1024, true),
+                "{name}: applied at re-attach"
+            );
+            modify(&client, &disk.id, &[("directIO", "false")])
+                .await
+                .unwrap();
+            assert_eq!(tuning_at(&disk.target), (1024, false));
+            disk.tear_down().await;
+        }
+
+        // CreateVolume with a mutable parameter the driver does not accept.
+        let err = client
+            .controller()
+            .create_volume(CreateVolumeRequest {
+                name: "pvc-bad-vac".into(),
+                capacity_range: Some(CapacityRange::at_least(MIB)),
+                volume_capabilities: vec![block_cap()],
+                mutable_parameters: mutable(&[("XXX_FakeKey", "XXX_FakeValue")]),
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument);
+        assert!(err.message().contains("XXX_FakeKey"), "{}", err.message());
+        assert_eq!(
+            images(&driver.statedir),
+            Vec::<PathBuf>::new(),
+            "nothing created"
+        );
+        assert_clean(&dir, &driver.statedir);
+    });
+}
+
+/// Lines in a file (0 when absent).
+fn lines(path: &Path) -> usize {
+    std::fs::read_to_string(path)
+        .map(|t| t.lines().count())
+        .unwrap_or(0)
+}
+
+/// Restores a snapshot into a new disk, mounts it and counts the lines of
+/// `log` there, then removes the disk.
+async fn lines_in_snapshot(client: &CsiClient, driver: &Driver, snap: &Snapshot) -> usize {
+    let req = CreateVolumeRequest {
+        name: format!("restore-{}", snap.snapshot_id),
+        capacity_range: Some(CapacityRange::at_least(snap.size_bytes)),
+        volume_capabilities: vec![mount_cap("ext4")],
+        volume_content_source: Some(VolumeContentSource {
+            r#type: Some(volume_content_source::Type::Snapshot(
+                volume_content_source::SnapshotSource {
+                    snapshot_id: snap.snapshot_id.clone(),
+                },
+            )),
+        }),
+        ..Default::default()
+    };
+    let restored = Disk::create_from(client, driver, req).await;
+    restored
+        .stage()
+        .await
+        .expect("the copy mounts: a clean filesystem");
+    restored.publish().await.unwrap();
+    let n = lines(&restored.target.join("log"));
+    restored.tear_down().await;
+    n
+}
+
+async fn group_snapshot(
+    client: &CsiClient,
+    name: &str,
+    ids: &[&str],
+) -> Result<VolumeGroupSnapshot, tonic::Status> {
+    let req = CreateVolumeGroupSnapshotRequest {
+        name: name.into(),
+        source_volume_ids: ids.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    };
+    let resp = client
+        .group_controller()
+        .create_volume_group_snapshot(req)
+        .await?;
+    Ok(resp.into_inner().group_snapshot.expect("group snapshot"))
+}
+
+async fn delete_group(client: &CsiClient, group: VolumeGroupSnapshot) {
+    let req = DeleteVolumeGroupSnapshotRequest {
+        group_snapshot_id: group.group_snapshot_id,
+        snapshot_ids: group.snapshots.into_iter().map(|s| s.snapshot_id).collect(),
+        ..Default::default()
+    };
+    client
+        .group_controller()
+        .delete_volume_group_snapshot(req)
+        .await
+        .expect("DeleteVolumeGroupSnapshot");
+}
+
+#[test]
+fn group_snapshots_freeze_the_members_and_cut_them_at_one_point_in_time() {
+    require_root!("group_snapshots_freeze_the_members_and_cut_them_at_one_point_in_time");
+    if !have_program("group_snapshots_freeze_the_members...", "mkfs.ext4") {
+        return;
+    }
+    run_isolated_in_tempdir("loop-block-group", |dir| async move {
+        let driver = Driver::start("loop-block", &dir.join("state"), &[]);
+        let client = driver.client().await;
+        let mut disks = Vec::new();
+        for name in ["pvc-a", "pvc-b"] {
+            let disk = Disk::create(&client, &driver, name, mount_cap("ext4"), 128 * MIB).await;
+            disk.stage().await.unwrap();
+            disk.publish().await.unwrap();
+            disks.push(disk);
+        }
+        // A pod appends i to A's log, then i to B's, never syncing: in any
+        // point-in-time copy of both, B <= A <= B + 1, and the copies only
+        // see the lines if the freeze flushed them through the loop devices.
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        // Bounded, so the 128 MiB filesystems never fill up.
+        let writer = spawn_ordered_writer(
+            disks[0].target.join("log"),
+            disks[1].target.join("log"),
+            stop.clone(),
+            4_000_000,
+        );
+        while lines(&disks[1].target.join("log")) < 1000 {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        let ids = [disks[0].id.as_str(), disks[1].id.as_str()];
+        for round in 0..3 {
+            let group = group_snapshot(&client, &format!("group-{round}"), &ids)
+                .await
+                .unwrap_or_else(|e| panic!("{e}\n{}", tail(&driver.log_text())));
+            assert_eq!(group.snapshots.len(), 2);
+            let mut counts = HashMap::new();
+            for snap in &group.snapshots {
+                assert_eq!(snap.group_snapshot_id, group.group_snapshot_id);
+                let n = lines_in_snapshot(&client, &driver, snap).await;
+                counts.insert(snap.source_volume_id.clone(), n);
+            }
+            assert_one_point_in_time(round, counts[ids[0]], counts[ids[1]], 1000);
+            // A member is deleted with its group only.
+            let err = client
+                .controller()
+                .delete_snapshot(DeleteSnapshotRequest {
+                    snapshot_id: group.snapshots[0].snapshot_id.clone(),
+                    ..Default::default()
+                })
+                .await
+                .unwrap_err();
+            assert_eq!(err.code(), Code::InvalidArgument);
+            delete_group(&client, group).await;
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let written = writer.join().unwrap();
+        assert!(
+            written >= 1000,
+            "the writer never blocked for good ({written})"
+        );
+
+        // A raw block member in use cannot be frozen: refused, nothing cut,
+        // and the other member is not left frozen.
+        let raw = Disk::create(&client, &driver, "pvc-raw", block_cap(), 16 * MIB).await;
+        raw.stage().await.unwrap();
+        raw.publish().await.unwrap();
+        let snapshots_before = images(&driver.statedir).len();
+        let err = group_snapshot(&client, "group-raw", &[ids[0], &raw.id])
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::FailedPrecondition);
+        assert!(err.message().contains(&raw.id), "{}", err.message());
+        assert_eq!(
+            images(&driver.statedir).len(),
+            snapshots_before,
+            "nothing cut"
+        );
+        std::fs::write(disks[0].target.join("after"), b"not frozen").unwrap();
+        // Detached, it has no writer and can be cut with the others.
+        raw.unpublish().await;
+        raw.unstage().await;
+        let group = group_snapshot(&client, "group-raw", &[ids[0], &raw.id])
+            .await
+            .unwrap();
+        delete_group(&client, group).await;
+        raw.tear_down_detached().await;
+        for disk in &disks {
+            disk.tear_down().await;
+        }
+        assert_clean(&dir, &driver.statedir);
+    });
+}
+
+/// Thaws a filesystem frozen with `fsfreeze` when dropped, so a failing
+/// test does not leave it frozen.
+struct Unfreeze(PathBuf);
+
+impl Drop for Unfreeze {
+    fn drop(&mut self) {
+        let _ = csi_kit::mount::freeze::thaw(&self.0);
+    }
+}
+
+#[test]
+fn a_filesystem_left_frozen_by_a_crash_is_thawed_at_start() {
+    require_root!("a_filesystem_left_frozen_by_a_crash_is_thawed_at_start");
+    if !have_program("a_filesystem_left_frozen_by_a_crash...", "fsfreeze") {
+        return;
+    }
+    run_isolated_in_tempdir("loop-block-thaw", |dir| async move {
+        let mut driver = Driver::start("loop-block", &dir.join("state"), &[]);
+        let client = driver.client().await;
+        let disk = Disk::create(&client, &driver, "pvc-frozen", mount_cap("ext4"), 32 * MIB).await;
+        disk.stage().await.unwrap();
+        disk.publish().await.unwrap();
+        // The driver dies in the middle of a group snapshot: frozen, and
+        // the freezing process gone.
+        let status = std::process::Command::new("fsfreeze")
+            .arg("--freeze")
+            .arg(&disk.staging)
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let _guard = Unfreeze(disk.staging.clone());
+        driver.kill();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let file = disk.target.join("written-by-a-pod");
+        std::thread::spawn(move || {
+            std::fs::write(&file, b"data").unwrap();
+            std::fs::File::open(&file).unwrap().sync_all().unwrap();
+            let _ = tx.send(());
+        });
+        let wait = std::time::Duration::from_millis(300);
+        assert!(rx.recv_timeout(wait).is_err(), "the pod's write waits");
+
+        driver.restart();
+        let client = driver.client().await;
+        rx.recv_timeout(std::time::Duration::from_secs(30))
+            .expect("the restarted driver thawed the filesystem");
+        assert!(
+            driver
+                .log_text()
+                .contains("thawed a filesystem left frozen")
+        );
+        Disk { client, ..disk }.tear_down().await;
+        assert_clean(&dir, &driver.statedir);
     });
 }

@@ -10,9 +10,12 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use csi_proto::v1::{
-    ControllerUnpublishVolumeRequest, NodePublishVolumeRequest, ValidateVolumeCapabilitiesRequest,
-    ValidateVolumeCapabilitiesResponse, VolumeCapability, VolumeContentSource, VolumeUsage,
-    validate_volume_capabilities_response, volume_content_source, volume_usage,
+    ControllerUnpublishVolumeRequest, CreateVolumeGroupSnapshotRequest,
+    DeleteVolumeGroupSnapshotRequest, GetVolumeGroupSnapshotRequest,
+    GetVolumeGroupSnapshotResponse, NodePublishVolumeRequest, Snapshot,
+    ValidateVolumeCapabilitiesRequest, ValidateVolumeCapabilitiesResponse, VolumeCapability,
+    VolumeContentSource, VolumeGroupSnapshot, VolumeUsage, validate_volume_capabilities_response,
+    volume_content_source, volume_usage,
 };
 use csi_server::helpers::paging::{Page, paginate};
 use csi_server::helpers::publish::{Publication, PublishArgs};
@@ -478,6 +481,145 @@ pub fn free_space(dir: &Path) -> i64 {
     nix::sys::statvfs::statvfs(dir)
         .map(|s| s.blocks_available() as i64 * s.fragment_size() as i64)
         .unwrap_or(0)
+}
+
+/// A group snapshot: member snapshots cut at one point in time.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct GroupSnapshotRecord {
+    pub id: String,
+    pub name: String,
+    pub source_volume_ids: Vec<String>,
+    pub snapshot_ids: Vec<String>,
+    pub parameters: BTreeMap<String, String>,
+    pub created_unix_nanos: i128,
+}
+
+impl GroupSnapshotRecord {
+    /// The wire form, with the members' messages.
+    pub fn message(&self, snapshots: Vec<Snapshot>) -> VolumeGroupSnapshot {
+        VolumeGroupSnapshot {
+            group_snapshot_id: self.id.clone(),
+            snapshots,
+            creation_time: Some(timestamp(self.created_unix_nanos)),
+            ready_to_use: true,
+        }
+    }
+
+    /// A repeated CreateVolumeGroupSnapshot under this group's name must
+    /// name the same volumes (in any order) and parameters.
+    pub fn check_repeat(&self, req: &CreateVolumeGroupSnapshotRequest) -> CsiResult<()> {
+        let mut ours = self.source_volume_ids.clone();
+        let mut theirs = req.source_volume_ids.clone();
+        ours.sort();
+        theirs.sort();
+        if ours != theirs || self.parameters != sorted(&req.parameters) {
+            return Err(CsiError::AlreadyExists(format!(
+                "group snapshot {:?} exists with other source volumes or parameters",
+                req.name
+            )));
+        }
+        Ok(())
+    }
+
+    /// `snapshot_ids` sent by the CO must be exactly the members (in any
+    /// order); none sent is not a mismatch (proto3 cannot tell empty from absent).
+    pub fn check_members(&self, ids: &[String]) -> CsiResult<()> {
+        let mut given = ids.to_vec();
+        let mut ours = self.snapshot_ids.clone();
+        given.sort();
+        ours.sort();
+        if !ids.is_empty() && given != ours {
+            return Err(CsiError::invalid(
+                "snapshot_ids",
+                format!("not the members of group snapshot {}", self.id),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A group and its members' messages, from a driver's records.
+pub fn group_with_members<S>(
+    groups: &BTreeMap<String, GroupSnapshotRecord>,
+    snapshots: &BTreeMap<String, S>,
+    id: &str,
+    message: impl Fn(&S) -> Snapshot,
+) -> Option<(GroupSnapshotRecord, Vec<Snapshot>)> {
+    let g = groups.get(id)?.clone();
+    let members = g
+        .snapshot_ids
+        .iter()
+        .filter_map(|sid| snapshots.get(sid))
+        .map(message)
+        .collect();
+    Some((g, members))
+}
+
+/// GetVolumeGroupSnapshot from `lookup` (see [`group_with_members`]): an
+/// id this driver could not have made, or does not know, is NOT_FOUND.
+pub fn get_group_snapshot(
+    req: &GetVolumeGroupSnapshotRequest,
+    lookup: impl FnOnce(&str) -> Option<(GroupSnapshotRecord, Vec<Snapshot>)>,
+) -> CsiResult<GetVolumeGroupSnapshotResponse> {
+    let id = &req.group_snapshot_id;
+    let (g, members) = IdKind::GroupSnapshot
+        .is_valid(id)
+        .then(|| lookup(id))
+        .flatten()
+        .ok_or_else(|| CsiError::NotFound(format!("group snapshot {id:?} does not exist")))?;
+    g.check_members(&req.snapshot_ids)?;
+    Ok(GetVolumeGroupSnapshotResponse {
+        group_snapshot: Some(g.message(members)),
+    })
+}
+
+/// DeleteVolumeGroupSnapshot's change to the records: the group and its
+/// members go (returned, so their data can be removed after the save); an
+/// unknown group is nothing to do.
+pub fn remove_group<S>(
+    groups: &mut BTreeMap<String, GroupSnapshotRecord>,
+    snapshots: &mut BTreeMap<String, S>,
+    req: &DeleteVolumeGroupSnapshotRequest,
+) -> CsiResult<Vec<S>> {
+    let Some(g) = groups.get(&req.group_snapshot_id) else {
+        return Ok(Vec::new());
+    };
+    g.check_members(&req.snapshot_ids)?;
+    let members = g
+        .snapshot_ids
+        .iter()
+        .filter_map(|id| snapshots.remove(id))
+        .collect();
+    groups.remove(&req.group_snapshot_id);
+    Ok(members)
+}
+
+/// Whether the block device `device` is present at `path`: `path` (after
+/// symlinks) is a block device node with the same device number, as the
+/// kubelet's per-pod `volumeDevices` path of a raw block volume is. A
+/// character device with the same numbers, or anything else, is not.
+pub fn device_present_at(path: &Path, device: &Path) -> bool {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let (Ok(at), Ok(dev)) = (fs::metadata(path), fs::metadata(device)) else {
+        return false;
+    };
+    at.file_type().is_block_device() && dev.file_type().is_block_device() && at.rdev() == dev.rdev()
+}
+
+/// ControllerPublish's attach limit: a volume new to a node that already
+/// has `limit` attached is RESOURCE_EXHAUSTED (0 = no limit).
+pub fn check_attach_limit(
+    node: &str,
+    attached_here: usize,
+    new_here: bool,
+    limit: i64,
+) -> CsiResult<()> {
+    if new_here && limit > 0 && attached_here as i64 >= limit {
+        return Err(CsiError::ResourceExhausted(format!(
+            "node {node} has reached its limit of {limit} attached volumes"
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

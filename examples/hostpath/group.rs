@@ -14,48 +14,15 @@ use csi_server::{CallContext, CsiError, CsiResult, GroupController};
 use csi_kit::mount::freeze::FrozenFilesystem;
 
 use crate::backend::Backend;
+use crate::common::{get_group_snapshot, group_with_members, remove_group};
 use crate::driver::{HostPath, blocking};
 use crate::store::{GroupSnapshotRecord, IdKind, SnapshotRecord};
-
-fn group_message(g: &GroupSnapshotRecord, snapshots: Vec<Snapshot>) -> VolumeGroupSnapshot {
-    VolumeGroupSnapshot {
-        group_snapshot_id: g.id.clone(),
-        snapshots,
-        creation_time: Some(prost_types::Timestamp {
-            seconds: (g.created_unix_nanos / 1_000_000_000) as i64,
-            nanos: (g.created_unix_nanos % 1_000_000_000) as i32,
-        }),
-        ready_to_use: true,
-    }
-}
 
 impl HostPath {
     fn group_with_members(&self, id: &str) -> Option<(GroupSnapshotRecord, Vec<Snapshot>)> {
         self.store.read(|s| {
-            let g = s.group_snapshots.get(id)?.clone();
-            let snaps = g
-                .snapshot_ids
-                .iter()
-                .filter_map(|sid| s.snapshots.get(sid))
-                .map(Self::snapshot_message)
-                .collect();
-            Some((g, snaps))
+            group_with_members(&s.group_snapshots, &s.snapshots, id, Self::snapshot_message)
         })
-    }
-
-    /// The spec asks the CO to send the member ids; a mismatch is INVALID_ARGUMENT.
-    fn check_members(g: &GroupSnapshotRecord, ids: &[String]) -> CsiResult<()> {
-        let mut given = ids.to_vec();
-        let mut ours = g.snapshot_ids.clone();
-        given.sort();
-        ours.sort();
-        if !ids.is_empty() && given != ours {
-            return Err(CsiError::invalid(
-                "snapshot_ids",
-                format!("do not match the members of group snapshot {}", g.id),
-            ));
-        }
-        Ok(())
     }
 }
 
@@ -98,21 +65,12 @@ impl GroupController for HostPath {
                 .find(|g| g.name == req.name)
                 .cloned()
         }) {
-            let mut a = existing.source_volume_ids.clone();
-            let mut b = req.source_volume_ids.clone();
-            a.sort();
-            b.sort();
-            if a != b || existing.parameters != params {
-                return Err(CsiError::AlreadyExists(format!(
-                    "group snapshot {:?} exists with other sources or parameters",
-                    req.name
-                )));
-            }
+            existing.check_repeat(&req)?;
             let (g, snaps) = self
                 .group_with_members(&existing.id)
                 .expect("group just read");
             return Ok(CreateVolumeGroupSnapshotResponse {
-                group_snapshot: Some(group_message(&g, snaps)),
+                group_snapshot: Some(g.message(snaps)),
             });
         }
         let mut volumes = Vec::new();
@@ -148,7 +106,7 @@ impl GroupController for HostPath {
         })?;
         let snaps = cut.iter().map(Self::snapshot_message).collect();
         Ok(CreateVolumeGroupSnapshotResponse {
-            group_snapshot: Some(group_message(&record, snaps)),
+            group_snapshot: Some(record.message(snaps)),
         })
     }
 
@@ -160,17 +118,9 @@ impl GroupController for HostPath {
         if !IdKind::GroupSnapshot.is_valid(&req.group_snapshot_id) {
             return Ok(DeleteVolumeGroupSnapshotResponse {});
         }
-        let removed = self.store.update(|s| {
-            let Some(g) = s.group_snapshots.get(&req.group_snapshot_id).cloned() else {
-                return Ok(Vec::new());
-            };
-            Self::check_members(&g, &req.snapshot_ids)?;
-            s.group_snapshots.remove(&g.id);
-            Ok(g.snapshot_ids
-                .iter()
-                .filter_map(|id| s.snapshots.remove(id))
-                .collect::<Vec<_>>())
-        })?;
+        let removed = self
+            .store
+            .update(|s| remove_group(&mut s.group_snapshots, &mut s.snapshots, &req))?;
         for snap in removed {
             self.backend.delete_snapshot(&snap.id, snap.access)?;
         }
@@ -182,19 +132,6 @@ impl GroupController for HostPath {
         _ctx: &CallContext,
         req: GetVolumeGroupSnapshotRequest,
     ) -> CsiResult<GetVolumeGroupSnapshotResponse> {
-        let (g, snaps) = IdKind::GroupSnapshot
-            .is_valid(&req.group_snapshot_id)
-            .then(|| self.group_with_members(&req.group_snapshot_id))
-            .flatten()
-            .ok_or_else(|| {
-                CsiError::NotFound(format!(
-                    "group snapshot {:?} does not exist",
-                    req.group_snapshot_id
-                ))
-            })?;
-        Self::check_members(&g, &req.snapshot_ids)?;
-        Ok(GetVolumeGroupSnapshotResponse {
-            group_snapshot: Some(group_message(&g, snaps)),
-        })
+        get_group_snapshot(&req, |id| self.group_with_members(id))
     }
 }

@@ -20,7 +20,7 @@ use csi_server::{CallContext, CsiError, CsiResult, Node};
 use mount_utils::{LoopDevice, LoopOptions, MountError};
 use prost::Message;
 
-use crate::common::{bind_publish, detach_loop, fs_usage, publications};
+use crate::common::{bind_publish, detach_loop, device_present_at, fs_usage, publications};
 use crate::config::TOPOLOGY_KEY;
 use crate::driver::{HostPath, blocking};
 use crate::store::{Access, IdKind, PublishedRecord, StagedRecord, VolumeRecord};
@@ -339,23 +339,39 @@ impl Node for HostPath {
     ) -> CsiResult<NodeGetVolumeStatsResponse> {
         let volume = self.known_volume(&req.volume_id)?;
         let path = PathBuf::from(&req.volume_path);
-        let ours = self.store.read(|s| {
-            s.published
+        let (listed, device) = self.store.read(|s| {
+            let staged = s.staged.get(&volume.id);
+            let listed = s
+                .published
                 .get(&path)
                 .is_some_and(|p| p.volume_id == volume.id)
-                || s.staged
-                    .get(&volume.id)
-                    .is_some_and(|st| st.staging_path == path)
+                || staged.is_some_and(|st| st.staging_path == path);
+            (listed, staged.and_then(|st| st.loop_device.clone()))
         });
-        if !ours {
-            return Err(CsiError::NotFound(format!(
-                "volume {} is not published or staged at {}",
-                volume.id,
-                path.display()
-            )));
-        }
+        let not_found = CsiError::NotFound(format!(
+            "volume {} is not published or staged at {}",
+            volume.id,
+            path.display()
+        ));
         let this = self.clone();
-        blocking(move || this.volume_stats(&volume, &path)).await
+        blocking(move || {
+            if listed {
+                return this.volume_stats(&volume, &path);
+            }
+            // A block volume is also wherever its device node is: the
+            // kubelet asks at the pod's volumeDevices path, not the target.
+            match device {
+                Some(dev) if device_present_at(&path, &dev) => Ok(NodeGetVolumeStatsResponse {
+                    usage: this.block_usage(&volume),
+                    volume_condition: Some(VolumeCondition {
+                        abnormal: false,
+                        message: format!("the volume's device {} is present", dev.display()),
+                    }),
+                }),
+                _ => Err(not_found),
+            }
+        })
+        .await
     }
 
     async fn node_expand_volume(
@@ -408,6 +424,22 @@ impl Node for HostPath {
 }
 
 impl HostPath {
+    /// A block volume's size (used and available are not known below a
+    /// filesystem, and the spec lets them be omitted).
+    fn block_usage(&self, volume: &VolumeRecord) -> Vec<VolumeUsage> {
+        let size = self
+            .backend
+            .volume_path(&volume.id, Access::Block)
+            .metadata()
+            .map(|m| m.len() as i64)
+            .unwrap_or(0);
+        vec![VolumeUsage {
+            total: size,
+            unit: volume_usage::Unit::Bytes as i32,
+            ..Default::default()
+        }]
+    }
+
     fn volume_stats(
         &self,
         volume: &VolumeRecord,
@@ -437,18 +469,8 @@ impl HostPath {
             },
         };
         if volume.access == Access::Block || !meta.is_dir() {
-            let size = self
-                .backend
-                .volume_path(&volume.id, Access::Block)
-                .metadata()
-                .map(|m| m.len() as i64)
-                .unwrap_or(0);
             return Ok(NodeGetVolumeStatsResponse {
-                usage: vec![VolumeUsage {
-                    total: size,
-                    unit: volume_usage::Unit::Bytes as i32,
-                    ..Default::default()
-                }],
+                usage: self.block_usage(volume),
                 volume_condition: Some(condition),
             });
         }

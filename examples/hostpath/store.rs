@@ -54,15 +54,7 @@ pub struct SnapshotRecord {
 }
 
 /// A group snapshot: several snapshots cut together.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct GroupSnapshotRecord {
-    pub id: String,
-    pub name: String,
-    pub source_volume_ids: Vec<String>,
-    pub snapshot_ids: Vec<String>,
-    pub parameters: BTreeMap<String, String>,
-    pub created_unix_nanos: i128,
-}
+pub use crate::common::GroupSnapshotRecord;
 
 /// A volume staged on this node.
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -7,9 +7,19 @@ use clap::Parser;
 
 use crate::common::parse_size;
 
+const AFTER_HELP: &str = "\
+Mutable parameters (VolumeAttributesClass / ControllerModifyVolume):
+  readAheadKiB=0..65536   read-ahead of the disk's loop device
+  directIO=true|false     the loop device bypasses the host's page cache
+Applied when the node attaches the disk, and at once to a disk attached here.
+
+Group snapshots freeze the members' filesystems while they are copied; a
+member attached as a raw block device cannot be frozen and is refused
+(FAILED_PRECONDITION).";
+
 /// A block-storage CSI driver whose disks are sparse files attached as loop devices.
 #[derive(Debug, Clone, Parser)]
-#[command(name = "loop-block", version, about)]
+#[command(name = "loop-block", version, about, after_help = AFTER_HELP)]
 pub struct Config {
     /// Where to listen (default: unix://<statedir>/csi.sock).
     #[arg(long, env = "CSI_ENDPOINT")]
@@ -26,6 +36,11 @@ pub struct Config {
     /// Largest volume the driver creates, in bytes or with a suffix (1Ti, 500Gi).
     #[arg(long, value_parser = parse_size, default_value = "1Ti")]
     pub max_volume_size: i64,
+    /// Most volumes attached to this node at once: reported by NodeGetInfo
+    /// (max_volumes_per_node) and enforced by ControllerPublishVolume
+    /// (RESOURCE_EXHAUSTED). 0 = no limit (the CO decides).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(i64).range(0..))]
+    pub attach_limit: i64,
     /// Log filter (tracing's EnvFilter syntax; RUST_LOG wins when set).
     #[arg(long, default_value = "info")]
     pub log: String,

@@ -12,6 +12,7 @@ use crate::backend::Backend;
 use crate::common::{IdKind, bind_publish, internal};
 use crate::config::Config;
 use crate::store::{StagedRecord, Store, VolumeRecord};
+use crate::tuning::Tuning;
 
 /// The loop-block driver: cheap to clone (everything shared is behind `Arc`).
 #[derive(Clone)]
@@ -23,6 +24,13 @@ pub struct LoopBlock {
     pub mounter: Arc<dyn Mounter>,
     pub formatter: SafeFormatAndMount,
     pub resizer: ResizeFs,
+    /// Whether the backing files' filesystem takes O_DIRECT (the
+    /// `directIO` mutable parameter needs it).
+    pub direct_io_supported: bool,
+    /// Held shared by NodeStage/NodeUnstage and exclusively while a group
+    /// snapshot is cut or a modification is applied, so neither sees a disk
+    /// half attached.
+    pub attachments: Arc<tokio::sync::RwLock<()>>,
 }
 
 impl LoopBlock {
@@ -32,7 +40,10 @@ impl LoopBlock {
             .map_err(|e| format!("preparing {}: {e}", config.statedir.display()))?;
         let store = Store::open(&config.statedir).map_err(|e| e.to_string())?;
         let exec: Arc<dyn Exec> = Arc::new(SystemExec::new());
+        let direct_io_supported = crate::tuning::direct_io_supported(&backend.volumes_dir());
         Ok(Self {
+            direct_io_supported,
+            attachments: Arc::new(tokio::sync::RwLock::new(())),
             node_id: config.node_id(),
             config: Arc::new(config),
             store: Arc::new(store),
@@ -57,15 +68,21 @@ impl LoopBlock {
     }
 
     /// The loop device of `image`: the one already attached (a retry after a
-    /// crash, or a restart) or a new one. With a filesystem on top autoclear
-    /// is safe (the mount holds the device); a raw block device is only
-    /// bind-mounted, which does not hold it, so it is attached without
-    /// autoclear and detached by NodeUnstage.
-    pub fn attach(&self, image: &Path, autoclear: bool) -> CsiResult<(LoopDevice, bool)> {
+    /// crash, or a restart) or a new one, with the disk's `tuning` applied.
+    /// With a filesystem on top autoclear is safe (the mount holds the
+    /// device); a raw block device is only bind-mounted, which does not hold
+    /// it, so it is attached without autoclear and detached by NodeUnstage.
+    pub fn attach(
+        &self,
+        image: &Path,
+        autoclear: bool,
+        tuning: Tuning,
+    ) -> CsiResult<(LoopDevice, bool)> {
         let existing = mount_utils::loopdev::find_by_backing_file(image)
             .map_err(|e| CsiError::Internal(format!("looking up loop devices: {e}")))?;
         if let Some(dev) = existing.into_iter().next() {
             let dev = LoopDevice::open(&dev).map_err(|e| internal("opening", &dev, e))?;
+            tuning.apply(dev.path())?;
             return Ok((dev, false));
         }
         let opts = LoopOptions {
@@ -73,7 +90,16 @@ impl LoopBlock {
             ..LoopOptions::default()
         };
         let dev = LoopDevice::attach(image, &opts).map_err(|e| internal("attaching", image, e))?;
+        // On error the new handle drops and detaches the device.
+        tuning.apply(dev.path())?;
         Ok((dev, true))
+    }
+
+    /// The mutable parameters of volume `id` (the defaults if it is gone).
+    pub fn tuning_of(&self, id: &str) -> Tuning {
+        self.store
+            .read(|s| s.volumes.get(id).map(|v| v.tuning))
+            .unwrap_or_default()
     }
 
     /// Mounts the filesystem of a staged volume's device at its staging path.
@@ -107,6 +133,7 @@ impl LoopBlock {
     /// gone. Returns backing files no record owns.
     pub fn reconcile_on_start(&self) -> CsiResult<Vec<PathBuf>> {
         let staged = self.store.read(|s| s.staged.clone());
+        self.thaw_after_crash(&staged);
         for (id, record) in staged {
             let device = self.restore_staged(&id, &record)?;
             if device != record.loop_device {
@@ -129,26 +156,44 @@ impl LoopBlock {
         Ok(self.backend.orphans(|id| known.contains(id)))
     }
 
+    /// A crash during a group snapshot can leave members frozen, and every
+    /// writer in their pods blocked: thaw them before anything else.
+    fn thaw_after_crash(&self, staged: &std::collections::BTreeMap<String, StagedRecord>) {
+        for (id, record) in staged.iter().filter(|(_, r)| r.fs_type.is_some()) {
+            if !self
+                .mounter
+                .is_mount_point(&record.staging_path)
+                .unwrap_or(false)
+            {
+                continue;
+            }
+            match mount_utils::freeze::thaw(&record.staging_path) {
+                Ok(true) => {
+                    tracing::warn!(volume = %id, "thawed a filesystem left frozen by a crash")
+                }
+                Ok(false) => {}
+                Err(e) => tracing::error!(volume = %id, error = %e, "thawing after a crash"),
+            }
+        }
+    }
+
     fn restore_staged(&self, id: &str, record: &StagedRecord) -> CsiResult<PathBuf> {
         let image = self.backend.volume_path(id);
+        let tuning = self.tuning_of(id);
         let Some(fs_type) = &record.fs_type else {
-            return Ok(self.attach(&image, false)?.0.keep());
+            return Ok(self.attach(&image, false, tuning)?.0.keep());
         };
         let mounted = self
             .mounter
             .is_mount_point(&record.staging_path)
             .map_err(|e| internal("inspecting", &record.staging_path, e))?;
         if mounted {
-            let devs = mount_utils::loopdev::find_by_backing_file(&image)
-                .map_err(|e| CsiError::Internal(format!("looking up loop devices: {e}")))?;
-            return Ok(devs
-                .into_iter()
-                .next()
-                .unwrap_or_else(|| record.loop_device.clone()));
+            let (dev, _) = self.attach(&image, true, tuning)?;
+            return Ok(dev.keep());
         }
         std::fs::create_dir_all(&record.staging_path)
             .map_err(|e| internal("creating", &record.staging_path, e))?;
-        let (dev, _) = self.attach(&image, true)?;
+        let (dev, _) = self.attach(&image, true, tuning)?;
         let cap = crate::node::decode_capability(&record.capability)?;
         let flags = crate::node::mount_flags(&cap);
         self.mount_staged(

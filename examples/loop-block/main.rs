@@ -10,6 +10,9 @@
 //! on first use, mounts it at the staging path and bind-mounts it into
 //! targets, or exposes the raw device for block access; NodeExpandVolume
 //! refreshes the loop device's size and grows the filesystem online.
+//! ControllerModifyVolume changes the disk's read-ahead and direct I/O
+//! ([`tuning`]); group snapshots freeze the members' filesystems ([`group`]);
+//! `--attach-limit` caps the disks attached to the node.
 //!
 //! `cargo run --example loop-block` starts it with defaults (endpoint
 //! `unix:///var/lib/csi-loop-block/csi.sock`, state and backing files in
@@ -22,14 +25,17 @@ mod common;
 mod config;
 mod controller;
 mod driver;
+mod group;
 mod node;
 mod store;
+mod tuning;
 
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Parser;
 use csi_kit::proto::v1::controller_service_capability::rpc::Type as Ctrl;
+use csi_kit::proto::v1::group_controller_service_capability::rpc::Type as Group;
 use csi_kit::proto::v1::node_service_capability::rpc::Type as NodeRpc;
 use csi_kit::proto::v1::plugin_capability::service::Type as Service;
 use csi_kit::proto::v1::plugin_capability::volume_expansion::Type as Expansion;
@@ -42,6 +48,7 @@ use driver::LoopBlock;
 fn capabilities() -> Capabilities {
     Capabilities::new()
         .plugin(Service::ControllerService)
+        .plugin(Service::GroupControllerService)
         .volume_expansion(Expansion::Online)
         .controller([
             Ctrl::CreateDeleteVolume,
@@ -57,7 +64,9 @@ fn capabilities() -> Capabilities {
             Ctrl::ListVolumesPublishedNodes,
             Ctrl::GetVolume,
             Ctrl::SingleNodeMultiWriter,
+            Ctrl::ModifyVolume,
         ])
+        .group_controller([Group::CreateDeleteGetVolumeGroupSnapshot])
         .node([
             NodeRpc::StageUnstageVolume,
             NodeRpc::GetVolumeStats,
@@ -94,6 +103,7 @@ async fn run(config: Config) -> Result<(), String> {
         .endpoint(endpoint)
         .identity(driver.clone())
         .controller(driver.clone())
+        .group_controller(driver.clone())
         .node(driver.clone())
         .readiness(readiness.clone())
         .build()
@@ -107,6 +117,23 @@ async fn run(config: Config) -> Result<(), String> {
     println!("  backing dir: {}", driver.backend.volumes_dir().display());
     println!("  state dir: {}", config.statedir.display());
     println!("  node id: {}", driver.node_id);
+    println!(
+        "  attach limit: {}",
+        match config.attach_limit {
+            0 => "none (the CO decides)".to_owned(),
+            n => format!("{n} volumes"),
+        }
+    );
+    println!(
+        "  mutable parameters: {}, {}{}",
+        tuning::READ_AHEAD_KEY,
+        tuning::DIRECT_IO_KEY,
+        if driver.direct_io_supported {
+            ""
+        } else {
+            " (directIO=true refused: the backing files' filesystem has no O_DIRECT)"
+        }
+    );
     // Before serving: a staged volume must have its disk back first.
     let orphans = driver
         .reconcile_on_start()

@@ -17,10 +17,13 @@ use csi_server::{CallContext, CsiError, CsiResult, Node};
 use mount_utils::{DEFAULT_FS_TYPE, FormatError, LoopDevice};
 use prost::Message;
 
-use crate::common::{bind_publish, blocking, detach_loop, fs_usage, internal, publications};
+use crate::common::{
+    bind_publish, blocking, detach_loop, device_present_at, fs_usage, internal, publications,
+};
 use crate::controller::BACKING_FILE_KEY;
 use crate::driver::LoopBlock;
 use crate::store::{Access, PublishedRecord, StagedRecord, VolumeRecord};
+use crate::tuning::Tuning;
 
 /// SafeFormatAndMount's refusals are the caller's problem (the disk holds
 /// something else, or cannot be formatted read-only); the rest is ours.
@@ -101,12 +104,13 @@ impl LoopBlock {
         staging: &Path,
         cap: &VolumeCapability,
         readonly: bool,
+        tuning: Tuning,
     ) -> CsiResult<PathBuf> {
         let Some(mount) = cap.mount_volume() else {
-            return Ok(self.attach(image, false)?.0.keep());
+            return Ok(self.attach(image, false, tuning)?.0.keep());
         };
         std::fs::create_dir_all(staging).map_err(|e| internal("creating", staging, e))?;
-        let (dev, _) = self.attach(image, true)?;
+        let (dev, _) = self.attach(image, true, tuning)?;
         let mounted = self
             .mounter
             .is_mount_point(staging)
@@ -193,6 +197,7 @@ impl Node for LoopBlock {
         _ctx: &CallContext,
         req: NodeStageVolumeRequest,
     ) -> CsiResult<NodeStageVolumeResponse> {
+        let _attaching = self.attachments.read().await;
         let volume = self.known_volume(&req.volume_id)?;
         let cap = req.volume_capability.clone().unwrap_or_default();
         check_access(&volume, &cap)?;
@@ -212,8 +217,9 @@ impl Node for LoopBlock {
         let readonly = cap.access_mode().is_read_only();
         let fs_type = cap.mount_volume().map(|m| fs_type_of(m).to_owned());
         let this = self.clone();
-        let (s, c) = (staging.clone(), cap.clone());
-        let loop_device = blocking(move || this.stage_blocking(&image, &s, &c, readonly)).await?;
+        let (s, c, tuning) = (staging.clone(), cap.clone(), volume.tuning);
+        let loop_device =
+            blocking(move || this.stage_blocking(&image, &s, &c, readonly, tuning)).await?;
         self.store.update(|s| {
             s.staged.insert(
                 volume.id.clone(),
@@ -236,6 +242,7 @@ impl Node for LoopBlock {
         _ctx: &CallContext,
         req: NodeUnstageVolumeRequest,
     ) -> CsiResult<NodeUnstageVolumeResponse> {
+        let _detaching = self.attachments.read().await;
         let staged = self.store.read(|s| s.staged.get(&req.volume_id).cloned());
         if staged.is_none() {
             self.known_volume(&req.volume_id)?;
@@ -347,16 +354,27 @@ impl Node for LoopBlock {
     ) -> CsiResult<NodeGetVolumeStatsResponse> {
         let volume = self.known_volume(&req.volume_id)?;
         let path = PathBuf::from(&req.volume_path);
-        let staged = self.store.read(|s| s.staged.get(&volume.id).cloned());
-        let Some(staged) = staged.filter(|_| self.is_volume_path(&volume.id, &path)) else {
-            return Err(CsiError::NotFound(format!(
-                "volume {} is not published or staged at {}",
-                volume.id,
-                path.display()
-            )));
+        let not_found = CsiError::NotFound(format!(
+            "volume {} is not published or staged at {}",
+            volume.id,
+            path.display()
+        ));
+        let Some(staged) = self.store.read(|s| s.staged.get(&volume.id).cloned()) else {
+            return Err(not_found);
         };
+        let listed = self.is_volume_path(&volume.id, &path);
         let this = self.clone();
-        blocking(move || this.volume_stats(&staged, &path)).await
+        blocking(move || {
+            // A raw block volume is also wherever its device node is: the
+            // kubelet asks at the pod's volumeDevices path, not the target.
+            let device_here =
+                staged.fs_type.is_none() && device_present_at(&path, &staged.loop_device);
+            if !listed && !device_here {
+                return Err(not_found);
+            }
+            this.volume_stats(&staged, &path)
+        })
+        .await
     }
 
     async fn node_expand_volume(
@@ -393,7 +411,7 @@ impl Node for LoopBlock {
     ) -> CsiResult<NodeGetInfoResponse> {
         Ok(NodeGetInfoResponse {
             node_id: self.node_id.clone(),
-            max_volumes_per_node: 0,
+            max_volumes_per_node: self.config.attach_limit,
             accessible_topology: None,
         })
     }

@@ -11,7 +11,8 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-pub use crate::common::{Access, PublishedRecord, Source};
+pub use crate::common::{Access, GroupSnapshotRecord, PublishedRecord, Source};
+use crate::tuning::Tuning;
 
 /// A volume (a disk) the controller created.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -27,6 +28,9 @@ pub struct VolumeRecord {
     pub request: Vec<u8>,
     /// Nodes the disk is attached to (ControllerPublish), with the read-only flag.
     pub attached: BTreeMap<String, bool>,
+    /// Its mutable parameters (CreateVolume, ControllerModifyVolume).
+    #[serde(default)]
+    pub tuning: Tuning,
 }
 
 /// A snapshot: a sparse copy of a disk's backing file.
@@ -40,6 +44,10 @@ pub struct SnapshotRecord {
     pub created_unix_nanos: i128,
     /// The CreateSnapshot parameters, for the idempotency comparison.
     pub parameters: BTreeMap<String, String>,
+    /// The group snapshot it was cut in, if any (then only the group can
+    /// be deleted).
+    #[serde(default)]
+    pub group_snapshot_id: Option<String>,
 }
 
 /// A volume staged on this node.
@@ -61,6 +69,8 @@ pub struct StagedRecord {
 pub struct State {
     pub volumes: BTreeMap<String, VolumeRecord>,
     pub snapshots: BTreeMap<String, SnapshotRecord>,
+    #[serde(default)]
+    pub group_snapshots: BTreeMap<String, GroupSnapshotRecord>,
     /// Node side: volume id → where it is staged.
     pub staged: BTreeMap<String, StagedRecord>,
     /// Node side: target path → what is published there.
@@ -73,9 +83,25 @@ impl State {
         self.volumes.values().find(|v| v.name == name)
     }
 
-    /// The snapshot created under `name`, if any.
+    /// The snapshot created under `name` by CreateSnapshot, if any (group
+    /// members have names of their own).
     pub fn snapshot_by_name(&self, name: &str) -> Option<&SnapshotRecord> {
-        self.snapshots.values().find(|s| s.name == name)
+        self.snapshots
+            .values()
+            .find(|s| s.group_snapshot_id.is_none() && s.name == name)
+    }
+
+    /// The group snapshot created under `name`, if any.
+    pub fn group_by_name(&self, name: &str) -> Option<&GroupSnapshotRecord> {
+        self.group_snapshots.values().find(|g| g.name == name)
+    }
+
+    /// Volumes attached to `node` (ControllerPublish).
+    pub fn attached_to(&self, node: &str) -> usize {
+        self.volumes
+            .values()
+            .filter(|v| v.attached.contains_key(node))
+            .count()
     }
 
     /// Whether `volume_id` is published anywhere on this node.

@@ -154,3 +154,101 @@ pub fn mounts_under(dir: &Path) -> Vec<PathBuf> {
         .filter(|p| p.starts_with(dir))
         .collect()
 }
+
+/// [`run_isolated`] with a fresh temporary directory, removed after the
+/// namespace is gone: even when the body panics with mounts in place, no
+/// mount can keep the directory from being removed.
+pub fn run_isolated_in_tempdir<F, Fut>(name: &str, f: F)
+where
+    F: FnOnce(PathBuf) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()>,
+{
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().to_owned();
+    run_isolated(name, move || f(path));
+    drop(dir);
+}
+
+/// CreateVolume of `req`, then ControllerPublish of its first capability
+/// to the driver's own node: the volume, the node id and the publish
+/// context NodeStage needs.
+pub async fn create_and_attach(
+    client: &CsiClient,
+    req: csi_kit::proto::v1::CreateVolumeRequest,
+) -> (
+    csi_kit::proto::v1::Volume,
+    String,
+    std::collections::HashMap<String, String>,
+) {
+    use csi_kit::proto::v1::{ControllerPublishVolumeRequest, NodeGetInfoRequest};
+    let cap = req.volume_capabilities.first().cloned();
+    let volume = client
+        .controller()
+        .create_volume(req)
+        .await
+        .expect("CreateVolume")
+        .into_inner()
+        .volume
+        .expect("volume");
+    let node = client
+        .node()
+        .node_get_info(NodeGetInfoRequest {})
+        .await
+        .expect("NodeGetInfo")
+        .into_inner()
+        .node_id;
+    let publish_context = client
+        .controller()
+        .controller_publish_volume(ControllerPublishVolumeRequest {
+            volume_id: volume.volume_id.clone(),
+            node_id: node.clone(),
+            volume_capability: cap,
+            ..Default::default()
+        })
+        .await
+        .expect("ControllerPublishVolume")
+        .into_inner()
+        .publish_context;
+    (volume, node, publish_context)
+}
+
+/// A pod's writer for group snapshot tests: appends `i` to file `a`, then
+/// `i` to file `b`, for i = 0, 1, ... until `stop` (or `limit` lines), never
+/// syncing. In any point-in-time copy of both, B <= A <= B + 1. Returns
+/// how many lines it wrote.
+pub fn spawn_ordered_writer(
+    a: PathBuf,
+    b: PathBuf,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    limit: u64,
+) -> std::thread::JoinHandle<u64> {
+    std::thread::spawn(move || {
+        use std::io::Write;
+        let open = |p: &Path| {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(p)
+                .unwrap()
+        };
+        let (mut fa, mut fb) = (open(&a), open(&b));
+        let mut i = 0u64;
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) && i < limit {
+            fa.write_all(format!("{i}\n").as_bytes()).unwrap();
+            fb.write_all(format!("{i}\n").as_bytes()).unwrap();
+            i += 1;
+        }
+        i
+    })
+}
+
+/// The check of a group snapshot of [`spawn_ordered_writer`]'s files: `a`
+/// and `b` lines in the copies of A and B are one point in time, and the
+/// cut saw the writes made before it (at least `min`).
+pub fn assert_one_point_in_time(round: usize, a: usize, b: usize, min: usize) {
+    assert!(
+        b <= a && a <= b + 1,
+        "round {round}: the cut is not write-order consistent: A has {a} lines, B has {b}"
+    );
+    assert!(b >= min, "round {round}: the cut missed the writes ({b})");
+}

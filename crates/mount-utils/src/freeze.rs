@@ -77,6 +77,9 @@ pub fn same_filesystem(a: &Path, b: &Path) -> Result<bool, FreezeError> {
 pub struct FrozenFilesystem {
     file: File,
     path: PathBuf,
+    /// Set by [`FrozenFilesystem::thaw`], so the drop that closes the file
+    /// does not thaw again.
+    thawed: bool,
 }
 
 impl FrozenFilesystem {
@@ -96,19 +99,24 @@ impl FrozenFilesystem {
         Ok(Self {
             file,
             path: path.to_owned(),
+            thawed: false,
         })
     }
 
     /// Thaws now, reporting an error the drop would have to ignore.
-    pub fn thaw(self) -> Result<(), FreezeError> {
-        let result = thaw_file(&self.file, &self.path);
-        std::mem::forget(self);
-        result
+    pub fn thaw(mut self) -> Result<(), FreezeError> {
+        self.thawed = true;
+        // Dropping `self` closes the file: an open fd would keep the
+        // filesystem busy (EBUSY on unmount).
+        thaw_file(&self.file, &self.path)
     }
 }
 
 impl Drop for FrozenFilesystem {
     fn drop(&mut self) {
+        if self.thawed {
+            return;
+        }
         if let Err(e) = thaw_file(&self.file, &self.path) {
             tracing::error!(error = %e, "thawing a frozen filesystem failed");
         }

@@ -41,6 +41,7 @@ fn writes_wait_for_the_thaw() {
             "a write finished on a frozen filesystem"
         );
         frozen.thaw().unwrap();
+        assert_eq!(open_fds_on(fs.path()), 0, "thaw closes its file");
         done_rx
             .recv_timeout(Duration::from_secs(30))
             .expect("the write completes after the thaw");
@@ -50,6 +51,15 @@ fn writes_wait_for_the_thaw() {
         drop(FrozenFilesystem::freeze(fs.path()).unwrap());
         std::fs::write(fs.path().join("after-drop"), b"ok").unwrap();
     });
+}
+
+/// This process's open file descriptors that name `path`.
+fn open_fds_on(path: &Path) -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .flatten()
+        .filter(|e| std::fs::read_link(e.path()).is_ok_and(|l| l == path))
+        .count()
 }
 
 #[test]
