@@ -442,8 +442,14 @@ fn backing_file_of(number: u32) -> Result<Option<PathBuf>, LoopError> {
             }
             Ok(Some(PathBuf::from(OsString::from_vec(bytes))))
         }
-        // The loop/ directory only exists while bound.
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        // The loop/ directory only exists while bound; a device detached
+        // while we read it (by another process) answers ENODEV.
+        Err(e)
+            if e.kind() == std::io::ErrorKind::NotFound
+                || e.raw_os_error() == Some(libc::ENODEV) =>
+        {
+            Ok(None)
+        }
         Err(e) => Err(LoopError::Sysfs {
             path: p,
             errno: crate::error::io_errno(&e),
