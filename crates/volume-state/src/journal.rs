@@ -11,16 +11,17 @@
 //! knows every step still owed.
 //!
 //! Records live behind a [`JournalStore`]: [`MemoryJournalStore`] for tests
-//! and [`FileJournalStore`], one small file per volume replaced atomically
-//! (temp file, fsync, rename, fsync of the directory).
+//! and [`RecordJournalStore`] on a csi-store [`RecordStore`]: with a
+//! [`FileStore`], one small file per volume replaced
+//! atomically (temp file, fsync, rename, fsync of the directory) in a
+//! directory one process owns.
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
-use std::fs;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use csi_store::{FileStore, RecordStore, Table};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
@@ -75,32 +76,13 @@ impl<P> VolumeRecord<P> {
 /// Why the journal could not be read or written.
 #[derive(Debug, thiserror::Error)]
 pub enum JournalError {
-    /// A file operation failed.
-    #[error("journal {path}: {source}")]
-    Io {
-        /// The file or directory.
-        path: PathBuf,
-        /// The cause.
-        source: std::io::Error,
-    },
-    /// A record file does not parse.
-    #[error("journal record {path} is corrupt: {source}")]
-    Corrupt {
-        /// The file.
-        path: PathBuf,
-        /// The cause.
-        source: serde_json::Error,
-    },
-    /// A key could not be encoded.
+    /// The record store failed (I/O, full disk, directory locked by
+    /// another process, ...).
+    #[error("journal: {0}")]
+    Store(#[from] csi_store::StoreError),
+    /// A volume key could not be encoded as a record key.
     #[error("journal key does not encode: {0}")]
     Encode(serde_json::Error),
-    /// Two volume keys map to the same file name (astronomically unlikely;
-    /// refused rather than overwriting another volume's record).
-    #[error("journal record {path} belongs to another volume")]
-    Collision {
-        /// The file.
-        path: PathBuf,
-    },
     /// A write was refused (fault injection in [`MemoryJournalStore`]) or
     /// its task died.
     #[error("journal write failed: {0}")]
@@ -178,14 +160,15 @@ impl<V: Key, P: Key> JournalStore<V, P> for MemoryJournalStore<V, P> {
     }
 }
 
-/// A [`JournalStore`] in a directory: one JSON file per volume, replaced
-/// atomically (write a temp file, fsync it, rename it over the record,
-/// fsync the directory), so a crash leaves the old or the new record.
-/// One process per directory.
+/// A [`JournalStore`] on a csi-store [`RecordStore`]: one record per
+/// volume (JSON) in the table [`RecordJournalStore::TABLE`].
+///
+/// [`open`](Self::open) gives it a [`FileStore`] of
+/// its own; [`with_store`](Self::with_store) shares a driver's store (or a
+/// [`MemStore`](csi_store::MemStore) with injected faults).
 #[derive(Debug)]
-pub struct FileJournalStore<V, P> {
-    dir: PathBuf,
-    _keys: std::marker::PhantomData<fn() -> (V, P)>,
+pub struct RecordJournalStore<V, P> {
+    table: Table<FileRecord<V, P>>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -199,140 +182,66 @@ struct FileRecord<V, P> {
     pods: Vec<(P, PublishRecord)>,
 }
 
-const RECORD_SUFFIX: &str = ".json";
-const TEMP_SUFFIX: &str = ".tmp";
-/// Longest escaped key used as a file name as is; longer ones are hashed.
-const MAX_PLAIN_NAME: usize = 200;
-
-fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> JournalError + '_ {
-    move |source| JournalError::Io {
-        path: path.to_path_buf(),
-        source,
-    }
-}
-
-/// FNV-1a, 64 bits: stable across builds (unlike `DefaultHasher`).
-fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, b| {
-        (hash ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
+/// The record key of a volume: a string key as is, anything else as JSON.
+fn record_key<V: Serialize>(volume: &V) -> Result<String, JournalError> {
+    let json = serde_json::to_value(volume).map_err(JournalError::Encode)?;
+    Ok(match json {
+        serde_json::Value::String(key) => key,
+        other => other.to_string(),
     })
 }
 
-/// A file name for a key: readable for plain ids, always safe.
-fn file_stem<V: Serialize>(volume: &V) -> Result<String, JournalError> {
-    let json = serde_json::to_string(volume).map_err(JournalError::Encode)?;
-    let text = serde_json::from_str::<String>(&json).unwrap_or_else(|_| json.clone());
-    let mut escaped = String::with_capacity(text.len());
-    for b in text.bytes() {
-        if b.is_ascii_alphanumeric() || b == b'-' || b == b'_' {
-            escaped.push(char::from(b));
-        } else {
-            escaped.push_str(&format!("%{b:02x}"));
-        }
-    }
-    if escaped.len() <= MAX_PLAIN_NAME {
-        return Ok(format!("v-{escaped}"));
-    }
-    let mut cut = 100;
-    while !escaped.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    Ok(format!(
-        "h-{:016x}-{}",
-        fnv1a(json.as_bytes()),
-        &escaped[..cut]
-    ))
-}
-
-fn sync_dir(dir: &Path) -> Result<(), JournalError> {
-    fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io_error(dir))
-}
-
-impl<V, P> FileJournalStore<V, P>
+impl<V, P> RecordJournalStore<V, P>
 where
     V: Key + Serialize + DeserializeOwned,
     P: Key + Serialize + DeserializeOwned,
 {
-    /// A store in `dir`, created (mode 0700) if missing. Temp files of
-    /// writes a crash interrupted are removed.
-    pub fn open(dir: impl Into<PathBuf>) -> Result<Self, JournalError> {
-        use std::os::unix::fs::DirBuilderExt;
-        let dir = dir.into();
-        fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&dir)
-            .map_err(io_error(&dir))?;
-        for entry in fs::read_dir(&dir).map_err(io_error(&dir))? {
-            let path = entry.map_err(io_error(&dir))?.path();
-            if path.to_string_lossy().ends_with(TEMP_SUFFIX) {
-                fs::remove_file(&path).map_err(io_error(&path))?;
-            }
-        }
+    /// The table the records live in.
+    pub const TABLE: &'static str = "volume-intents";
+
+    /// A journal in `dir` (created if missing), which this process then
+    /// owns: a second open fails with [`StoreError::Locked`](csi_store::StoreError::Locked).
+    pub fn open(dir: impl AsRef<Path>) -> Result<Self, JournalError> {
+        Self::with_store(Arc::new(FileStore::open(dir)?))
+    }
+
+    /// A journal in `store` (table [`TABLE`](Self::TABLE)).
+    pub fn with_store(store: Arc<dyn RecordStore>) -> Result<Self, JournalError> {
         Ok(Self {
-            dir,
-            _keys: std::marker::PhantomData,
-        })
-    }
-
-    /// The directory.
-    pub fn dir(&self) -> &Path {
-        &self.dir
-    }
-
-    fn record_path(&self, volume: &V) -> Result<PathBuf, JournalError> {
-        Ok(self
-            .dir
-            .join(format!("{}{RECORD_SUFFIX}", file_stem(volume)?)))
-    }
-
-    fn read(path: &Path) -> Result<FileRecord<V, P>, JournalError> {
-        let data = fs::read(path).map_err(io_error(path))?;
-        serde_json::from_slice(&data).map_err(|source| JournalError::Corrupt {
-            path: path.to_path_buf(),
-            source,
+            table: Table::with_shared(store, Self::TABLE)?,
         })
     }
 }
 
-impl<V, P> JournalStore<V, P> for FileJournalStore<V, P>
+impl<V, P> JournalStore<V, P> for RecordJournalStore<V, P>
 where
     V: Key + Serialize + DeserializeOwned,
     P: Key + Serialize + DeserializeOwned,
 {
     fn load(&self) -> Result<BTreeMap<V, VolumeRecord<P>>, JournalError> {
-        let mut out = BTreeMap::new();
-        for entry in fs::read_dir(&self.dir).map_err(io_error(&self.dir))? {
-            let path = entry.map_err(io_error(&self.dir))?.path();
-            if !path.to_string_lossy().ends_with(RECORD_SUFFIX) {
-                continue;
-            }
-            let file = Self::read(&path)?;
-            out.insert(
-                file.volume,
-                VolumeRecord {
+        let scan = self.table.scan()?;
+        for q in &scan.quarantined {
+            // Set aside by the store (kept for an operator); what it owed
+            // is lost to reconstruction, so say so loudly.
+            tracing::error!(key = ?q.key, reason = %q.reason, moved_to = ?q.moved_to, "unreadable journal record set aside");
+        }
+        Ok(scan
+            .records
+            .into_iter()
+            .map(|(_, file)| {
+                let record = VolumeRecord {
                     attached: file.attached,
                     attach_info: file.attach_info,
                     staging_path: file.staging_path,
                     staged: file.staged,
                     pods: file.pods.into_iter().collect(),
-                },
-            );
-        }
-        Ok(out)
+                };
+                (file.volume, record)
+            })
+            .collect())
     }
 
     fn put(&self, volume: &V, record: &VolumeRecord<P>) -> Result<(), JournalError> {
-        let path = self.record_path(volume)?;
-        // Only hashed names can collide; escaped ones are injective.
-        let hashed = path
-            .file_name()
-            .is_some_and(|n| n.to_string_lossy().starts_with("h-"));
-        if hashed && path.exists() && Self::read(&path).is_ok_and(|f| f.volume != *volume) {
-            return Err(JournalError::Collision { path });
-        }
         let file = FileRecord {
             volume: volume.clone(),
             attached: record.attached,
@@ -345,29 +254,12 @@ where
                 .map(|(p, r)| (p.clone(), r.clone()))
                 .collect(),
         };
-        let data = serde_json::to_vec(&file).map_err(JournalError::Encode)?;
-        let temp = path.with_extension(&TEMP_SUFFIX[1..]);
-        let write = || -> std::io::Result<()> {
-            let mut f = fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .open(&temp)?;
-            f.write_all(&data)?;
-            f.sync_all()
-        };
-        write().map_err(io_error(&temp))?;
-        fs::rename(&temp, &path).map_err(io_error(&path))?;
-        sync_dir(&self.dir)
+        Ok(self.table.put(&record_key(volume)?, &file)?)
     }
 
     fn remove(&self, volume: &V) -> Result<(), JournalError> {
-        let path = self.record_path(volume)?;
-        match fs::remove_file(&path) {
-            Ok(()) => sync_dir(&self.dir),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(io_error(&path)(e)),
-        }
+        self.table.delete(&record_key(volume)?)?;
+        Ok(())
     }
 }
 
@@ -473,49 +365,40 @@ mod tests {
     }
 
     #[test]
-    fn file_store_round_trips_and_replaces_records_atomically() {
+    fn file_store_round_trips_any_key_and_owns_its_directory() {
         let dir = tempfile::tempdir().unwrap();
-        let store = FileJournalStore::<String, String>::open(dir.path().join("j")).unwrap();
+        let path = dir.path().join("j");
+        let store = RecordJournalStore::<String, String>::open(&path).unwrap();
         let odd = "pvc/../x y\u{e9}".to_string();
+        let long = "x".repeat(300);
         store.put(&"pvc-1".to_string(), &record("a")).unwrap();
         store.put(&odd, &record("b")).unwrap();
         store.put(&"pvc-1".to_string(), &record("c")).unwrap();
-        let long = "x".repeat(300);
         store.put(&long, &record("d")).unwrap();
-        // A write a crash interrupted leaves a temp file; open removes it.
-        fs::write(store.dir().join("v-pvc-2.tmp"), b"{partial").unwrap();
-        let reopened = FileJournalStore::<String, String>::open(store.dir()).unwrap();
+        let second = RecordJournalStore::<String, String>::open(&path);
+        assert!(
+            matches!(
+                second,
+                Err(JournalError::Store(csi_store::StoreError::Locked { .. }))
+            ),
+            "{second:?}"
+        );
+        drop(store);
+        let reopened = RecordJournalStore::<String, String>::open(&path).unwrap();
         let loaded = reopened.load().unwrap();
         assert_eq!(loaded.len(), 3);
         assert_eq!(loaded["pvc-1"], record("c"));
         assert_eq!(loaded[&odd], record("b"));
         assert_eq!(loaded[&long], record("d"));
-        let mut names: Vec<String> = fs::read_dir(store.dir())
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        names.sort();
-        assert!(names.iter().all(|n| n.ends_with(".json") && n.len() < 255));
-        assert!(names.contains(&"v-pvc-1.json".to_string()), "{names:?}");
         reopened.remove(&"pvc-1".to_string()).unwrap();
         reopened.remove(&"pvc-1".to_string()).unwrap();
         assert_eq!(reopened.load().unwrap().len(), 2);
     }
 
     #[test]
-    fn a_corrupt_record_is_an_error_naming_the_file() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = FileJournalStore::<String, String>::open(dir.path()).unwrap();
-        fs::write(dir.path().join("v-x.json"), b"not json").unwrap();
-        let err = store.load().unwrap_err();
-        assert!(matches!(err, JournalError::Corrupt { .. }));
-        assert!(err.to_string().contains("v-x.json"), "{err}");
-    }
-
-    #[test]
     fn integer_keys_work_in_files() {
         let dir = tempfile::tempdir().unwrap();
-        let store = FileJournalStore::<u32, u64>::open(dir.path()).unwrap();
+        let store = RecordJournalStore::<u32, u64>::open(dir.path()).unwrap();
         let mut r = VolumeRecord::<u64> {
             staging_path: Some("/s".into()),
             ..VolumeRecord::default()
@@ -529,6 +412,20 @@ mod tests {
         );
         store.put(&42, &r).unwrap();
         assert_eq!(store.load().unwrap()[&42], r);
+    }
+
+    #[test]
+    fn an_unreadable_record_is_set_aside_and_the_others_load() {
+        let mem = Arc::new(csi_store::MemStore::new());
+        let store = RecordJournalStore::<String, String>::with_store(mem.clone()).unwrap();
+        store.put(&"good".to_string(), &record("a")).unwrap();
+        mem.insert_unreadable(RecordJournalStore::<String, String>::TABLE, "bad", "torn");
+        let loaded = store.load().unwrap();
+        assert_eq!(loaded.keys().collect::<Vec<_>>(), ["good"]);
+        // A full disk fails the write with the store's error.
+        mem.set_full(true);
+        let err = store.put(&"new".to_string(), &record("b")).unwrap_err();
+        assert!(matches!(err, JournalError::Store(_)), "{err}");
     }
 
     #[tokio::test]

@@ -55,7 +55,7 @@
 //! ```
 //! use std::path::Path;
 //! use std::sync::Arc;
-//! use volume_state::journal::{FileJournalStore, Journal};
+//! use volume_state::journal::{Journal, RecordJournalStore};
 //! use volume_state::mounts::FakeMountTable;
 //! use volume_state::node::{
 //!     ActualStateOfWorld, AttachMode, DesiredStateOfWorld, DiscoveredMount, Reconciler,
@@ -68,7 +68,7 @@
 //! /// One run of the agent, its state rebuilt from a mount scan and the
 //! /// journal the previous run left in `dir`.
 //! fn start(dir: &Path, plugin: Arc<Plugin>) -> (Reconciler<String, String, String>, Arc<Desired>) {
-//!     let store = FileJournalStore::open(dir).unwrap();
+//!     let store = RecordJournalStore::open(dir).unwrap(); // a csi-store FileStore
 //!     let journal = Arc::new(Journal::open(Arc::new(store)).unwrap());
 //!     // On a node: `MounterTable::new()`, and the mounts found under the
 //!     // pod directories. The pod's mount is gone here.
