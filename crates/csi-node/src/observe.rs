@@ -6,7 +6,7 @@
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Component, Path, PathBuf};
 
-use mount_utils::MountInfo;
+use mount_utils::{DeviceNumber, MountInfo, MountSource};
 
 use crate::record::Device;
 
@@ -57,67 +57,40 @@ impl PathKind {
     }
 }
 
-/// Identifies what a mount shows: the filesystem's device number and the
-/// directory of that filesystem at the mount's root. A bind mount has the
-/// identity of what it binds, so "the same volume" is an equality.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct MountId {
-    /// Major number of the filesystem's device.
-    pub major: u32,
-    /// Minor number.
-    pub minor: u32,
-    /// Directory of the filesystem shown at the mount point.
-    pub root: PathBuf,
+/// What a filesystem mounted from `device` shows in mountinfo.
+pub fn filesystem_on(device: &Device) -> MountSource {
+    MountSource::Device(DeviceNumber::new(device.major, device.minor))
 }
 
-impl MountId {
-    /// The identity of a mountinfo entry.
-    pub fn of(entry: &MountInfo) -> MountId {
-        MountId {
-            major: entry.major,
-            minor: entry.minor,
-            root: entry.root.clone(),
-        }
-    }
-
-    /// A filesystem mounted from `device` (its whole root).
-    pub fn filesystem_on(device: &Device) -> MountId {
-        MountId {
-            major: device.major,
-            minor: device.minor,
-            root: PathBuf::from("/"),
-        }
-    }
-
-    /// What a bind mount of `path` shows, given the mount table: the
-    /// topmost deepest mount containing `path`, rooted at `path` within it.
-    pub fn bind_of(table: &[MountInfo], path: &Path) -> Option<MountId> {
-        let path = normalize(path);
-        let (_, base) = table
-            .iter()
-            .enumerate()
-            .filter(|(_, m)| path.starts_with(&m.mount_point))
-            .max_by_key(|(i, m)| (m.mount_point.components().count(), *i))?;
-        let rel = path.strip_prefix(&base.mount_point).ok()?;
-        let root = if rel.as_os_str().is_empty() {
-            base.root.clone()
-        } else {
-            base.root.join(rel)
-        };
-        Some(MountId {
-            major: base.major,
-            minor: base.minor,
-            root,
-        })
-    }
+/// What a bind mount of `path` shows in mountinfo, read from a table
+/// already in hand: the topmost of the deepest mounts containing `path`,
+/// rooted at `path` within it. Unlike `Mounter::bind_source`, a device node
+/// gets this `Bind` form too, which is how binds of it appear in the table.
+pub fn bind_of(table: &[MountInfo], path: &Path) -> Option<MountSource> {
+    let path = normalize(path);
+    let (_, base) = table
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| path.starts_with(&m.mount_point))
+        .max_by_key(|(i, m)| (m.mount_point.components().count(), *i))?;
+    let rel = path.strip_prefix(&base.mount_point).ok()?;
+    let root = if rel.as_os_str().is_empty() {
+        base.root.clone()
+    } else {
+        base.root.join(rel)
+    };
+    Some(MountSource::Bind {
+        device: base.device(),
+        root,
+    })
 }
 
 /// What identifies one volume's mounts, from its record and from the
 /// driver's locator.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Identities {
-    /// Identities of mounts that show this volume.
-    pub ids: Vec<MountId>,
+    /// What mounts that show this volume look like in mountinfo.
+    pub ids: Vec<MountSource>,
     /// Its block devices now attached (found by backing file).
     pub devices: Vec<Device>,
     /// Its source directory: a mount exactly there is the volume's own
@@ -128,7 +101,7 @@ pub struct Identities {
 impl Identities {
     /// Whether the mount `entry` shows this volume.
     pub fn owns(&self, entry: &MountInfo) -> bool {
-        self.ids.contains(&MountId::of(entry))
+        self.ids.iter().any(|s| s.matches(entry, None))
     }
 
     /// Mount points in `table` that show this volume, other than `except`
@@ -279,25 +252,15 @@ mod tests {
             entry(3, (8, 2), "/", "/var/lib", "/dev/sda2"),
             entry(4, (8, 3), "/", "/var/lib", "/dev/sda3"),
         ];
-        let id = MountId::bind_of(&table, Path::new("/var/lib/vols/v1/")).unwrap();
-        assert_eq!(
-            id,
-            MountId {
-                major: 8,
-                minor: 3,
-                root: "/vols/v1".into()
-            }
-        );
-        let node = MountId::bind_of(&table, Path::new("/dev/loop3")).unwrap();
-        assert_eq!(
-            node,
-            MountId {
-                major: 0,
-                minor: 5,
-                root: "/loop3".into()
-            }
-        );
-        assert_eq!(MountId::bind_of(&[], Path::new("/x")), None);
+        let id = bind_of(&table, Path::new("/var/lib/vols/v1/")).unwrap();
+        let bind = |major, minor, root: &str| MountSource::Bind {
+            device: DeviceNumber::new(major, minor),
+            root: root.into(),
+        };
+        assert_eq!(id, bind(8, 3, "/vols/v1"));
+        let node = bind_of(&table, Path::new("/dev/loop3")).unwrap();
+        assert_eq!(node, bind(0, 5, "/loop3"));
+        assert_eq!(bind_of(&[], Path::new("/x")), None);
     }
 
     #[test]
@@ -308,7 +271,7 @@ mod tests {
             minor: 3,
         };
         let volume = Identities {
-            ids: vec![MountId::filesystem_on(&loop3)],
+            ids: vec![filesystem_on(&loop3)],
             devices: vec![loop3],
             directory: None,
         };

@@ -16,7 +16,8 @@ use mount_utils::{LinuxLoopDevices, LoopDevices, LoopOptions, MountInfo, Mounter
 
 use crate::error::NodeError;
 use crate::observe::{
-    Identities, MountId, PathKind, facts, mounts_at, normalize, resolve, shows_device,
+    Identities, PathKind, bind_of, facts, filesystem_on, mounts_at, normalize, resolve,
+    shows_device,
 };
 use crate::record::{
     Capability, Device, PublishRecord, PublishState, Source, StageRecord, StageState, VolumeRecord,
@@ -450,13 +451,13 @@ impl NodeVolumes {
                 Source::Directory(d) => {
                     // mountinfo shows resolved paths.
                     let d = std::fs::canonicalize(&d).unwrap_or_else(|_| normalize(&d));
-                    out.ids.extend(MountId::bind_of(table, &d));
+                    out.ids.extend(bind_of(table, &d));
                     out.directory = Some(d);
                 }
                 Source::Image(image) => {
                     for dev in self.devices_of(&image)? {
-                        out.ids.push(MountId::filesystem_on(&dev));
-                        out.ids.extend(MountId::bind_of(table, &dev.path));
+                        out.ids.push(filesystem_on(&dev));
+                        out.ids.extend(bind_of(table, &dev.path));
                         out.devices.push(dev);
                     }
                 }
