@@ -30,8 +30,9 @@ pub fn is_root() -> bool {
 /// A root-only test is reported as ignored, never as passed, when it cannot
 /// run: mark it `#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]`
 /// (a package's `build.rs` sets `not_root` when it is built without root,
-/// see this crate's) and call this first, for the one case the attribute
-/// cannot see: a test built as root but run without it.
+/// as csi-kit's and csi-store's do; this crate's own root tests use a
+/// libtest-mimic harness instead) and call this first, for the one case the
+/// attribute cannot see: a test built as root but run without it.
 #[macro_export]
 macro_rules! require_root {
     ($name:expr) => {
