@@ -19,6 +19,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures::TryFutureExt;
+use futures::future::{Either, ErrInto};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tower::{Layer, Service};
@@ -208,7 +209,7 @@ where
 {
     type Response = Req::Output;
     type Error = CsiError;
-    type Future = CsiFuture<Req::Output>;
+    type Future = Either<ErrInto<S::Future, CsiError>, CsiFuture<Req::Output>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), CsiError>> {
         self.inner.poll_ready(cx).map_err(Into::into)
@@ -217,14 +218,14 @@ where
     fn call(&mut self, call: CsiCall<Req>) -> Self::Future {
         let keys = call.request.lock_keys();
         if keys.is_empty() {
-            return Box::pin(self.inner.call(call).err_into());
+            return Either::Left(self.inner.call(call).err_into());
         }
         // Take the service that was driven ready; leave a clone in its place.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let map = self.layer.map.clone();
         let wait = self.layer.wait;
-        Box::pin(async move {
+        Either::Right(Box::pin(async move {
             let guard = map.lock(keys, wait).await?;
             // The task owns the guard: dropping this future (the client went
             // away) leaves the work running, and its resources locked, until
@@ -243,7 +244,7 @@ where
                 Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
                 Err(_) => Err(CsiError::Unavailable("the plugin is shutting down".into())),
             }
-        })
+        }))
     }
 }
 

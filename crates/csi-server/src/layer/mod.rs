@@ -51,11 +51,11 @@
 //! ```
 
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use futures::future::BoxFuture;
-use tower::util::BoxCloneService;
+use tower::util::BoxCloneSyncService;
 use tower::{Service, ServiceExt};
 
 use crate::driver::CallContext;
@@ -119,7 +119,7 @@ pub type CsiFuture<T> = BoxFuture<'static, Result<T, CsiError>>;
 
 /// A type-erased service for one request type.
 #[doc(hidden)]
-pub type Slot<Req> = Mutex<BoxCloneService<CsiCall<Req>, <Req as CsiRequest>::Output, CsiError>>;
+pub type Slot<Req> = BoxCloneSyncService<CsiCall<Req>, <Req as CsiRequest>::Output, CsiError>;
 
 macro_rules! erased {
     (() $($svc:ident {
@@ -131,15 +131,15 @@ macro_rules! erased {
         /// layers over the driver is. Implemented by every service that is
         /// a `tower::Service<CsiCall<Req>>` for each request type `Req`
         /// (answering `Req::Output`, failing with an error that converts
-        /// into [`CsiError`]), is `Clone + Send + 'static`, and whose
+        /// into [`CsiError`]), is `Clone + Send + Sync + 'static`, and whose
         /// futures are `Send + 'static`.
-        pub trait CsiService: Clone + Send + 'static
+        pub trait CsiService: Clone + Send + Sync + 'static
             $($( + Service<CsiCall<csi_proto::v1::$req>, Response = <csi_proto::v1::$req as CsiRequest>::Output, Error: Into<CsiError>, Future: Send + 'static> )*
               $( + Service<CsiCall<csi_proto::v1::$sreq>, Response = <csi_proto::v1::$sreq as CsiRequest>::Output, Error: Into<CsiError>, Future: Send + 'static> )*)*
         {
         }
 
-        impl<S> CsiService for S where S: Clone + Send + 'static
+        impl<S> CsiService for S where S: Clone + Send + Sync + 'static
             $($( + Service<CsiCall<csi_proto::v1::$req>, Response = <csi_proto::v1::$req as CsiRequest>::Output, Error: Into<CsiError>, Future: Send + 'static> )*
               $( + Service<CsiCall<csi_proto::v1::$sreq>, Response = <csi_proto::v1::$sreq as CsiRequest>::Output, Error: Into<CsiError>, Future: Send + 'static> )*)*
         {
@@ -156,13 +156,13 @@ macro_rules! erased {
             pub fn new<S: CsiService>(service: S) -> Self {
                 Self(Arc::new(Slots {
                     $($(
-                        $fn: Mutex::new(BoxCloneService::new(
+                        $fn: BoxCloneSyncService::new(
                             <S as ServiceExt<CsiCall<csi_proto::v1::$req>>>::map_err(service.clone(), Into::into),
-                        )),
+                        ),
                     )* $(
-                        $sfn: Mutex::new(BoxCloneService::new(
+                        $sfn: BoxCloneSyncService::new(
                             <S as ServiceExt<CsiCall<csi_proto::v1::$sreq>>>::map_err(service.clone(), Into::into),
-                        )),
+                        ),
                     )*)*
                 }))
             }
@@ -209,19 +209,12 @@ impl fmt::Debug for BoxCsiService {
 impl BoxCsiService {
     /// Sends one call through the stack (readiness included).
     pub fn call_one<Req: ErasedRequest>(&self, call: CsiCall<Req>) -> OneCall<Req> {
-        let service = Req::slot(&self.0)
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        service.oneshot(call)
+        Req::slot(&self.0).clone().oneshot(call)
     }
 }
 
 /// The future of one call through a [`BoxCsiService`].
-pub type OneCall<Req> = tower::util::Oneshot<
-    BoxCloneService<CsiCall<Req>, <Req as CsiRequest>::Output, CsiError>,
-    CsiCall<Req>,
->;
+pub type OneCall<Req> = tower::util::Oneshot<Slot<Req>, CsiCall<Req>>;
 
 impl<Req: ErasedRequest> Service<CsiCall<Req>> for BoxCsiService {
     type Response = Req::Output;
