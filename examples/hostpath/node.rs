@@ -1,40 +1,31 @@
-//! The Node service: staging and publishing with real bind mounts and loop
-//! devices through mount-utils.
+//! The Node service, on csi-node's record of what this node staged and
+//! published: it applies the spec's repeat and ownership rules before any
+//! syscall, saves the intent before mounting, and checks in mountinfo that
+//! what is mounted is this volume (see `csi_node::NodeVolumes`).
 //!
 //! Mount volumes: NodeStage bind-mounts the volume directory at the staging
 //! path; NodePublish bind-mounts the staging path at the target (read-only
-//! and mount flags honoured). Block volumes: NodeStage attaches the image as
+//! wins over any `rw` flag). Block volumes: NodeStage attaches the image as
 //! a loop device; NodePublish bind-mounts the device node on a file at the
-//! target. Every step checks the mount table first, so a retry after a crash
-//! between "mounted" and "recorded" converges instead of mounting twice.
+//! target. This file adds what is the driver's own: which volumes exist,
+//! their access type, and inline ephemeral volumes.
 
-use std::fs;
-use std::io;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use csi_proto::v1::*;
-use csi_server::helpers::publish::{PublishDecision, check_publish};
-use csi_server::helpers::stage::{StageDecision, Staging, check_stage};
 use csi_server::request::EPHEMERAL_CONTEXT_KEY;
 use csi_server::{CallContext, CsiError, CsiResult, Node};
-use mount_utils::{LoopDevice, LoopOptions, MountError};
-use prost::Message;
 
-use crate::common::{bind_publish, detach_loop, device_present_at, fs_usage, publications};
+use crate::common::{blocking, internal, node_stats, on_node};
 use crate::config::TOPOLOGY_KEY;
-use crate::driver::{HostPath, blocking};
-use crate::store::{Access, IdKind, PublishedRecord, StagedRecord, VolumeRecord};
-
-fn mount_err(what: &str, path: &Path, e: MountError) -> CsiError {
-    CsiError::Internal(format!("{what} {}: {e}", path.display()))
-}
-
-fn io_err(what: &str, path: &Path, e: io::Error) -> CsiError {
-    CsiError::Internal(format!("{what} {}: {e}", path.display()))
-}
+use crate::driver::HostPath;
+use crate::store::{Access, IdKind, VolumeRecord};
 
 /// Whether the capability fits a volume of the given access type.
-fn check_access(volume: &VolumeRecord, cap: &VolumeCapability) -> CsiResult<()> {
+fn check_access(volume: &VolumeRecord, cap: Option<&VolumeCapability>) -> CsiResult<()> {
+    let Some(cap) = cap else {
+        return Ok(()); // csi-node names the missing field
+    };
     match (volume.access, cap.is_block()) {
         (Access::Block, true) | (Access::Mount, false) => Ok(()),
         (Access::Block, false) => Err(CsiError::FailedPrecondition(format!(
@@ -59,74 +50,21 @@ impl HostPath {
             .ok_or_else(|| CsiError::NotFound(format!("volume {id} does not exist")))
     }
 
-    fn stage_blocking(
-        &self,
-        volume: &VolumeRecord,
-        staging: &Path,
-        cap: &VolumeCapability,
-    ) -> CsiResult<Option<PathBuf>> {
-        match volume.access {
-            Access::Mount => {
-                fs::create_dir_all(staging).map_err(|e| io_err("creating", staging, e))?;
-                let mounted = self
-                    .mounter
-                    .is_mount_point(staging)
-                    .map_err(|e| mount_err("inspecting", staging, e))?;
-                if !mounted {
-                    let source = self.backend.volume_path(&volume.id, Access::Mount);
-                    self.mounter
-                        .bind_mount(&source, staging, false)
-                        .map_err(|e| mount_err("staging at", staging, e))?;
-                }
-                let _ = cap;
-                Ok(None)
-            }
-            Access::Block => {
-                let image = self.backend.volume_path(&volume.id, Access::Block);
-                let existing = mount_utils::loopdev::find_by_backing_file(&image)
-                    .map_err(|e| CsiError::Internal(format!("looking up loop devices: {e}")))?;
-                if let Some(dev) = existing.into_iter().next() {
-                    return Ok(Some(dev));
-                }
-                // No autoclear: a bind mount of the device node does not hold
-                // the device open, so autoclear would detach it at once.
-                let opts = LoopOptions {
-                    autoclear: false,
-                    ..LoopOptions::default()
-                };
-                let dev = LoopDevice::attach(&image, &opts).map_err(|e| {
-                    CsiError::Internal(format!("attaching {}: {e}", image.display()))
-                })?;
-                Ok(Some(dev.keep()))
-            }
-        }
-    }
-
-    fn publish_blocking(
-        &self,
-        volume: &VolumeRecord,
-        source: &Path,
-        target: &Path,
-        cap: &VolumeCapability,
-        readonly: bool,
-    ) -> CsiResult<()> {
-        let flags: Vec<&str> = cap
-            .mount_volume()
-            .map(|m| m.mount_flags.iter().map(String::as_str).collect())
-            .unwrap_or_default();
-        let device_node = volume.access == Access::Block;
-        bind_publish(&self.mounter, source, target, device_node, readonly, &flags)
-    }
-
-    /// Creates the backing volume of an inline ephemeral volume on first publish.
-    fn ephemeral_volume(&self, name: &str) -> CsiResult<VolumeRecord> {
-        if let Some(v) = self.store.read(|s| {
+    /// The inline ephemeral volume named `name`, if it exists.
+    fn ephemeral_named(&self, name: &str) -> Option<VolumeRecord> {
+        self.store.read(|s| {
             s.volumes
                 .values()
                 .find(|v| v.ephemeral && v.name == name)
                 .cloned()
-        }) {
-            return Ok(v);
+        })
+    }
+
+    /// Creates the backing volume of an inline ephemeral volume on first
+    /// publish; returns it and whether it was created now.
+    fn ephemeral_volume(&self, name: &str) -> CsiResult<(VolumeRecord, bool)> {
+        if let Some(v) = self.ephemeral_named(name) {
+            return Ok((v, false));
         }
         let record = VolumeRecord {
             id: IdKind::Volume.generate(),
@@ -147,7 +85,23 @@ impl HostPath {
             s.volumes.insert(record.id.clone(), record.clone());
             Ok(())
         })?;
-        Ok(record)
+        Ok((record, true))
+    }
+
+    /// Removes an inline ephemeral volume: its record, then its data.
+    fn remove_ephemeral(&self, volume: &VolumeRecord) -> CsiResult<()> {
+        self.store.update(|s| {
+            s.volumes.remove(&volume.id);
+            s.retire_ephemeral(&volume.name);
+            Ok(())
+        })?;
+        self.backend.delete_volume(&volume.id, Access::Mount)
+    }
+
+    /// Whether the node record holds anything of volume `id` (the
+    /// controller refuses to delete it then).
+    pub fn in_use_on_node(&self, id: &str) -> bool {
+        self.node.record(id).is_some()
     }
 }
 
@@ -159,34 +113,8 @@ impl Node for HostPath {
         req: NodeStageVolumeRequest,
     ) -> CsiResult<NodeStageVolumeResponse> {
         let volume = self.known_volume(&req.volume_id)?;
-        let cap = req.volume_capability.clone().unwrap_or_default();
-        check_access(&volume, &cap)?;
-        let staging = PathBuf::from(&req.staging_target_path);
-        let encoded = cap.encode_to_vec();
-        let existing = self
-            .store
-            .read(|s| s.staged.get(&volume.id).cloned())
-            .map(|staged| Staging {
-                staging_target_path: staged.staging_path.to_string_lossy().into_owned(),
-                volume_capability: VolumeCapability::decode(staged.capability.as_slice()).ok(),
-            });
-        if check_stage(existing.as_ref(), &req)? == StageDecision::AlreadyStaged {
-            return Ok(NodeStageVolumeResponse {});
-        }
-        let this = self.clone();
-        let (v, s, c) = (volume.clone(), staging.clone(), cap.clone());
-        let loop_device = blocking(move || this.stage_blocking(&v, &s, &c)).await?;
-        self.store.update(|s| {
-            s.staged.insert(
-                volume.id.clone(),
-                StagedRecord {
-                    staging_path: staging,
-                    capability: encoded,
-                    loop_device,
-                },
-            );
-            Ok(())
-        })?;
+        check_access(&volume, req.volume_capability.as_ref())?;
+        on_node(&self.node, move |node| node.stage(&req)).await?;
         Ok(NodeStageVolumeResponse {})
     }
 
@@ -195,30 +123,7 @@ impl Node for HostPath {
         _ctx: &CallContext,
         req: NodeUnstageVolumeRequest,
     ) -> CsiResult<NodeUnstageVolumeResponse> {
-        let staging = PathBuf::from(&req.staging_target_path);
-        let staged = self.store.read(|s| s.staged.get(&req.volume_id).cloned());
-        if staged.is_none() {
-            self.known_volume(&req.volume_id)?;
-        }
-        let this = self.clone();
-        let record = staged.clone();
-        let path = staging.clone();
-        blocking(move || {
-            this.mounter
-                .unmount(&path, false)
-                .map_err(|e| mount_err("unstaging", &path, e))?;
-            match record.and_then(|r| r.loop_device) {
-                Some(dev) => detach_loop(&dev),
-                None => Ok(()),
-            }
-        })
-        .await?;
-        if staged.is_some() {
-            self.store.update(|s| {
-                s.staged.remove(&req.volume_id);
-                Ok(())
-            })?;
-        }
+        on_node(&self.node, move |node| node.unstage(&req)).await?;
         Ok(NodeUnstageVolumeResponse {})
     }
 
@@ -231,55 +136,19 @@ impl Node for HostPath {
             .volume_context
             .get(EPHEMERAL_CONTEXT_KEY)
             .is_some_and(|v| v == "true");
-        let volume = if ephemeral {
+        let (volume, created) = if ephemeral {
             self.ephemeral_volume(&req.volume_id)?
         } else {
-            self.known_volume(&req.volume_id)?
+            (self.known_volume(&req.volume_id)?, false)
         };
-        let cap = req.volume_capability.clone().unwrap_or_default();
-        check_access(&volume, &cap)?;
-        let target = PathBuf::from(&req.target_path);
-        let existing = self.store.read(|s| publications(&s.published, &volume.id));
-        if check_publish(&existing, &req, self.single_node_multi_writer())?
-            == PublishDecision::AlreadyPublished
-        {
-            return Ok(NodePublishVolumeResponse {});
+        check_access(&volume, req.volume_capability.as_ref())?;
+        let result = on_node(&self.node, move |node| node.publish(&req)).await;
+        if let (Err(e), true) = (&result, created) {
+            // Nothing references a volume created for a publish that failed.
+            tracing::debug!(volume = %volume.id, code = ?e.code(), "removing the ephemeral volume of a failed publish");
+            self.remove_ephemeral(&volume)?;
         }
-        let source = if ephemeral {
-            self.backend.volume_path(&volume.id, Access::Mount)
-        } else {
-            let staged = self
-                .store
-                .read(|s| s.staged.get(&volume.id).cloned())
-                .ok_or_else(|| {
-                    CsiError::FailedPrecondition(format!("volume {} is not staged", volume.id))
-                })?;
-            if staged.staging_path != Path::new(&req.staging_target_path) {
-                return Err(CsiError::FailedPrecondition(format!(
-                    "volume {} is staged at {}, not at {}",
-                    volume.id,
-                    staged.staging_path.display(),
-                    req.staging_target_path
-                )));
-            }
-            match volume.access {
-                Access::Mount => staged.staging_path,
-                Access::Block => staged.loop_device.ok_or_else(|| {
-                    CsiError::Internal(format!("volume {} has no loop device", volume.id))
-                })?,
-            }
-        };
-        let readonly = req.readonly || cap.access_mode().is_read_only();
-        let this = self.clone();
-        let (v, t, c) = (volume.clone(), target.clone(), cap.clone());
-        blocking(move || this.publish_blocking(&v, &source, &t, &c, readonly)).await?;
-        self.store.update(|s| {
-            let mut record = PublishedRecord::of(&req, readonly);
-            // An ephemeral volume's record names the generated id, not the CO's name.
-            record.volume_id = volume.id.clone();
-            s.published.insert(target, record);
-            Ok(())
-        })?;
+        result?;
         Ok(NodePublishVolumeResponse {})
     }
 
@@ -288,46 +157,27 @@ impl Node for HostPath {
         _ctx: &CallContext,
         req: NodeUnpublishVolumeRequest,
     ) -> CsiResult<NodeUnpublishVolumeResponse> {
+        let ephemeral = self.ephemeral_named(&req.volume_id);
+        let retired = ephemeral.is_none()
+            && self
+                .store
+                .read(|s| s.retired_ephemeral.contains(&req.volume_id));
         let target = PathBuf::from(&req.target_path);
-        let record = self.store.read(|s| s.published.get(&target).cloned());
-        let volume = match &record {
-            Some(r) => self.store.read(|s| s.volumes.get(&r.volume_id).cloned()),
-            None => {
-                // Unknown volume ids are NOT_FOUND; a known one is simply not
-                // published here any more (idempotent repeat).
-                let ephemeral = self.store.read(|s| {
-                    s.volumes
-                        .values()
-                        .any(|v| v.ephemeral && v.name == req.volume_id)
-                        || s.retired_ephemeral.contains(&req.volume_id)
-                });
-                if !ephemeral {
-                    self.known_volume(&req.volume_id)?;
-                }
-                None
-            }
-        };
-        let this = self.clone();
-        let t = target.clone();
-        blocking(move || {
-            this.mounter
-                .cleanup_mount_point(&t)
-                .map_err(|e| mount_err("unpublishing", &t, e))
-        })
-        .await?;
-        if record.is_some() {
-            self.store.update(|s| {
-                s.published.remove(&target);
-                Ok(())
-            })?;
+        let id = req.volume_id.clone();
+        let outcome = on_node(&self.node, move |node| node.unpublish(&req)).await;
+        match outcome {
+            // A repeat for an ephemeral volume already removed.
+            Err(CsiError::NotFound(_)) if retired => {}
+            Err(e) => return Err(e),
+            Ok(_) => {}
         }
-        if let Some(v) = volume.filter(|v| v.ephemeral) {
-            self.store.update(|s| {
-                s.volumes.remove(&v.id);
-                s.retire_ephemeral(&v.name);
-                Ok(())
-            })?;
-            self.backend.delete_volume(&v.id, Access::Mount)?;
+        if let Some(v) = ephemeral {
+            let still = self.node.record(&id).is_some();
+            if !still {
+                self.remove_ephemeral(&v)?;
+            } else {
+                tracing::debug!(volume = %v.id, target = %target.display(), "ephemeral volume still published elsewhere");
+            }
         }
         Ok(NodeUnpublishVolumeResponse {})
     }
@@ -338,38 +188,9 @@ impl Node for HostPath {
         req: NodeGetVolumeStatsRequest,
     ) -> CsiResult<NodeGetVolumeStatsResponse> {
         let volume = self.known_volume(&req.volume_id)?;
-        let path = PathBuf::from(&req.volume_path);
-        let (listed, device) = self.store.read(|s| {
-            let staged = s.staged.get(&volume.id);
-            let listed = s
-                .published
-                .get(&path)
-                .is_some_and(|p| p.volume_id == volume.id)
-                || staged.is_some_and(|st| st.staging_path == path);
-            (listed, staged.and_then(|st| st.loop_device.clone()))
-        });
-        let not_found = CsiError::NotFound(format!(
-            "volume {} is not published or staged at {}",
-            volume.id,
-            path.display()
-        ));
-        let this = self.clone();
-        blocking(move || {
-            if listed {
-                return this.volume_stats(&volume, &path);
-            }
-            // A block volume is also wherever its device node is: the
-            // kubelet asks at the pod's volumeDevices path, not the target.
-            match device {
-                Some(dev) if device_present_at(&path, &dev) => Ok(NodeGetVolumeStatsResponse {
-                    usage: this.block_usage(&volume),
-                    volume_condition: Some(VolumeCondition {
-                        abnormal: false,
-                        message: format!("the volume's device {} is present", dev.display()),
-                    }),
-                }),
-                _ => Err(not_found),
-            }
+        let image = self.backend.volume_path(&volume.id, Access::Block);
+        node_stats(&self.node, req.volume_id, req.volume_path, move |_| {
+            image.metadata().ok().map(|m| m.len())
         })
         .await
     }
@@ -380,28 +201,18 @@ impl Node for HostPath {
         req: NodeExpandVolumeRequest,
     ) -> CsiResult<NodeExpandVolumeResponse> {
         let volume = self.known_volume(&req.volume_id)?;
-        let path = PathBuf::from(&req.volume_path);
-        if !path.exists() {
-            return Err(CsiError::NotFound(format!(
-                "volume path {} does not exist",
-                path.display()
-            )));
-        }
-        if volume.access == Access::Block {
-            let staged = self.store.read(|s| s.staged.get(&volume.id).cloned());
-            if let Some(dev) = staged.and_then(|s| s.loop_device) {
-                let d = dev.clone();
-                blocking(move || {
-                    let loop_dev = LoopDevice::open(&d)
-                        .map_err(|e| CsiError::Internal(format!("opening {}: {e}", d.display())))?;
-                    loop_dev.set_capacity().map_err(|e| {
-                        CsiError::Internal(format!("refreshing {}: {e}", d.display()))
-                    })?;
-                    let _ = loop_dev.keep();
-                    Ok(())
-                })
-                .await?;
-            }
+        let (id, path) = (req.volume_id.clone(), req.volume_path.clone());
+        let record = on_node(&self.node, move |node| node.record_at(&id, &path)).await?;
+        let device = record.stage.and_then(|s| s.device);
+        if let Some(dev) = device.filter(|_| volume.access == Access::Block) {
+            let loops = self.loops.clone();
+            blocking(move || {
+                loops
+                    .set_capacity(&dev.path)
+                    .map(drop)
+                    .map_err(|e| internal("refreshing the size of", &dev.path, e))
+            })
+            .await?;
         }
         Ok(NodeExpandVolumeResponse {
             capacity_bytes: volume.capacity_bytes,
@@ -419,64 +230,6 @@ impl Node for HostPath {
             accessible_topology: self.config.enable_topology.then(|| Topology {
                 segments: [(TOPOLOGY_KEY.to_owned(), self.node_id.clone())].into(),
             }),
-        })
-    }
-}
-
-impl HostPath {
-    /// A block volume's size (used and available are not known below a
-    /// filesystem, and the spec lets them be omitted).
-    fn block_usage(&self, volume: &VolumeRecord) -> Vec<VolumeUsage> {
-        let size = self
-            .backend
-            .volume_path(&volume.id, Access::Block)
-            .metadata()
-            .map(|m| m.len() as i64)
-            .unwrap_or(0);
-        vec![VolumeUsage {
-            total: size,
-            unit: volume_usage::Unit::Bytes as i32,
-            ..Default::default()
-        }]
-    }
-
-    fn volume_stats(
-        &self,
-        volume: &VolumeRecord,
-        path: &Path,
-    ) -> CsiResult<NodeGetVolumeStatsResponse> {
-        let meta = match fs::metadata(path) {
-            Ok(m) => m,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                // Published here but the path is gone: report it, not an error.
-                return Ok(NodeGetVolumeStatsResponse {
-                    usage: Vec::new(),
-                    volume_condition: Some(VolumeCondition {
-                        abnormal: true,
-                        message: format!("{} no longer exists", path.display()),
-                    }),
-                });
-            }
-            Err(e) => return Err(io_err("inspecting", path, e)),
-        };
-        let mounted = self.mounter.is_mount_point(path).unwrap_or(false);
-        let condition = VolumeCondition {
-            abnormal: !mounted,
-            message: if mounted {
-                "volume is mounted".into()
-            } else {
-                format!("{} is not a mount point", path.display())
-            },
-        };
-        if volume.access == Access::Block || !meta.is_dir() {
-            return Ok(NodeGetVolumeStatsResponse {
-                usage: self.block_usage(volume),
-                volume_condition: Some(condition),
-            });
-        }
-        Ok(NodeGetVolumeStatsResponse {
-            usage: fs_usage(path)?,
-            volume_condition: Some(condition),
         })
     }
 }

@@ -1,66 +1,32 @@
-//! The Node service: the disk appears on the node as a loop device.
+//! The Node service: the disk appears on the node as a loop device, on
+//! csi-node's record of what this node staged and published (the spec's
+//! repeat and ownership rules before any syscall, the intent saved before
+//! mounting, what is mounted checked in mountinfo).
 //!
 //! Mount access: NodeStage attaches the backing file (named by the publish
-//! context), formats it on first use and mounts it at the staging path;
-//! NodePublish bind-mounts the staging path at the target. Block access:
-//! NodeStage attaches the file (no autoclear, see [`LoopBlock::attach`]) and
-//! records the device; NodePublish bind-mounts the device node on a file at
-//! the target. Every step checks what is already attached or mounted first,
-//! so a retry after a crash converges instead of doing it twice.
+//! context), formats it on first use only (a disk formatted before that now
+//! shows no filesystem is refused, never formatted again) and mounts it at
+//! the staging path; NodePublish bind-mounts the staging path at the
+//! target. Block access: NodeStage attaches the file and NodePublish
+//! bind-mounts the device node on a file at the target; NodeUnstage of a
+//! disk still published is refused, so its device is never reused under a
+//! live target.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use csi_proto::v1::*;
-use csi_server::helpers::publish::{PublishDecision, check_publish};
-use csi_server::helpers::stage::{StageDecision, Staging, check_stage};
 use csi_server::{CallContext, CsiError, CsiResult, Node};
-use mount_utils::{DEFAULT_FS_TYPE, FormatError, LoopDevice};
-use prost::Message;
 
-use crate::common::{
-    bind_publish, blocking, detach_loop, device_present_at, fs_usage, internal, publications,
-};
+use crate::common::{blocking, internal, node_stats, on_node};
 use crate::controller::BACKING_FILE_KEY;
 use crate::driver::LoopBlock;
-use crate::store::{Access, PublishedRecord, StagedRecord, VolumeRecord};
-use crate::tuning::Tuning;
-
-/// SafeFormatAndMount's refusals are the caller's problem (the disk holds
-/// something else, or cannot be formatted read-only); the rest is ours.
-pub fn format_error(device: &Path, e: FormatError) -> CsiError {
-    match e {
-        FormatError::FilesystemMismatch { .. }
-        | FormatError::UnformattedReadOnly { .. }
-        | FormatError::HasPartitionTable { .. }
-        | FormatError::HasFilesystemErrors { .. } => CsiError::FailedPrecondition(e.to_string()),
-        FormatError::UnsupportedFilesystem { .. } => {
-            CsiError::invalid("volume_capability.mount.fs_type", e.to_string())
-        }
-        e => internal("staging", device, e),
-    }
-}
-
-/// A stored capability.
-pub fn decode_capability(bytes: &[u8]) -> CsiResult<VolumeCapability> {
-    VolumeCapability::decode(bytes)
-        .map_err(|e| CsiError::Internal(format!("stored capability: {e}")))
-}
-
-/// A stored NodePublish request.
-pub fn decode_publish(bytes: &[u8]) -> CsiResult<NodePublishVolumeRequest> {
-    NodePublishVolumeRequest::decode(bytes)
-        .map_err(|e| CsiError::Internal(format!("stored publish request: {e}")))
-}
-
-/// The capability's mount flags (none for block).
-pub fn mount_flags(cap: &VolumeCapability) -> Vec<&str> {
-    cap.mount_volume()
-        .map(|m| m.mount_flags.iter().map(String::as_str).collect())
-        .unwrap_or_default()
-}
+use crate::store::{Access, VolumeRecord};
 
 /// Whether the capability fits a volume of the given access type.
-fn check_access(volume: &VolumeRecord, cap: &VolumeCapability) -> CsiResult<()> {
+fn check_access(volume: &VolumeRecord, cap: Option<&VolumeCapability>) -> CsiResult<()> {
+    let Some(cap) = cap else {
+        return Ok(()); // csi-node names the missing field
+    };
     if cap.is_block() == (volume.access == Access::Block) {
         return Ok(());
     }
@@ -73,9 +39,9 @@ fn check_access(volume: &VolumeRecord, cap: &VolumeCapability) -> CsiResult<()> 
 }
 
 impl LoopBlock {
-    /// The backing file named by the publish context, which must be this
-    /// volume's own file.
-    fn backing_file(&self, req: &NodeStageVolumeRequest) -> CsiResult<PathBuf> {
+    /// The backing file named by the publish context must be this volume's
+    /// own file (csi-node attaches the one the backend names).
+    fn check_backing_file(&self, req: &NodeStageVolumeRequest) -> CsiResult<()> {
         let field = format!("publish_context[{BACKING_FILE_KEY}]");
         let path = req.publish_context.get(BACKING_FILE_KEY).ok_or_else(|| {
             CsiError::invalid(&field, "required: ControllerPublishVolume returns it")
@@ -93,100 +59,45 @@ impl LoopBlock {
                 req.volume_id
             )));
         }
-        Ok(path)
+        Ok(())
     }
 
-    /// Attaches (and for mount access formats and mounts) a disk; returns
-    /// the loop device.
-    fn stage_blocking(
-        &self,
-        image: &Path,
-        staging: &Path,
-        cap: &VolumeCapability,
-        readonly: bool,
-        tuning: Tuning,
-    ) -> CsiResult<PathBuf> {
-        let Some(mount) = cap.mount_volume() else {
-            return Ok(self.attach(image, false, tuning)?.0.keep());
-        };
-        std::fs::create_dir_all(staging).map_err(|e| internal("creating", staging, e))?;
-        let (dev, _) = self.attach(image, true, tuning)?;
-        let mounted = self
-            .mounter
-            .is_mount_point(staging)
-            .map_err(|e| internal("inspecting", staging, e))?;
-        if !mounted {
-            let fs_type = fs_type_of(mount);
-            self.mount_staged(dev.path(), staging, fs_type, readonly, &mount_flags(cap))?;
-        }
-        // Autoclear: the mount now holds the device, NodeUnstage's unmount frees it.
-        Ok(dev.keep())
-    }
-
-    /// Where `path` is this volume's staging path or one of its targets.
-    fn is_volume_path(&self, volume_id: &str, path: &Path) -> bool {
-        self.store.read(|s| {
-            s.published
-                .get(path)
-                .is_some_and(|p| p.volume_id == volume_id)
-                || s.staged
-                    .get(volume_id)
-                    .is_some_and(|st| st.staging_path == path)
-        })
-    }
-
-    fn volume_stats(
-        &self,
-        staged: &StagedRecord,
-        path: &Path,
-    ) -> CsiResult<NodeGetVolumeStatsResponse> {
-        let usage = if staged.fs_type.is_some() {
-            fs_usage(path)?
-        } else {
-            let total = mount_utils::block::device_size(&staged.loop_device)
-                .map_err(|e| internal("sizing", &staged.loop_device, e))?;
-            vec![VolumeUsage {
-                total: total as i64,
-                unit: volume_usage::Unit::Bytes as i32,
-                ..Default::default()
-            }]
-        };
-        Ok(NodeGetVolumeStatsResponse {
-            usage,
-            volume_condition: None,
-        })
+    /// Whether the node record holds anything of volume `id` (the
+    /// controller refuses to delete it then).
+    pub fn in_use_on_node(&self, id: &str) -> bool {
+        self.node.record(id).is_some()
     }
 
     /// Refreshes the loop device's size and grows the filesystem on it;
     /// returns the device's new size.
-    fn expand_blocking(&self, staged: &StagedRecord) -> CsiResult<i64> {
-        let dev = &staged.loop_device;
-        let loop_dev = LoopDevice::open(dev).map_err(|e| internal("opening", dev, e))?;
-        loop_dev
-            .set_capacity()
-            .map_err(|e| internal("refreshing the size of", dev, e))?;
-        let size = loop_dev.size().map_err(|e| internal("sizing", dev, e))?;
-        if staged.fs_type.is_some() {
+    fn expand_blocking(&self, stage: &csi_node::StageRecord) -> CsiResult<i64> {
+        let dev = stage
+            .device
+            .as_ref()
+            .map(|d| d.path.clone())
+            .ok_or_else(|| {
+                CsiError::FailedPrecondition(format!(
+                    "volume {} has no loop device",
+                    stage.volume_id
+                ))
+            })?;
+        let size = self
+            .loops
+            .set_capacity(&dev)
+            .map_err(|e| internal("refreshing the size of", &dev, e))?;
+        if !stage.capability.is_block() {
             let device = dev.to_string_lossy();
             let grow = self
                 .resizer
-                .need_resize(&device, &staged.staging_path)
-                .map_err(|e| internal("inspecting the filesystem on", dev, e))?;
+                .need_resize(&device, &stage.path)
+                .map_err(|e| internal("inspecting the filesystem on", &dev, e))?;
             if grow {
                 self.resizer
-                    .resize(&device, &staged.staging_path)
-                    .map_err(|e| internal("growing the filesystem on", dev, e))?;
+                    .resize(&device, &stage.path)
+                    .map_err(|e| internal("growing the filesystem on", &dev, e))?;
             }
         }
         Ok(size as i64)
-    }
-}
-
-fn fs_type_of(mount: &volume_capability::MountVolume) -> &str {
-    if mount.fs_type.is_empty() {
-        DEFAULT_FS_TYPE
-    } else {
-        &mount.fs_type
     }
 }
 
@@ -199,41 +110,9 @@ impl Node for LoopBlock {
     ) -> CsiResult<NodeStageVolumeResponse> {
         let _attaching = self.attachments.read().await;
         let volume = self.known_volume(&req.volume_id)?;
-        let cap = req.volume_capability.clone().unwrap_or_default();
-        check_access(&volume, &cap)?;
-        let staging = PathBuf::from(&req.staging_target_path);
-        let encoded = cap.encode_to_vec();
-        let existing = self
-            .store
-            .read(|s| s.staged.get(&volume.id).cloned())
-            .map(|staged| Staging {
-                staging_target_path: staged.staging_path.to_string_lossy().into_owned(),
-                volume_capability: VolumeCapability::decode(staged.capability.as_slice()).ok(),
-            });
-        if check_stage(existing.as_ref(), &req)? == StageDecision::AlreadyStaged {
-            return Ok(NodeStageVolumeResponse {});
-        }
-        let image = self.backing_file(&req)?;
-        let readonly = cap.access_mode().is_read_only();
-        let fs_type = cap.mount_volume().map(|m| fs_type_of(m).to_owned());
-        let this = self.clone();
-        let (s, c, tuning) = (staging.clone(), cap.clone(), volume.tuning);
-        let loop_device =
-            blocking(move || this.stage_blocking(&image, &s, &c, readonly, tuning)).await?;
-        self.store.update(|s| {
-            s.staged.insert(
-                volume.id.clone(),
-                StagedRecord {
-                    staging_path: staging,
-                    capability: encoded,
-                    loop_device: loop_device.clone(),
-                    fs_type,
-                    readonly,
-                },
-            );
-            Ok(())
-        })?;
-        tracing::info!(volume = %volume.id, device = %loop_device.display(), "staged volume");
+        check_access(&volume, req.volume_capability.as_ref())?;
+        self.check_backing_file(&req)?;
+        on_node(&self.node, move |node| node.stage(&req)).await?;
         Ok(NodeStageVolumeResponse {})
     }
 
@@ -243,34 +122,7 @@ impl Node for LoopBlock {
         req: NodeUnstageVolumeRequest,
     ) -> CsiResult<NodeUnstageVolumeResponse> {
         let _detaching = self.attachments.read().await;
-        let staged = self.store.read(|s| s.staged.get(&req.volume_id).cloned());
-        if staged.is_none() {
-            self.known_volume(&req.volume_id)?;
-        }
-        let this = self.clone();
-        let path = PathBuf::from(&req.staging_target_path);
-        let image = self.backend.volume_path(&req.volume_id);
-        let has_record = staged.is_some();
-        blocking(move || {
-            this.mounter
-                .unmount(&path, false)
-                .map_err(|e| internal("unstaging", &path, e))?;
-            if !has_record {
-                return Ok(());
-            }
-            // Whatever device the file is on now (a restart may have renumbered it).
-            let devices = mount_utils::loopdev::find_by_backing_file(&image)
-                .map_err(|e| CsiError::Internal(format!("looking up loop devices: {e}")))?;
-            devices.iter().try_for_each(|d| detach_loop(d))
-        })
-        .await?;
-        if has_record {
-            self.store.update(|s| {
-                s.staged.remove(&req.volume_id);
-                Ok(())
-            })?;
-            tracing::info!(volume = %req.volume_id, "unstaged volume");
-        }
+        on_node(&self.node, move |node| node.unstage(&req)).await?;
         Ok(NodeUnstageVolumeResponse {})
     }
 
@@ -280,42 +132,8 @@ impl Node for LoopBlock {
         req: NodePublishVolumeRequest,
     ) -> CsiResult<NodePublishVolumeResponse> {
         let volume = self.known_volume(&req.volume_id)?;
-        let cap = req.volume_capability.clone().unwrap_or_default();
-        check_access(&volume, &cap)?;
-        let target = PathBuf::from(&req.target_path);
-        let existing = self.store.read(|s| publications(&s.published, &volume.id));
-        if check_publish(&existing, &req, true)? == PublishDecision::AlreadyPublished {
-            return Ok(NodePublishVolumeResponse {});
-        }
-        let staged = self
-            .store
-            .read(|s| s.staged.get(&volume.id).cloned())
-            .ok_or_else(|| {
-                CsiError::FailedPrecondition(format!("volume {} is not staged", volume.id))
-            })?;
-        if staged.staging_path != Path::new(&req.staging_target_path) {
-            return Err(CsiError::FailedPrecondition(format!(
-                "volume {} is staged at {}, not at {}",
-                volume.id,
-                staged.staging_path.display(),
-                req.staging_target_path
-            )));
-        }
-        let block = staged.fs_type.is_none();
-        let source = if block {
-            staged.loop_device
-        } else {
-            staged.staging_path
-        };
-        let readonly = req.readonly || cap.access_mode().is_read_only();
-        let (mounter, t, c) = (self.mounter.clone(), target.clone(), cap.clone());
-        blocking(move || bind_publish(&mounter, &source, &t, block, readonly, &mount_flags(&c)))
-            .await?;
-        let record = PublishedRecord::of(&req, readonly);
-        self.store.update(|s| {
-            s.published.insert(target, record);
-            Ok(())
-        })?;
+        check_access(&volume, req.volume_capability.as_ref())?;
+        on_node(&self.node, move |node| node.publish(&req)).await?;
         Ok(NodePublishVolumeResponse {})
     }
 
@@ -324,26 +142,7 @@ impl Node for LoopBlock {
         _ctx: &CallContext,
         req: NodeUnpublishVolumeRequest,
     ) -> CsiResult<NodeUnpublishVolumeResponse> {
-        let target = PathBuf::from(&req.target_path);
-        let record = self.store.read(|s| s.published.get(&target).cloned());
-        if record.is_none() {
-            // Unknown volumes are NOT_FOUND; a known one is simply not
-            // published here any more (idempotent repeat).
-            self.known_volume(&req.volume_id)?;
-        }
-        let (mounter, t) = (self.mounter.clone(), target.clone());
-        blocking(move || {
-            mounter
-                .cleanup_mount_point(&t)
-                .map_err(|e| internal("unpublishing", &t, e))
-        })
-        .await?;
-        if record.is_some() {
-            self.store.update(|s| {
-                s.published.remove(&target);
-                Ok(())
-            })?;
-        }
+        on_node(&self.node, move |node| node.unpublish(&req)).await?;
         Ok(NodeUnpublishVolumeResponse {})
     }
 
@@ -352,27 +151,10 @@ impl Node for LoopBlock {
         _ctx: &CallContext,
         req: NodeGetVolumeStatsRequest,
     ) -> CsiResult<NodeGetVolumeStatsResponse> {
-        let volume = self.known_volume(&req.volume_id)?;
-        let path = PathBuf::from(&req.volume_path);
-        let not_found = CsiError::NotFound(format!(
-            "volume {} is not published or staged at {}",
-            volume.id,
-            path.display()
-        ));
-        let Some(staged) = self.store.read(|s| s.staged.get(&volume.id).cloned()) else {
-            return Err(not_found);
-        };
-        let listed = self.is_volume_path(&volume.id, &path);
-        let this = self.clone();
-        blocking(move || {
-            // A raw block volume is also wherever its device node is: the
-            // kubelet asks at the pod's volumeDevices path, not the target.
-            let device_here =
-                staged.fs_type.is_none() && device_present_at(&path, &staged.loop_device);
-            if !listed && !device_here {
-                return Err(not_found);
-            }
-            this.volume_stats(&staged, &path)
+        self.known_volume(&req.volume_id)?;
+        node_stats(&self.node, req.volume_id, req.volume_path, |record| {
+            let dev = record.stage.as_ref()?.device.as_ref()?;
+            mount_utils::block::device_size(&dev.path).ok()
         })
         .await
     }
@@ -383,23 +165,22 @@ impl Node for LoopBlock {
         req: NodeExpandVolumeRequest,
     ) -> CsiResult<NodeExpandVolumeResponse> {
         let volume = self.known_volume(&req.volume_id)?;
-        let path = PathBuf::from(&req.volume_path);
-        let staged = self.store.read(|s| s.staged.get(&volume.id).cloned());
-        let Some(staged) = staged.filter(|_| self.is_volume_path(&volume.id, &path)) else {
-            return Err(CsiError::NotFound(format!(
-                "volume {} is not published or staged at {}",
-                volume.id,
-                path.display()
+        let (id, path) = (req.volume_id.clone(), req.volume_path.clone());
+        let record = on_node(&self.node, move |node| node.record_at(&id, &path)).await?;
+        let Some(stage) = record.stage else {
+            return Err(CsiError::FailedPrecondition(format!(
+                "volume {} is not staged",
+                volume.id
             )));
         };
-        if staged.readonly {
+        if stage.readonly {
             return Err(CsiError::FailedPrecondition(format!(
                 "volume {} is staged read-only",
                 volume.id
             )));
         }
         let this = self.clone();
-        let capacity_bytes = blocking(move || this.expand_blocking(&staged)).await?;
+        let capacity_bytes = blocking(move || this.expand_blocking(&stage)).await?;
         tracing::info!(volume = %volume.id, capacity_bytes, "expanded volume on the node");
         Ok(NodeExpandVolumeResponse { capacity_bytes })
     }
