@@ -233,3 +233,386 @@ impl Node for HostPath {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The node service on a fake host (csi-node's FakeHost: FakeMounter
+    //! and FakeLoopDevices), without root: one test per case of issue 13.
+    use std::path::Path;
+
+    use clap::Parser;
+    use csi_node::testing::FakeHost;
+    use csi_proto::v1::volume_capability::access_mode::Mode;
+    use csi_server::PluginInfo;
+    use csi_server::method::Method;
+    use mount_utils::{Errno, FakeOp, LoopDevices, LoopOptions, Mounter};
+
+    use super::*;
+    use crate::config::Config;
+
+    fn driver(dir: &Path, host: &FakeHost) -> HostPath {
+        let statedir = dir.join("state").to_string_lossy().into_owned();
+        let config = Config::parse_from(["hostpath", "--statedir", &statedir, "--nodeid", "n1"]);
+        HostPath::open_with(config, host.mounter(), host.loops()).unwrap()
+    }
+
+    fn ctx() -> CallContext {
+        let info = PluginInfo::new("hostpath.csi.csi-kit.dev", "test").unwrap();
+        let config = Config::parse_from(["hostpath"]);
+        CallContext::for_test(
+            Method::NodePublishVolume,
+            info,
+            crate::capabilities(&config, false),
+        )
+    }
+
+    /// A volume the controller would have created.
+    fn volume(d: &HostPath, id: &str, access: Access) -> String {
+        d.backend.create_volume(id, access, 1 << 20).unwrap();
+        let record = VolumeRecord {
+            id: id.into(),
+            name: id.into(),
+            capacity_bytes: 1 << 20,
+            access,
+            source: None,
+            parameters: Default::default(),
+            mutable_parameters: Default::default(),
+            topology: Default::default(),
+            request: Vec::new(),
+            published_nodes: Default::default(),
+            ephemeral: false,
+        };
+        d.store
+            .update(|s| {
+                s.volumes.insert(id.into(), record);
+                Ok(())
+            })
+            .unwrap();
+        id.into()
+    }
+
+    fn cap(block: bool, mode: Mode, flags: &[&str]) -> VolumeCapability {
+        let cap = if block {
+            VolumeCapability::block()
+        } else {
+            VolumeCapability::mount("").with_mount_flags(flags.iter().copied())
+        };
+        cap.with_access_mode(mode)
+    }
+
+    fn stage_req(id: &str, staging: &Path, cap: VolumeCapability) -> NodeStageVolumeRequest {
+        NodeStageVolumeRequest {
+            volume_id: id.into(),
+            staging_target_path: staging.to_string_lossy().into(),
+            volume_capability: Some(cap),
+            ..Default::default()
+        }
+    }
+
+    fn publish_req(
+        id: &str,
+        staging: &Path,
+        target: &Path,
+        cap: VolumeCapability,
+    ) -> NodePublishVolumeRequest {
+        NodePublishVolumeRequest {
+            volume_id: id.into(),
+            staging_target_path: staging.to_string_lossy().into(),
+            target_path: target.to_string_lossy().into(),
+            volume_capability: Some(cap),
+            ..Default::default()
+        }
+    }
+
+    fn unpublish_req(id: &str, target: &Path) -> NodeUnpublishVolumeRequest {
+        NodeUnpublishVolumeRequest {
+            volume_id: id.into(),
+            target_path: target.to_string_lossy().into(),
+        }
+    }
+
+    fn unstage_req(id: &str, staging: &Path) -> NodeUnstageVolumeRequest {
+        NodeUnstageVolumeRequest {
+            volume_id: id.into(),
+            staging_target_path: staging.to_string_lossy().into(),
+        }
+    }
+
+    fn code(e: CsiError) -> tonic::Code {
+        e.code()
+    }
+
+    #[tokio::test]
+    async fn unstage_of_a_published_block_volume_is_refused_and_keeps_the_device() {
+        let (dir, host) = (tempfile::tempdir().unwrap(), FakeHost::new());
+        let d = driver(dir.path(), &host);
+        let id = volume(&d, "vol-aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", Access::Block);
+        let (staging, target) = (dir.path().join("staging"), dir.path().join("target"));
+        let c = cap(true, Mode::SingleNodeWriter, &[]);
+        d.node_stage_volume(&ctx(), stage_req(&id, &staging, c.clone()))
+            .await
+            .unwrap();
+        d.node_publish_volume(&ctx(), publish_req(&id, &staging, &target, c))
+            .await
+            .unwrap();
+        let e = d
+            .node_unstage_volume(&ctx(), unstage_req(&id, &staging))
+            .await
+            .unwrap_err();
+        assert_eq!(code(e), tonic::Code::FailedPrecondition);
+        assert_eq!(host.attached(), 1, "the device stays attached");
+        d.node_unpublish_volume(&ctx(), unpublish_req(&id, &target))
+            .await
+            .unwrap();
+        d.node_unstage_volume(&ctx(), unstage_req(&id, &staging))
+            .await
+            .unwrap();
+        assert_eq!(host.attached(), 0);
+    }
+
+    #[tokio::test]
+    async fn an_rw_flag_cannot_make_a_read_only_publish_writable() {
+        let (dir, host) = (tempfile::tempdir().unwrap(), FakeHost::new());
+        let d = driver(dir.path(), &host);
+        let id = volume(&d, "vol-bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb", Access::Mount);
+        let staging = dir.path().join("staging");
+        let reader = cap(false, Mode::MultiNodeReaderOnly, &["rw"]);
+        d.node_stage_volume(&ctx(), stage_req(&id, &staging, reader.clone()))
+            .await
+            .unwrap();
+        let t1 = dir.path().join("t1");
+        d.node_publish_volume(&ctx(), publish_req(&id, &staging, &t1, reader))
+            .await
+            .unwrap();
+        assert!(
+            host.mounts_at(&t1)[0].is_read_only(),
+            "reader-only mode wins"
+        );
+        assert!(host.mounts_at(&staging)[0].is_read_only());
+
+        let id2 = volume(&d, "vol-cccccccccccccccccccccccccccccccc", Access::Mount);
+        let (s2, t2) = (dir.path().join("s2"), dir.path().join("t2"));
+        let writer = cap(false, Mode::SingleNodeWriter, &["rw"]);
+        d.node_stage_volume(&ctx(), stage_req(&id2, &s2, writer.clone()))
+            .await
+            .unwrap();
+        let mut req = publish_req(&id2, &s2, &t2, writer);
+        req.readonly = true;
+        d.node_publish_volume(&ctx(), req).await.unwrap();
+        assert!(host.mounts_at(&t2)[0].is_read_only(), "readonly=true wins");
+    }
+
+    #[tokio::test]
+    async fn mount_flag_values_appear_in_no_error() {
+        let (dir, host) = (tempfile::tempdir().unwrap(), FakeHost::new());
+        let d = driver(dir.path(), &host);
+        let id = volume(&d, "vol-dddddddddddddddddddddddddddddddd", Access::Mount);
+        let staging = dir.path().join("staging");
+        let c = cap(false, Mode::SingleNodeWriter, &["password=SECRET"]);
+        d.node_stage_volume(&ctx(), stage_req(&id, &staging, c.clone()))
+            .await
+            .unwrap();
+        let remount = cap(
+            false,
+            Mode::SingleNodeWriter,
+            &["remount", "password=SECRET"],
+        );
+        let e = d
+            .node_publish_volume(
+                &ctx(),
+                publish_req(&id, &staging, &dir.path().join("t0"), remount),
+            )
+            .await
+            .unwrap_err();
+        assert!(!format!("{e} {e:?}").contains("SECRET"), "{e}");
+        let target = dir.path().join("t1");
+        host.fake()
+            .inject_error(FakeOp::Mount, &target, Errno::EINVAL);
+        let e = d
+            .node_publish_volume(&ctx(), publish_req(&id, &staging, &target, c))
+            .await
+            .unwrap_err();
+        assert!(!format!("{e} {e:?}").contains("SECRET"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn paths_the_driver_did_not_record_are_not_touched() {
+        let (dir, host) = (tempfile::tempdir().unwrap(), FakeHost::new());
+        let d = driver(dir.path(), &host);
+        let a = volume(&d, "vol-eeeeeeeeeeeeeeeeeeeeeeeeeeeeeeee", Access::Mount);
+        let b = volume(&d, "vol-ffffffffffffffffffffffffffffffff", Access::Mount);
+        let c = cap(false, Mode::SingleNodeWriter, &[]);
+        let (sa, sb, ta) = (
+            dir.path().join("sa"),
+            dir.path().join("sb"),
+            dir.path().join("ta"),
+        );
+        d.node_stage_volume(&ctx(), stage_req(&a, &sa, c.clone()))
+            .await
+            .unwrap();
+        d.node_stage_volume(&ctx(), stage_req(&b, &sb, c.clone()))
+            .await
+            .unwrap();
+        d.node_publish_volume(&ctx(), publish_req(&a, &sa, &ta, c.clone()))
+            .await
+            .unwrap();
+
+        // A foreign tmpfs where nothing of ours is published.
+        let foreign = dir.path().join("foreign");
+        std::fs::create_dir(&foreign).unwrap();
+        host.add_mount("tmpfs", &foreign, "tmpfs");
+        let _ = d
+            .node_unpublish_volume(&ctx(), unpublish_req(&a, &foreign))
+            .await;
+        assert_eq!(host.mounts_at(&foreign).len(), 1, "the tmpfs stays");
+        assert!(foreign.is_dir());
+
+        // Another volume's target, and another volume's staging path.
+        let e = d
+            .node_unpublish_volume(&ctx(), unpublish_req(&b, &ta))
+            .await
+            .unwrap_err();
+        assert_eq!(code(e), tonic::Code::NotFound);
+        assert!(
+            d.node_unstage_volume(&ctx(), unstage_req(&a, &sb))
+                .await
+                .is_err()
+        );
+        assert_eq!(host.mounts_at(&ta).len(), 1);
+        assert_eq!(host.mounts_at(&sb).len(), 1);
+
+        // B published where A is mounted.
+        let e = d
+            .node_publish_volume(&ctx(), publish_req(&b, &sb, &ta, c.clone()))
+            .await
+            .unwrap_err();
+        assert_eq!(code(e), tonic::Code::AlreadyExists);
+
+        // A target that is a symlink is refused, its destination untouched.
+        let elsewhere = dir.path().join("elsewhere");
+        std::fs::create_dir(&elsewhere).unwrap();
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&elsewhere, &link).unwrap();
+        assert!(
+            d.node_publish_volume(&ctx(), publish_req(&b, &sb, &link, c))
+                .await
+                .is_err()
+        );
+        assert!(host.mounts_at(&elsewhere).is_empty());
+        assert!(host.mounts_at(&link).is_empty());
+    }
+
+    #[tokio::test]
+    async fn block_publish_onto_a_non_empty_file_is_refused() {
+        let (dir, host) = (tempfile::tempdir().unwrap(), FakeHost::new());
+        let d = driver(dir.path(), &host);
+        let id = volume(&d, "vol-11111111111111111111111111111111", Access::Block);
+        let (staging, target) = (dir.path().join("staging"), dir.path().join("user-file"));
+        std::fs::write(&target, b"the user's data").unwrap();
+        let c = cap(true, Mode::SingleNodeWriter, &[]);
+        d.node_stage_volume(&ctx(), stage_req(&id, &staging, c.clone()))
+            .await
+            .unwrap();
+        assert!(
+            d.node_publish_volume(&ctx(), publish_req(&id, &staging, &target, c))
+                .await
+                .is_err()
+        );
+        assert!(host.mounts_at(&target).is_empty());
+        assert_eq!(std::fs::read(&target).unwrap(), b"the user's data");
+    }
+
+    #[tokio::test]
+    async fn unstage_without_a_record_detaches_the_device_by_backing_file() {
+        let (dir, host) = (tempfile::tempdir().unwrap(), FakeHost::new());
+        let d = driver(dir.path(), &host);
+        let id = volume(&d, "vol-22222222222222222222222222222222", Access::Block);
+        // A crash between the attach and the save of the record.
+        let image = d.backend.volume_path(&id, Access::Block);
+        host.loops()
+            .attach(&image, &LoopOptions::default())
+            .unwrap()
+            .keep();
+        assert_eq!(host.attached(), 1);
+        d.node_unstage_volume(&ctx(), unstage_req(&id, &dir.path().join("staging")))
+            .await
+            .unwrap();
+        assert_eq!(host.attached(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_failed_inline_ephemeral_publish_leaves_no_record_or_data() {
+        let (dir, host) = (tempfile::tempdir().unwrap(), FakeHost::new());
+        let d = driver(dir.path(), &host);
+        // The target is a user's file: the publish is refused.
+        let target = dir.path().join("pod");
+        std::fs::write(&target, b"not a directory").unwrap();
+        let mut req = publish_req(
+            "inline-1",
+            Path::new(""),
+            &target,
+            cap(false, Mode::SingleNodeWriter, &[]),
+        );
+        req.staging_target_path.clear();
+        req.volume_context
+            .insert(EPHEMERAL_CONTEXT_KEY.into(), "true".into());
+        assert!(d.node_publish_volume(&ctx(), req).await.is_err());
+        assert!(d.store.read(|s| s.volumes.is_empty()), "no volume record");
+        assert!(d.node.records().is_empty(), "no node record");
+        assert!(
+            d.backend.orphans(|_| false).is_empty(),
+            "no volume data left"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_volume_that_cannot_be_restored_is_abnormal_and_the_rest_is_served() {
+        let (dir, host) = (tempfile::tempdir().unwrap(), FakeHost::new());
+        let c = cap(true, Mode::SingleNodeWriter, &[]);
+        let (bad, good) = (
+            "vol-33333333333333333333333333333333",
+            "vol-44444444444444444444444444444444",
+        );
+        let (s_bad, s_good) = (dir.path().join("s-bad"), dir.path().join("s-good"));
+        {
+            let d = driver(dir.path(), &host);
+            volume(&d, bad, Access::Block);
+            volume(&d, good, Access::Mount);
+            d.node_stage_volume(&ctx(), stage_req(bad, &s_bad, c.clone()))
+                .await
+                .unwrap();
+            let mount = cap(false, Mode::SingleNodeWriter, &[]);
+            d.node_stage_volume(&ctx(), stage_req(good, &s_good, mount))
+                .await
+                .unwrap();
+            // A reboot: devices and mounts are gone, and so is one image.
+            for dev in host
+                .loops()
+                .find_by_backing_file(&d.backend.volume_path(bad, Access::Block))
+                .unwrap()
+            {
+                host.loops().detach(&dev).unwrap();
+            }
+            std::fs::remove_file(d.backend.volume_path(bad, Access::Block)).unwrap();
+            host.unmount(&s_good, false).unwrap();
+        }
+        let d = driver(dir.path(), &host);
+        d.reconcile_on_start().unwrap();
+        let stats = |id: &str, p: &Path| NodeGetVolumeStatsRequest {
+            volume_id: id.into(),
+            volume_path: p.to_string_lossy().into(),
+            ..Default::default()
+        };
+        let r = d
+            .node_get_volume_stats(&ctx(), stats(bad, &s_bad))
+            .await
+            .unwrap();
+        assert!(r.volume_condition.unwrap().abnormal);
+        let r = d
+            .node_get_volume_stats(&ctx(), stats(good, &s_good))
+            .await
+            .unwrap();
+        assert!(!r.volume_condition.unwrap().abnormal, "restored");
+        assert_eq!(host.mounts_at(&s_good).len(), 1);
+    }
+}
