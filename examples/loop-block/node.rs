@@ -197,3 +197,355 @@ impl Node for LoopBlock {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The node service on a fake host (csi-node's FakeHost: FakeMounter
+    //! and FakeLoopDevices) and a FakeExec for blkid/mkfs/fsck, without
+    //! root: one test per case of issue 13.
+    use std::path::Path;
+    use std::sync::Arc;
+
+    use clap::Parser;
+    use csi_node::testing::FakeHost;
+    use csi_proto::v1::volume_capability::access_mode::Mode;
+    use csi_server::method::Method;
+    use csi_server::{Controller, PluginInfo};
+    use mount_utils::{Errno, ExecOutput, FakeExec, FakeOp, LoopDevices, LoopOptions, Mounter};
+
+    use super::*;
+    use crate::config::Config;
+
+    fn driver(dir: &Path, host: &FakeHost, exec: &Arc<FakeExec>) -> LoopBlock {
+        let statedir = dir.join("state").to_string_lossy().into_owned();
+        let config = Config::parse_from(["loop-block", "--statedir", &statedir, "--nodeid", "n1"]);
+        LoopBlock::open_with(config, host.mounter(), host.loops(), exec.clone()).unwrap()
+    }
+
+    fn ctx(method: Method) -> CallContext {
+        let info = PluginInfo::new("loop-block.csi.csi-kit.dev", "test").unwrap();
+        CallContext::for_test(method, info, crate::capabilities())
+    }
+
+    fn cap(block: bool, mode: Mode, flags: &[&str]) -> VolumeCapability {
+        let cap = if block {
+            VolumeCapability::block()
+        } else {
+            VolumeCapability::mount("").with_mount_flags(flags.iter().copied())
+        };
+        cap.with_access_mode(mode)
+    }
+
+    /// A disk created and ControllerPublished to this node; its id and
+    /// publish context.
+    async fn disk(d: &LoopBlock, name: &str, block: bool) -> (String, Vec<(String, String)>) {
+        let req = CreateVolumeRequest {
+            name: name.into(),
+            capacity_range: Some(CapacityRange::at_least(1 << 20)),
+            volume_capabilities: vec![cap(block, Mode::SingleNodeWriter, &[])],
+            ..Default::default()
+        };
+        let id = d
+            .create_volume(&ctx(Method::CreateVolume), req)
+            .await
+            .unwrap()
+            .volume
+            .unwrap()
+            .volume_id;
+        let req = ControllerPublishVolumeRequest {
+            volume_id: id.clone(),
+            node_id: "n1".into(),
+            volume_capability: Some(cap(block, Mode::SingleNodeWriter, &[])),
+            ..Default::default()
+        };
+        let context = d
+            .controller_publish_volume(&ctx(Method::ControllerPublishVolume), req)
+            .await
+            .unwrap()
+            .publish_context;
+        (id, context.into_iter().collect())
+    }
+
+    fn stage_req(
+        id: &str,
+        context: &[(String, String)],
+        staging: &Path,
+        cap: VolumeCapability,
+    ) -> NodeStageVolumeRequest {
+        NodeStageVolumeRequest {
+            volume_id: id.into(),
+            publish_context: context.iter().cloned().collect(),
+            staging_target_path: staging.to_string_lossy().into(),
+            volume_capability: Some(cap),
+            ..Default::default()
+        }
+    }
+
+    fn publish_req(
+        id: &str,
+        staging: &Path,
+        target: &Path,
+        cap: VolumeCapability,
+    ) -> NodePublishVolumeRequest {
+        NodePublishVolumeRequest {
+            volume_id: id.into(),
+            staging_target_path: staging.to_string_lossy().into(),
+            target_path: target.to_string_lossy().into(),
+            volume_capability: Some(cap),
+            ..Default::default()
+        }
+    }
+
+    fn unstage_req(id: &str, staging: &Path) -> NodeUnstageVolumeRequest {
+        NodeUnstageVolumeRequest {
+            volume_id: id.into(),
+            staging_target_path: staging.to_string_lossy().into(),
+        }
+    }
+
+    fn stats_req(id: &str, path: &Path) -> NodeGetVolumeStatsRequest {
+        NodeGetVolumeStatsRequest {
+            volume_id: id.into(),
+            volume_path: path.to_string_lossy().into(),
+            ..Default::default()
+        }
+    }
+
+    /// blkid finds nothing, mkfs succeeds: a first stage.
+    fn fresh_disk(exec: &FakeExec) {
+        exec.expect("blkid", ExecOutput::exit(2, ""));
+        exec.expect("mkfs.ext4", ExecOutput::ok(""));
+    }
+
+    fn node() -> Method {
+        Method::NodeStageVolume
+    }
+
+    #[tokio::test]
+    async fn unstage_of_a_published_block_disk_is_refused_and_keeps_the_device() {
+        let (dir, host, exec) = (
+            tempfile::tempdir().unwrap(),
+            FakeHost::new(),
+            Arc::new(FakeExec::new()),
+        );
+        let d = driver(dir.path(), &host, &exec);
+        let (id, context) = disk(&d, "d1", true).await;
+        let (staging, target) = (dir.path().join("staging"), dir.path().join("target"));
+        let c = cap(true, Mode::SingleNodeWriter, &[]);
+        d.node_stage_volume(&ctx(node()), stage_req(&id, &context, &staging, c.clone()))
+            .await
+            .unwrap();
+        d.node_publish_volume(&ctx(node()), publish_req(&id, &staging, &target, c))
+            .await
+            .unwrap();
+        let e = d
+            .node_unstage_volume(&ctx(node()), unstage_req(&id, &staging))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::FailedPrecondition);
+        assert_eq!(host.attached(), 1, "the device stays attached");
+        // Nor can the controller delete it meanwhile.
+        let e = d
+            .delete_volume(
+                &ctx(Method::DeleteVolume),
+                DeleteVolumeRequest {
+                    volume_id: id.clone(),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::FailedPrecondition);
+    }
+
+    #[tokio::test]
+    async fn an_rw_flag_cannot_make_a_read_only_disk_writable() {
+        let (dir, host, exec) = (
+            tempfile::tempdir().unwrap(),
+            FakeHost::new(),
+            Arc::new(FakeExec::new()),
+        );
+        let d = driver(dir.path(), &host, &exec);
+        let (id, context) = disk(&d, "d1", false).await;
+        let (staging, target) = (dir.path().join("staging"), dir.path().join("target"));
+        // A disk formatted before, staged reader-only with an rw flag.
+        exec.expect("blkid", ExecOutput::ok("TYPE=ext4\n"));
+        let reader = cap(false, Mode::MultiNodeReaderOnly, &["rw"]);
+        d.node_stage_volume(
+            &ctx(node()),
+            stage_req(&id, &context, &staging, reader.clone()),
+        )
+        .await
+        .unwrap();
+        assert!(host.mounts_at(&staging)[0].is_read_only());
+        let mut req = publish_req(&id, &staging, &target, reader);
+        req.readonly = true;
+        d.node_publish_volume(&ctx(node()), req).await.unwrap();
+        assert!(host.mounts_at(&target)[0].is_read_only());
+    }
+
+    #[tokio::test]
+    async fn mount_flag_values_appear_in_no_error() {
+        let (dir, host, exec) = (
+            tempfile::tempdir().unwrap(),
+            FakeHost::new(),
+            Arc::new(FakeExec::new()),
+        );
+        let d = driver(dir.path(), &host, &exec);
+        let (id, context) = disk(&d, "d1", false).await;
+        let staging = dir.path().join("staging");
+        fresh_disk(&exec);
+        host.fake()
+            .inject_error(FakeOp::Mount, &staging, Errno::EINVAL);
+        let c = cap(false, Mode::SingleNodeWriter, &["password=SECRET"]);
+        let e = d
+            .node_stage_volume(&ctx(node()), stage_req(&id, &context, &staging, c))
+            .await
+            .unwrap_err();
+        assert!(!format!("{e} {e:?}").contains("SECRET"), "{e}");
+        assert_eq!(host.attached(), 0, "a failed first stage detaches");
+    }
+
+    #[tokio::test]
+    async fn paths_the_driver_did_not_record_are_not_touched() {
+        let (dir, host, exec) = (
+            tempfile::tempdir().unwrap(),
+            FakeHost::new(),
+            Arc::new(FakeExec::new()),
+        );
+        let d = driver(dir.path(), &host, &exec);
+        let (a, ctx_a) = disk(&d, "a", true).await;
+        let (b, _) = disk(&d, "b", true).await;
+        let (sa, ta) = (dir.path().join("sa"), dir.path().join("ta"));
+        let c = cap(true, Mode::SingleNodeWriter, &[]);
+        d.node_stage_volume(&ctx(node()), stage_req(&a, &ctx_a, &sa, c.clone()))
+            .await
+            .unwrap();
+        d.node_publish_volume(&ctx(node()), publish_req(&a, &sa, &ta, c.clone()))
+            .await
+            .unwrap();
+        let unpublish = |id: &str, t: &Path| NodeUnpublishVolumeRequest {
+            volume_id: id.into(),
+            target_path: t.to_string_lossy().into(),
+        };
+        let e = d
+            .node_unpublish_volume(&ctx(node()), unpublish(&b, &ta))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::NotFound);
+        assert_eq!(host.mounts_at(&ta).len(), 1);
+        let foreign = dir.path().join("foreign");
+        std::fs::create_dir(&foreign).unwrap();
+        host.add_mount("tmpfs", &foreign, "tmpfs");
+        let _ = d
+            .node_unpublish_volume(&ctx(node()), unpublish(&a, &foreign))
+            .await;
+        assert_eq!(host.mounts_at(&foreign).len(), 1, "the tmpfs stays");
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&foreign, &link).unwrap();
+        assert!(
+            d.node_publish_volume(&ctx(node()), publish_req(&a, &sa, &link, c))
+                .await
+                .is_err()
+        );
+        assert_eq!(host.mounts_at(&foreign).len(), 1);
+    }
+
+    #[tokio::test]
+    async fn block_publish_onto_a_non_empty_file_is_refused() {
+        let (dir, host, exec) = (
+            tempfile::tempdir().unwrap(),
+            FakeHost::new(),
+            Arc::new(FakeExec::new()),
+        );
+        let d = driver(dir.path(), &host, &exec);
+        let (id, context) = disk(&d, "d1", true).await;
+        let (staging, target) = (dir.path().join("staging"), dir.path().join("user-file"));
+        std::fs::write(&target, b"the user's data").unwrap();
+        let c = cap(true, Mode::SingleNodeWriter, &[]);
+        d.node_stage_volume(&ctx(node()), stage_req(&id, &context, &staging, c.clone()))
+            .await
+            .unwrap();
+        assert!(
+            d.node_publish_volume(&ctx(node()), publish_req(&id, &staging, &target, c))
+                .await
+                .is_err()
+        );
+        assert!(host.mounts_at(&target).is_empty());
+        assert_eq!(std::fs::read(&target).unwrap(), b"the user's data");
+    }
+
+    #[tokio::test]
+    async fn a_staged_disk_with_damaged_first_blocks_is_abnormal_never_reformatted() {
+        let (dir, host, exec) = (
+            tempfile::tempdir().unwrap(),
+            FakeHost::new(),
+            Arc::new(FakeExec::new()),
+        );
+        let (staging, s_ok) = (dir.path().join("staging"), dir.path().join("s-ok"));
+        let (id, ok) = {
+            let d = driver(dir.path(), &host, &exec);
+            let (id, context) = disk(&d, "d1", false).await;
+            let (ok, ok_ctx) = disk(&d, "d2", true).await;
+            fresh_disk(&exec);
+            let c = cap(false, Mode::SingleNodeWriter, &[]);
+            d.node_stage_volume(&ctx(node()), stage_req(&id, &context, &staging, c))
+                .await
+                .unwrap();
+            let b = cap(true, Mode::SingleNodeWriter, &[]);
+            d.node_stage_volume(&ctx(node()), stage_req(&ok, &ok_ctx, &s_ok, b))
+                .await
+                .unwrap();
+            // A reboot: mounts and devices are gone.
+            host.unmount(&staging, false).unwrap();
+            for image in [d.backend.volume_path(&id), d.backend.volume_path(&ok)] {
+                for dev in host.loops().find_by_backing_file(&image).unwrap() {
+                    host.loops().detach(&dev).unwrap();
+                }
+            }
+            (id, ok)
+        };
+        // Its first blocks are damaged: blkid finds nothing.
+        exec.expect("blkid", ExecOutput::exit(2, ""));
+        let before = exec.calls().len();
+        let d = driver(dir.path(), &host, &exec);
+        d.reconcile_on_start().unwrap();
+        let after = &exec.calls()[before..];
+        assert!(after.iter().any(|c| c.program == "blkid"), "{after:?}");
+        assert!(
+            !after.iter().any(|c| c.program.starts_with("mkfs")),
+            "{after:?}"
+        );
+        assert!(host.mounts_at(&staging).is_empty());
+        let r = d
+            .node_get_volume_stats(&ctx(node()), stats_req(&id, &staging))
+            .await
+            .unwrap();
+        assert!(r.volume_condition.unwrap().abnormal);
+        // The other disk is served.
+        let r = d
+            .node_get_volume_stats(&ctx(node()), stats_req(&ok, &s_ok))
+            .await
+            .unwrap();
+        assert!(!r.volume_condition.unwrap().abnormal);
+    }
+
+    #[tokio::test]
+    async fn unstage_without_a_record_detaches_the_device_by_backing_file() {
+        let (dir, host, exec) = (
+            tempfile::tempdir().unwrap(),
+            FakeHost::new(),
+            Arc::new(FakeExec::new()),
+        );
+        let d = driver(dir.path(), &host, &exec);
+        let (id, _) = disk(&d, "d1", true).await;
+        host.loops()
+            .attach(&d.backend.volume_path(&id), &LoopOptions::default())
+            .unwrap()
+            .keep();
+        d.node_unstage_volume(&ctx(node()), unstage_req(&id, &dir.path().join("staging")))
+            .await
+            .unwrap();
+        assert_eq!(host.attached(), 0);
+    }
+}
