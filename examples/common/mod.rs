@@ -588,6 +588,71 @@ pub fn check_attach_limit(
     Ok(())
 }
 
+/// Node requests for the examples' unit tests.
+#[cfg(test)]
+pub mod requests {
+    use std::path::Path;
+
+    use csi_proto::v1::volume_capability::access_mode::Mode;
+    use csi_proto::v1::*;
+
+    /// A block or mount capability with `mode` (and mount `flags`).
+    pub fn cap(block: bool, mode: Mode, flags: &[&str]) -> VolumeCapability {
+        let cap = if block {
+            VolumeCapability::block()
+        } else {
+            VolumeCapability::mount("").with_mount_flags(flags.iter().copied())
+        };
+        cap.with_access_mode(mode)
+    }
+
+    pub fn stage_req(id: &str, staging: &Path, cap: VolumeCapability) -> NodeStageVolumeRequest {
+        NodeStageVolumeRequest {
+            volume_id: id.into(),
+            staging_target_path: staging.to_string_lossy().into(),
+            volume_capability: Some(cap),
+            ..Default::default()
+        }
+    }
+
+    pub fn publish_req(
+        id: &str,
+        staging: &Path,
+        target: &Path,
+        cap: VolumeCapability,
+    ) -> NodePublishVolumeRequest {
+        NodePublishVolumeRequest {
+            volume_id: id.into(),
+            staging_target_path: staging.to_string_lossy().into(),
+            target_path: target.to_string_lossy().into(),
+            volume_capability: Some(cap),
+            ..Default::default()
+        }
+    }
+
+    pub fn unpublish_req(id: &str, target: &Path) -> NodeUnpublishVolumeRequest {
+        NodeUnpublishVolumeRequest {
+            volume_id: id.into(),
+            target_path: target.to_string_lossy().into(),
+        }
+    }
+
+    pub fn unstage_req(id: &str, staging: &Path) -> NodeUnstageVolumeRequest {
+        NodeUnstageVolumeRequest {
+            volume_id: id.into(),
+            staging_target_path: staging.to_string_lossy().into(),
+        }
+    }
+
+    pub fn stats_req(id: &str, path: &Path) -> NodeGetVolumeStatsRequest {
+        NodeGetVolumeStatsRequest {
+            volume_id: id.into(),
+            volume_path: path.to_string_lossy().into(),
+            ..Default::default()
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -248,6 +248,7 @@ mod tests {
     use mount_utils::{Errno, FakeOp, LoopDevices, LoopOptions, Mounter};
 
     use super::*;
+    use crate::common::requests::*;
     use crate::config::Config;
 
     fn driver(dir: &Path, host: &FakeHost) -> HostPath {
@@ -289,53 +290,6 @@ mod tests {
             })
             .unwrap();
         id.into()
-    }
-
-    fn cap(block: bool, mode: Mode, flags: &[&str]) -> VolumeCapability {
-        let cap = if block {
-            VolumeCapability::block()
-        } else {
-            VolumeCapability::mount("").with_mount_flags(flags.iter().copied())
-        };
-        cap.with_access_mode(mode)
-    }
-
-    fn stage_req(id: &str, staging: &Path, cap: VolumeCapability) -> NodeStageVolumeRequest {
-        NodeStageVolumeRequest {
-            volume_id: id.into(),
-            staging_target_path: staging.to_string_lossy().into(),
-            volume_capability: Some(cap),
-            ..Default::default()
-        }
-    }
-
-    fn publish_req(
-        id: &str,
-        staging: &Path,
-        target: &Path,
-        cap: VolumeCapability,
-    ) -> NodePublishVolumeRequest {
-        NodePublishVolumeRequest {
-            volume_id: id.into(),
-            staging_target_path: staging.to_string_lossy().into(),
-            target_path: target.to_string_lossy().into(),
-            volume_capability: Some(cap),
-            ..Default::default()
-        }
-    }
-
-    fn unpublish_req(id: &str, target: &Path) -> NodeUnpublishVolumeRequest {
-        NodeUnpublishVolumeRequest {
-            volume_id: id.into(),
-            target_path: target.to_string_lossy().into(),
-        }
-    }
-
-    fn unstage_req(id: &str, staging: &Path) -> NodeUnstageVolumeRequest {
-        NodeUnstageVolumeRequest {
-            volume_id: id.into(),
-            staging_target_path: staging.to_string_lossy().into(),
-        }
     }
 
     fn code(e: CsiError) -> tonic::Code {

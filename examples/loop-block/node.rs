@@ -214,6 +214,7 @@ mod tests {
     use mount_utils::{Errno, ExecOutput, FakeExec, FakeOp, LoopDevices, LoopOptions, Mounter};
 
     use super::*;
+    use crate::common::requests::*;
     use crate::config::Config;
 
     fn driver(dir: &Path, host: &FakeHost, exec: &Arc<FakeExec>) -> LoopBlock {
@@ -225,15 +226,6 @@ mod tests {
     fn ctx(method: Method) -> CallContext {
         let info = PluginInfo::new("loop-block.csi.csi-kit.dev", "test").unwrap();
         CallContext::for_test(method, info, crate::capabilities())
-    }
-
-    fn cap(block: bool, mode: Mode, flags: &[&str]) -> VolumeCapability {
-        let cap = if block {
-            VolumeCapability::block()
-        } else {
-            VolumeCapability::mount("").with_mount_flags(flags.iter().copied())
-        };
-        cap.with_access_mode(mode)
     }
 
     /// A disk created and ControllerPublished to this node; its id and
@@ -266,6 +258,7 @@ mod tests {
         (id, context.into_iter().collect())
     }
 
+    /// NodeStage with the publish context ControllerPublish returned.
     fn stage_req(
         id: &str,
         context: &[(String, String)],
@@ -273,41 +266,8 @@ mod tests {
         cap: VolumeCapability,
     ) -> NodeStageVolumeRequest {
         NodeStageVolumeRequest {
-            volume_id: id.into(),
             publish_context: context.iter().cloned().collect(),
-            staging_target_path: staging.to_string_lossy().into(),
-            volume_capability: Some(cap),
-            ..Default::default()
-        }
-    }
-
-    fn publish_req(
-        id: &str,
-        staging: &Path,
-        target: &Path,
-        cap: VolumeCapability,
-    ) -> NodePublishVolumeRequest {
-        NodePublishVolumeRequest {
-            volume_id: id.into(),
-            staging_target_path: staging.to_string_lossy().into(),
-            target_path: target.to_string_lossy().into(),
-            volume_capability: Some(cap),
-            ..Default::default()
-        }
-    }
-
-    fn unstage_req(id: &str, staging: &Path) -> NodeUnstageVolumeRequest {
-        NodeUnstageVolumeRequest {
-            volume_id: id.into(),
-            staging_target_path: staging.to_string_lossy().into(),
-        }
-    }
-
-    fn stats_req(id: &str, path: &Path) -> NodeGetVolumeStatsRequest {
-        NodeGetVolumeStatsRequest {
-            volume_id: id.into(),
-            volume_path: path.to_string_lossy().into(),
-            ..Default::default()
+            ..crate::common::requests::stage_req(id, staging, cap)
         }
     }
 
@@ -424,12 +384,8 @@ mod tests {
         d.node_publish_volume(&ctx(node()), publish_req(&a, &sa, &ta, c.clone()))
             .await
             .unwrap();
-        let unpublish = |id: &str, t: &Path| NodeUnpublishVolumeRequest {
-            volume_id: id.into(),
-            target_path: t.to_string_lossy().into(),
-        };
         let e = d
-            .node_unpublish_volume(&ctx(node()), unpublish(&b, &ta))
+            .node_unpublish_volume(&ctx(node()), unpublish_req(&b, &ta))
             .await
             .unwrap_err();
         assert_eq!(e.code(), tonic::Code::NotFound);
@@ -438,7 +394,7 @@ mod tests {
         std::fs::create_dir(&foreign).unwrap();
         host.add_mount("tmpfs", &foreign, "tmpfs");
         let _ = d
-            .node_unpublish_volume(&ctx(node()), unpublish(&a, &foreign))
+            .node_unpublish_volume(&ctx(node()), unpublish_req(&a, &foreign))
             .await;
         assert_eq!(host.mounts_at(&foreign).len(), 1, "the tmpfs stays");
         let link = dir.path().join("link");
