@@ -644,6 +644,34 @@ pub mod requests {
         }
     }
 
+    /// Sends every event of this process, at every level, to the
+    /// returned buffer (once per test binary: it is the global subscriber,
+    /// so the blocking tasks' threads are captured too).
+    pub fn capture_all_logs() -> std::sync::Arc<std::sync::Mutex<Vec<u8>>> {
+        use std::sync::{Arc, Mutex};
+        #[derive(Clone)]
+        struct Buffer(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Buffer {
+            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+                let mut b = self.0.lock().unwrap_or_else(|e| e.into_inner());
+                b.extend_from_slice(bytes);
+                Ok(bytes.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let buffer = Buffer(Arc::new(Mutex::new(Vec::new())));
+        let writer = buffer.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::TRACE)
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        tracing::subscriber::set_global_default(subscriber).expect("one capture per binary");
+        buffer.0
+    }
+
     pub fn stats_req(id: &str, path: &Path) -> NodeGetVolumeStatsRequest {
         NodeGetVolumeStatsRequest {
             volume_id: id.into(),

@@ -569,4 +569,45 @@ mod tests {
         assert!(!r.volume_condition.unwrap().abnormal, "restored");
         assert_eq!(host.mounts_at(&s_good).len(), 1);
     }
+
+    #[tokio::test]
+    async fn mount_flag_values_reach_no_log_line_at_trace_level() {
+        let logs = capture_all_logs();
+        let (dir, host) = (tempfile::tempdir().unwrap(), FakeHost::new());
+        let d = driver(dir.path(), &host);
+        let id = volume(&d, "vol-55555555555555555555555555555555", Access::Mount);
+        let (staging, target) = (dir.path().join("staging"), dir.path().join("target"));
+        let c = cap(false, Mode::SingleNodeWriter, &["password=SECRET"]);
+        // A failing staging mount, then a good one; a failing publish, then a good one.
+        host.fake()
+            .inject_error(FakeOp::Mount, &staging, Errno::EINVAL);
+        host.fake()
+            .inject_error(FakeOp::BindMount, &staging, Errno::EINVAL);
+        let mut errors = vec![
+            d.node_stage_volume(&ctx(), stage_req(&id, &staging, c.clone()))
+                .await
+                .unwrap_err(),
+        ];
+        host.fake().clear_errors();
+        d.node_stage_volume(&ctx(), stage_req(&id, &staging, c.clone()))
+            .await
+            .unwrap();
+        host.fake()
+            .inject_error(FakeOp::Mount, &target, Errno::EINVAL);
+        errors.push(
+            d.node_publish_volume(&ctx(), publish_req(&id, &staging, &target, c.clone()))
+                .await
+                .unwrap_err(),
+        );
+        host.fake().clear_errors();
+        d.node_publish_volume(&ctx(), publish_req(&id, &staging, &target, c))
+            .await
+            .unwrap();
+        let text = String::from_utf8_lossy(&logs.lock().unwrap()).into_owned();
+        assert!(text.contains("published"), "events are captured: {text}");
+        assert!(!text.contains("SECRET"), "{text}");
+        for e in errors {
+            assert!(!format!("{e} {e:?}").contains("SECRET"), "{e}");
+        }
+    }
 }

@@ -504,4 +504,49 @@ mod tests {
             .unwrap();
         assert_eq!(host.attached(), 0);
     }
+
+    #[tokio::test]
+    async fn mount_flag_values_reach_no_log_line_at_trace_level() {
+        let logs = capture_all_logs();
+        let (dir, host, exec) = (
+            tempfile::tempdir().unwrap(),
+            FakeHost::new(),
+            Arc::new(FakeExec::new()),
+        );
+        let d = driver(dir.path(), &host, &exec);
+        let (id, context) = disk(&d, "d1", false).await;
+        let (staging, target) = (dir.path().join("staging"), dir.path().join("target"));
+        let c = cap(false, Mode::SingleNodeWriter, &["password=SECRET"]);
+        // A failing staging mount, then a good one; a failing publish, then a good one.
+        fresh_disk(&exec);
+        host.fake()
+            .inject_error(FakeOp::Mount, &staging, Errno::EINVAL);
+        let mut errors = vec![
+            d.node_stage_volume(&ctx(node()), stage_req(&id, &context, &staging, c.clone()))
+                .await
+                .unwrap_err(),
+        ];
+        host.fake().clear_errors();
+        fresh_disk(&exec);
+        d.node_stage_volume(&ctx(node()), stage_req(&id, &context, &staging, c.clone()))
+            .await
+            .unwrap();
+        host.fake()
+            .inject_error(FakeOp::Mount, &target, Errno::EINVAL);
+        errors.push(
+            d.node_publish_volume(&ctx(node()), publish_req(&id, &staging, &target, c.clone()))
+                .await
+                .unwrap_err(),
+        );
+        host.fake().clear_errors();
+        d.node_publish_volume(&ctx(node()), publish_req(&id, &staging, &target, c))
+            .await
+            .unwrap();
+        let text = String::from_utf8_lossy(&logs.lock().unwrap()).into_owned();
+        assert!(text.contains("published"), "events are captured: {text}");
+        assert!(!text.contains("SECRET"), "{text}");
+        for e in errors {
+            assert!(!format!("{e} {e:?}").contains("SECRET"), "{e}");
+        }
+    }
 }
