@@ -541,7 +541,7 @@ mod tests {
     use std::sync::Arc;
 
     use clap::Parser;
-    use csi_server::method::Method;
+    use csi_server::Method;
     use csi_server::{Node, PluginInfo};
 
     use super::*;

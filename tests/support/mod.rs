@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use csi_kit::server::{ClientOptions, CsiClient, Endpoint};
+use csi_kit::client::{ClientOptions, CsiClient, Endpoint};
 
 /// The path of a built example (`cargo test` builds examples first).
 pub fn example_path(name: &str) -> PathBuf {
