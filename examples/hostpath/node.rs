@@ -244,7 +244,7 @@ mod tests {
     use csi_node::testing::FakeHost;
     use csi_proto::v1::volume_capability::access_mode::Mode;
     use csi_server::PluginInfo;
-    use csi_server::method::Method;
+    use csi_server::Method;
     use mount_utils::{Errno, FakeOp, LoopDevices, LoopOptions, Mounter};
 
     use super::*;

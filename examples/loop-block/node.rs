@@ -209,7 +209,7 @@ mod tests {
     use clap::Parser;
     use csi_node::testing::FakeHost;
     use csi_proto::v1::volume_capability::access_mode::Mode;
-    use csi_server::method::Method;
+    use csi_server::Method;
     use csi_server::{Controller, PluginInfo};
     use mount_utils::{Errno, ExecOutput, FakeExec, FakeOp, LoopDevices, LoopOptions, Mounter};
 
