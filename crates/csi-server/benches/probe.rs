@@ -86,27 +86,32 @@ fn probe(c: &mut Criterion) {
 
 /// The in-process cost of the layers alone (no socket, no HTTP/2): the
 /// same Probe handler called directly and through the server's default
-/// stack (each layer boxed, as the server builds it).
+/// stack.
 fn stack_overhead(c: &mut Criterion) {
     use csi_server::layer::{
         BoxCsiService, CatchPanicLayer, CsiCall, GatingLayer, LockingLayer, Readiness,
         ReadinessLayer, TracingLayer, ValidationLayer,
     };
     use csi_server::{Capabilities, DriverService, Drivers};
-    use tower::Layer;
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
-    let mut stack = BoxCsiService::new(DriverService::new(Drivers {
+    // As the server builds it: the built-in layers composed statically over
+    // the driver and boxed once.
+    let driver = DriverService::new(Drivers {
         identity: Some(Arc::new(csi_server::DefaultIdentity)),
         ..Default::default()
-    }));
-    stack = BoxCsiService::new(LockingLayer::new().layer(stack));
-    stack = BoxCsiService::new(ReadinessLayer::new(Readiness::ready()).layer(stack));
-    stack = BoxCsiService::new(ValidationLayer.layer(stack));
-    stack = BoxCsiService::new(GatingLayer::new(Capabilities::new()).layer(stack));
-    stack = BoxCsiService::new(CatchPanicLayer.layer(stack));
-    stack = BoxCsiService::new(TracingLayer.layer(stack));
+    });
+    let stack = BoxCsiService::new(
+        tower::ServiceBuilder::new()
+            .layer(TracingLayer)
+            .layer(CatchPanicLayer)
+            .layer(GatingLayer::new(Capabilities::new()))
+            .layer(ValidationLayer)
+            .layer(ReadinessLayer::new(Readiness::ready()))
+            .layer(LockingLayer::new())
+            .service(driver),
+    );
     let handler = |_: ProbeRequest| async { Ok::<_, Status>(ProbeResponse { ready: Some(true) }) };
     let mut group = c.benchmark_group("probe_in_process");
     group.bench_function("handler_only", |b| {

@@ -168,6 +168,48 @@ pub enum Position {
 
 type BoxLayer = Box<dyn FnOnce(BoxCsiService) -> BoxCsiService + Send>;
 
+/// The built-in layers as configured (`None`/`false`: turned off).
+struct Builtins {
+    tracing: bool,
+    #[cfg(feature = "metrics")]
+    metrics: crate::layer::MetricsLayer,
+    catch_panics: bool,
+    gating: Option<GatingLayer>,
+    validation: bool,
+    field_rules: Option<GatingLayer>,
+    readiness: ReadinessLayer,
+    locking: Option<LockingLayer>,
+}
+
+/// The built-in layers of `run` that are on, in their order, around
+/// `inner`, as one type boxed once (a macro: `inner` is the boxed rest of the
+/// stack, or the driver itself when nothing custom is innermost).
+macro_rules! compose {
+    ($builtins:expr, $run:expr, $inner:expr) => {{
+        let (this, run): (&Builtins, &[Builtin]) = (&$builtins, &$run);
+        let has = |b: Builtin| run.contains(&b);
+        let builder = tower::ServiceBuilder::new()
+            .option_layer((this.tracing && has(Builtin::Tracing)).then_some(TracingLayer));
+        #[cfg(feature = "metrics")]
+        let builder = builder.option_layer(has(Builtin::Metrics).then(|| this.metrics.clone()));
+        let service = builder
+            .option_layer(
+                (this.catch_panics && has(Builtin::CatchPanic)).then_some(CatchPanicLayer),
+            )
+            .option_layer(this.gating.clone().filter(|_| has(Builtin::Gating)))
+            .option_layer((this.validation && has(Builtin::Validation)).then_some(ValidationLayer))
+            .option_layer(
+                this.field_rules
+                    .clone()
+                    .filter(|_| has(Builtin::FieldRules)),
+            )
+            .option_layer(has(Builtin::Readiness).then(|| this.readiness.clone()))
+            .option_layer(this.locking.clone().filter(|_| has(Builtin::Locking)))
+            .service($inner);
+        BoxCsiService::new(service)
+    }};
+}
+
 /// Configures a [`Server`]. Every layer is on by default.
 pub struct ServerBuilder {
     info: PluginInfo,
@@ -434,67 +476,71 @@ impl ServerBuilder {
 
         #[cfg(feature = "metrics")]
         let metrics = crate::layer::MetricsLayer::new();
-        let builtin = |b: Builtin| -> Option<BoxLayer> {
-            let layer: BoxLayer = match b {
-                Builtin::Tracing if self.tracing => {
-                    Box::new(|s| BoxCsiService::new(TracingLayer.layer(s)))
+        let builtins = Builtins {
+            tracing: self.tracing,
+            #[cfg(feature = "metrics")]
+            metrics: metrics.clone(),
+            catch_panics: self.catch_panics,
+            // Undeclared RPC first, then missing or invalid fields, then the
+            // field-level capability rules (see layer::gating).
+            gating: self.gating.then(|| {
+                if self.validation {
+                    GatingLayer::rpcs(capabilities.clone())
+                } else {
+                    GatingLayer::new(capabilities.clone())
                 }
-                #[cfg(feature = "metrics")]
-                Builtin::Metrics => {
-                    let m = metrics.clone();
-                    Box::new(move |s| BoxCsiService::new(m.layer(s)))
-                }
-                Builtin::CatchPanic if self.catch_panics => {
-                    Box::new(|s| BoxCsiService::new(CatchPanicLayer.layer(s)))
-                }
-                // Undeclared RPC first, then missing or invalid fields, then
-                // the field-level capability rules (see layer::gating).
-                Builtin::Gating if self.gating => {
-                    let g = if self.validation {
-                        GatingLayer::rpcs(capabilities.clone())
-                    } else {
-                        GatingLayer::new(capabilities.clone())
-                    };
-                    Box::new(move |s| BoxCsiService::new(g.layer(s)))
-                }
-                Builtin::Validation if self.validation => {
-                    Box::new(|s| BoxCsiService::new(ValidationLayer.layer(s)))
-                }
-                Builtin::FieldRules if self.gating && self.validation => {
-                    let g = GatingLayer::fields(capabilities.clone());
-                    Box::new(move |s| BoxCsiService::new(g.layer(s)))
-                }
-                Builtin::Readiness => {
-                    let r = ReadinessLayer::new(readiness.clone());
-                    Box::new(move |s| BoxCsiService::new(r.layer(s)))
-                }
-                Builtin::Locking if self.locking => {
-                    let l = LockingLayer::with_map(self.lock_map.clone(), self.lock_wait);
-                    Box::new(move |s| BoxCsiService::new(l.layer(s)))
-                }
-                _ => return None,
-            };
-            Some(layer)
+            }),
+            validation: self.validation,
+            field_rules: (self.gating && self.validation)
+                .then(|| GatingLayer::fields(capabilities.clone())),
+            readiness: ReadinessLayer::new(readiness.clone()),
+            locking: self
+                .locking
+                .then(|| LockingLayer::with_map(self.lock_map.clone(), self.lock_wait)),
         };
-        // Outermost first.
+        // Outermost first: custom layers, and runs of built-in ones between them.
+        enum Entry {
+            Builtin(Builtin),
+            Custom(BoxLayer),
+        }
         let mut custom = self.custom_layers;
-        let mut take = |p: Position| -> Vec<BoxLayer> {
+        let mut take = |p: Position| -> Vec<Entry> {
             let (here, rest): (Vec<_>, Vec<_>) = custom.drain(..).partition(|(q, _)| *q == p);
             custom = rest;
-            here.into_iter().map(|(_, l)| l).collect()
+            here.into_iter().map(|(_, l)| Entry::Custom(l)).collect()
         };
-        let mut order: Vec<BoxLayer> = take(Position::Outermost);
+        let mut order: Vec<Entry> = take(Position::Outermost);
         for b in Builtin::ORDER {
             order.extend(take(Position::Outside(b)));
-            order.extend(builtin(b));
+            order.push(Entry::Builtin(b));
             order.extend(take(Position::Inside(b)));
         }
         order.extend(take(Position::Innermost));
 
-        let mut stack = BoxCsiService::new(DriverService::new(drivers.clone()));
-        for layer in order.into_iter().rev() {
-            stack = layer(stack);
+        // Inside out. A run of built-in layers is composed statically and
+        // boxed once: boxing between layers costs allocations per call.
+        let driver = DriverService::new(drivers.clone());
+        let mut stack: Option<BoxCsiService> = None;
+        let mut run = Vec::new();
+        for entry in order.into_iter().rev() {
+            match entry {
+                Entry::Builtin(b) => run.push(b),
+                Entry::Custom(layer) => {
+                    let inner = match stack.take() {
+                        Some(inner) if run.is_empty() => inner,
+                        Some(inner) => compose!(builtins, run, inner),
+                        None => compose!(builtins, run, driver.clone()),
+                    };
+                    run.clear();
+                    stack = Some(layer(inner));
+                }
+            }
         }
+        let stack = match stack {
+            Some(inner) if run.is_empty() => inner,
+            Some(inner) => compose!(builtins, run, inner),
+            None => compose!(builtins, run, driver),
+        };
 
         let dispatch = Dispatch::new(
             stack,

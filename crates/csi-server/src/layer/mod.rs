@@ -208,19 +208,25 @@ impl fmt::Debug for BoxCsiService {
 
 impl BoxCsiService {
     /// Sends one call through the stack (readiness included).
-    pub fn call_one<Req: ErasedRequest>(&self, call: CsiCall<Req>) -> CsiFuture<Req::Output> {
+    pub fn call_one<Req: ErasedRequest>(&self, call: CsiCall<Req>) -> OneCall<Req> {
         let service = Req::slot(&self.0)
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone();
-        Box::pin(service.oneshot(call))
+        service.oneshot(call)
     }
 }
+
+/// The future of one call through a [`BoxCsiService`].
+pub type OneCall<Req> = tower::util::Oneshot<
+    BoxCloneService<CsiCall<Req>, <Req as CsiRequest>::Output, CsiError>,
+    CsiCall<Req>,
+>;
 
 impl<Req: ErasedRequest> Service<CsiCall<Req>> for BoxCsiService {
     type Response = Req::Output;
     type Error = CsiError;
-    type Future = CsiFuture<Req::Output>;
+    type Future = OneCall<Req>;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), CsiError>> {
         // Readiness is that of the clone each call makes (see `call_one`).
