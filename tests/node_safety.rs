@@ -11,11 +11,11 @@ mod support;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
+use csi_kit::client::CsiClient;
 use csi_kit::mount::require_root;
 use csi_kit::mount::testing::{assert_no_loop_device_for, have_program};
 use csi_kit::proto::v1::volume_capability::access_mode::Mode;
 use csi_kit::proto::v1::*;
-use csi_kit::client::CsiClient;
 use support::{Driver, create_and_attach, mounts_under, run_isolated_in_tempdir};
 use tonic::Code;
 

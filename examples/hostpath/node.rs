@@ -243,8 +243,8 @@ mod tests {
     use clap::Parser;
     use csi_node::testing::FakeHost;
     use csi_proto::v1::volume_capability::access_mode::Mode;
-    use csi_server::PluginInfo;
     use csi_server::Method;
+    use csi_server::PluginInfo;
     use mount_utils::{Errno, FakeOp, LoopDevices, LoopOptions, Mounter};
 
     use super::*;
