@@ -226,14 +226,12 @@ impl Controller for HostPath {
             return Ok(DeleteVolumeResponse {});
         }
         let id = req.volume_id.clone();
+        let on_node = self.in_use_on_node(&id);
         let removed = self.store.update(|s| {
             let Some(v) = s.volumes.get(&id) else {
                 return Ok(None);
             };
-            if !v.published_nodes.is_empty()
-                || s.staged.contains_key(&id)
-                || !s.targets_of(&id).is_empty()
-            {
+            if !v.published_nodes.is_empty() || on_node {
                 return Err(CsiError::FailedPrecondition(format!(
                     "volume {id} is in use"
                 )));

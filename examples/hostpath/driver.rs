@@ -4,11 +4,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use csi_server::CsiError;
-use mount_utils::Mounter;
+use mount_utils::{LoopDevices, Mounter};
 
 use crate::backend::Backend;
+use crate::common::{open_node, restore_node};
 use crate::config::Config;
-use crate::store::Store;
+use crate::store::{Access, Store};
 
 /// The hostpath driver: cheap to clone (everything shared is behind `Arc`).
 #[derive(Clone)]
@@ -17,12 +18,28 @@ pub struct HostPath {
     pub node_id: String,
     pub store: Arc<Store>,
     pub backend: Backend,
-    pub mounter: Arc<dyn Mounter>,
+    /// Loop devices (NodeExpand refreshes a block volume's size).
+    pub loops: Arc<dyn LoopDevices>,
+    /// What this node staged and published (csi-node's record).
+    pub node: csi_node::NodeVolumes,
 }
 
 impl HostPath {
     /// Opens (or creates) the state directory.
     pub fn open(config: Config, mounter: Arc<dyn Mounter>) -> Result<Self, String> {
+        Self::open_with(
+            config,
+            mounter,
+            Arc::new(mount_utils::LinuxLoopDevices::new()),
+        )
+    }
+
+    /// [`open`](Self::open) with the loop devices to use (a fake in tests).
+    pub fn open_with(
+        config: Config,
+        mounter: Arc<dyn Mounter>,
+        loops: Arc<dyn LoopDevices>,
+    ) -> Result<Self, String> {
         // A crash during a group snapshot can leave the state filesystem
         // frozen; thaw it before anything below writes to it.
         let dedicated = csi_kit::mount::freeze::same_filesystem(&config.statedir, Path::new("/"))
@@ -34,49 +51,27 @@ impl HostPath {
             .map_err(|e| format!("preparing {}: {e}", config.statedir.display()))?;
         let store = Store::open(&config.statedir).map_err(|e| e.to_string())?;
         let node_id = config.node_id();
+        let store = Arc::new(store);
+        let locator = Arc::new(Locator {
+            store: store.clone(),
+            backend: backend.clone(),
+        });
+        let node = open_node(&config.statedir, mounter, loops.clone(), locator, None)?;
         Ok(Self {
+            node,
             config: Arc::new(config),
             node_id,
-            store: Arc::new(store),
+            store,
             backend,
-            mounter,
+            loops,
         })
     }
 
-    /// Whether SINGLE_NODE_MULTI_WRITER is advertised (it is: the driver
-    /// honours the repeat table for every access mode).
-    pub fn single_node_multi_writer(&self) -> bool {
-        true
-    }
-
-    /// Startup reconciliation: re-attaches the loop devices of staged block
-    /// volumes (lost on reboot) and returns volume data no record owns.
+    /// Startup reconciliation: puts back what the node record says is
+    /// staged and published (a volume that cannot be restored is reported
+    /// abnormal) and returns volume data no record owns.
     pub fn reconcile_on_start(&self) -> Result<Vec<PathBuf>, CsiError> {
-        let staged = self.store.read(|s| s.staged.clone());
-        for (id, record) in staged {
-            let Some(old) = record.loop_device.clone() else {
-                continue;
-            };
-            let image = self.backend.volume_path(&id, crate::store::Access::Block);
-            let attached = mount_utils::loopdev::find_by_backing_file(&image).unwrap_or_default();
-            if attached.contains(&old) {
-                continue;
-            }
-            let opts = mount_utils::LoopOptions {
-                autoclear: false,
-                ..Default::default()
-            };
-            let dev = mount_utils::LoopDevice::attach(&image, &opts)
-                .map_err(|e| CsiError::Internal(format!("re-attaching {}: {e}", image.display())))?
-                .keep();
-            tracing::info!(volume = %id, device = %dev.display(), "re-attached loop device of a staged volume");
-            self.store.update(|s| {
-                if let Some(r) = s.staged.get_mut(&id) {
-                    r.loop_device = Some(dev);
-                }
-                Ok(())
-            })?;
-        }
+        restore_node(&self.node);
         let known = self.store.read(|s| {
             s.volumes
                 .keys()
@@ -84,6 +79,31 @@ impl HostPath {
                 .collect::<std::collections::BTreeSet<_>>()
         });
         Ok(self.backend.orphans(|id| known.contains(id)))
+    }
+}
+
+/// Where a volume's data is, for csi-node: only ids the controller
+/// recorded (an inline ephemeral volume by the name the CO gave it).
+struct Locator {
+    store: Arc<Store>,
+    backend: Backend,
+}
+
+impl csi_node::VolumeLocator for Locator {
+    fn source(&self, volume_id: &str) -> Option<csi_node::Source> {
+        let volume = self.store.read(|s| {
+            s.volumes.get(volume_id).cloned().or_else(|| {
+                s.volumes
+                    .values()
+                    .find(|v| v.ephemeral && v.name == volume_id)
+                    .cloned()
+            })
+        })?;
+        let path = self.backend.volume_path(&volume.id, volume.access);
+        Some(match volume.access {
+            Access::Mount => csi_node::Source::Directory(path),
+            Access::Block => csi_node::Source::Image(path),
+        })
     }
 }
 

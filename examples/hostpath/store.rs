@@ -6,8 +6,7 @@
 //! crash can leave an orphan file (reported at start), never a record
 //! without data.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
+use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
@@ -56,29 +55,12 @@ pub struct SnapshotRecord {
 /// A group snapshot: several snapshots cut together.
 pub use crate::common::GroupSnapshotRecord;
 
-/// A volume staged on this node.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct StagedRecord {
-    pub staging_path: PathBuf,
-    /// Encoded capability the volume was staged with.
-    pub capability: Vec<u8>,
-    /// The loop device of a block volume.
-    pub loop_device: Option<PathBuf>,
-}
-
-/// A volume published at a target path on this node.
-pub use crate::common::PublishedRecord;
-
 /// Everything the driver remembers.
 #[derive(Debug, Default, Clone, Serialize, Deserialize)]
 pub struct State {
     pub volumes: BTreeMap<String, VolumeRecord>,
     pub snapshots: BTreeMap<String, SnapshotRecord>,
     pub group_snapshots: BTreeMap<String, GroupSnapshotRecord>,
-    /// Node side: volume id → where it is staged.
-    pub staged: BTreeMap<String, StagedRecord>,
-    /// Node side: target path → what is published there.
-    pub published: BTreeMap<PathBuf, PublishedRecord>,
     /// Names of inline ephemeral volumes removed by NodeUnpublish, newest
     /// last, so a retried NodeUnpublish stays OK (bounded).
     #[serde(default)]
@@ -105,15 +87,6 @@ impl State {
     /// The snapshot created under `name`, if any.
     pub fn snapshot_by_name(&self, name: &str) -> Option<&SnapshotRecord> {
         self.snapshots.values().find(|s| s.name == name)
-    }
-
-    /// Targets where `volume_id` is published on this node.
-    pub fn targets_of(&self, volume_id: &str) -> BTreeSet<PathBuf> {
-        self.published
-            .iter()
-            .filter(|(_, p)| p.volume_id == volume_id)
-            .map(|(t, _)| t.clone())
-            .collect()
     }
 }
 

@@ -197,6 +197,7 @@ impl Controller for LoopBlock {
             return Ok(DeleteVolumeResponse {});
         }
         let id = req.volume_id.clone();
+        let on_node = self.in_use_on_node(&id);
         let removed = self.store.update(|s| {
             let Some(v) = s.volumes.get(&id) else {
                 return Ok(None);
@@ -206,7 +207,7 @@ impl Controller for LoopBlock {
                     "volume {id} is attached to node {node}"
                 )));
             }
-            if s.staged.contains_key(&id) || s.is_published(&id) {
+            if on_node {
                 return Err(CsiError::FailedPrecondition(format!(
                     "volume {id} is in use on this node"
                 )));

@@ -7,11 +7,10 @@
 //! without data.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-pub use crate::common::{Access, GroupSnapshotRecord, PublishedRecord, Source};
+pub use crate::common::{Access, GroupSnapshotRecord, Source};
 use crate::tuning::Tuning;
 
 /// A volume (a disk) the controller created.
@@ -50,20 +49,6 @@ pub struct SnapshotRecord {
     pub group_snapshot_id: Option<String>,
 }
 
-/// A volume staged on this node.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct StagedRecord {
-    pub staging_path: PathBuf,
-    /// Encoded capability the volume was staged with.
-    pub capability: Vec<u8>,
-    /// The loop device the backing file is attached to.
-    pub loop_device: PathBuf,
-    /// The filesystem mounted at the staging path (None for raw block).
-    pub fs_type: Option<String>,
-    /// Whether the staging mount is read-only.
-    pub readonly: bool,
-}
-
 /// Everything the driver remembers.
 #[derive(Debug, Default, Clone, Serialize, Deserialize)]
 pub struct State {
@@ -71,10 +56,6 @@ pub struct State {
     pub snapshots: BTreeMap<String, SnapshotRecord>,
     #[serde(default)]
     pub group_snapshots: BTreeMap<String, GroupSnapshotRecord>,
-    /// Node side: volume id → where it is staged.
-    pub staged: BTreeMap<String, StagedRecord>,
-    /// Node side: target path → what is published there.
-    pub published: BTreeMap<PathBuf, PublishedRecord>,
 }
 
 impl State {
@@ -102,11 +83,6 @@ impl State {
             .values()
             .filter(|v| v.attached.contains_key(node))
             .count()
-    }
-
-    /// Whether `volume_id` is published anywhere on this node.
-    pub fn is_published(&self, volume_id: &str) -> bool {
-        self.published.values().any(|p| p.volume_id == volume_id)
     }
 }
 
