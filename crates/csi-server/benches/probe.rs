@@ -97,11 +97,11 @@ fn stack_overhead(c: &mut Criterion) {
         .build()
         .unwrap();
     // As the server builds it: the built-in layers composed statically over
-    // the driver and boxed once.
-    let driver = DriverService::new(Drivers {
+    // the boxed driver, and boxed once.
+    let driver = BoxCsiService::new(DriverService::new(Drivers {
         identity: Some(Arc::new(csi_server::DefaultIdentity)),
         ..Default::default()
-    });
+    }));
     let stack = BoxCsiService::new(
         tower::ServiceBuilder::new()
             .layer(TracingLayer)

@@ -21,8 +21,8 @@ use crate::driver::{
 use crate::endpoint::{Endpoint, EndpointError};
 use crate::error::CsiError;
 use crate::layer::{
-    BoxCsiService, CatchPanicLayer, CsiService, GatingLayer, LockMap, LockingLayer, Readiness,
-    ReadinessLayer, TracingLayer, ValidationLayer,
+    BoxCsiService, CatchPanic, CsiService, GatingLayer, LockMap, LockingLayer, Readiness,
+    ReadinessLayer, Tracing, Validation,
 };
 use crate::socket::{self, SocketError};
 
@@ -168,46 +168,49 @@ pub enum Position {
 
 type BoxLayer = Box<dyn FnOnce(BoxCsiService) -> BoxCsiService + Send>;
 
-/// The built-in layers as configured (`None`/`false`: turned off).
+/// The built-in layers as configured (`false`: turned off).
 struct Builtins {
     tracing: bool,
     #[cfg(feature = "metrics")]
     metrics: crate::layer::MetricsLayer,
     catch_panics: bool,
-    gating: Option<GatingLayer>,
+    gating: (GatingLayer, bool),
     validation: bool,
-    field_rules: Option<GatingLayer>,
+    field_rules: (GatingLayer, bool),
     readiness: ReadinessLayer,
-    locking: Option<LockingLayer>,
+    locking: (LockingLayer, bool),
 }
 
-/// The built-in layers of `run` that are on, in their order, around
-/// `inner`, as one type boxed once (a macro: `inner` is the boxed rest of the
-/// stack, or the driver itself when nothing custom is innermost).
-macro_rules! compose {
-    ($builtins:expr, $run:expr, $inner:expr) => {{
-        let (this, run): (&Builtins, &[Builtin]) = (&$builtins, &$run);
+impl Builtins {
+    /// The built-in layers of `run` that are on, in their order, around
+    /// `inner`, boxed once. Every built-in layer is in the type, switched
+    /// off when not in the run, so there is one linear nesting whatever the
+    /// configuration (and one instantiation: generic code over every request
+    /// type is what makes this crate's build large).
+    fn compose(&self, run: &[Builtin], inner: BoxCsiService) -> BoxCsiService {
+        if run.is_empty() {
+            return inner;
+        }
         let has = |b: Builtin| run.contains(&b);
-        let builder = tower::ServiceBuilder::new()
-            .option_layer((this.tracing && has(Builtin::Tracing)).then_some(TracingLayer));
+        let s = self
+            .locking
+            .0
+            .switched(inner, self.locking.1 && has(Builtin::Locking));
+        let s = self.readiness.switched(s, has(Builtin::Readiness));
+        let s = self
+            .field_rules
+            .0
+            .switched(s, self.field_rules.1 && has(Builtin::FieldRules));
+        let s = Validation::switched(s, self.validation && has(Builtin::Validation));
+        let s = self
+            .gating
+            .0
+            .switched(s, self.gating.1 && has(Builtin::Gating));
+        let s = CatchPanic::switched(s, self.catch_panics && has(Builtin::CatchPanic));
         #[cfg(feature = "metrics")]
-        let builder = builder.option_layer(has(Builtin::Metrics).then(|| this.metrics.clone()));
-        let service = builder
-            .option_layer(
-                (this.catch_panics && has(Builtin::CatchPanic)).then_some(CatchPanicLayer),
-            )
-            .option_layer(this.gating.clone().filter(|_| has(Builtin::Gating)))
-            .option_layer((this.validation && has(Builtin::Validation)).then_some(ValidationLayer))
-            .option_layer(
-                this.field_rules
-                    .clone()
-                    .filter(|_| has(Builtin::FieldRules)),
-            )
-            .option_layer(has(Builtin::Readiness).then(|| this.readiness.clone()))
-            .option_layer(this.locking.clone().filter(|_| has(Builtin::Locking)))
-            .service($inner);
-        BoxCsiService::new(service)
-    }};
+        let s = self.metrics.switched(s, has(Builtin::Metrics));
+        BoxCsiService::new(Tracing::switched(s, self.tracing && has(Builtin::Tracing)))
+    }
 }
 
 /// Configures a [`Server`]. Every layer is on by default.
@@ -476,27 +479,28 @@ impl ServerBuilder {
 
         #[cfg(feature = "metrics")]
         let metrics = crate::layer::MetricsLayer::new();
+        // Undeclared RPC first, then missing or invalid fields, then the
+        // field-level capability rules (see layer::gating).
         let builtins = Builtins {
             tracing: self.tracing,
             #[cfg(feature = "metrics")]
             metrics: metrics.clone(),
             catch_panics: self.catch_panics,
-            // Undeclared RPC first, then missing or invalid fields, then the
-            // field-level capability rules (see layer::gating).
-            gating: self.gating.then(|| {
-                if self.validation {
-                    GatingLayer::rpcs(capabilities.clone())
-                } else {
-                    GatingLayer::new(capabilities.clone())
-                }
-            }),
+            gating: if self.validation {
+                (GatingLayer::rpcs(capabilities.clone()), self.gating)
+            } else {
+                (GatingLayer::new(capabilities.clone()), self.gating)
+            },
             validation: self.validation,
-            field_rules: (self.gating && self.validation)
-                .then(|| GatingLayer::fields(capabilities.clone())),
+            field_rules: (
+                GatingLayer::fields(capabilities.clone()),
+                self.gating && self.validation,
+            ),
             readiness: ReadinessLayer::new(readiness.clone()),
-            locking: self
-                .locking
-                .then(|| LockingLayer::with_map(self.lock_map.clone(), self.lock_wait)),
+            locking: (
+                LockingLayer::with_map(self.lock_map.clone(), self.lock_wait),
+                self.locking,
+            ),
         };
         // Outermost first: custom layers, and runs of built-in ones between them.
         enum Entry {
@@ -519,28 +523,20 @@ impl ServerBuilder {
 
         // Inside out. A run of built-in layers is composed statically and
         // boxed once: boxing between layers costs allocations per call.
-        let driver = DriverService::new(drivers.clone());
+        let driver = BoxCsiService::new(DriverService::new(drivers.clone()));
         let mut stack: Option<BoxCsiService> = None;
         let mut run = Vec::new();
         for entry in order.into_iter().rev() {
             match entry {
                 Entry::Builtin(b) => run.push(b),
                 Entry::Custom(layer) => {
-                    let inner = match stack.take() {
-                        Some(inner) if run.is_empty() => inner,
-                        Some(inner) => compose!(builtins, run, inner),
-                        None => compose!(builtins, run, driver.clone()),
-                    };
+                    let inner = builtins.compose(&run, stack.take().unwrap_or(driver.clone()));
                     run.clear();
                     stack = Some(layer(inner));
                 }
             }
         }
-        let stack = match stack {
-            Some(inner) if run.is_empty() => inner,
-            Some(inner) => compose!(builtins, run, inner),
-            None => compose!(builtins, run, driver),
-        };
+        let stack = builtins.compose(&run, stack.unwrap_or(driver));
 
         let dispatch = Dispatch::new(
             stack,

@@ -719,3 +719,56 @@ async fn probe_follows_the_readiness_handle() {
     );
     s.stop().await.unwrap();
 }
+
+#[tokio::test]
+async fn built_in_layers_can_be_switched_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let driver = Arc::new(TestDriver::default());
+    let s = start(
+        builder(&dir, &driver)
+            .validation(false)
+            .capability_gating(false)
+            .locking(false),
+    )
+    .await;
+    let mut c = s.client.controller();
+    // No validation: an empty id reaches the driver.
+    c.delete_volume(DeleteVolumeRequest::default())
+        .await
+        .unwrap();
+    // No gating: an undeclared RPC reaches the driver's default.
+    let err = c
+        .controller_get_volume(ControllerGetVolumeRequest {
+            volume_id: "v".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Unimplemented);
+    assert!(err.message().contains("not implemented"), "{err:?}");
+    // No locking: two calls on one volume run at once.
+    let mut c2 = s.client.controller();
+    let first = tokio::spawn(async move {
+        c2.delete_volume(DeleteVolumeRequest {
+            volume_id: "block-x".into(),
+            ..Default::default()
+        })
+        .await
+    });
+    driver.entered.notified().await;
+    let mut c3 = s.client.controller();
+    let second = tokio::spawn(async move {
+        c3.delete_volume(DeleteVolumeRequest {
+            volume_id: "block-x".into(),
+            ..Default::default()
+        })
+        .await
+    });
+    driver.entered.notified().await;
+    assert_eq!(driver.max_running.load(Ordering::SeqCst), 2);
+    driver.release.notify_one();
+    driver.release.notify_one();
+    first.await.unwrap().unwrap();
+    second.await.unwrap().unwrap();
+    assert!(s.lock_map.is_empty());
+    s.stop().await.unwrap();
+}

@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use futures::FutureExt;
+use futures::future::{Either, ErrInto};
+use futures::{FutureExt, TryFutureExt};
 use http_body_util::Full;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::encoding::EncodeLabelSet;
@@ -185,6 +186,17 @@ fn code_name(code: Code) -> &'static str {
     }
 }
 
+impl MetricsLayer {
+    /// Around `inner`, or passing calls straight through when `on` is false.
+    pub(crate) fn switched<S>(&self, inner: S, on: bool) -> Metrics<S> {
+        Metrics {
+            durations: self.durations.clone(),
+            inner,
+            on,
+        }
+    }
+}
+
 impl<S> Layer<S> for MetricsLayer {
     type Service = Metrics<S>;
 
@@ -192,6 +204,7 @@ impl<S> Layer<S> for MetricsLayer {
         Metrics {
             durations: self.durations.clone(),
             inner,
+            on: true,
         }
     }
 }
@@ -201,6 +214,7 @@ impl<S> Layer<S> for MetricsLayer {
 pub struct Metrics<S> {
     durations: Durations,
     inner: S,
+    on: bool,
 }
 
 impl<S: std::fmt::Debug> std::fmt::Debug for Metrics<S> {
@@ -220,17 +234,20 @@ where
 {
     type Response = Req::Output;
     type Error = CsiError;
-    type Future = CsiFuture<Req::Output>;
+    type Future = Either<ErrInto<S::Future, CsiError>, CsiFuture<Req::Output>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), CsiError>> {
         self.inner.poll_ready(cx).map_err(Into::into)
     }
 
     fn call(&mut self, call: CsiCall<Req>) -> Self::Future {
+        if !self.on {
+            return Either::Left(self.inner.call(call).err_into());
+        }
         let method = Req::METHOD.name();
         let start = Instant::now();
         let durations = self.durations.clone();
-        Box::pin(self.inner.call(call).map(move |result| {
+        Either::Right(Box::pin(self.inner.call(call).map(move |result| {
             let result = result.map_err(Into::into);
             let code = result.as_ref().map_or_else(|e| e.code(), |_| Code::Ok);
             durations
@@ -240,7 +257,7 @@ where
                 })
                 .observe(start.elapsed().as_secs_f64());
             result
-        }))
+        })))
     }
 }
 

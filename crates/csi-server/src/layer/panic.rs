@@ -5,7 +5,8 @@ use std::any::Any;
 use std::panic::AssertUnwindSafe;
 use std::task::{Context, Poll};
 
-use futures::FutureExt;
+use futures::future::{Either, ErrInto};
+use futures::{FutureExt, TryFutureExt};
 use tower::{Layer, Service};
 
 use super::{CsiCall, CsiFuture};
@@ -20,7 +21,7 @@ impl<S> Layer<S> for CatchPanicLayer {
     type Service = CatchPanic<S>;
 
     fn layer(&self, inner: S) -> CatchPanic<S> {
-        CatchPanic { inner }
+        CatchPanic { inner, on: true }
     }
 }
 
@@ -28,6 +29,14 @@ impl<S> Layer<S> for CatchPanicLayer {
 #[derive(Debug, Clone)]
 pub struct CatchPanic<S> {
     inner: S,
+    on: bool,
+}
+
+impl<S> CatchPanic<S> {
+    /// Around `inner`, or passing calls straight through when `on` is false.
+    pub(crate) fn switched(inner: S, on: bool) -> Self {
+        Self { inner, on }
+    }
 }
 
 fn internal(
@@ -53,13 +62,16 @@ where
 {
     type Response = Req::Output;
     type Error = CsiError;
-    type Future = CsiFuture<Req::Output>;
+    type Future = Either<ErrInto<S::Future, CsiError>, CsiFuture<Req::Output>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), CsiError>> {
         self.inner.poll_ready(cx).map_err(Into::into)
     }
 
     fn call(&mut self, call: CsiCall<Req>) -> Self::Future {
+        if !self.on {
+            return Either::Left(self.inner.call(call).err_into());
+        }
         let method = Req::METHOD;
         let request_id = call.ctx.request_id;
         // AssertUnwindSafe: after a panic the call's state is dropped, and
@@ -68,16 +80,14 @@ where
             Ok(future) => future,
             Err(payload) => {
                 let err = internal(method, request_id, &*payload);
-                return Box::pin(futures::future::ready(Err(err)));
+                return Either::Right(Box::pin(futures::future::ready(Err(err))));
             }
         };
-        Box::pin(
-            AssertUnwindSafe(future)
-                .catch_unwind()
-                .map(move |outcome| match outcome {
-                    Ok(result) => result.map_err(Into::into),
-                    Err(payload) => Err(internal(method, request_id, &*payload)),
-                }),
-        )
+        Either::Right(Box::pin(AssertUnwindSafe(future).catch_unwind().map(
+            move |outcome| match outcome {
+                Ok(result) => result.map_err(Into::into),
+                Err(payload) => Err(internal(method, request_id, &*payload)),
+            },
+        )))
     }
 }

@@ -105,6 +105,17 @@ impl ReadinessLayer {
     }
 }
 
+impl ReadinessLayer {
+    /// Around `inner`, or passing calls straight through when `on` is false.
+    pub(crate) fn switched<S>(&self, inner: S, on: bool) -> ReadinessService<S> {
+        ReadinessService {
+            readiness: self.readiness.clone(),
+            inner,
+            on,
+        }
+    }
+}
+
 impl<S> Layer<S> for ReadinessLayer {
     type Service = ReadinessService<S>;
 
@@ -112,6 +123,7 @@ impl<S> Layer<S> for ReadinessLayer {
         ReadinessService {
             readiness: self.readiness.clone(),
             inner,
+            on: true,
         }
     }
 }
@@ -121,6 +133,7 @@ impl<S> Layer<S> for ReadinessLayer {
 pub struct ReadinessService<S> {
     readiness: Readiness,
     inner: S,
+    on: bool,
 }
 
 impl<S, Req> Service<CsiCall<Req>> for ReadinessService<S>
@@ -139,7 +152,7 @@ where
 
     fn call(&mut self, call: CsiCall<Req>) -> Self::Future {
         // Only requests with a not-ready answer (Probe) are affected.
-        let Some(not_ready) = Req::not_ready_response() else {
+        let Some(not_ready) = Req::not_ready_response().filter(|_| self.on) else {
             return Either::Left(self.inner.call(call).err_into());
         };
         let answer = match self.readiness.state() {

@@ -6,6 +6,8 @@
 use std::task::{Context, Poll};
 use std::time::Instant;
 
+use futures::TryFutureExt;
+use futures::future::{Either, ErrInto};
 use tonic::Code;
 use tower::{Layer, Service};
 use tracing::field::Empty;
@@ -23,7 +25,7 @@ impl<S> Layer<S> for TracingLayer {
     type Service = Tracing<S>;
 
     fn layer(&self, inner: S) -> Tracing<S> {
-        Tracing { inner }
+        Tracing { inner, on: true }
     }
 }
 
@@ -31,6 +33,14 @@ impl<S> Layer<S> for TracingLayer {
 #[derive(Debug, Clone)]
 pub struct Tracing<S> {
     inner: S,
+    on: bool,
+}
+
+impl<S> Tracing<S> {
+    /// Around `inner`, or passing calls straight through when `on` is false.
+    pub(crate) fn switched(inner: S, on: bool) -> Self {
+        Self { inner, on }
+    }
 }
 
 impl<S, Req> Service<CsiCall<Req>> for Tracing<S>
@@ -42,13 +52,16 @@ where
 {
     type Response = Req::Output;
     type Error = CsiError;
-    type Future = CsiFuture<Req::Output>;
+    type Future = Either<ErrInto<S::Future, CsiError>, CsiFuture<Req::Output>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), CsiError>> {
         self.inner.poll_ready(cx).map_err(Into::into)
     }
 
     fn call(&mut self, call: CsiCall<Req>) -> Self::Future {
+        if !self.on {
+            return Either::Left(self.inner.call(call).err_into());
+        }
         let span = tracing::info_span!(
             "csi",
             request_id = call.ctx.request_id,
@@ -68,7 +81,7 @@ where
             let _entered = span.enter();
             self.inner.call(call)
         };
-        Box::pin(async move {
+        Either::Right(Box::pin(async move {
             let result = future.instrument(span.clone()).await.map_err(Into::into);
             let code = result.as_ref().map_or_else(|e| e.code(), |_| Code::Ok);
             span.record("code", tracing::field::debug(code));
@@ -84,6 +97,6 @@ where
                 Err(_) => {}
             }
             result
-        })
+        }))
     }
 }
