@@ -1,12 +1,13 @@
-//! The driver value shared by every service, and small shared helpers.
+//! The driver value shared by every service, and startup reconciliation.
 
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
 
 use csi_server::CsiError;
 use mount_utils::Mounter;
 
 use crate::backend::Backend;
+use crate::common::state::{InFlight, Ledger, open_state};
 use crate::config::Config;
 use crate::store::Store;
 
@@ -18,21 +19,35 @@ pub struct HostPath {
     pub store: Arc<Store>,
     pub backend: Backend,
     pub mounter: Arc<dyn Mounter>,
+    /// Volumes, snapshots and names with work running on them.
+    pub in_flight: Arc<InFlight>,
+    /// Bytes promised to volumes, against `--capacity`.
+    pub ledger: Arc<Ledger>,
+    /// Held while ControllerPublish counts a node's attachments against
+    /// `--attach-limit` and records one more.
+    pub attach_gate: Arc<Mutex<()>>,
 }
 
 impl HostPath {
-    /// Opens (or creates) the state directory.
+    /// Opens (or creates) the state directory and locks it for the life of
+    /// the process: a second instance on it gets an error naming the first.
     pub fn open(config: Config, mounter: Arc<dyn Mounter>) -> Result<Self, String> {
-        // A crash during a group snapshot can leave the state filesystem
-        // frozen; thaw it before anything below writes to it.
-        let dedicated = csi_kit::mount::freeze::same_filesystem(&config.statedir, Path::new("/"))
-            .is_ok_and(|on_root| !on_root);
-        if dedicated && csi_kit::mount::freeze::thaw(&config.statedir).unwrap_or(false) {
-            tracing::warn!(statedir = %config.statedir.display(), "thawed a filesystem left frozen by a crash");
-        }
+        let statedir = config.statedir.clone();
+        let files = open_state(&statedir, || {
+            // A crash during a group snapshot can leave the state filesystem
+            // frozen; thaw it before anything below writes to it.
+            let dedicated = csi_kit::mount::freeze::same_filesystem(&statedir, Path::new("/"))
+                .is_ok_and(|on_root| !on_root);
+            if dedicated && csi_kit::mount::freeze::thaw(&statedir).unwrap_or(false) {
+                tracing::warn!(statedir = %statedir.display(), "thawed a filesystem left frozen by a crash");
+            }
+        })?;
         let backend = Backend::new(&config.statedir, config.snapshotdir.as_deref())
             .map_err(|e| format!("preparing {}: {e}", config.statedir.display()))?;
-        let store = Store::open(&config.statedir).map_err(|e| e.to_string())?;
+        let store = Store::open(files)?;
+        let used = store
+            .volumes
+            .read(|all| all.values().map(|v| v.capacity_bytes).sum());
         let node_id = config.node_id();
         Ok(Self {
             config: Arc::new(config),
@@ -40,6 +55,9 @@ impl HostPath {
             store: Arc::new(store),
             backend,
             mounter,
+            in_flight: InFlight::new(),
+            ledger: Ledger::new(used),
+            attach_gate: Arc::default(),
         })
     }
 
@@ -49,10 +67,13 @@ impl HostPath {
         true
     }
 
-    /// Startup reconciliation: re-attaches the loop devices of staged block
-    /// volumes (lost on reboot) and returns volume data no record owns.
-    pub fn reconcile_on_start(&self) -> Result<Vec<PathBuf>, CsiError> {
-        let staged = self.store.read(|s| s.staged.clone());
+    /// Startup reconciliation, before serving: re-attaches the loop devices
+    /// of staged block volumes (lost on reboot), finishes group snapshots a
+    /// crash left half saved or half removed, and removes data no record
+    /// owns (unacknowledged creates, half-done deletes), logging each; the
+    /// data of records that were set aside as unreadable is kept.
+    pub fn reconcile_on_start(&self) -> Result<(), CsiError> {
+        let staged = self.store.staged.read(|all| all.clone());
         for (id, record) in staged {
             let Some(old) = record.loop_device.clone() else {
                 continue;
@@ -70,20 +91,48 @@ impl HostPath {
                 .map_err(|e| CsiError::Internal(format!("re-attaching {}: {e}", image.display())))?
                 .keep();
             tracing::info!(volume = %id, device = %dev.display(), "re-attached loop device of a staged volume");
-            self.store.update(|s| {
-                if let Some(r) = s.staged.get_mut(&id) {
+            self.store.staged.update(&id, |r| {
+                if let Some(r) = r {
                     r.loop_device = Some(dev);
                 }
-                Ok(())
+                Ok::<_, CsiError>(())
             })?;
         }
-        let known = self.store.read(|s| {
-            s.volumes
-                .keys()
-                .cloned()
-                .collect::<std::collections::BTreeSet<_>>()
-        });
-        Ok(self.backend.orphans(|id| known.contains(id)))
+        let cut = crate::common::settle_groups(
+            &self.store.groups,
+            &self.store.snapshots,
+            |s| s.group_snapshot_id.as_deref(),
+            &self.store.quarantined_snapshots,
+        )?;
+        for snap in cut {
+            self.backend.delete_snapshot(&snap.id, snap.access)?;
+        }
+        self.sweep()
+    }
+
+    /// Removes data with no record (see [`Self::reconcile_on_start`]).
+    fn sweep(&self) -> Result<(), CsiError> {
+        let (volumes, snapshots, foreign) = self.backend.data();
+        for (id, path) in volumes {
+            if self.store.volumes.contains(&id) || self.store.quarantined_volumes.contains(&id) {
+                continue;
+            }
+            tracing::warn!(path = %path.display(), "volume data with no record (left by a crash); removing it");
+            self.backend.delete_volume_data(&id)?;
+        }
+        for (id, path) in snapshots {
+            if self.store.snapshots.contains(&id) || self.store.quarantined_snapshots.contains(&id)
+            {
+                continue;
+            }
+            tracing::warn!(path = %path.display(), "snapshot data with no record (left by a crash); removing it");
+            crate::common::state::remove_path(&path)
+                .map_err(|e| crate::common::internal("removing", &path, e))?;
+        }
+        for path in foreign {
+            tracing::warn!(path = %path.display(), "not this driver's data; not touched");
+        }
+        Ok(())
     }
 }
 

@@ -146,12 +146,9 @@ async fn run(config: Config) -> Result<(), String> {
         "  mode: {:?}, attach: {}, topology: {}",
         config.mode, config.enable_attach, config.enable_topology
     );
-    let orphans = driver
+    driver
         .reconcile_on_start()
         .map_err(|e| format!("reconciling state: {e}"))?;
-    for path in orphans {
-        tracing::warn!(path = %path.display(), "volume data with no record (left by a crash); not touched");
-    }
     readiness.set_ready();
     server.serve().await.map_err(|e| e.to_string())
 }

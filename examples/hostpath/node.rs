@@ -55,7 +55,8 @@ impl HostPath {
             return Err(CsiError::NotFound(format!("volume {id:?} does not exist")));
         }
         self.store
-            .read(|s| s.volumes.get(id).cloned())
+            .volumes
+            .get(id)
             .ok_or_else(|| CsiError::NotFound(format!("volume {id} does not exist")))
     }
 
@@ -120,9 +121,8 @@ impl HostPath {
 
     /// Creates the backing volume of an inline ephemeral volume on first publish.
     fn ephemeral_volume(&self, name: &str) -> CsiResult<VolumeRecord> {
-        if let Some(v) = self.store.read(|s| {
-            s.volumes
-                .values()
+        if let Some(v) = self.store.volumes.read(|all| {
+            all.values()
                 .find(|v| v.ephemeral && v.name == name)
                 .cloned()
         }) {
@@ -143,10 +143,13 @@ impl HostPath {
         };
         self.backend
             .create_volume(&record.id, Access::Mount, record.capacity_bytes)?;
-        self.store.update(|s| {
-            s.volumes.insert(record.id.clone(), record.clone());
-            Ok(())
-        })?;
+        if let Err(e) = self.store.volumes.put(&record.id, record.clone()) {
+            let _ = self.backend.delete_volume(&record.id, Access::Mount);
+            return Err(e.into());
+        }
+        if let Some(r) = self.ledger.reserve(record.capacity_bytes, 0) {
+            r.keep();
+        }
         Ok(record)
     }
 }
@@ -163,30 +166,24 @@ impl Node for HostPath {
         check_access(&volume, &cap)?;
         let staging = PathBuf::from(&req.staging_target_path);
         let encoded = cap.encode_to_vec();
-        let existing = self
-            .store
-            .read(|s| s.staged.get(&volume.id).cloned())
-            .map(|staged| Staging {
-                staging_target_path: staged.staging_path.to_string_lossy().into_owned(),
-                volume_capability: VolumeCapability::decode(staged.capability.as_slice()).ok(),
-            });
+        let existing = self.store.staged.get(&volume.id).map(|staged| Staging {
+            staging_target_path: staged.staging_path.to_string_lossy().into_owned(),
+            volume_capability: VolumeCapability::decode(staged.capability.as_slice()).ok(),
+        });
         if check_stage(existing.as_ref(), &req)? == StageDecision::AlreadyStaged {
             return Ok(NodeStageVolumeResponse {});
         }
         let this = self.clone();
         let (v, s, c) = (volume.clone(), staging.clone(), cap.clone());
         let loop_device = blocking(move || this.stage_blocking(&v, &s, &c)).await?;
-        self.store.update(|s| {
-            s.staged.insert(
-                volume.id.clone(),
-                StagedRecord {
-                    staging_path: staging,
-                    capability: encoded,
-                    loop_device,
-                },
-            );
-            Ok(())
-        })?;
+        self.store.staged.put(
+            &volume.id,
+            StagedRecord {
+                staging_path: staging,
+                capability: encoded,
+                loop_device,
+            },
+        )?;
         Ok(NodeStageVolumeResponse {})
     }
 
@@ -196,7 +193,7 @@ impl Node for HostPath {
         req: NodeUnstageVolumeRequest,
     ) -> CsiResult<NodeUnstageVolumeResponse> {
         let staging = PathBuf::from(&req.staging_target_path);
-        let staged = self.store.read(|s| s.staged.get(&req.volume_id).cloned());
+        let staged = self.store.staged.get(&req.volume_id);
         if staged.is_none() {
             self.known_volume(&req.volume_id)?;
         }
@@ -214,10 +211,8 @@ impl Node for HostPath {
         })
         .await?;
         if staged.is_some() {
-            self.store.update(|s| {
-                s.staged.remove(&req.volume_id);
-                Ok(())
-            })?;
+            // A delete: works on a full disk.
+            self.store.staged.delete(&req.volume_id)?;
         }
         Ok(NodeUnstageVolumeResponse {})
     }
@@ -239,7 +234,10 @@ impl Node for HostPath {
         let cap = req.volume_capability.clone().unwrap_or_default();
         check_access(&volume, &cap)?;
         let target = PathBuf::from(&req.target_path);
-        let existing = self.store.read(|s| publications(&s.published, &volume.id));
+        let existing = self
+            .store
+            .published
+            .read(|all| publications(all, &volume.id));
         if check_publish(&existing, &req, self.single_node_multi_writer())?
             == PublishDecision::AlreadyPublished
         {
@@ -248,12 +246,9 @@ impl Node for HostPath {
         let source = if ephemeral {
             self.backend.volume_path(&volume.id, Access::Mount)
         } else {
-            let staged = self
-                .store
-                .read(|s| s.staged.get(&volume.id).cloned())
-                .ok_or_else(|| {
-                    CsiError::FailedPrecondition(format!("volume {} is not staged", volume.id))
-                })?;
+            let staged = self.store.staged.get(&volume.id).ok_or_else(|| {
+                CsiError::FailedPrecondition(format!("volume {} is not staged", volume.id))
+            })?;
             if staged.staging_path != Path::new(&req.staging_target_path) {
                 return Err(CsiError::FailedPrecondition(format!(
                     "volume {} is staged at {}, not at {}",
@@ -273,13 +268,10 @@ impl Node for HostPath {
         let this = self.clone();
         let (v, t, c) = (volume.clone(), target.clone(), cap.clone());
         blocking(move || this.publish_blocking(&v, &source, &t, &c, readonly)).await?;
-        self.store.update(|s| {
-            let mut record = PublishedRecord::of(&req, readonly);
-            // An ephemeral volume's record names the generated id, not the CO's name.
-            record.volume_id = volume.id.clone();
-            s.published.insert(target, record);
-            Ok(())
-        })?;
+        let mut record = PublishedRecord::of(&req, readonly);
+        // An ephemeral volume's record names the generated id, not the CO's name.
+        record.volume_id = volume.id.clone();
+        self.store.published.put(&req.target_path, record)?;
         Ok(NodePublishVolumeResponse {})
     }
 
@@ -289,18 +281,17 @@ impl Node for HostPath {
         req: NodeUnpublishVolumeRequest,
     ) -> CsiResult<NodeUnpublishVolumeResponse> {
         let target = PathBuf::from(&req.target_path);
-        let record = self.store.read(|s| s.published.get(&target).cloned());
+        let record = self.store.published.get(&req.target_path);
         let volume = match &record {
-            Some(r) => self.store.read(|s| s.volumes.get(&r.volume_id).cloned()),
+            Some(r) => self.store.volumes.get(&r.volume_id),
             None => {
                 // Unknown volume ids are NOT_FOUND; a known one is simply not
                 // published here any more (idempotent repeat).
-                let ephemeral = self.store.read(|s| {
-                    s.volumes
-                        .values()
-                        .any(|v| v.ephemeral && v.name == req.volume_id)
-                        || s.retired_ephemeral.contains(&req.volume_id)
-                });
+                let ephemeral = self.store.retired_ephemeral.contains_key(&req.volume_id)
+                    || self
+                        .store
+                        .volumes
+                        .read(|all| all.values().any(|v| v.ephemeral && v.name == req.volume_id));
                 if !ephemeral {
                     self.known_volume(&req.volume_id)?;
                 }
@@ -316,18 +307,17 @@ impl Node for HostPath {
         })
         .await?;
         if record.is_some() {
-            self.store.update(|s| {
-                s.published.remove(&target);
-                Ok(())
-            })?;
+            // A delete: works on a full disk.
+            self.store.published.delete(&req.target_path)?;
         }
         if let Some(v) = volume.filter(|v| v.ephemeral) {
-            self.store.update(|s| {
-                s.volumes.remove(&v.id);
-                s.retire_ephemeral(&v.name);
-                Ok(())
-            })?;
+            self.store.volumes.remove(&v.id)?;
+            self.ledger.release(v.capacity_bytes);
             self.backend.delete_volume(&v.id, Access::Mount)?;
+            // Best effort: on a full disk a repeated unpublish gets NOT_FOUND.
+            if let Err(e) = self.store.retire_ephemeral(&v.name) {
+                tracing::warn!(volume = %v.id, error = %e, "could not remember a removed ephemeral volume");
+            }
         }
         Ok(NodeUnpublishVolumeResponse {})
     }
@@ -339,15 +329,16 @@ impl Node for HostPath {
     ) -> CsiResult<NodeGetVolumeStatsResponse> {
         let volume = self.known_volume(&req.volume_id)?;
         let path = PathBuf::from(&req.volume_path);
-        let (listed, device) = self.store.read(|s| {
-            let staged = s.staged.get(&volume.id);
-            let listed = s
+        let (listed, device) = {
+            let staged = self.store.staged.get(&volume.id);
+            let listed = self
+                .store
                 .published
-                .get(&path)
+                .get(&req.volume_path)
                 .is_some_and(|p| p.volume_id == volume.id)
-                || staged.is_some_and(|st| st.staging_path == path);
-            (listed, staged.and_then(|st| st.loop_device.clone()))
-        });
+                || staged.as_ref().is_some_and(|st| st.staging_path == path);
+            (listed, staged.and_then(|st| st.loop_device))
+        };
         let not_found = CsiError::NotFound(format!(
             "volume {} is not published or staged at {}",
             volume.id,
@@ -388,7 +379,7 @@ impl Node for HostPath {
             )));
         }
         if volume.access == Access::Block {
-            let staged = self.store.read(|s| s.staged.get(&volume.id).cloned());
+            let staged = self.store.staged.get(&volume.id);
             if let Some(dev) = staged.and_then(|s| s.loop_device) {
                 let d = dev.clone();
                 blocking(move || {

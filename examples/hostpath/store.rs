@@ -1,15 +1,20 @@
-//! The driver's records, persisted in one JSON state file that is replaced
-//! atomically on every change (temp file, fsync, rename, fsync dir).
+//! The driver's records, one crash-safe file each in csi-store tables under
+//! the state directory, which the process locks for its life
+//! ([`crate::common::state`]).
 //!
 //! Ordering rule that keeps crashes harmless: backing data is created before
 //! its record is saved, and a record is removed before its backing data. A
-//! crash can leave an orphan file (reported at start), never a record
-//! without data.
+//! crash can leave data with no record, which the next start removes
+//! (logged), never a record without data.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use csi_server::CsiResult;
+use csi_store::{CachedTable, FileStore, Table};
 use serde::{Deserialize, Serialize};
+
+use crate::common::state::{Tables, report_quarantined};
 
 /// How a volume is accessed: a directory, bind-mounted (Mount), or a file
 /// attached as a loop device and exposed as a device node (Block).
@@ -18,7 +23,7 @@ pub use crate::common::Access;
 pub use crate::common::Source;
 
 /// A volume the controller created.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct VolumeRecord {
     pub id: String,
     pub name: String,
@@ -39,7 +44,7 @@ pub struct VolumeRecord {
 }
 
 /// A snapshot of one volume.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SnapshotRecord {
     pub id: String,
     pub name: String,
@@ -57,7 +62,7 @@ pub struct SnapshotRecord {
 pub use crate::common::GroupSnapshotRecord;
 
 /// A volume staged on this node.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StagedRecord {
     pub staging_path: PathBuf,
     /// Encoded capability the volume was staged with.
@@ -69,55 +74,76 @@ pub struct StagedRecord {
 /// A volume published at a target path on this node.
 pub use crate::common::PublishedRecord;
 
-/// Everything the driver remembers.
-#[derive(Debug, Default, Clone, Serialize, Deserialize)]
-pub struct State {
-    pub volumes: BTreeMap<String, VolumeRecord>,
-    pub snapshots: BTreeMap<String, SnapshotRecord>,
-    pub group_snapshots: BTreeMap<String, GroupSnapshotRecord>,
-    /// Node side: volume id → where it is staged.
-    pub staged: BTreeMap<String, StagedRecord>,
-    /// Node side: target path → what is published there.
-    pub published: BTreeMap<PathBuf, PublishedRecord>,
-    /// Names of inline ephemeral volumes removed by NodeUnpublish, newest
-    /// last, so a retried NodeUnpublish stays OK (bounded).
-    #[serde(default)]
-    pub retired_ephemeral: std::collections::VecDeque<String>,
-}
-
 /// How many retired ephemeral volume names are remembered.
 const RETIRED_EPHEMERAL_KEPT: usize = 1024;
 
-impl State {
-    /// Records that the ephemeral volume `name` was removed.
-    pub fn retire_ephemeral(&mut self, name: &str) {
-        if self.retired_ephemeral.len() >= RETIRED_EPHEMERAL_KEPT {
-            self.retired_ephemeral.pop_front();
-        }
-        self.retired_ephemeral.push_back(name.to_owned());
-    }
+/// Everything the driver remembers: the tables both drivers keep, and the
+/// names of removed inline ephemeral volumes (with when), so a retried
+/// NodeUnpublish stays OK (bounded).
+pub struct Store {
+    pub tables: Tables<VolumeRecord, SnapshotRecord, StagedRecord>,
+    pub retired_ephemeral: CachedTable<i128>,
+}
 
-    /// The volume created under `name`, if any.
-    pub fn volume_by_name(&self, name: &str) -> Option<&VolumeRecord> {
-        self.volumes.values().find(|v| v.name == name)
-    }
+impl std::ops::Deref for Store {
+    type Target = Tables<VolumeRecord, SnapshotRecord, StagedRecord>;
 
-    /// The snapshot created under `name`, if any.
-    pub fn snapshot_by_name(&self, name: &str) -> Option<&SnapshotRecord> {
-        self.snapshots.values().find(|s| s.name == name)
-    }
-
-    /// Targets where `volume_id` is published on this node.
-    pub fn targets_of(&self, volume_id: &str) -> BTreeSet<PathBuf> {
-        self.published
-            .iter()
-            .filter(|(_, p)| p.volume_id == volume_id)
-            .map(|(t, _)| t.clone())
-            .collect()
+    fn deref(&self) -> &Self::Target {
+        &self.tables
     }
 }
 
-/// The state file plus the in-memory copy (see [`crate::common::Store`]).
-pub type Store = crate::common::Store<State>;
+impl Store {
+    /// Opens the tables in the locked state directory `files`.
+    pub fn open(files: FileStore) -> Result<Self, String> {
+        let tables = Tables::open(
+            &files,
+            |v: &VolumeRecord| (!v.ephemeral).then_some(v.name.as_str()),
+            |s: &SnapshotRecord| s.group_snapshot_id.is_none().then_some(s.name.as_str()),
+        )?;
+        let table = Table::new(&files, "retired_ephemeral").map_err(|e| e.to_string())?;
+        let (retired_ephemeral, quarantined) =
+            CachedTable::load(table).map_err(|e| e.to_string())?;
+        report_quarantined(&quarantined);
+        Ok(Self {
+            tables,
+            retired_ephemeral,
+        })
+    }
+
+    /// Whether an existing volume `id` is in use on this node or has
+    /// snapshots; checked inside the update that removes its record.
+    pub fn in_use(&self, id: &str) -> Option<&'static str> {
+        if self.staged.contains_key(id) || !self.targets_of(id).is_empty() {
+            return Some("is in use");
+        }
+        if self
+            .snapshots
+            .read(|all| all.values().any(|s| s.source_volume_id == id))
+        {
+            return Some("has snapshots; delete them first");
+        }
+        None
+    }
+
+    /// Records that the ephemeral volume `name` was removed, forgetting the
+    /// oldest beyond the bound.
+    pub fn retire_ephemeral(&self, name: &str) -> CsiResult<()> {
+        self.retired_ephemeral
+            .put(name, crate::common::now_nanos())?;
+        while self.retired_ephemeral.len() > RETIRED_EPHEMERAL_KEPT {
+            let oldest = self.retired_ephemeral.read(|all| {
+                all.iter()
+                    .min_by_key(|(_, when)| **when)
+                    .map(|(n, _)| n.clone())
+            });
+            match oldest {
+                Some(n) => self.retired_ephemeral.delete(&n)?,
+                None => break,
+            };
+        }
+        Ok(())
+    }
+}
 
 pub use crate::common::IdKind;

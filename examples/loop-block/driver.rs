@@ -9,6 +9,7 @@ use mount_utils::{
 };
 
 use crate::backend::Backend;
+use crate::common::state::{InFlight, open_state, remove_path};
 use crate::common::{IdKind, bind_publish, internal};
 use crate::config::Config;
 use crate::store::{StagedRecord, Store, VolumeRecord};
@@ -31,19 +32,28 @@ pub struct LoopBlock {
     /// snapshot is cut or a modification is applied, so neither sees a disk
     /// half attached.
     pub attachments: Arc<tokio::sync::RwLock<()>>,
+    /// Disks, snapshots and names with work running on them.
+    pub in_flight: Arc<InFlight>,
+    /// Held while ControllerPublish counts a node's disks against
+    /// `--attach-limit` and records one more.
+    pub attach_gate: Arc<std::sync::Mutex<()>>,
 }
 
 impl LoopBlock {
-    /// Opens (or creates) the state directory.
+    /// Opens (or creates) the state directory and locks it for the life of
+    /// the process: a second instance on it gets an error naming the first.
     pub fn open(config: Config, mounter: Arc<dyn Mounter>) -> Result<Self, String> {
+        let files = open_state(&config.statedir, || {})?;
         let backend = Backend::new(&config.statedir)
             .map_err(|e| format!("preparing {}: {e}", config.statedir.display()))?;
-        let store = Store::open(&config.statedir).map_err(|e| e.to_string())?;
+        let store = crate::store::open(&files)?;
         let exec: Arc<dyn Exec> = Arc::new(SystemExec::new());
         let direct_io_supported = crate::tuning::direct_io_supported(&backend.volumes_dir());
         Ok(Self {
             direct_io_supported,
             attachments: Arc::new(tokio::sync::RwLock::new(())),
+            in_flight: InFlight::new(),
+            attach_gate: Arc::default(),
             node_id: config.node_id(),
             config: Arc::new(config),
             store: Arc::new(store),
@@ -63,7 +73,8 @@ impl LoopBlock {
             return Err(CsiError::NotFound(format!("volume {id:?} does not exist")));
         }
         self.store
-            .read(|s| s.volumes.get(id).cloned())
+            .volumes
+            .get(id)
             .ok_or_else(|| CsiError::NotFound(format!("volume {id} does not exist")))
     }
 
@@ -98,7 +109,9 @@ impl LoopBlock {
     /// The mutable parameters of volume `id` (the defaults if it is gone).
     pub fn tuning_of(&self, id: &str) -> Tuning {
         self.store
-            .read(|s| s.volumes.get(id).map(|v| v.tuning))
+            .volumes
+            .get(id)
+            .map(|v| v.tuning)
             .unwrap_or_default()
     }
 
@@ -128,32 +141,59 @@ impl LoopBlock {
             .map_err(|e| crate::node::format_error(device, e))
     }
 
-    /// Startup reconciliation: staged volumes get their loop device back
-    /// (lost on reboot) and their staging and target mounts remounted when
-    /// gone. Returns backing files no record owns.
-    pub fn reconcile_on_start(&self) -> CsiResult<Vec<PathBuf>> {
-        let staged = self.store.read(|s| s.staged.clone());
+    /// Startup reconciliation, before serving: staged volumes get their loop
+    /// device back (lost on reboot) and their staging and target mounts
+    /// remounted when gone; group snapshots a crash left half saved or half
+    /// removed are finished; backing files and snapshot copies no record
+    /// owns (unacknowledged creates, half-done deletes) are removed, each
+    /// logged, except those of records set aside as unreadable.
+    pub fn reconcile_on_start(&self) -> CsiResult<()> {
+        let staged = self.store.staged.read(|all| all.clone());
         self.thaw_after_crash(&staged);
         for (id, record) in staged {
             let device = self.restore_staged(&id, &record)?;
             if device != record.loop_device {
                 tracing::info!(volume = %id, device = %device.display(), "re-attached loop device of a staged volume");
-                self.store.update(|s| {
-                    if let Some(r) = s.staged.get_mut(&id) {
+                self.store.staged.update(&id, |r| {
+                    if let Some(r) = r {
                         r.loop_device = device.clone();
                     }
-                    Ok(())
+                    Ok::<_, CsiError>(())
                 })?;
             }
         }
         self.restore_published()?;
-        let known = self.store.read(|s| {
-            s.volumes
-                .keys()
-                .cloned()
-                .collect::<std::collections::BTreeSet<_>>()
-        });
-        Ok(self.backend.orphans(|id| known.contains(id)))
+        let cut = crate::common::settle_groups(
+            &self.store.groups,
+            &self.store.snapshots,
+            |s| s.group_snapshot_id.as_deref(),
+            &self.store.quarantined_snapshots,
+        )?;
+        for snap in cut {
+            self.backend.delete_snapshot(&snap.id)?;
+        }
+        self.sweep()
+    }
+
+    /// Removes data with no record (see [`Self::reconcile_on_start`]).
+    fn sweep(&self) -> CsiResult<()> {
+        let (disks, snapshots, foreign) = self.backend.data();
+        let unowned = disks
+            .into_iter()
+            .filter(|(id, _)| {
+                !self.store.volumes.contains(id) && !self.store.quarantined_volumes.contains(id)
+            })
+            .chain(snapshots.into_iter().filter(|(id, _)| {
+                !self.store.snapshots.contains(id) && !self.store.quarantined_snapshots.contains(id)
+            }));
+        for (_, path) in unowned {
+            tracing::warn!(path = %path.display(), "data with no record (left by a crash); removing it");
+            remove_path(&path).map_err(|e| internal("removing", &path, e))?;
+        }
+        for path in foreign {
+            tracing::warn!(path = %path.display(), "not this driver's data; not touched");
+        }
+        Ok(())
     }
 
     /// A crash during a group snapshot can leave members frozen, and every
@@ -210,12 +250,11 @@ impl LoopBlock {
     /// Re-binds publications whose mount is gone (after a reboot the CO
     /// sees them as published and would not call NodePublish again).
     fn restore_published(&self) -> CsiResult<()> {
-        let published = self.store.read(|s| s.published.clone());
+        let published = self.store.published.read(|all| all.clone());
         for (target, record) in published {
+            let target = PathBuf::from(target);
             let still = self.mounter.is_mount_point(&target).unwrap_or(false);
-            let staged = self
-                .store
-                .read(|s| s.staged.get(&record.volume_id).cloned());
+            let staged = self.store.staged.get(&record.volume_id);
             let Some(staged) = staged.filter(|_| !still) else {
                 continue;
             };

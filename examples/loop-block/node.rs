@@ -17,6 +17,7 @@ use csi_server::{CallContext, CsiError, CsiResult, Node};
 use mount_utils::{DEFAULT_FS_TYPE, FormatError, LoopDevice};
 use prost::Message;
 
+use crate::common::state::Res;
 use crate::common::{
     bind_publish, blocking, detach_loop, device_present_at, fs_usage, internal, publications,
 };
@@ -125,14 +126,15 @@ impl LoopBlock {
 
     /// Where `path` is this volume's staging path or one of its targets.
     fn is_volume_path(&self, volume_id: &str, path: &Path) -> bool {
-        self.store.read(|s| {
-            s.published
-                .get(path)
-                .is_some_and(|p| p.volume_id == volume_id)
-                || s.staged
-                    .get(volume_id)
-                    .is_some_and(|st| st.staging_path == path)
-        })
+        self.store
+            .published
+            .get(&path.to_string_lossy())
+            .is_some_and(|p| p.volume_id == volume_id)
+            || self
+                .store
+                .staged
+                .get(volume_id)
+                .is_some_and(|st| st.staging_path == path)
     }
 
     fn volume_stats(
@@ -201,15 +203,17 @@ impl Node for LoopBlock {
         let volume = self.known_volume(&req.volume_id)?;
         let cap = req.volume_capability.clone().unwrap_or_default();
         check_access(&volume, &cap)?;
+        // Held by the blocking task to its end: a retry while a cancelled
+        // call's mkfs still runs is ABORTED instead of formatting again.
+        let claim = self
+            .in_flight
+            .claim("NodeStageVolume", &[(Res::Staging, &volume.id)])?;
         let staging = PathBuf::from(&req.staging_target_path);
         let encoded = cap.encode_to_vec();
-        let existing = self
-            .store
-            .read(|s| s.staged.get(&volume.id).cloned())
-            .map(|staged| Staging {
-                staging_target_path: staged.staging_path.to_string_lossy().into_owned(),
-                volume_capability: VolumeCapability::decode(staged.capability.as_slice()).ok(),
-            });
+        let existing = self.store.staged.get(&volume.id).map(|staged| Staging {
+            staging_target_path: staged.staging_path.to_string_lossy().into_owned(),
+            volume_capability: VolumeCapability::decode(staged.capability.as_slice()).ok(),
+        });
         if check_stage(existing.as_ref(), &req)? == StageDecision::AlreadyStaged {
             return Ok(NodeStageVolumeResponse {});
         }
@@ -217,22 +221,21 @@ impl Node for LoopBlock {
         let readonly = cap.access_mode().is_read_only();
         let fs_type = cap.mount_volume().map(|m| fs_type_of(m).to_owned());
         let this = self.clone();
-        let (s, c, tuning) = (staging.clone(), cap.clone(), volume.tuning);
-        let loop_device =
-            blocking(move || this.stage_blocking(&image, &s, &c, readonly, tuning)).await?;
-        self.store.update(|s| {
-            s.staged.insert(
-                volume.id.clone(),
-                StagedRecord {
-                    staging_path: staging,
-                    capability: encoded,
-                    loop_device: loop_device.clone(),
-                    fs_type,
-                    readonly,
-                },
-            );
-            Ok(())
-        })?;
+        let (c, tuning, id) = (cap.clone(), volume.tuning, volume.id.clone());
+        let loop_device = blocking(move || {
+            let _claim = claim;
+            let loop_device = this.stage_blocking(&image, &staging, &c, readonly, tuning)?;
+            let record = StagedRecord {
+                staging_path: staging,
+                capability: encoded,
+                loop_device: loop_device.clone(),
+                fs_type,
+                readonly,
+            };
+            this.store.staged.put(&id, record)?;
+            Ok(loop_device)
+        })
+        .await?;
         tracing::info!(volume = %volume.id, device = %loop_device.display(), "staged volume");
         Ok(NodeStageVolumeResponse {})
     }
@@ -243,7 +246,10 @@ impl Node for LoopBlock {
         req: NodeUnstageVolumeRequest,
     ) -> CsiResult<NodeUnstageVolumeResponse> {
         let _detaching = self.attachments.read().await;
-        let staged = self.store.read(|s| s.staged.get(&req.volume_id).cloned());
+        let _claim = self
+            .in_flight
+            .claim("NodeUnstageVolume", &[(Res::Staging, &req.volume_id)])?;
+        let staged = self.store.staged.get(&req.volume_id);
         if staged.is_none() {
             self.known_volume(&req.volume_id)?;
         }
@@ -265,10 +271,8 @@ impl Node for LoopBlock {
         })
         .await?;
         if has_record {
-            self.store.update(|s| {
-                s.staged.remove(&req.volume_id);
-                Ok(())
-            })?;
+            // A delete: works on a full disk.
+            self.store.staged.delete(&req.volume_id)?;
             tracing::info!(volume = %req.volume_id, "unstaged volume");
         }
         Ok(NodeUnstageVolumeResponse {})
@@ -283,16 +287,16 @@ impl Node for LoopBlock {
         let cap = req.volume_capability.clone().unwrap_or_default();
         check_access(&volume, &cap)?;
         let target = PathBuf::from(&req.target_path);
-        let existing = self.store.read(|s| publications(&s.published, &volume.id));
+        let existing = self
+            .store
+            .published
+            .read(|all| publications(all, &volume.id));
         if check_publish(&existing, &req, true)? == PublishDecision::AlreadyPublished {
             return Ok(NodePublishVolumeResponse {});
         }
-        let staged = self
-            .store
-            .read(|s| s.staged.get(&volume.id).cloned())
-            .ok_or_else(|| {
-                CsiError::FailedPrecondition(format!("volume {} is not staged", volume.id))
-            })?;
+        let staged = self.store.staged.get(&volume.id).ok_or_else(|| {
+            CsiError::FailedPrecondition(format!("volume {} is not staged", volume.id))
+        })?;
         if staged.staging_path != Path::new(&req.staging_target_path) {
             return Err(CsiError::FailedPrecondition(format!(
                 "volume {} is staged at {}, not at {}",
@@ -312,10 +316,7 @@ impl Node for LoopBlock {
         blocking(move || bind_publish(&mounter, &source, &t, block, readonly, &mount_flags(&c)))
             .await?;
         let record = PublishedRecord::of(&req, readonly);
-        self.store.update(|s| {
-            s.published.insert(target, record);
-            Ok(())
-        })?;
+        self.store.published.put(&req.target_path, record)?;
         Ok(NodePublishVolumeResponse {})
     }
 
@@ -325,7 +326,7 @@ impl Node for LoopBlock {
         req: NodeUnpublishVolumeRequest,
     ) -> CsiResult<NodeUnpublishVolumeResponse> {
         let target = PathBuf::from(&req.target_path);
-        let record = self.store.read(|s| s.published.get(&target).cloned());
+        let record = self.store.published.get(&req.target_path);
         if record.is_none() {
             // Unknown volumes are NOT_FOUND; a known one is simply not
             // published here any more (idempotent repeat).
@@ -339,10 +340,8 @@ impl Node for LoopBlock {
         })
         .await?;
         if record.is_some() {
-            self.store.update(|s| {
-                s.published.remove(&target);
-                Ok(())
-            })?;
+            // A delete: works on a full disk.
+            self.store.published.delete(&req.target_path)?;
         }
         Ok(NodeUnpublishVolumeResponse {})
     }
@@ -359,7 +358,7 @@ impl Node for LoopBlock {
             volume.id,
             path.display()
         ));
-        let Some(staged) = self.store.read(|s| s.staged.get(&volume.id).cloned()) else {
+        let Some(staged) = self.store.staged.get(&volume.id) else {
             return Err(not_found);
         };
         let listed = self.is_volume_path(&volume.id, &path);
@@ -384,7 +383,7 @@ impl Node for LoopBlock {
     ) -> CsiResult<NodeExpandVolumeResponse> {
         let volume = self.known_volume(&req.volume_id)?;
         let path = PathBuf::from(&req.volume_path);
-        let staged = self.store.read(|s| s.staged.get(&volume.id).cloned());
+        let staged = self.store.staged.get(&volume.id);
         let Some(staged) = staged.filter(|_| self.is_volume_path(&volume.id, &path)) else {
             return Err(CsiError::NotFound(format!(
                 "volume {} is not published or staged at {}",
