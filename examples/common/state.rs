@@ -83,8 +83,9 @@ pub fn report_quarantined(quarantined: &[Quarantined]) {
 /// The whole-file state of earlier versions (`state.json`), with a
 /// driver's record types.
 #[derive(serde::Deserialize)]
-struct LegacyState<V, S, St> {
-    volumes: BTreeMap<String, V>,
+struct LegacyState<S, St> {
+    /// Kept as JSON: the attachments inside them move to their own table.
+    volumes: BTreeMap<String, serde_json::Value>,
     snapshots: BTreeMap<String, S>,
     #[serde(default = "BTreeMap::new")]
     group_snapshots: BTreeMap<String, super::GroupSnapshotRecord>,
@@ -116,7 +117,25 @@ where
         Err(e) => return Err(format!("reading {}: {e}", path.display())),
     };
     let fail = |e: &dyn fmt::Display| format!("importing {}: {e}", path.display());
-    let legacy: LegacyState<V, S, St> = serde_json::from_slice(&bytes).map_err(|e| fail(&e))?;
+    let mut legacy: LegacyState<S, St> = serde_json::from_slice(&bytes).map_err(|e| fail(&e))?;
+    // Earlier versions kept a volume's attachments inside its record, as
+    // `published_nodes` (hostpath) or `attached` (loop-block).
+    let mut attachments = BTreeMap::new();
+    let mut volumes = BTreeMap::new();
+    for (id, mut value) in std::mem::take(&mut legacy.volumes) {
+        if let Some(fields) = value.as_object_mut() {
+            for key in ["published_nodes", "attached"] {
+                let nodes: Option<BTreeMap<String, bool>> = fields
+                    .remove(key)
+                    .and_then(|v| serde_json::from_value(v).ok());
+                if let Some(nodes) = nodes.filter(|n| !n.is_empty()) {
+                    attachments.insert(id.clone(), nodes);
+                }
+            }
+        }
+        let volume: V = serde_json::from_value(value).map_err(|e| fail(&e))?;
+        volumes.insert(id, volume);
+    }
     fn put_all<'a, T: Serialize + DeserializeOwned + 'a>(
         store: &FileStore,
         table: &str,
@@ -131,8 +150,10 @@ where
         put_all(
             store,
             "volumes",
-            legacy.volumes.iter().map(|(k, v)| (k.clone(), v)),
+            volumes.iter().map(|(k, v)| (k.clone(), v)),
         )?;
+        let attached = attachments.iter().map(|(k, v)| (k.clone(), v));
+        put_all(store, "attachments", attached)?;
         put_all(
             store,
             "snapshots",
@@ -165,7 +186,7 @@ where
     let done = store.dir().join(format!("{LEGACY_STATE}.imported"));
     fs::rename(&path, &done).map_err(|e| fail(&e))?;
     tracing::info!(
-        volumes = legacy.volumes.len(),
+        volumes = volumes.len(),
         snapshots = legacy.snapshots.len(),
         file = %done.display(),
         "imported the state file of an earlier version"
@@ -174,13 +195,21 @@ where
 }
 
 /// A driver's tables: its controller records (volumes, snapshots and
-/// group snapshots by id, with name indexes) and its node records (staged
-/// volumes by volume id, publications by target path), plus the ids whose
-/// records were set aside as unreadable, whose data is never swept.
+/// group snapshots by id, with name indexes, and attachments), its node
+/// records (staged volumes by volume id, publications by target path), and
+/// the ids whose records were set aside as unreadable, whose data is never
+/// swept.
 pub struct Tables<V, S, St> {
     pub volumes: Records<V>,
     pub snapshots: Records<S>,
     pub groups: Records<super::GroupSnapshotRecord>,
+    /// Volume id → the nodes it is ControllerPublished to (with the
+    /// read-only flag). Its own record, so that the last unpublish is a
+    /// delete, which works on a full disk.
+    pub attachments: CachedTable<BTreeMap<String, bool>>,
+    /// Held while ControllerPublish counts a node's attachments against an
+    /// attach limit and records one more.
+    attach_gate: Mutex<()>,
     pub staged: CachedTable<St>,
     pub published: CachedTable<super::PublishedRecord>,
     pub quarantined_volumes: std::collections::BTreeSet<String>,
@@ -216,22 +245,106 @@ where
             CachedTable::load(Table::new(files, "staged").map_err(err)?).map_err(err)?;
         let (published, q5) =
             CachedTable::load(Table::new(files, "published").map_err(err)?).map_err(err)?;
-        for q in [&q1, &q2, &q3, &q4, &q5] {
+        let (attachments, q6) =
+            CachedTable::load(Table::new(files, "attachments").map_err(err)?).map_err(err)?;
+        for q in [&q1, &q2, &q3, &q4, &q5, &q6] {
             report_quarantined(q);
         }
         let keys = |t: &str| -> Result<std::collections::BTreeSet<String>, String> {
             let keys = csi_store::RecordStore::quarantined_keys(files, t).map_err(err)?;
             Ok(keys.into_iter().collect())
         };
-        Ok(Self {
+        let tables = Self {
             quarantined_volumes: keys("volumes")?,
             quarantined_snapshots: keys("snapshots")?,
             volumes,
             snapshots,
             groups,
+            attachments,
+            attach_gate: Mutex::new(()),
             staged,
             published,
+        };
+        // An attachment saved as its volume's DeleteVolume ran (the CO's
+        // calls for one volume are serialised, so only after a crash).
+        let stale: Vec<String> = tables.attachments.read(|all| {
+            all.keys()
+                .filter(|id| {
+                    !tables.volumes.contains(id) && !tables.quarantined_volumes.contains(*id)
+                })
+                .cloned()
+                .collect()
+        });
+        for id in stale {
+            tracing::warn!(volume = %id, "attachment of a volume that does not exist; removing it");
+            tables.attachments.delete(&id).map_err(err)?;
+        }
+        Ok(tables)
+    }
+
+    /// ControllerPublish's bookkeeping: records that `volume_id` (which
+    /// must exist: NOT_FOUND otherwise) is attached to `node`, under the
+    /// repeat and single-node rules of [`super::record_attachment`] and an
+    /// attach limit (0 = none, RESOURCE_EXHAUSTED when reached).
+    pub fn attach(
+        &self,
+        volume_id: &str,
+        node: &str,
+        readonly: bool,
+        multi_node: bool,
+        limit: i64,
+    ) -> CsiResult<()> {
+        // Counting reads every attachment: only with a limit, and then
+        // under the gate so two publishes cannot both take the last slot.
+        let _gate = (limit > 0).then(|| self.attach_gate.lock().unwrap_or_else(|e| e.into_inner()));
+        let attached_here = if limit > 0 {
+            self.attachments.read(|all| {
+                all.values()
+                    .filter(|nodes| nodes.contains_key(node))
+                    .count()
+            })
+        } else {
+            0
+        };
+        // Under the volume's lock, which DeleteVolume's check also takes.
+        self.volumes.update(volume_id, |volume| {
+            if volume.is_none() {
+                return Err(CsiError::NotFound(format!(
+                    "volume {volume_id} does not exist"
+                )));
+            }
+            self.attachments.update(volume_id, |slot| {
+                let mut nodes = slot.take().unwrap_or_default();
+                let new_here = !nodes.contains_key(node);
+                super::check_attach_limit(node, attached_here, new_here, limit)?;
+                super::record_attachment(volume_id, &mut nodes, node, readonly, multi_node)?;
+                *slot = Some(nodes);
+                Ok::<_, CsiError>(())
+            })
         })
+    }
+
+    /// ControllerUnpublish's bookkeeping: an empty node id detaches from
+    /// every node; a volume or node that is not attached is fine. The last
+    /// node's removal deletes the record, which works on a full disk.
+    pub fn detach(&self, req: &csi_proto::v1::ControllerUnpublishVolumeRequest) -> CsiResult<()> {
+        self.attachments.update(&req.volume_id, |slot| {
+            if let Some(nodes) = slot {
+                super::forget_attachment(nodes, req);
+                if nodes.is_empty() {
+                    *slot = None;
+                }
+            }
+            Ok::<_, CsiError>(())
+        })
+    }
+
+    /// The nodes `volume_id` is attached to.
+    pub fn attached_nodes(&self, volume_id: &str) -> Vec<String> {
+        self.attachments
+            .get(volume_id)
+            .map(|nodes| nodes.into_keys().collect())
+            .unwrap_or_default()
     }
 
     /// Targets where `volume_id` is published on this node.

@@ -10,10 +10,7 @@ use csi_server::{CallContext, Controller, CsiError, CsiResult};
 use prost::Message;
 
 use crate::common::state::{Res, Reservation};
-use crate::common::{
-    access_of, confirmed, forget_attachment, free_space, now_nanos, page, record_attachment,
-    sorted, timestamp, to_map,
-};
+use crate::common::{access_of, confirmed, free_space, now_nanos, page, sorted, timestamp, to_map};
 use crate::config::TOPOLOGY_KEY;
 use crate::driver::{HostPath, blocking};
 use crate::store::{Access, IdKind, SnapshotRecord, Source, VolumeRecord};
@@ -108,11 +105,8 @@ impl HostPath {
     /// data an unacknowledged create or a half-done delete left is removed.
     fn remove_volume(&self, id: &str) -> CsiResult<()> {
         let removed = self.store.volumes.update(id, |slot| {
-            let Some(v) = slot else { return Ok(None) };
-            if !v.published_nodes.is_empty() {
-                return Err(CsiError::FailedPrecondition(format!(
-                    "volume {id} is in use"
-                )));
+            if slot.is_none() {
+                return Ok(None);
             }
             if let Some(why) = self.store.in_use(id) {
                 return Err(CsiError::FailedPrecondition(format!("volume {id} {why}")));
@@ -265,7 +259,6 @@ impl Controller for HostPath {
                 ..req.clone()
             }
             .encode_to_vec(),
-            published_nodes: BTreeMap::new(),
             ephemeral: false,
         };
         claim.also(&[(Res::Volume, &record.id)])?;
@@ -321,32 +314,13 @@ impl Controller for HostPath {
             format!("{:?}", volume.access).to_lowercase(),
         )]
         .into();
-        // Counting a node's attachments reads every volume: only with a limit,
-        // and then under a gate so two publishes cannot both take the last slot.
-        let _gate = (limit > 0).then(|| self.attach_gate.lock().unwrap_or_else(|e| e.into_inner()));
-        let attached_here = if limit > 0 {
-            self.store.volumes.read(|all| {
-                all.values()
-                    .filter(|v| v.published_nodes.contains_key(&req.node_id))
-                    .count()
-            })
-        } else {
-            0
-        };
-        self.store.volumes.update(&req.volume_id, |slot| {
-            let v = slot.as_mut().ok_or_else(|| {
-                CsiError::NotFound(format!("volume {} does not exist", req.volume_id))
-            })?;
-            let new_here = !v.published_nodes.contains_key(&req.node_id);
-            crate::common::check_attach_limit(&req.node_id, attached_here, new_here, limit)?;
-            record_attachment(
-                &v.id,
-                &mut v.published_nodes,
-                &req.node_id,
-                req.readonly,
-                cap.access_mode().is_multi_node(),
-            )
-        })?;
+        self.store.attach(
+            &req.volume_id,
+            &req.node_id,
+            req.readonly,
+            cap.access_mode().is_multi_node(),
+            limit,
+        )?;
         Ok(ControllerPublishVolumeResponse {
             publish_context: context,
         })
@@ -359,12 +333,7 @@ impl Controller for HostPath {
     ) -> CsiResult<ControllerUnpublishVolumeResponse> {
         // A missing volume or node counts as unpublished (the spec's SHOULD).
         if IdKind::Volume.is_valid(&req.volume_id) {
-            self.store.volumes.update(&req.volume_id, |slot| {
-                if let Some(v) = slot {
-                    forget_attachment(&mut v.published_nodes, &req);
-                }
-                Ok(())
-            })?;
+            self.store.detach(&req)?;
         }
         Ok(ControllerUnpublishVolumeResponse {})
     }
@@ -403,7 +372,7 @@ impl Controller for HostPath {
                 list_volumes_response::Entry {
                     volume: Some(self.volume_message(v)),
                     status: Some(list_volumes_response::VolumeStatus {
-                        published_node_ids: v.published_nodes.keys().cloned().collect(),
+                        published_node_ids: self.store.attached_nodes(&v.id),
                         volume_condition: Some(self.volume_condition(v)),
                     }),
                 }
@@ -606,7 +575,7 @@ impl Controller for HostPath {
         Ok(ControllerGetVolumeResponse {
             volume: Some(self.volume_message(&volume)),
             status: Some(controller_get_volume_response::VolumeStatus {
-                published_node_ids: volume.published_nodes.keys().cloned().collect(),
+                published_node_ids: self.store.attached_nodes(&volume.id),
                 volume_condition: Some(self.volume_condition(&volume)),
             }),
         })

@@ -1,7 +1,7 @@
 //! The driver value shared by every service, and startup reconciliation.
 
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use csi_server::CsiError;
 use mount_utils::Mounter;
@@ -23,9 +23,6 @@ pub struct HostPath {
     pub in_flight: Arc<InFlight>,
     /// Bytes promised to volumes, against `--capacity`.
     pub ledger: Arc<Ledger>,
-    /// Held while ControllerPublish counts a node's attachments against
-    /// `--attach-limit` and records one more.
-    pub attach_gate: Arc<Mutex<()>>,
 }
 
 impl HostPath {
@@ -57,7 +54,6 @@ impl HostPath {
             mounter,
             in_flight: InFlight::new(),
             ledger: Ledger::new(used),
-            attach_gate: Arc::default(),
         })
     }
 

@@ -138,7 +138,6 @@ impl HostPath {
             mutable_parameters: Default::default(),
             topology: Default::default(),
             request: Vec::new(),
-            published_nodes: Default::default(),
             ephemeral: true,
         };
         self.backend

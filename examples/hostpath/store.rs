@@ -37,8 +37,6 @@ pub struct VolumeRecord {
     /// The CreateVolume request without its secrets (encoded protobuf), for
     /// csi-server's idempotency comparison of a repeated CreateVolume.
     pub request: Vec<u8>,
-    /// Nodes the volume is ControllerPublished to, with the read-only flag.
-    pub published_nodes: BTreeMap<String, bool>,
     /// Created for an inline ephemeral volume by NodePublish.
     pub ephemeral: bool,
 }
@@ -114,7 +112,10 @@ impl Store {
     /// Whether an existing volume `id` is in use on this node or has
     /// snapshots; checked inside the update that removes its record.
     pub fn in_use(&self, id: &str) -> Option<&'static str> {
-        if self.staged.contains_key(id) || !self.targets_of(id).is_empty() {
+        if self.attachments.contains_key(id)
+            || self.staged.contains_key(id)
+            || !self.targets_of(id).is_empty()
+        {
             return Some("is in use");
         }
         if self

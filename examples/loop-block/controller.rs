@@ -2,8 +2,6 @@
 //! bookkeeping (the cloud API's attach step), snapshots as sparse copies,
 //! clones, expansion, paging and capacity.
 
-use std::collections::BTreeMap;
-
 use csi_proto::v1::*;
 use csi_server::helpers::capacity::{CapacityPolicy, resolve_capacity};
 use csi_server::helpers::idempotency::{compare_snapshot, compare_volume};
@@ -12,8 +10,7 @@ use prost::Message;
 
 use crate::common::state::Res;
 use crate::common::{
-    IdKind, blocking, check_attach_limit, confirmed, forget_attachment, free_space, now_nanos,
-    page, record_attachment, sorted, timestamp, to_map,
+    IdKind, blocking, confirmed, free_space, now_nanos, page, sorted, timestamp, to_map,
 };
 use crate::driver::LoopBlock;
 use crate::store::{Access, SnapshotRecord, Source, VolumeRecord};
@@ -179,7 +176,6 @@ impl Controller for LoopBlock {
                 ..req.clone()
             }
             .encode_to_vec(),
-            attached: BTreeMap::new(),
             tuning,
         };
         claim.also(&[(Res::Volume, &record.id)])?;
@@ -220,8 +216,10 @@ impl Controller for LoopBlock {
         blocking(move || {
             let _claim = claim;
             let removed = this.store.volumes.update(&id, |slot| {
-                let Some(v) = slot else { return Ok(None) };
-                if let Some(node) = v.attached.keys().next() {
+                if slot.is_none() {
+                    return Ok(None);
+                }
+                if let Some(node) = this.store.attached_nodes(&id).first() {
                     return Err(CsiError::FailedPrecondition(format!(
                         "volume {id} is attached to node {node}"
                     )));
@@ -271,28 +269,13 @@ impl Controller for LoopBlock {
             ));
         }
         let limit = self.config.attach_limit;
-        // Counting a node's disks reads every volume: only with a limit,
-        // and then under a gate so two publishes cannot both take the last slot.
-        let _gate = (limit > 0).then(|| self.attach_gate.lock().unwrap_or_else(|e| e.into_inner()));
-        let attached_here = if limit > 0 {
-            self.store.attached_to(&req.node_id)
-        } else {
-            0
-        };
-        self.store.volumes.update(&req.volume_id, |slot| {
-            let v = slot.as_mut().ok_or_else(|| {
-                CsiError::NotFound(format!("volume {} does not exist", req.volume_id))
-            })?;
-            let new_here = !v.attached.contains_key(&req.node_id);
-            check_attach_limit(&req.node_id, attached_here, new_here, limit)?;
-            record_attachment(
-                &v.id,
-                &mut v.attached,
-                &req.node_id,
-                req.readonly,
-                cap.access_mode().is_multi_node(),
-            )
-        })?;
+        self.store.attach(
+            &req.volume_id,
+            &req.node_id,
+            req.readonly,
+            cap.access_mode().is_multi_node(),
+            limit,
+        )?;
         let backing = self.backend.volume_path(&volume.id);
         Ok(ControllerPublishVolumeResponse {
             publish_context: [(
@@ -310,12 +293,7 @@ impl Controller for LoopBlock {
     ) -> CsiResult<ControllerUnpublishVolumeResponse> {
         // A missing volume or node counts as detached (the spec's SHOULD).
         if IdKind::Volume.is_valid(&req.volume_id) {
-            self.store.volumes.update(&req.volume_id, |slot| {
-                if let Some(v) = slot {
-                    forget_attachment(&mut v.attached, &req);
-                }
-                Ok(())
-            })?;
+            self.store.detach(&req)?;
         }
         Ok(ControllerUnpublishVolumeResponse {})
     }
@@ -357,7 +335,7 @@ impl Controller for LoopBlock {
                 list_volumes_response::Entry {
                     volume: Some(Self::volume_message(v)),
                     status: Some(list_volumes_response::VolumeStatus {
-                        published_node_ids: v.attached.keys().cloned().collect(),
+                        published_node_ids: self.store.attached_nodes(&v.id),
                         volume_condition: None,
                     }),
                 }
@@ -546,7 +524,7 @@ impl Controller for LoopBlock {
         Ok(ControllerGetVolumeResponse {
             volume: Some(Self::volume_message(&volume)),
             status: Some(controller_get_volume_response::VolumeStatus {
-                published_node_ids: volume.attached.keys().cloned().collect(),
+                published_node_ids: self.store.attached_nodes(&volume.id),
                 volume_condition: None,
             }),
         })

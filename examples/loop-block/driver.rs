@@ -34,9 +34,6 @@ pub struct LoopBlock {
     pub attachments: Arc<tokio::sync::RwLock<()>>,
     /// Disks, snapshots and names with work running on them.
     pub in_flight: Arc<InFlight>,
-    /// Held while ControllerPublish counts a node's disks against
-    /// `--attach-limit` and records one more.
-    pub attach_gate: Arc<std::sync::Mutex<()>>,
 }
 
 impl LoopBlock {
@@ -53,7 +50,6 @@ impl LoopBlock {
             direct_io_supported,
             attachments: Arc::new(tokio::sync::RwLock::new(())),
             in_flight: InFlight::new(),
-            attach_gate: Arc::default(),
             node_id: config.node_id(),
             config: Arc::new(config),
             store: Arc::new(store),

@@ -30,8 +30,6 @@ pub struct VolumeRecord {
     /// The CreateVolume request without its secrets (encoded protobuf), for
     /// the idempotency comparison of a repeated CreateVolume.
     pub request: Vec<u8>,
-    /// Nodes the disk is attached to (ControllerPublish), with the read-only flag.
-    pub attached: BTreeMap<String, bool>,
     /// Its mutable parameters (CreateVolume, ControllerModifyVolume).
     #[serde(default)]
     pub tuning: Tuning,
@@ -82,15 +80,6 @@ pub fn open(files: &FileStore) -> Result<Store, String> {
 }
 
 impl Store {
-    /// Volumes attached to `node` (ControllerPublish).
-    pub fn attached_to(&self, node: &str) -> usize {
-        self.volumes.read(|all| {
-            all.values()
-                .filter(|v| v.attached.contains_key(node))
-                .count()
-        })
-    }
-
     /// Whether `volume_id` is published anywhere on this node.
     pub fn is_published(&self, volume_id: &str) -> bool {
         self.published
