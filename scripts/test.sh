@@ -22,6 +22,21 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   fi
 fi
 
+# gRPC clients in other languages for tests/grpc_clients.rs, best effort:
+# without them those tests print why they are skipped.
+if command -v python3 >/dev/null && ! python3 -c 'import grpc' 2>/dev/null; then
+  log "installing grpcio (best effort)"
+  timeout 300 python3 -m pip install -q grpcio protobuf >/dev/null 2>&1 ||
+    echo "could not install grpcio; the Python client test will say it is skipped"
+fi
+node_clients=target/grpc-clients/node
+if command -v npm >/dev/null && [ ! -d "$node_clients/node_modules/@grpc/proto-loader" ]; then
+  log "installing @grpc/grpc-js and @grpc/proto-loader into $node_clients (best effort)"
+  mkdir -p "$node_clients"
+  (cd "$node_clients" && timeout 300 npm install --no-audit --no-fund --silent @grpc/grpc-js @grpc/proto-loader >/dev/null 2>&1) ||
+    echo "could not install grpc-js; the Node client test will say it is skipped"
+fi
+
 # Leak accounting: nothing the tests do may stay mounted or attached.
 snapshot_leaks() {
   { awk '$5 ~ "^/(tmp|var/tmp)/" {print "mount " $5}' /proc/self/mountinfo; losetup -a 2>/dev/null | sed 's/^/loop /'; } | sort
@@ -43,6 +58,11 @@ set +e
 cargo test --workspace --all-features --no-fail-fast 2>&1 | tee target/test-output.log
 status=${PIPESTATUS[0]}
 set -e
+
+# The community's csi-sanity against both example drivers, as vendors run
+# it (it says so and skips when the binary is absent or we are not root).
+log "csi-sanity"
+bash scripts/csi-sanity.sh || status=1
 
 # Wire compatibility with the CSI v1.12.0 schema, when the checker is present.
 checker=../shared/tools/csi-schema-check

@@ -2,10 +2,13 @@
 //!
 //! This crate re-exports the workspace crates under short names:
 //! [`proto`] (CSI v1.12.0 types, clients and servers), [`server`] (driver
-//! scaffolding), [`mount`] (node-side mount utilities), [`state`] (volume
-//! lifecycle reconciliation) and [`conformance`] (the conformance suite).
+//! scaffolding), [`mount`] (node-side mount utilities), [`node`] (what a
+//! node plugin staged and published, and the rules that guard it),
+//! [`state`] (volume lifecycle reconciliation) and [`conformance`] (the
+//! conformance suite).
 
 pub use csi_conformance as conformance;
+pub use csi_node as node;
 pub use csi_proto as proto;
 pub use csi_server as server;
 pub use mount_utils as mount;

@@ -28,7 +28,13 @@ async fn run_suite(block: bool, attach: bool) -> Report {
     };
     let snapshot_arg = format!("--snapshotdir={}", snapshots.display());
     let args: Vec<&str> = if attach {
-        vec!["--enable-attach", "--enable-topology", &snapshot_arg]
+        // The attach limit is NodeGetInfo's max_volumes_per_node too.
+        vec![
+            "--enable-attach",
+            "--enable-topology",
+            "--attach-limit=8",
+            &snapshot_arg,
+        ]
     } else {
         vec![]
     };

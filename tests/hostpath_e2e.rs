@@ -326,6 +326,138 @@ fn hostile_ids_fields_and_access_types_are_refused_and_secrets_never_logged() {
     });
 }
 
+/// The answers csi-sanity expects, from the driver as users run it: the
+/// Go driver's flags (--attach-limit, --accepted-mutable-parameter-name),
+/// group snapshots offered (state on its own filesystem).
+#[test]
+fn csi_sanity_answers() {
+    require_root!("csi_sanity_answers");
+    if !csi_kit::mount::testing::have_program("csi_sanity_answers", "mkfs.ext4") {
+        return;
+    }
+    run_isolated("hostpath-sanity-answers", || async {
+        let dir = tempfile::tempdir().unwrap();
+        let state =
+            csi_kit::mount::testing::ScratchFilesystem::new(dir.path(), "state", 64 << 20, "ext4")
+                .unwrap();
+        let snapdir = format!("--snapshotdir={}", dir.path().join("snapshots").display());
+        let args = [
+            "--enable-attach",
+            "--attach-limit=3",
+            "--accepted-mutable-parameter-name=iops",
+            &snapdir,
+        ];
+        let driver = Driver::start("hostpath", state.path(), &args);
+        let client = driver.client().await;
+        let info = client
+            .node()
+            .node_get_info(NodeGetInfoRequest {})
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(info.max_volumes_per_node, 3, "--attach-limit is reported");
+
+        // Mutable parameters: unaccepted keys are refused and nothing is made.
+        let with_params = |name: &str, params: &[(&str, &str)]| CreateVolumeRequest {
+            name: name.into(),
+            volume_capabilities: vec![mount_cap()],
+            mutable_parameters: params
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            ..Default::default()
+        };
+        let mut c = client.controller();
+        let err = c
+            .create_volume(with_params("pvc-fake", &[("XXX_FakeKey", "XXX_FakeValue")]))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument);
+        assert!(err.message().contains("XXX_FakeKey"), "{}", err.message());
+        let listed = c
+            .list_volumes(ListVolumesRequest::default())
+            .await
+            .unwrap()
+            .into_inner()
+            .entries;
+        assert!(listed.is_empty(), "a refused CreateVolume made {listed:?}");
+        let id = c
+            .create_volume(with_params("pvc-iops", &[("iops", "100")]))
+            .await
+            .unwrap()
+            .into_inner()
+            .volume
+            .unwrap()
+            .volume_id;
+        let modify = |id: &str, params: &[(&str, &str)]| ControllerModifyVolumeRequest {
+            volume_id: id.into(),
+            mutable_parameters: params
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            ..Default::default()
+        };
+        let missing = c
+            .controller_modify_volume(modify("non-existing-volume-id", &[]))
+            .await;
+        assert_eq!(code(missing), Code::NotFound);
+        c.controller_modify_volume(modify(&id, &[])).await.unwrap();
+        let fake = c
+            .controller_modify_volume(modify(&id, &[("XXX_FakeKey", "x")]))
+            .await;
+        assert_eq!(code(fake), Code::InvalidArgument);
+        c.controller_modify_volume(modify(&id, &[("iops", "200")]))
+            .await
+            .unwrap();
+
+        // Required fields before the staging rule; relative paths name no volume.
+        let mut n = client.node();
+        let publish = n
+            .node_publish_volume(NodePublishVolumeRequest::default())
+            .await;
+        assert_eq!(code(publish), Code::InvalidArgument);
+        let stats = n
+            .node_get_volume_stats(NodeGetVolumeStatsRequest {
+                volume_id: id.clone(),
+                volume_path: "some/path".into(),
+                ..Default::default()
+            })
+            .await;
+        assert_eq!(code(stats), Code::NotFound);
+        let expand = n
+            .node_expand_volume(NodeExpandVolumeRequest {
+                volume_id: "vol-unknown".into(),
+                volume_path: "some/path".into(),
+                ..Default::default()
+            })
+            .await;
+        assert_eq!(code(expand), Code::NotFound);
+
+        // Group snapshots by id alone.
+        let mut g = client.group_controller();
+        let get = g
+            .get_volume_group_snapshot(GetVolumeGroupSnapshotRequest {
+                group_snapshot_id: "group-unknown".into(),
+                ..Default::default()
+            })
+            .await;
+        assert_eq!(code(get), Code::NotFound);
+        g.delete_volume_group_snapshot(DeleteVolumeGroupSnapshotRequest {
+            group_snapshot_id: "group-unknown".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+
+        c.delete_volume(DeleteVolumeRequest {
+            volume_id: id,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    });
+}
+
 #[test]
 fn inline_ephemeral_volume_lives_and_dies_with_its_publish() {
     require_root!("inline_ephemeral_volume_lives_and_dies_with_its_publish");

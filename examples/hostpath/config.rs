@@ -36,8 +36,10 @@ pub struct Config {
     /// Advertise ControllerPublish/Unpublish (attach) and track attachments.
     #[arg(long)]
     pub enable_attach: bool,
-    /// Most volumes attached to this node at once (0 = unlimited).
-    #[arg(long, default_value_t = 0)]
+    /// Most volumes attached to this node at once (0 = unlimited); also
+    /// what NodeGetInfo reports as max_volumes_per_node, as in the Go
+    /// csi-driver-host-path, unless --max-volumes-per-node is set.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(i64).range(0..))]
     pub attach_limit: i64,
     /// Largest volume the driver creates, in bytes or with a suffix (1Ti, 500Gi).
     #[arg(long, value_parser = parse_size, default_value = "1Ti")]
@@ -48,8 +50,9 @@ pub struct Config {
     /// Report topology (one segment per node) and honour topology requirements.
     #[arg(long)]
     pub enable_topology: bool,
-    /// Most volumes NodeGetInfo reports this node can take (0 = CO decides).
-    #[arg(long, default_value_t = 0)]
+    /// Most volumes NodeGetInfo reports this node can take (0: the
+    /// --attach-limit, or the CO decides when that is 0 too).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(i64).range(0..))]
     pub max_volumes_per_node: i64,
     /// Mutable parameter names ControllerModifyVolume accepts (repeatable).
     #[arg(long = "accepted-mutable-parameter-name")]
@@ -76,6 +79,16 @@ impl Config {
         self.endpoint
             .clone()
             .unwrap_or_else(|| format!("unix://{}", self.statedir.join("csi.sock").display()))
+    }
+
+    /// NodeGetInfo's max_volumes_per_node: the explicit flag, else the
+    /// attach limit (0 = the CO decides).
+    pub fn max_volumes_per_node(&self) -> i64 {
+        if self.max_volumes_per_node > 0 {
+            self.max_volumes_per_node
+        } else {
+            self.attach_limit
+        }
     }
 
     /// The node id to report.

@@ -64,7 +64,9 @@ fn capabilities(config: &Config, group_snapshots: bool) -> Capabilities {
             NodeRpc::ExpandVolume,
             NodeRpc::VolumeCondition,
             NodeRpc::SingleNodeMultiWriter,
-        ]);
+        ])
+        // The server rejects any other key before the driver sees it.
+        .mutable_parameters(config.accepted_mutable_parameter_names.iter().cloned());
     if group_snapshots {
         caps = caps
             .plugin(Service::GroupControllerService)
@@ -151,4 +153,36 @@ async fn run(config: Config) -> Result<(), String> {
         .map_err(|e| format!("reconciling state: {e}"))?;
     readiness.set_ready();
     server.serve().await.map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attach_limit_is_reported_and_mutable_keys_are_declared() {
+        let config = Config::parse_from([
+            "hostpath",
+            "--attach-limit=4",
+            "--accepted-mutable-parameter-name=iops",
+        ]);
+        assert_eq!(config.max_volumes_per_node(), 4);
+        let explicit =
+            Config::parse_from(["hostpath", "--attach-limit=4", "--max-volumes-per-node=9"]);
+        assert_eq!(explicit.max_volumes_per_node(), 9);
+        assert_eq!(Config::parse_from(["hostpath"]).max_volumes_per_node(), 0);
+        assert!(Config::try_parse_from(["hostpath", "--attach-limit=-1"]).is_err());
+        let caps = capabilities(&config, false);
+        let keys: Vec<&str> = caps
+            .accepted_mutable_parameters()
+            .unwrap()
+            .iter()
+            .map(String::as_str)
+            .collect();
+        assert_eq!(keys, ["iops"]);
+        assert!(caps.check().is_ok());
+        // No flag: MODIFY_VOLUME accepts only an empty map.
+        let none = capabilities(&Config::parse_from(["hostpath"]), false);
+        assert!(none.accepted_mutable_parameters().unwrap().is_empty());
+    }
 }

@@ -405,7 +405,7 @@ impl Node for HostPath {
     ) -> CsiResult<NodeGetInfoResponse> {
         Ok(NodeGetInfoResponse {
             node_id: self.node_id.clone(),
-            max_volumes_per_node: self.config.max_volumes_per_node,
+            max_volumes_per_node: self.config.max_volumes_per_node(),
             accessible_topology: self.config.enable_topology.then(|| Topology {
                 segments: [(TOPOLOGY_KEY.to_owned(), self.node_id.clone())].into(),
             }),

@@ -209,7 +209,9 @@ pub struct Config {
     pub parameters: HashMap<String, String>,
     /// `parameters` for CreateSnapshot and CreateVolumeGroupSnapshot.
     pub snapshot_parameters: HashMap<String, String>,
-    /// `mutable_parameters` for ControllerModifyVolume.
+    /// `mutable_parameters` the driver accepts (a VolumeAttributesClass),
+    /// sent with ControllerModifyVolume. Empty by default, as csi-sanity
+    /// sends them: every driver with MODIFY_VOLUME must accept an empty map.
     pub mutable_parameters: HashMap<String, String>,
     /// Secrets per request kind.
     pub secrets: Secrets,
@@ -234,6 +236,10 @@ pub struct Config {
     pub concurrency: usize,
     /// How many volumes (and snapshots) the paging checks create.
     pub paging_items: usize,
+    /// The largest NodeGetInfo `max_volumes_per_node` the attach-limit
+    /// check tests (it creates and attaches one volume more than the
+    /// limit); a larger limit skips the check.
+    pub attach_limit_max: i64,
     /// Whether the driver shares this process's filesystem view, so the suite
     /// can check that target paths are created and removed by the plugin.
     pub check_target_paths: bool,
@@ -251,7 +257,7 @@ impl Config {
             volume_size: csi_proto::size::GIB,
             parameters: HashMap::new(),
             snapshot_parameters: HashMap::new(),
-            mutable_parameters: [("csi-conformance".to_string(), "modified".to_string())].into(),
+            mutable_parameters: HashMap::new(),
             secrets: Secrets::with_marker(&format!("csi-conformance-secret-{run}")),
             access_type: AccessType::Mount {
                 fs_type: String::new(),
@@ -264,6 +270,7 @@ impl Config {
             test_volume_prefix: "csi-conformance".to_string(),
             concurrency: 16,
             paging_items: 5,
+            attach_limit_max: 32,
             check_target_paths: true,
         }
     }

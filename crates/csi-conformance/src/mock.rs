@@ -5,6 +5,8 @@
 //! volume, snapshot, publication and staging in memory, and on NodePublish
 //! creates the target path (a directory for mount, a file for block) and
 //! removes it on NodeUnpublish, so path rules are observable without mounting.
+//! It accepts the mutable parameters in [`ACCEPTED_MUTABLE_PARAMETERS`] and
+//! reports (and enforces) an attach limit of [`MAX_VOLUMES_PER_NODE`].
 //!
 //! ```no_run
 //! # async fn example() -> std::io::Result<()> {
@@ -21,6 +23,8 @@ use std::fmt::Debug;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
+
+use futures::TryStreamExt;
 
 use csi_proto::v1::controller_server::{Controller, ControllerServer};
 use csi_proto::v1::controller_service_capability::rpc::Type as CtrlCap;
@@ -51,7 +55,30 @@ pub enum Fault {
     NoTargetCleanup,
     /// NodePublishVolume lets single-node volumes be published at many targets.
     NoRepeatTable,
+    /// NodePublishVolume applies the STAGE_UNSTAGE rule (FAILED_PRECONDITION
+    /// for a missing staging_target_path) before checking required fields.
+    StagingCheckedFirst,
+    /// NodeGetVolumeStats and NodeExpandVolume answer INVALID_ARGUMENT for a
+    /// relative volume_path instead of NOT_FOUND.
+    RelativeVolumePathInvalid,
+    /// CreateVolume and ControllerModifyVolume take any mutable parameter.
+    AcceptsAnyMutableParameter,
+    /// ControllerModifyVolume rejects an empty mutable_parameters as missing.
+    RequiresMutableParameters,
+    /// Get/DeleteVolumeGroupSnapshot reject an empty snapshot_ids as missing.
+    RequiresSnapshotIds,
+    /// ControllerPublishVolume ignores the max_volumes_per_node it reports.
+    NoAttachLimit,
+    /// Served by tonic as it comes, which resets requests whose
+    /// `:authority` is the socket path (what gRPC C-core and grpc-java send).
+    StrictAuthority,
 }
+
+/// The mutable parameter keys the mock accepts.
+pub const ACCEPTED_MUTABLE_PARAMETERS: &[&str] = &["iops", "throughput"];
+
+/// The attach limit NodeGetInfo reports and ControllerPublishVolume enforces.
+pub const MAX_VOLUMES_PER_NODE: i64 = 8;
 
 type Result<T> = std::result::Result<Response<T>, Status>;
 
@@ -61,6 +88,7 @@ struct Vol {
     capacity: i64,
     caps: Vec<VolumeCapability>,
     params: HashMap<String, String>,
+    mutable: HashMap<String, String>,
     source: Option<VolumeContentSource>,
     context: HashMap<String, String>,
 }
@@ -243,17 +271,22 @@ impl MockDriver {
         let listener = tokio::net::UnixListener::bind(&socket)?;
         let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let strict = self.has(Fault::StrictAuthority);
         let router = tonic::transport::Server::builder()
             .add_service(IdentityServer::new(self.clone()))
             .add_service(ControllerServer::new(self.clone()))
             .add_service(NodeServer::new(self.clone()))
             .add_service(GroupControllerServer::new(self));
+        let stop = async {
+            let _ = rx.await;
+        };
         let task = tokio::spawn(async move {
-            let _ = router
-                .serve_with_incoming_shutdown(incoming, async {
-                    let _ = rx.await;
-                })
-                .await;
+            let _ = if strict {
+                router.serve_with_incoming_shutdown(incoming, stop).await
+            } else {
+                let incoming = incoming.map_ok(csi_server::authority::AnyAuthority::new);
+                router.serve_with_incoming_shutdown(incoming, stop).await
+            };
         });
         Ok(MockServer {
             endpoint: format!("unix://{}", socket.display()),
@@ -321,6 +354,17 @@ fn check_caps(caps: &[VolumeCapability]) -> std::result::Result<(), Status> {
     Ok(())
 }
 
+/// NOT_FOUND: a relative path cannot hold a volume.
+fn absolute_volume_path(path: &str, relative_invalid: bool) -> std::result::Result<(), Status> {
+    match (path.starts_with('/'), relative_invalid) {
+        (true, _) => Ok(()),
+        (false, true) => Err(invalid("volume_path must be absolute")),
+        (false, false) => Err(Status::not_found(format!(
+            "volume_path {path:?} names no volume"
+        ))),
+    }
+}
+
 fn require(value: &str, field: &str) -> std::result::Result<(), Status> {
     if value.is_empty() {
         Err(invalid(format!("{field} is required")))
@@ -375,6 +419,24 @@ fn now() -> prost_types::Timestamp {
 }
 
 impl MockDriver {
+    /// INVALID_ARGUMENT naming the first key the mock does not accept.
+    fn check_mutable(&self, params: &HashMap<String, String>) -> std::result::Result<(), Status> {
+        if self.has(Fault::AcceptsAnyMutableParameter) {
+            return Ok(());
+        }
+        match params
+            .keys()
+            .filter(|k| !ACCEPTED_MUTABLE_PARAMETERS.contains(&k.as_str()))
+            .min()
+        {
+            Some(k) => Err(invalid(format!(
+                "mutable_parameters[{k:?}]: not accepted (accepted: {})",
+                ACCEPTED_MUTABLE_PARAMETERS.join(", ")
+            ))),
+            None => Ok(()),
+        }
+    }
+
     fn volume(&self, id: &str, v: &Vol) -> Volume {
         Volume {
             capacity_bytes: v.capacity,
@@ -427,6 +489,7 @@ impl Controller for MockDriver {
             return Err(invalid("volume_capabilities is required"));
         }
         check_caps(&req.volume_capabilities)?;
+        self.check_mutable(&req.mutable_parameters)?;
         let range = req.capacity_range.unwrap_or_default();
         if range.required_bytes < 0 || range.limit_bytes < 0 {
             return Err(invalid("capacity_range must not be negative"));
@@ -501,6 +564,7 @@ impl Controller for MockDriver {
             capacity: size,
             caps: req.volume_capabilities,
             params: req.parameters,
+            mutable: req.mutable_parameters,
             source: req.volume_content_source,
             context: [("mock/name".to_string(), req.name)].into(),
         };
@@ -552,6 +616,20 @@ impl Controller for MockDriver {
         }
         let key = (req.volume_id.clone(), req.node_id);
         let args = (req.volume_capability, req.readonly);
+        let attached = st
+            .controller_pubs
+            .keys()
+            .filter(|(_, n)| *n == key.1)
+            .count() as i64;
+        if !st.controller_pubs.contains_key(&key)
+            && attached >= MAX_VOLUMES_PER_NODE
+            && !self.has(Fault::NoAttachLimit)
+        {
+            return Err(Status::resource_exhausted(format!(
+                "node {} has {MAX_VOLUMES_PER_NODE} volumes attached",
+                key.1
+            )));
+        }
         match st.controller_pubs.get(&key) {
             Some(existing) if *existing != args => {
                 return Err(Status::already_exists(
@@ -864,15 +942,18 @@ impl Controller for MockDriver {
         let req = r.into_inner();
         self.log("ControllerModifyVolume", &req, &req.secrets);
         require(&req.volume_id, "volume_id")?;
-        if req.mutable_parameters.is_empty() {
+        // Empty is "modify nothing" (proto3 cannot tell it from absent).
+        if req.mutable_parameters.is_empty() && self.has(Fault::RequiresMutableParameters) {
             return Err(invalid("mutable_parameters is required"));
         }
+        // Every key before any change: INVALID_ARGUMENT means nothing applied.
+        self.check_mutable(&req.mutable_parameters)?;
         let mut st = self.lock();
         let v = st
             .volumes
             .get_mut(&req.volume_id)
             .ok_or_else(|| self.missing_volume(&req.volume_id))?;
-        v.params.extend(req.mutable_parameters);
+        v.mutable.extend(req.mutable_parameters);
         Ok(Response::new(ControllerModifyVolumeResponse {}))
     }
 }
@@ -949,6 +1030,14 @@ impl Node for MockDriver {
     ) -> Result<NodePublishVolumeResponse> {
         let req = r.into_inner();
         self.log("NodePublishVolume", &req, &req.secrets);
+        if self.has(Fault::StagingCheckedFirst)
+            && self.opts.stage_unstage
+            && req.staging_target_path.is_empty()
+        {
+            return Err(Status::failed_precondition(
+                "STAGE_UNSTAGE_VOLUME is advertised: staging_target_path is required",
+            ));
+        }
         require(&req.volume_id, "volume_id")?;
         require(&req.target_path, "target_path")?;
         let cap = req
@@ -1053,6 +1142,7 @@ impl Node for MockDriver {
         self.log("NodeGetVolumeStats", &req, &HashMap::new());
         require(&req.volume_id, "volume_id")?;
         require(&req.volume_path, "volume_path")?;
+        absolute_volume_path(&req.volume_path, self.has(Fault::RelativeVolumePathInvalid))?;
         let st = self.lock();
         let v = st
             .volumes
@@ -1087,6 +1177,7 @@ impl Node for MockDriver {
         self.log("NodeExpandVolume", &req, &req.secrets);
         require(&req.volume_id, "volume_id")?;
         require(&req.volume_path, "volume_path")?;
+        absolute_volume_path(&req.volume_path, self.has(Fault::RelativeVolumePathInvalid))?;
         let st = self.lock();
         let v = st
             .volumes
@@ -1119,7 +1210,7 @@ impl Node for MockDriver {
     async fn node_get_info(&self, _r: Request<NodeGetInfoRequest>) -> Result<NodeGetInfoResponse> {
         Ok(Response::new(NodeGetInfoResponse {
             node_id: self.opts.node_id.clone(),
-            max_volumes_per_node: 0,
+            max_volumes_per_node: MAX_VOLUMES_PER_NODE,
             accessible_topology: None,
         }))
     }
@@ -1214,7 +1305,7 @@ impl GroupController for MockDriver {
         let req = r.into_inner();
         self.log("DeleteVolumeGroupSnapshot", &req, &req.secrets);
         require(&req.group_snapshot_id, "group_snapshot_id")?;
-        if req.snapshot_ids.is_empty() {
+        if req.snapshot_ids.is_empty() && self.has(Fault::RequiresSnapshotIds) {
             return Err(invalid("snapshot_ids: required"));
         }
         let mut st = self.lock();
@@ -1227,7 +1318,9 @@ impl GroupController for MockDriver {
             .iter()
             .map(|s| s.snapshot_id.clone())
             .collect();
-        if req.snapshot_ids.iter().cloned().collect::<HashSet<_>>() != members {
+        if !req.snapshot_ids.is_empty()
+            && req.snapshot_ids.iter().cloned().collect::<HashSet<_>>() != members
+        {
             return Err(invalid("snapshot_ids do not match the group snapshot"));
         }
         st.snapshots.retain(|id, _| !members.contains(id));
@@ -1242,7 +1335,7 @@ impl GroupController for MockDriver {
         let req = r.into_inner();
         self.log("GetVolumeGroupSnapshot", &req, &req.secrets);
         require(&req.group_snapshot_id, "group_snapshot_id")?;
-        if req.snapshot_ids.is_empty() {
+        if req.snapshot_ids.is_empty() && self.has(Fault::RequiresSnapshotIds) {
             return Err(invalid("snapshot_ids: required"));
         }
         let st = self.lock();
@@ -1253,7 +1346,9 @@ impl GroupController for MockDriver {
             ))
         })?;
         let members: HashSet<&String> = g.group.snapshots.iter().map(|s| &s.snapshot_id).collect();
-        if req.snapshot_ids.iter().collect::<HashSet<_>>() != members {
+        if !req.snapshot_ids.is_empty()
+            && req.snapshot_ids.iter().collect::<HashSet<_>>() != members
+        {
             return Err(invalid("snapshot_ids do not match the group snapshot"));
         }
         Ok(Response::new(GetVolumeGroupSnapshotResponse {

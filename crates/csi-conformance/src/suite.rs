@@ -229,6 +229,8 @@ pub(crate) struct Caps {
     pub group: Vec<GroupCap>,
     pub group_err: Option<String>,
     pub node_id: Option<String>,
+    /// NodeGetInfo's max_volumes_per_node (0: none reported).
+    pub max_volumes_per_node: i64,
 }
 
 /// State shared by a check body: the client, the config, what the driver
@@ -750,6 +752,7 @@ async fn discover(ctx: &mut Ctx) -> Option<String> {
             if !r.node_id.is_empty() {
                 ctx.caps.node_id = Some(r.node_id);
             }
+            ctx.caps.max_volumes_per_node = r.max_volumes_per_node;
         }
     }
     if ctx.has_plugin(PluginCap::GroupControllerService) {

@@ -108,6 +108,7 @@ pub struct Capabilities {
     controller: BTreeSet<ControllerRpc>,
     node: BTreeSet<NodeRpc>,
     group_controller: BTreeSet<GroupRpc>,
+    mutable_parameters: Option<BTreeSet<String>>,
 }
 
 impl Capabilities {
@@ -150,6 +151,26 @@ impl Capabilities {
         self.group_controller
             .extend(rpcs.into_iter().filter(|r| *r != GroupRpc::Unknown));
         self
+    }
+
+    /// Declares the mutable parameter keys the driver accepts (with
+    /// MODIFY_VOLUME). CreateVolume and ControllerModifyVolume with any other
+    /// key are then INVALID_ARGUMENT naming the key, before the driver sees
+    /// them, so nothing is applied. Without this declaration the driver
+    /// checks keys itself ([`helpers::mutable`](crate::helpers::mutable)).
+    pub fn mutable_parameters<K: Into<String>>(
+        mut self,
+        keys: impl IntoIterator<Item = K>,
+    ) -> Self {
+        self.mutable_parameters
+            .get_or_insert_with(BTreeSet::new)
+            .extend(keys.into_iter().map(Into::into));
+        self
+    }
+
+    /// The declared mutable parameter keys, if the driver declared them.
+    pub fn accepted_mutable_parameters(&self) -> Option<&BTreeSet<String>> {
+        self.mutable_parameters.as_ref()
     }
 
     /// Whether a plugin service capability is declared.
@@ -200,6 +221,11 @@ impl Capabilities {
         if c(ControllerRpc::PublishReadonly) && !c(ControllerRpc::PublishUnpublishVolume) {
             return Err(CsiError::FailedPrecondition(
                 "PUBLISH_READONLY requires PUBLISH_UNPUBLISH_VOLUME".into(),
+            ));
+        }
+        if self.mutable_parameters.is_some() && !c(ControllerRpc::ModifyVolume) {
+            return Err(CsiError::FailedPrecondition(
+                "accepted mutable parameters are declared without MODIFY_VOLUME".into(),
             ));
         }
         Ok(())
@@ -306,5 +332,27 @@ mod tests {
         assert!(caps.check().is_ok());
         let bad = Capabilities::new().controller([ControllerRpc::ListVolumesPublishedNodes]);
         assert!(bad.check().is_err());
+    }
+
+    #[test]
+    fn mutable_parameters_need_modify_volume() {
+        let none = Capabilities::new().controller([ControllerRpc::ModifyVolume]);
+        assert_eq!(none.accepted_mutable_parameters(), None);
+        let empty = none.clone().mutable_parameters(Vec::<String>::new());
+        assert!(empty.accepted_mutable_parameters().unwrap().is_empty());
+        let caps = none
+            .mutable_parameters(["iops"])
+            .mutable_parameters(["throughput"]);
+        let keys: Vec<&str> = caps
+            .accepted_mutable_parameters()
+            .unwrap()
+            .iter()
+            .map(String::as_str)
+            .collect();
+        assert_eq!(keys, ["iops", "throughput"]);
+        assert!(caps.check().is_ok());
+        let bad = Capabilities::new().mutable_parameters(["iops"]);
+        let err = bad.check().unwrap_err();
+        assert!(err.to_string().contains("MODIFY_VOLUME"), "{err}");
     }
 }

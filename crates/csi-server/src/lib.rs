@@ -42,6 +42,7 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod authority;
 pub mod capabilities;
 pub mod client;
 mod dispatch;

@@ -202,7 +202,6 @@ no_field_rules!(
     GetSnapshotRequest,
     ControllerExpandVolumeRequest,
     ControllerGetVolumeRequest,
-    ControllerModifyVolumeRequest,
     GroupControllerGetCapabilitiesRequest,
     CreateVolumeGroupSnapshotRequest,
     DeleteVolumeGroupSnapshotRequest,
@@ -231,6 +230,20 @@ fn no_mutable_parameters(
     Ok(())
 }
 
+/// MODIFY_VOLUME declared, and every key one the driver declared it accepts.
+fn accepted_mutable_parameters(
+    caps: &Capabilities,
+    m: &std::collections::HashMap<String, String>,
+) -> Result<(), CsiError> {
+    no_mutable_parameters(caps, m)?;
+    match caps.accepted_mutable_parameters() {
+        Some(accepted) => {
+            crate::helpers::mutable::check_accepted("mutable_parameters", m, accepted)
+        }
+        None => Ok(()),
+    }
+}
+
 impl FieldCapabilities for CreateVolumeRequest {
     fn field_capabilities(&self, caps: &Capabilities) -> Result<(), CsiError> {
         match self
@@ -254,7 +267,13 @@ impl FieldCapabilities for CreateVolumeRequest {
             }
             _ => {}
         }
-        no_mutable_parameters(caps, &self.mutable_parameters)
+        accepted_mutable_parameters(caps, &self.mutable_parameters)
+    }
+}
+
+impl FieldCapabilities for ControllerModifyVolumeRequest {
+    fn field_capabilities(&self, caps: &Capabilities) -> Result<(), CsiError> {
+        accepted_mutable_parameters(caps, &self.mutable_parameters)
     }
 }
 

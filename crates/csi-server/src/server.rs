@@ -12,9 +12,11 @@ use csi_proto::v1::identity_server::IdentityServer;
 use csi_proto::v1::node_server::NodeServer;
 use csi_proto::v1::plugin_capability::service::Type as PluginService;
 use csi_proto::v1::snapshot_metadata_server::SnapshotMetadataServer;
+use futures::TryStreamExt;
 use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
 use tonic::service::{Routes, RoutesBuilder};
 
+use crate::authority::AnyAuthority;
 use crate::capabilities::{Capabilities, PluginInfo};
 use crate::dispatch::{
     ControllerService, GroupControllerService, IdentityService, NodeService, Shared,
@@ -335,11 +337,18 @@ impl ServerBuilder {
         if self.catch_panics {
             stack = stack.push(CatchPanicLayer);
         }
-        if self.gating {
-            stack = stack.push(GatingLayer::new(capabilities.clone()));
-        }
-        if self.validation {
-            stack = stack.push(ValidationLayer);
+        // Undeclared RPC first, then missing or invalid fields, then the
+        // field-level capability rules (see layer::gating).
+        match (self.gating, self.validation) {
+            (true, true) => {
+                stack = stack
+                    .push(GatingLayer::rpcs(capabilities.clone()))
+                    .push(ValidationLayer)
+                    .push(GatingLayer::fields(capabilities.clone()));
+            }
+            (true, false) => stack = stack.push(GatingLayer::new(capabilities.clone())),
+            (false, true) => stack = stack.push(ValidationLayer),
+            (false, false) => {}
         }
         stack = stack.push(ReadinessLayer::new(readiness.clone()));
         if self.locking {
@@ -530,8 +539,9 @@ impl Server {
                     self.readiness.set_ready();
                 }
                 tracing::info!(endpoint = %self.endpoint, "serving");
-                let serving =
-                    router.serve_with_incoming_shutdown(UnixListenerStream::new(listener), stop);
+                // Any :authority on the socket (see crate::authority).
+                let incoming = UnixListenerStream::new(listener).map_ok(AnyAuthority::new);
+                let serving = router.serve_with_incoming_shutdown(incoming, stop);
                 let result = drain(serving, shutdown, stop_tx, self.grace_period).await;
                 file.remove();
                 result

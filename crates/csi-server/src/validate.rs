@@ -1,7 +1,23 @@
 //! Spec validation of requests (RULES.md §4): pure functions, one
 //! [`Validate`] impl per request type. Every failure is INVALID_ARGUMENT
-//! (OUT_OF_RANGE for a negative snapshot-metadata offset, per the error
-//! table) with a message that starts with the offending field's path.
+//! with a message that starts with the offending field's path, except two
+//! the spec's error tables assign otherwise: OUT_OF_RANGE for a negative
+//! snapshot-metadata offset, and NOT_FOUND for a relative `volume_path`
+//! (it names no volume), answered only after every other field rule so a
+//! request that also lacks a required field still gets INVALID_ARGUMENT.
+//!
+//! # Required repeated and map fields
+//!
+//! proto3 cannot tell an empty list or map from an absent one, so a field
+//! the spec marks REQUIRED is rejected when empty only where emptiness has
+//! no meaning of its own:
+//!
+//! | field | empty | why |
+//! |---|---|---|
+//! | CreateVolume / ValidateVolumeCapabilities `volume_capabilities` | INVALID_ARGUMENT | nothing to provision or validate |
+//! | CreateVolumeGroupSnapshot `source_volume_ids` | INVALID_ARGUMENT | a group of nothing |
+//! | ControllerModifyVolume `mutable_parameters` | accepted | "modify nothing": the spec forbids changes based on absent keys, so an empty map is a well-defined no-op; COs send it for a VolumeAttributesClass without parameters, and csi-sanity expects OK (existing volume) or NOT_FOUND (unknown volume) |
+//! | Get/DeleteVolumeGroupSnapshot `snapshot_ids` | accepted | the id alone names the group; the spec's rule for the list is a mismatch check (SHOULD), which drivers apply when it is given; csi-sanity expects NOT_FOUND / OK for an unknown id sent without it |
 
 use std::collections::HashMap;
 
@@ -133,6 +149,11 @@ pub fn path(field: &str, value: &str, optional: bool) -> Res {
     if !value.starts_with('/') {
         return Err(CsiError::invalid(field, "must be an absolute path"));
     }
+    path_chars(field, value)
+}
+
+/// No NUL, at most the OS limit.
+fn path_chars(field: &str, value: &str) -> Res {
     if value.contains('\0') {
         return Err(CsiError::invalid(field, "contains a NUL byte"));
     }
@@ -143,6 +164,27 @@ pub fn path(field: &str, value: &str, optional: bool) -> Res {
         ));
     }
     Ok(())
+}
+
+/// The `volume_path` of NodeGetVolumeStats and NodeExpandVolume: required,
+/// no NUL, ≤ the OS limit. A relative path passes here and is answered by
+/// [`path_names_volume`] once every other field has been checked.
+pub fn volume_path(field: &str, value: &str) -> Res {
+    if value.is_empty() {
+        return Err(CsiError::required(field));
+    }
+    path_chars(field, value)
+}
+
+/// NOT_FOUND for a relative `volume_path`: no volume can be published or
+/// staged there (the spec's code for "volume not found on volume_path").
+pub fn path_names_volume(field: &str, value: &str) -> Res {
+    if value.is_empty() || value.starts_with('/') {
+        return Ok(());
+    }
+    Err(CsiError::NotFound(format!(
+        "{field} {value:?} names no volume: it is not an absolute path"
+    )))
 }
 
 /// One volume capability: access type and a known, non-UNKNOWN access mode
@@ -475,7 +517,8 @@ impl Validate for ControllerModifyVolumeRequest {
     fn validate(&self) -> Res {
         required_string("volume_id", &self.volume_id)?;
         secrets("secrets", &self.secrets)?;
-        required_map("mutable_parameters", &self.mutable_parameters)
+        // May be empty: see the module docs.
+        map("mutable_parameters", &self.mutable_parameters)
     }
 }
 
@@ -519,21 +562,23 @@ impl Validate for NodeUnpublishVolumeRequest {
 impl Validate for NodeGetVolumeStatsRequest {
     fn validate(&self) -> Res {
         required_string("volume_id", &self.volume_id)?;
-        path("volume_path", &self.volume_path, false)?;
-        path("staging_target_path", &self.staging_target_path, true)
+        volume_path("volume_path", &self.volume_path)?;
+        path("staging_target_path", &self.staging_target_path, true)?;
+        path_names_volume("volume_path", &self.volume_path)
     }
 }
 
 impl Validate for NodeExpandVolumeRequest {
     fn validate(&self) -> Res {
         required_string("volume_id", &self.volume_id)?;
-        path("volume_path", &self.volume_path, false)?;
+        volume_path("volume_path", &self.volume_path)?;
         capacity_range("capacity_range", self.capacity_range.as_ref(), false)?;
         path("staging_target_path", &self.staging_target_path, true)?;
         if let Some(c) = &self.volume_capability {
             volume_capability("volume_capability", c)?;
         }
-        secrets("secrets", &self.secrets)
+        secrets("secrets", &self.secrets)?;
+        path_names_volume("volume_path", &self.volume_path)
     }
 }
 
@@ -549,7 +594,8 @@ impl Validate for CreateVolumeGroupSnapshotRequest {
 impl Validate for DeleteVolumeGroupSnapshotRequest {
     fn validate(&self) -> Res {
         required_string("group_snapshot_id", &self.group_snapshot_id)?;
-        id_list("snapshot_ids", &self.snapshot_ids, true)?;
+        // May be empty (see the module docs); given ids must not be.
+        id_list("snapshot_ids", &self.snapshot_ids, false)?;
         secrets("secrets", &self.secrets)
     }
 }
@@ -557,8 +603,7 @@ impl Validate for DeleteVolumeGroupSnapshotRequest {
 impl Validate for GetVolumeGroupSnapshotRequest {
     fn validate(&self) -> Res {
         required_string("group_snapshot_id", &self.group_snapshot_id)?;
-        // REQUIRED in v1.12, as for DeleteVolumeGroupSnapshot.
-        id_list("snapshot_ids", &self.snapshot_ids, true)?;
+        id_list("snapshot_ids", &self.snapshot_ids, false)?;
         secrets("secrets", &self.secrets)
     }
 }

@@ -64,6 +64,52 @@ async fn gating_alone() {
 }
 
 #[tokio::test]
+async fn gating_split_around_validation() {
+    use csi_proto::v1::node_service_capability::rpc::Type as NodeRpc;
+    let caps = Capabilities::new().node([NodeRpc::StageUnstageVolume]);
+    let stack = Stack::new()
+        .push(GatingLayer::rpcs(caps.clone()))
+        .push(ValidationLayer)
+        .push(GatingLayer::fields(caps.clone()));
+    let publish = |volume_id: &str| NodePublishVolumeRequest {
+        volume_id: volume_id.into(),
+        target_path: "/mnt/t".into(),
+        volume_capability: Some(
+            VolumeCapability::mount("ext4").with_access_mode(Mode::SingleNodeWriter),
+        ),
+        ..Default::default()
+    };
+    let run = |req: NodePublishVolumeRequest| {
+        stack.call(1, req, |_| async { Ok(NodePublishVolumeResponse {}) })
+    };
+    // Missing volume_id and staging path: the field rule, not the staging rule.
+    assert_eq!(
+        run(publish("")).await.unwrap_err(),
+        CsiError::required("volume_id")
+    );
+    assert_eq!(
+        run(publish("v")).await.unwrap_err().code(),
+        Code::FailedPrecondition
+    );
+    // Each half alone makes only its own decision.
+    let rpcs_only = Stack::new().push(GatingLayer::rpcs(caps.clone()));
+    rpcs_only
+        .call(1, publish("v"), |_| async {
+            Ok(NodePublishVolumeResponse {})
+        })
+        .await
+        .unwrap();
+    let fields_only = Stack::new().push(GatingLayer::fields(caps));
+    let calls = Arc::new(AtomicUsize::new(0));
+    ok_delete(&calls, &fields_only, delete("v")).await.unwrap();
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "DELETE is not gated by fields()"
+    );
+}
+
+#[tokio::test]
 async fn locking_alone() {
     let map = LockMap::new();
     let stack = Arc::new(Stack::new().push(LockingLayer::with_map(map.clone(), Duration::ZERO)));

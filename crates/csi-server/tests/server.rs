@@ -97,6 +97,108 @@ async fn validation_comes_before_the_driver() {
     s.stop().await.unwrap();
 }
 
+/// csi-sanity's order: an undeclared RPC is UNIMPLEMENTED, then a missing
+/// required field is INVALID_ARGUMENT, and only then do capability rules
+/// (staging path, accepted mutable parameters) and the driver answer.
+#[tokio::test]
+async fn required_fields_come_before_capability_rules() {
+    use csi_proto::v1::controller_service_capability::rpc::Type as ControllerRpc;
+    let dir = tempfile::tempdir().unwrap();
+    let driver = Arc::new(TestDriver::default());
+    let caps = Capabilities::new()
+        .controller([
+            ControllerRpc::CreateDeleteVolume,
+            ControllerRpc::ModifyVolume,
+        ])
+        .node([NodeRpc::StageUnstageVolume])
+        .mutable_parameters(["iops"]);
+    let s = start(builder(&dir, &driver).capabilities(caps)).await;
+    let mut n = s.client.node();
+    let no_staging = [
+        (NodePublishVolumeRequest::default(), "volume_id: required"),
+        (
+            NodePublishVolumeRequest {
+                volume_id: "v".into(),
+                ..Default::default()
+            },
+            "target_path: required",
+        ),
+        (
+            NodePublishVolumeRequest {
+                volume_capability: None,
+                ..publish("v", "/mnt/t")
+            },
+            "volume_capability: required",
+        ),
+    ];
+    for (req, message) in no_staging {
+        let err = n.node_publish_volume(req).await.unwrap_err();
+        assert_eq!(
+            (err.code(), err.message()),
+            (Code::InvalidArgument, message)
+        );
+    }
+    let err = n
+        .node_publish_volume(publish("v", "/mnt/t"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{}", err.message());
+    // Undeclared wins over missing fields.
+    let err = n
+        .node_get_volume_stats(NodeGetVolumeStatsRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Unimplemented);
+
+    let mut c = s.client.controller();
+    let modify = |id: &str, params: &[(&str, &str)]| ControllerModifyVolumeRequest {
+        volume_id: id.into(),
+        mutable_parameters: params
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        ..Default::default()
+    };
+    let err = c
+        .controller_modify_volume(modify("v", &[("XXX_FakeKey", "x"), ("iops", "1")]))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(
+        err.message()
+            .starts_with("mutable_parameters[\"XXX_FakeKey\"]: "),
+        "{}",
+        err.message()
+    );
+    let err = c
+        .create_volume(CreateVolumeRequest {
+            name: "v".into(),
+            volume_capabilities: vec![mount_cap()],
+            mutable_parameters: [("XXX_FakeKey".to_string(), "x".to_string())].into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert_eq!(
+        driver.executions.load(Ordering::SeqCst),
+        0,
+        "nothing applied"
+    );
+    // Empty mutable parameters reach the driver: NOT_FOUND or a no-op.
+    let err = c
+        .controller_modify_volume(modify("missing-v", &[]))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+    c.controller_modify_volume(modify("v", &[])).await.unwrap();
+    c.controller_modify_volume(modify("v", &[("iops", "100")]))
+        .await
+        .unwrap();
+    assert_eq!(driver.executions.load(Ordering::SeqCst), 3);
+    s.stop().await.unwrap();
+}
+
 #[tokio::test]
 async fn undeclared_capabilities_are_gated() {
     use csi_proto::v1::volume_content_source::{SnapshotSource, Type};

@@ -111,14 +111,55 @@ fn required_fields() {
         },
         None,
     )]);
+    // proto3 cannot tell empty from absent: an empty map is "modify nothing".
     check(vec![(
         "no mutable parameters",
         ControllerModifyVolumeRequest {
             volume_id: "v".into(),
             ..Default::default()
         },
-        Some("mutable_parameters"),
+        None,
     )]);
+    // The group id alone names a group snapshot; listed ids must be set.
+    check(vec![
+        (
+            "get without snapshot ids",
+            GetVolumeGroupSnapshotRequest {
+                group_snapshot_id: "g".into(),
+                ..Default::default()
+            },
+            None,
+        ),
+        (
+            "get with an empty snapshot id",
+            GetVolumeGroupSnapshotRequest {
+                group_snapshot_id: "g".into(),
+                snapshot_ids: vec!["s".into(), String::new()],
+                ..Default::default()
+            },
+            Some("snapshot_ids[1]"),
+        ),
+        (
+            "get without group id",
+            GetVolumeGroupSnapshotRequest::default(),
+            Some("group_snapshot_id"),
+        ),
+    ]);
+    check(vec![
+        (
+            "delete without snapshot ids",
+            DeleteVolumeGroupSnapshotRequest {
+                group_snapshot_id: "g".into(),
+                ..Default::default()
+            },
+            None,
+        ),
+        (
+            "delete without group id",
+            DeleteVolumeGroupSnapshotRequest::default(),
+            Some("group_snapshot_id"),
+        ),
+    ]);
     check(vec![
         (
             "no capacity range",
@@ -458,15 +499,6 @@ fn paths_are_absolute() {
     ]);
     check(vec![
         (
-            "stats relative",
-            NodeGetVolumeStatsRequest {
-                volume_id: "v".into(),
-                volume_path: "x".into(),
-                ..Default::default()
-            },
-            Some("volume_path"),
-        ),
-        (
             "stats missing",
             NodeGetVolumeStatsRequest {
                 volume_id: "v".into(),
@@ -474,16 +506,44 @@ fn paths_are_absolute() {
             },
             Some("volume_path"),
         ),
+        (
+            "stats relative without volume id",
+            NodeGetVolumeStatsRequest {
+                volume_path: "some/path".into(),
+                ..Default::default()
+            },
+            Some("volume_id"),
+        ),
+        (
+            "stats relative with a relative staging path",
+            NodeGetVolumeStatsRequest {
+                volume_id: "v".into(),
+                volume_path: "some/path".into(),
+                staging_target_path: "stage".into(),
+            },
+            Some("staging_target_path"),
+        ),
     ]);
-    check(vec![(
-        "expand relative",
-        NodeExpandVolumeRequest {
-            volume_id: "v".into(),
-            volume_path: "x".into(),
-            ..Default::default()
-        },
-        Some("volume_path"),
-    )]);
+    check(vec![
+        (
+            "expand missing",
+            NodeExpandVolumeRequest {
+                volume_id: "v".into(),
+                ..Default::default()
+            },
+            Some("volume_path"),
+        ),
+        (
+            "expand relative with a bad capacity",
+            NodeExpandVolumeRequest {
+                volume_id: "v".into(),
+                volume_path: "some/path".into(),
+                capacity_range: Some(CapacityRange::at_least(-1)),
+                ..Default::default()
+            },
+            Some("capacity_range.required_bytes"),
+        ),
+    ]);
     check(vec![(
         "unpublish relative",
         NodeUnpublishVolumeRequest {
@@ -492,6 +552,39 @@ fn paths_are_absolute() {
         },
         Some("target_path"),
     )]);
+}
+
+/// A relative volume_path names no volume: NOT_FOUND, as csi-sanity expects,
+/// once every field rule has passed.
+#[test]
+fn relative_volume_paths_are_not_found() {
+    let stats = NodeGetVolumeStatsRequest {
+        volume_id: "v".into(),
+        volume_path: "some/path".into(),
+        ..Default::default()
+    };
+    let expand = NodeExpandVolumeRequest {
+        volume_id: "v".into(),
+        volume_path: "some/path".into(),
+        ..Default::default()
+    };
+    for err in [
+        stats.validate().unwrap_err(),
+        expand.validate().unwrap_err(),
+    ] {
+        assert_eq!(err.code(), Code::NotFound, "{err}");
+        assert!(err.to_string().starts_with("volume_path "), "{err}");
+    }
+    let absolute = NodeGetVolumeStatsRequest {
+        volume_path: "/var/lib/kubelet/pods/p/volumes/v".into(),
+        ..stats
+    };
+    assert!(absolute.validate().is_ok());
+    let nul = NodeExpandVolumeRequest {
+        volume_path: "a\0b".into(),
+        ..expand
+    };
+    assert_eq!(nul.validate().unwrap_err().code(), Code::InvalidArgument);
 }
 
 #[test]

@@ -1,12 +1,17 @@
 //! Benchmarks: mountinfo parsing of 10,000 entries, and `is_mount_point`
-//! latency (statx vs mountinfo scan) as the mount table grows to 10,000.
+//! latency (statx vs mountinfo scan, and the symlink-refusing
+//! `Mounter::is_mount_point` and `mounted_at`) as the mount table grows to
+//! 10,000.
 //!
 //! Run: `cargo bench -p mount-utils --bench mount_utils`. The
-//! `is_mount_point` group needs root; it creates its mounts in a private
-//! mount namespace of the benchmark process, so nothing leaks to the host.
+//! `is_mount_point` and `cpu_time` groups need root; they create their
+//! mounts in a private mount namespace of the benchmark process, so nothing
+//! leaks to the host. `cpu_time` measures the calling thread's CPU time
+//! instead of wall time, so other load on a shared machine barely moves it.
 
 use std::fmt::Write as _;
 use std::hint::black_box;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -155,6 +160,12 @@ fn bench_is_mount_point(c: &mut Criterion) {
         g.bench_with_input(BenchmarkId::new("mountinfo_scan", n), &probe, |b, p| {
             b.iter(|| m.is_mount_point_by_scan(black_box(p)).unwrap())
         });
+        g.bench_with_input(BenchmarkId::new("is_mount_point", n), &probe, |b, p| {
+            b.iter(|| m.is_mount_point(black_box(p)).unwrap())
+        });
+        g.bench_with_input(BenchmarkId::new("mounted_at", n), &probe, |b, p| {
+            b.iter(|| m.mounted_at(black_box(p)).unwrap().unwrap())
+        });
         g.bench_with_input(
             BenchmarkId::new("likely_not_mount_point", n),
             &probe,
@@ -164,5 +175,95 @@ fn bench_is_mount_point(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench_parse, bench_is_mount_point);
+fn thread_cpu_time() -> Duration {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid clock id and a timespec out-parameter.
+    let r = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
+    assert_eq!(r, 0, "thread CPU clock");
+    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+}
+
+/// `f` timed in thread CPU time.
+fn cpu(iters: u64, mut f: impl FnMut()) -> Duration {
+    let start = thread_cpu_time();
+    for _ in 0..iters {
+        f();
+    }
+    thread_cpu_time() - start
+}
+
+/// `is_likely_not_mount_point` as it was before paths were resolved
+/// without symlinks (canonicalize, then two stats): the reference for what
+/// the resolution costs.
+fn canonicalize_likely_not_mount_point(path: &Path) -> bool {
+    let c = std::fs::canonicalize(path).unwrap();
+    let parent = c.parent().unwrap();
+    std::fs::metadata(&c).unwrap().dev() == std::fs::metadata(parent).unwrap().dev()
+}
+
+/// `is_mount_point_by_scan` as it was before (canonicalize, then scan).
+fn canonicalize_scan_reference(m: &LinuxMounter, path: &Path) -> bool {
+    let c = std::fs::canonicalize(path).unwrap();
+    m.mount_points().unwrap().iter().any(|e| e.mount_point == c)
+}
+
+fn bench_cpu_time(c: &mut Criterion) {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: cpu_time benchmark: needs root (euid != 0)");
+        return;
+    }
+    let mut table = MountTable::new();
+    table.grow_to(100);
+    let m = LinuxMounter::new();
+    let probe = table.target(50);
+    let mut g = c.benchmark_group("cpu_time");
+    g.sample_size(20).warm_up_time(Duration::from_millis(500));
+    g.bench_function("is_mount_point_statx_raw", |b| {
+        b.iter_custom(|n| {
+            cpu(n, || {
+                assert!(m.is_mount_point_statx(black_box(&probe)).is_ok())
+            })
+        })
+    });
+    g.bench_function("is_mount_point", |b| {
+        b.iter_custom(|n| cpu(n, || assert!(m.is_mount_point(black_box(&probe)).is_ok())))
+    });
+    g.bench_function("likely_not_mount_point_canonicalize_reference", |b| {
+        b.iter_custom(|n| {
+            cpu(n, || {
+                assert!(canonicalize_likely_not_mount_point(black_box(&probe)))
+            })
+        })
+    });
+    g.bench_function("likely_not_mount_point", |b| {
+        b.iter_custom(|n| {
+            cpu(n, || {
+                assert!(m.is_likely_not_mount_point(black_box(&probe)).is_ok())
+            })
+        })
+    });
+    g.bench_function("mountinfo_scan_canonicalize_reference", |b| {
+        b.iter_custom(|n| {
+            cpu(n, || {
+                assert!(canonicalize_scan_reference(&m, black_box(&probe)))
+            })
+        })
+    });
+    g.bench_function("mountinfo_scan", |b| {
+        b.iter_custom(|n| {
+            cpu(n, || {
+                assert!(m.is_mount_point_by_scan(black_box(&probe)).is_ok())
+            })
+        })
+    });
+    g.bench_function("mounted_at_100_mounts", |b| {
+        b.iter_custom(|n| cpu(n, || assert!(m.mounted_at(black_box(&probe)).is_ok())))
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench_parse, bench_is_mount_point, bench_cpu_time);
 criterion_main!(benches);

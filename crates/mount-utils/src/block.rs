@@ -1,14 +1,90 @@
-//! Block device queries: size, read-only flag, and which device backs a
-//! mount.
+//! Block device queries: device numbers, size, read-only flag, "is this the
+//! same device", and which device backs a mount.
 
+use std::fmt;
 use std::fs::File;
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::Path;
-
-use nix::errno::Errno;
 
 use crate::error::MountError;
 use crate::mounter::Mounter;
+
+/// A device number (`major:minor`): a block device's `st_rdev`, or the
+/// `st_dev` of a filesystem as mountinfo shows it.
+///
+/// ```
+/// use mount_utils::DeviceNumber;
+/// let d = DeviceNumber::new(7, 3);
+/// assert_eq!(d.to_string(), "7:3");
+/// assert_eq!(DeviceNumber::from_dev_t(d.as_dev_t()), d);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct DeviceNumber {
+    /// Major number (the driver: 7 for loop devices, 8 for SCSI disks).
+    pub major: u32,
+    /// Minor number (the device within the driver).
+    pub minor: u32,
+}
+
+impl DeviceNumber {
+    /// `major:minor`.
+    pub const fn new(major: u32, minor: u32) -> Self {
+        DeviceNumber { major, minor }
+    }
+
+    /// Splits a kernel `dev_t`.
+    pub fn from_dev_t(dev: libc::dev_t) -> Self {
+        DeviceNumber::new(libc::major(dev), libc::minor(dev))
+    }
+
+    /// The kernel `dev_t`.
+    pub fn as_dev_t(self) -> libc::dev_t {
+        libc::makedev(self.major, self.minor)
+    }
+
+    /// The `st_rdev` of the block device node at `path` (symlinks such as
+    /// `/dev/disk/by-id/...` are followed). `ENOTBLK` if it is not one.
+    pub fn of_block_device(path: impl AsRef<Path>) -> std::io::Result<DeviceNumber> {
+        let meta = std::fs::metadata(path)?;
+        if !meta.file_type().is_block_device() {
+            return Err(std::io::Error::from_raw_os_error(libc::ENOTBLK));
+        }
+        Ok(DeviceNumber::from_dev_t(meta.rdev()))
+    }
+}
+
+impl fmt::Display for DeviceNumber {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.major, self.minor)
+    }
+}
+
+/// Whether `a` and `b` are the same device or file: two block (or
+/// character) device nodes with the same `st_rdev`, whatever their names
+/// (`/dev/loop3`, a bind mount of it on a publish target, a
+/// `/dev/disk/by-*` link); otherwise the same inode on the same filesystem.
+/// A device node and a regular file are never the same. Symlinks are
+/// followed, as device paths are usually links.
+pub fn same_device(a: impl AsRef<Path>, b: impl AsRef<Path>) -> std::io::Result<bool> {
+    let (a, b) = (std::fs::metadata(a)?, std::fs::metadata(b)?);
+    let node = |m: &std::fs::Metadata| {
+        let t = m.file_type();
+        if t.is_block_device() {
+            Some((true, m.rdev()))
+        } else if t.is_char_device() {
+            Some((false, m.rdev()))
+        } else {
+            None
+        }
+    };
+    Ok(match (node(&a), node(&b)) {
+        (Some(x), Some(y)) => x == y,
+        (None, None) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
+        _ => false,
+    })
+}
 
 mod ioctls {
     // BLKGETSIZE64 is _IOR(0x12, 114, size_t) but the kernel always writes a
@@ -45,25 +121,34 @@ pub fn is_read_only(path: impl AsRef<Path>) -> std::io::Result<bool> {
 }
 
 /// The source (usually a device path such as `/dev/sdb`) of the topmost
-/// mount at `mount_path`, or `None` if nothing is mounted there.
+/// mount at `mount_path`, or `None` if nothing is mounted there. A path
+/// through a symbolic link is refused ([`MountError::Symlink`]).
 pub fn device_from_mount(
     mounter: &dyn Mounter,
     mount_path: &Path,
 ) -> Result<Option<String>, MountError> {
-    let canonical = match std::fs::canonicalize(mount_path) {
-        Ok(p) => p,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => {
-            return Err(MountError::Stat {
-                path: mount_path.to_path_buf(),
-                errno: e.raw_os_error().map_or(Errno::EIO, Errno::from_raw),
-            });
-        }
-    };
-    Ok(mounter
-        .mount_points()?
-        .into_iter()
-        .rev()
-        .find(|m| m.mount_point == canonical)
-        .map(|m| m.source))
+    Ok(mounter.mounted_at(mount_path)?.map(|m| m.source))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn same_device_compares_nodes_by_rdev_and_files_by_inode() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+        std::fs::write(&a, b"x").unwrap();
+        std::fs::write(&b, b"x").unwrap();
+        std::os::unix::fs::symlink(&a, dir.path().join("link")).unwrap();
+        assert!(same_device(&a, dir.path().join("link")).unwrap());
+        assert!(!same_device(&a, &b).unwrap());
+        // /dev/null and /dev/zero: both char devices, different rdev.
+        assert!(same_device("/dev/null", "/dev/null").unwrap());
+        assert!(!same_device("/dev/null", "/dev/zero").unwrap());
+        assert!(!same_device("/dev/null", &a).unwrap());
+        assert!(same_device(&a, dir.path().join("absent")).is_err());
+        let err = DeviceNumber::of_block_device("/dev/null").unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::ENOTBLK));
+    }
 }

@@ -111,7 +111,9 @@ impl Exec for SystemExec {
         let exe = Self::find_program(program).ok_or_else(|| ExecError::NotFound {
             program: program.into(),
         })?;
-        tracing::debug!(program, ?args, "exec");
+        // Arguments can carry anything a caller passes (labels, keys, option
+        // strings): count them, never log them.
+        tracing::debug!(program, args = args.len(), "exec");
         let out = Command::new(exe)
             .args(args)
             .env("LC_ALL", "C")

@@ -1,41 +1,57 @@
 //! [`FakeMounter`]: an in-memory [`Mounter`] for unit tests of drivers.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
+use std::fmt;
 use std::path::{Component, Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 
 use nix::errno::Errno;
 
+use crate::block::DeviceNumber;
 use crate::error::{MountError, is_corrupted_mount_errno};
-use crate::linux::{refs_in, remove_mount_point, shown_options};
-use crate::mounter::Mounter;
-use crate::mountinfo::MountInfo;
-use crate::options::{MountOptions, Sensitive};
+use crate::fake_loop::{LOOP_MAJOR, number_of};
+use crate::linux::{bind_source_in, refs_in, remove_mount_point};
+use crate::mounter::{MAX_STACKED_UNMOUNTS, Mounter};
+use crate::mountinfo::{MountInfo, containing_mount};
+use crate::options::{MountOptions, RedactedOptions, Sensitive};
+use crate::source::{FsUsage, MountSource};
+
+/// Device number of the fake root filesystem that unmounted paths are on.
+const FAKE_ROOTFS: DeviceNumber = DeviceNumber::new(0, 1);
+/// Device number of the fake `/dev` (devtmpfs), for binds of device nodes.
+const FAKE_DEVTMPFS: DeviceNumber = DeviceNumber::new(0, 6);
+/// First minor handed out to pseudo filesystems (tmpfs, ...).
+const FIRST_ANON_MINOR: u32 = 1000;
 
 /// An operation of [`FakeMounter`] that can be made to fail.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum FakeOp {
-    /// [`Mounter::mount`] and [`Mounter::mount_sensitive`] (keyed by target).
+    /// [`Mounter::mount`], [`Mounter::mount_sensitive`] and
+    /// [`Mounter::remount`] (keyed by target).
     Mount,
     /// [`Mounter::bind_mount`] (keyed by target).
     BindMount,
     /// [`Mounter::unmount`].
     Unmount,
     /// Inspecting a path: [`Mounter::is_mount_point`],
-    /// [`Mounter::is_likely_not_mount_point`] and the first step of
+    /// [`Mounter::is_likely_not_mount_point`], [`Mounter::mounted_at`],
+    /// [`Mounter::fs_usage`] and the first step of
     /// [`Mounter::cleanup_mount_point`].
     Stat,
     /// [`Mounter::mount_points`] and [`Mounter::mount_refs`] (use
     /// [`FakeMounter::inject_error_any_path`]).
     MountPoints,
-    /// Removing the directory in [`Mounter::cleanup_mount_point`].
+    /// Removing the path in [`Mounter::cleanup_mount_point`] and
+    /// [`Mounter::remove_mount_point`].
     Remove,
 }
 
 /// A state change recorded by [`FakeMounter`], in call order. Only
 /// successful changes are logged; no-ops (unmounting something not
-/// mounted) are not.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// mounted) and refusals are not, so "never touched" is "not in the log".
+///
+/// `Debug` shows options as [`RedactedOptions`], never their values.
+#[derive(Clone, PartialEq, Eq)]
 pub enum FakeAction {
     /// A mount (including `bind` given as an option).
     Mount {
@@ -59,6 +75,13 @@ pub enum FakeAction {
         /// Whether it was read-only.
         read_only: bool,
     },
+    /// A [`Mounter::remount`].
+    Remount {
+        /// Target, lexically normalised.
+        target: PathBuf,
+        /// Options as given.
+        options: Vec<String>,
+    },
     /// An unmount of a mounted path.
     Unmount {
         /// Target, lexically normalised.
@@ -66,41 +89,102 @@ pub enum FakeAction {
         /// Whether it was lazy.
         lazy: bool,
     },
-    /// [`Mounter::cleanup_mount_point`] removed the path from disk.
+    /// A mount point was removed from disk.
     Remove {
         /// The path.
         path: PathBuf,
     },
 }
 
+impl fmt::Debug for FakeAction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FakeAction::Mount {
+                source,
+                target,
+                fstype,
+                options,
+                sensitive_options,
+            } => f
+                .debug_struct("Mount")
+                .field("source", source)
+                .field("target", target)
+                .field("fstype", fstype)
+                .field("options", &RedactedOptions::new(options, sensitive_options))
+                .finish(),
+            FakeAction::BindMount {
+                source,
+                target,
+                read_only,
+            } => f
+                .debug_struct("BindMount")
+                .field("source", source)
+                .field("target", target)
+                .field("read_only", read_only)
+                .finish(),
+            FakeAction::Remount { target, options } => f
+                .debug_struct("Remount")
+                .field("target", target)
+                .field("options", &RedactedOptions::new(options, &[]))
+                .finish(),
+            FakeAction::Unmount { target, lazy } => f
+                .debug_struct("Unmount")
+                .field("target", target)
+                .field("lazy", lazy)
+                .finish(),
+            FakeAction::Remove { path } => f.debug_struct("Remove").field("path", path).finish(),
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 struct State {
     mounts: Vec<MountInfo>,
     next_id: u32,
-    devices: HashMap<String, u32>,
+    /// Devices of sources that are paths (`/dev/sdb`): stable per source.
+    source_devices: HashMap<String, DeviceNumber>,
+    next_anon: u32,
+    /// Registered block device nodes, besides `/dev/loopN`.
+    block_devices: HashMap<PathBuf, DeviceNumber>,
+    /// Mount id to the block device node the mount shows.
+    device_nodes: HashMap<u32, DeviceNumber>,
+    symlinks: BTreeSet<PathBuf>,
+    usage: HashMap<PathBuf, FsUsage>,
     log: Vec<FakeAction>,
     errors: HashMap<(FakeOp, Option<PathBuf>), Errno>,
     corrupted: HashMap<PathBuf, Errno>,
 }
 
-/// In-memory [`Mounter`] for unit tests.
+/// In-memory [`Mounter`] for unit tests, with the same rules as
+/// [`LinuxMounter`](crate::LinuxMounter).
 ///
-/// - Mount table: [`Mounter::mount_points`] returns [`MountInfo`] entries
-///   like the kernel's. Each distinct source gets its own fake device number.
-/// - Bind-source resolution: binding a path inside a fake mount yields an
-///   entry with that mount's source, device and root, so a bind of a bind
-///   resolves to the original device and [`Mounter::mount_refs`] works.
-/// - Action log ([`FakeMounter::actions`]) to assert on.
-/// - Injectable errors per operation and path ([`FakeMounter::inject_error`])
-///   and corrupted mounts ([`FakeMounter::mark_corrupted`]).
-/// - The same idempotent semantics as [`LinuxMounter`](crate::LinuxMounter):
-///   unmounting something not mounted succeeds, cleanup of an absent path
-///   succeeds. A non-lazy unmount of a mount that has mounts below it fails
-///   with `EBUSY`, a lazy one removes the whole subtree.
+/// - Mount table: [`Mounter::mount_points`] and [`Mounter::mounted_at`]
+///   return [`MountInfo`] entries like the kernel's, with device numbers:
+///   a filesystem from `/dev/loopN` is `7:N` (as
+///   [`FakeLoopDevices`](crate::FakeLoopDevices) hands out), one from another
+///   registered block device ([`add_block_device`](Self::add_block_device))
+///   has its number, other path sources keep one number each, and pseudo
+///   filesystems (`tmpfs`, ...) get a fresh one per mount.
+/// - Binds resolve like the kernel's: through the deepest fake mount
+///   containing the source (device and root of that mount), otherwise on a
+///   fake root filesystem (`0:1`, root = the path). A bind of a block
+///   device node shows that device to [`Mounter::block_device_at`], so
+///   [`MountSource`] checks behave as on a real node.
+/// - Read-only: `ro` is sticky (a later `rw` does not undo it) and shows as
+///   `ro` in the entry's mount options.
+/// - Symlinks: paths registered with [`add_symlink`](Self::add_symlink), and
+///   real symlinks on disk, are refused by every operation with
+///   [`MountError::Symlink`], anywhere in the path.
+/// - Action log ([`FakeMounter::actions`]) to assert on; injectable errors
+///   per operation and path ([`FakeMounter::inject_error`]) and corrupted
+///   mounts ([`FakeMounter::mark_corrupted`]).
+/// - Idempotent teardown as on Linux: unmounting something not mounted and
+///   cleanup of an absent path succeed. A non-lazy unmount of a mount that
+///   has mounts below it fails with `EBUSY`, a lazy one removes the subtree.
 ///
 /// Paths are compared after lexical normalisation (no filesystem access),
-/// except that `cleanup_mount_point` removes the path from disk if it exists
-/// and is empty, so it can be used with temporary directories.
+/// except that removals act on disk if the path exists there, so it can be
+/// used with temporary directories.
 ///
 /// ```
 /// use std::path::Path;
@@ -112,7 +196,7 @@ struct State {
 /// m.bind_mount(Path::new("/pods/a"), Path::new("/pods/b"), false).unwrap();
 ///
 /// // A bind of a bind still points at the device.
-/// let b = m.mount_points().unwrap().into_iter().last().unwrap();
+/// let b = m.mounted_at(Path::new("/pods/b")).unwrap().unwrap();
 /// assert_eq!(b.source, "/dev/sdb");
 /// assert_eq!(m.mount_refs(Path::new("/staging")).unwrap().len(), 2);
 ///
@@ -164,13 +248,11 @@ impl FakeMounter {
         let path = normalize(path.as_ref());
         let mut st = self.lock();
         if !st.mounts.iter().any(|m| m.mount_point == path) {
-            let source = "fake-corrupted".to_string();
             add_entry(
                 &mut st,
-                source,
+                "fake-corrupted",
                 path.clone(),
-                PathBuf::from("/"),
-                "fuse".into(),
+                "fuse",
                 vec!["rw".into()],
             );
         }
@@ -180,15 +262,32 @@ impl FakeMounter {
     /// Adds an entry as if something else had mounted it, without logging.
     pub fn add_mount(&self, source: &str, target: impl AsRef<Path>, fstype: &str) {
         let mut st = self.lock();
-        let target = normalize(target.as_ref());
         add_entry(
             &mut st,
-            source.into(),
-            target,
-            PathBuf::from("/"),
-            fstype.into(),
+            source,
+            normalize(target.as_ref()),
+            fstype,
             vec!["rw".into()],
         );
+    }
+
+    /// Makes `path` a symbolic link: every operation on it or below it
+    /// fails with [`MountError::Symlink`], as on a real node.
+    pub fn add_symlink(&self, path: impl AsRef<Path>) {
+        self.lock().symlinks.insert(normalize(path.as_ref()));
+    }
+
+    /// Declares `path` a block device node with `device` as `st_rdev`
+    /// (`/dev/loopN` is `7:N` without declaring it).
+    pub fn add_block_device(&self, path: impl AsRef<Path>, device: DeviceNumber) {
+        self.lock()
+            .block_devices
+            .insert(normalize(path.as_ref()), device);
+    }
+
+    /// What [`Mounter::fs_usage`] reports for `path` and everything below it.
+    pub fn set_usage(&self, path: impl AsRef<Path>, usage: FsUsage) {
+        self.lock().usage.insert(normalize(path.as_ref()), usage);
     }
 
     /// The action log, oldest first.
@@ -212,7 +311,31 @@ impl FakeMounter {
         }
     }
 
+    /// Refuses `path` if it, or a directory on the way, is a registered or
+    /// real symlink.
+    fn check_symlinks(st: &State, path: &Path) -> Result<(), MountError> {
+        let refuse = || {
+            Err(MountError::Symlink {
+                path: path.to_path_buf(),
+            })
+        };
+        if st.symlinks.iter().any(|l| path.starts_with(l)) {
+            return refuse();
+        }
+        let mut on_disk = PathBuf::new();
+        for c in path.components() {
+            on_disk.push(c.as_os_str());
+            match std::fs::symlink_metadata(&on_disk) {
+                Ok(m) if m.file_type().is_symlink() => return refuse(),
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+        Ok(())
+    }
+
     fn stat(st: &State, path: &Path) -> Result<(), MountError> {
+        Self::check_symlinks(st, path)?;
         let fail = Self::check(st, FakeOp::Stat, path)
             .err()
             .or_else(|| st.corrupted.get(path).copied());
@@ -225,57 +348,111 @@ impl FakeMounter {
         }
     }
 
-    fn apply_remount(m: &mut MountInfo, opts: &MountOptions) {
-        let ro = if opts.is_read_only() { "ro" } else { "rw" };
-        m.mount_options.retain(|o| o != "ro" && o != "rw");
-        m.mount_options.insert(0, ro.into());
+    fn top(st: &State, path: &Path) -> Option<usize> {
+        st.mounts.iter().rposition(|m| m.mount_point == path)
+    }
+
+    /// Whether `path` is a block device node, and which.
+    fn device_node(st: &State, path: &Path) -> Option<DeviceNumber> {
+        st.block_devices
+            .get(path)
+            .copied()
+            .or_else(|| number_of(path).map(|n| DeviceNumber::new(LOOP_MAJOR, n)))
+    }
+
+    /// What a bind of `source` shows: the mount entry fields (with mount
+    /// id and mount point to fill in) and the device node, if it is one.
+    fn resolve_bind(st: &State, source: &Path) -> (MountInfo, Option<DeviceNumber>) {
+        if let Some(base) = containing_mount(&st.mounts, source) {
+            let MountSource::Bind { root, .. } = bind_source_in(base, source) else {
+                unreachable!("bind_source_in returns Bind");
+            };
+            let node = (base.mount_point == source)
+                .then(|| st.device_nodes.get(&base.mount_id).copied())
+                .flatten();
+            return (
+                MountInfo {
+                    root,
+                    ..base.clone()
+                },
+                node,
+            );
+        }
+        let node = Self::device_node(st, source);
+        let entry = match node {
+            Some(_) => MountInfo {
+                major: FAKE_DEVTMPFS.major,
+                minor: FAKE_DEVTMPFS.minor,
+                root: Path::new("/").join(source.strip_prefix("/dev").unwrap_or(source)),
+                fs_type: "devtmpfs".into(),
+                source: "udev".into(),
+                ..blank_entry()
+            },
+            None => MountInfo {
+                major: FAKE_ROOTFS.major,
+                minor: FAKE_ROOTFS.minor,
+                root: source.to_path_buf(),
+                fs_type: "none".into(),
+                source: source.display().to_string(),
+                ..blank_entry()
+            },
+        };
+        (entry, node)
     }
 
     fn bind_locked(
         st: &mut State,
         source: &Path,
         target: PathBuf,
-        read_only: bool,
+        opts: &MountOptions,
         op: FakeOp,
-    ) -> Result<(), Errno> {
-        Self::check(st, op, &target)?;
-        // Resolve through the deepest mount containing the source, so a bind
-        // of a bind (or of a subdirectory of a mount) shows the original
-        // device and the right root.
-        let base = st
-            .mounts
-            .iter()
-            .rev()
-            .filter(|m| source.starts_with(&m.mount_point))
-            .max_by_key(|m| m.mount_point.components().count())
-            .cloned();
-        let opt = if read_only { "ro" } else { "rw" };
-        match base {
-            Some(m) => {
-                let rel = source.strip_prefix(&m.mount_point).unwrap_or(Path::new(""));
-                let root = if rel.as_os_str().is_empty() {
-                    m.root.clone()
-                } else {
-                    m.root.join(rel)
-                };
-                let id = next_id(st);
-                st.mounts.push(MountInfo {
-                    mount_id: id,
-                    parent_id: parent_of(st, &target),
-                    root,
-                    mount_point: target,
-                    mount_options: vec![opt.into()],
-                    ..m
-                });
-            }
-            None => add_entry(
-                st,
-                source.display().to_string(),
-                target,
-                PathBuf::from("/"),
-                "none".into(),
-                vec![opt.into()],
-            ),
+    ) -> Result<(), MountError> {
+        Self::check_symlinks(st, source)?;
+        Self::check_symlinks(st, &target)?;
+        Self::check(st, op, &target).map_err(|errno| bind_error(source, &target, opts, errno))?;
+        let (base, node) = Self::resolve_bind(st, source);
+        let id = next_id(st);
+        st.mounts.push(MountInfo {
+            mount_id: id,
+            parent_id: parent_of(st, &target),
+            mount_point: target,
+            mount_options: per_mount_options(opts, &[]),
+            optional_fields: Vec::new(),
+            ..base
+        });
+        if let Some(node) = node {
+            st.device_nodes.insert(id, node);
+        }
+        Ok(())
+    }
+
+    fn remount_locked(st: &mut State, target: &Path, opts: &MountOptions) -> Result<(), Errno> {
+        Self::check(st, FakeOp::Mount, target)?;
+        // Like the kernel: a remount needs an existing mount.
+        let idx = Self::top(st, target).ok_or(Errno::EINVAL)?;
+        let m = &mut st.mounts[idx];
+        m.mount_options = per_mount_options(opts, &m.mount_options);
+        Ok(())
+    }
+
+    fn remove_locked(&self, path: &Path) -> Result<(), MountError> {
+        let st = self.lock();
+        Self::check_symlinks(&st, path)?;
+        let fail = |errno| MountError::Remove {
+            path: path.to_path_buf(),
+            errno,
+        };
+        Self::check(&st, FakeOp::Remove, path).map_err(fail)?;
+        if Self::top(&st, path).is_some() {
+            return Err(fail(Errno::EBUSY));
+        }
+        drop(st);
+        let existed = path.symlink_metadata().is_ok();
+        remove_mount_point(path)?;
+        if existed {
+            self.lock().log.push(FakeAction::Remove {
+                path: path.to_path_buf(),
+            });
         }
         Ok(())
     }
@@ -293,46 +470,29 @@ impl Mounter for FakeMounter {
         let target = normalize(target);
         let opts = MountOptions::parse(options);
         let mut st = self.lock();
-        let result = if opts.flags.contains(nix::mount::MsFlags::MS_REMOUNT) {
-            // Like the kernel: a remount needs an existing mount.
-            match Self::check(&st, FakeOp::Mount, &target) {
-                Err(e) => Err(e),
-                Ok(()) => match st.mounts.iter_mut().rev().find(|m| m.mount_point == target) {
-                    Some(m) => {
-                        Self::apply_remount(m, &opts);
-                        Ok(())
-                    }
-                    None => Err(Errno::EINVAL),
-                },
-            }
-        } else if opts.is_bind() {
-            Self::bind_locked(
-                &mut st,
-                &normalize(Path::new(source)),
-                target.clone(),
-                opts.is_read_only(),
-                FakeOp::Mount,
-            )
-        } else {
-            Self::check(&st, FakeOp::Mount, &target).map(|()| {
-                let ro = if opts.is_read_only() { "ro" } else { "rw" };
-                add_entry(
-                    &mut st,
-                    source.into(),
-                    target.clone(),
-                    PathBuf::from("/"),
-                    fstype.into(),
-                    vec![ro.into()],
-                );
-            })
-        };
-        result.map_err(|errno| MountError::Mount {
+        Self::check_symlinks(&st, &target)?;
+        let err = |errno| MountError::Mount {
             device: source.into(),
             target: target.clone(),
             fstype: fstype.into(),
-            options: shown_options(options, sensitive_options),
+            options: RedactedOptions::new(options, sensitive_options),
             errno,
-        })?;
+        };
+        if opts.is_remount() {
+            Self::remount_locked(&mut st, &target, &opts).map_err(err)?;
+        } else if opts.is_bind() {
+            let source = normalize(Path::new(source));
+            Self::bind_locked(&mut st, &source, target.clone(), &opts, FakeOp::Mount).map_err(
+                |e| match e {
+                    MountError::Mount { errno, .. } => err(errno),
+                    other => other,
+                },
+            )?;
+        } else {
+            Self::check(&st, FakeOp::Mount, &target).map_err(err)?;
+            let options = per_mount_options(&opts, &[]);
+            add_entry(&mut st, source, target.clone(), fstype, options);
+        }
         st.log.push(FakeAction::Mount {
             source: source.into(),
             target,
@@ -345,21 +505,9 @@ impl Mounter for FakeMounter {
 
     fn bind_mount(&self, source: &Path, target: &Path, read_only: bool) -> Result<(), MountError> {
         let (source, target) = (normalize(source), normalize(target));
+        let opts = MountOptions::parse(&[if read_only { "ro" } else { "rw" }]);
         let mut st = self.lock();
-        Self::bind_locked(
-            &mut st,
-            &source,
-            target.clone(),
-            read_only,
-            FakeOp::BindMount,
-        )
-        .map_err(|errno| MountError::Mount {
-            device: source.display().to_string(),
-            target: target.clone(),
-            fstype: String::new(),
-            options: "bind".into(),
-            errno,
-        })?;
+        Self::bind_locked(&mut st, &source, target.clone(), &opts, FakeOp::BindMount)?;
         st.log.push(FakeAction::BindMount {
             source,
             target,
@@ -368,32 +516,54 @@ impl Mounter for FakeMounter {
         Ok(())
     }
 
+    fn remount(&self, target: &Path, options: &[&str]) -> Result<(), MountError> {
+        let target = normalize(target);
+        let opts = MountOptions::parse(options);
+        let mut st = self.lock();
+        Self::check_symlinks(&st, &target)?;
+        if opts.is_bind() && !opts.data.is_empty() {
+            return Err(MountError::InvalidArgument {
+                what: "options",
+                reason: "filesystem options need a remount without bind",
+            });
+        }
+        Self::remount_locked(&mut st, &target, &opts).map_err(|errno| MountError::Remount {
+            target: target.clone(),
+            options: RedactedOptions::new(options, &[]),
+            errno,
+        })?;
+        st.log.push(FakeAction::Remount {
+            target,
+            options: options.iter().map(|s| s.to_string()).collect(),
+        });
+        Ok(())
+    }
+
     fn unmount(&self, target: &Path, lazy: bool) -> Result<(), MountError> {
         let target = normalize(target);
         let mut st = self.lock();
+        Self::check_symlinks(&st, &target)?;
         let err = |errno| MountError::Unmount {
             target: target.clone(),
             errno,
         };
         Self::check(&st, FakeOp::Unmount, &target).map_err(err)?;
-        let Some(idx) = st.mounts.iter().rposition(|m| m.mount_point == target) else {
+        let Some(idx) = Self::top(&st, &target) else {
             return Ok(());
         };
         let below = |m: &MountInfo| m.mount_point != target && m.mount_point.starts_with(&target);
         if lazy {
             st.mounts.retain(|m| !below(m));
-            let idx = st
-                .mounts
-                .iter()
-                .rposition(|m| m.mount_point == target)
-                .unwrap_or(idx);
+            let idx = Self::top(&st, &target).unwrap_or(idx);
             st.mounts.remove(idx);
         } else if st.mounts.iter().any(below) {
             return Err(err(Errno::EBUSY));
         } else {
             st.mounts.remove(idx);
         }
-        if !st.mounts.iter().any(|m| m.mount_point == target) {
+        let live: BTreeSet<u32> = st.mounts.iter().map(|m| m.mount_id).collect();
+        st.device_nodes.retain(|id, _| live.contains(id));
+        if Self::top(&st, &target).is_none() {
             st.corrupted.remove(&target);
         }
         st.log.push(FakeAction::Unmount { target, lazy });
@@ -414,11 +584,44 @@ impl Mounter for FakeMounter {
         Ok(st.mounts.clone())
     }
 
+    /// Corrupted mounts are still reported, as Linux finds them in mountinfo.
+    fn mounted_at(&self, path: &Path) -> Result<Option<MountInfo>, MountError> {
+        let path = normalize(path);
+        let st = self.lock();
+        match Self::stat(&st, &path) {
+            Ok(()) => {}
+            Err(MountError::Stat { errno, .. }) if is_corrupted_mount_errno(errno) => {}
+            Err(e) => return Err(e),
+        }
+        Ok(Self::top(&st, &path).map(|i| st.mounts[i].clone()))
+    }
+
+    fn block_device_at(&self, path: &Path) -> Result<Option<DeviceNumber>, MountError> {
+        let path = normalize(path);
+        let st = self.lock();
+        Self::stat(&st, &path)?;
+        Ok(match Self::top(&st, &path) {
+            Some(i) => st.device_nodes.get(&st.mounts[i].mount_id).copied(),
+            None => Self::device_node(&st, &path),
+        })
+    }
+
+    fn bind_source(&self, source: &Path) -> Result<MountSource, MountError> {
+        let source = normalize(source);
+        let st = self.lock();
+        Self::check_symlinks(&st, &source)?;
+        let (entry, node) = Self::resolve_bind(&st, &source);
+        Ok(match node {
+            Some(d) => MountSource::DeviceNode(d),
+            None => MountSource::of_mount(&entry),
+        })
+    }
+
     fn is_mount_point(&self, path: &Path) -> Result<bool, MountError> {
         let path = normalize(path);
         let st = self.lock();
         Self::stat(&st, &path)?;
-        Ok(st.mounts.iter().any(|m| m.mount_point == path))
+        Ok(Self::top(&st, &path).is_some())
     }
 
     /// Exact in the fake (it has no device numbers to compare).
@@ -427,14 +630,15 @@ impl Mounter for FakeMounter {
     }
 
     fn mount_refs(&self, path: &Path) -> Result<Vec<PathBuf>, MountError> {
+        let path = normalize(path);
+        Self::check_symlinks(&self.lock(), &path)?;
         let mounts = self.mount_points()?;
-        Ok(refs_in(&mounts, &normalize(path)))
+        Ok(refs_in(&mounts, &path))
     }
 
     fn cleanup_mount_point(&self, path: &Path) -> Result<(), MountError> {
         let path = normalize(path);
-        let mut attempts = 0;
-        loop {
+        for _ in 0..MAX_STACKED_UNMOUNTS {
             let mounted = match self.is_mount_point(&path) {
                 Ok(m) => m,
                 Err(MountError::Stat {
@@ -445,28 +649,87 @@ impl Mounter for FakeMounter {
                 Err(e) => return Err(e),
             };
             if !mounted {
-                break;
-            }
-            // Same bound as the real one; an injected stat error never clears.
-            attempts += 1;
-            if attempts > 32 {
-                return Err(MountError::StillMounted { path, attempts: 32 });
+                return self.remove_locked(&path);
             }
             self.unmount(&path, false)?;
         }
-        {
-            let st = self.lock();
-            Self::check(&st, FakeOp::Remove, &path).map_err(|errno| MountError::Remove {
-                path: path.clone(),
-                errno,
-            })?;
+        // Same bound as the real one; an injected stat error never clears.
+        Err(MountError::StillMounted {
+            path,
+            attempts: MAX_STACKED_UNMOUNTS,
+        })
+    }
+
+    fn remove_mount_point(&self, path: &Path) -> Result<(), MountError> {
+        self.remove_locked(&normalize(path))
+    }
+
+    fn fs_usage(&self, path: &Path) -> Result<FsUsage, MountError> {
+        let path = normalize(path);
+        let st = self.lock();
+        Self::stat(&st, &path)?;
+        let registered = st
+            .usage
+            .iter()
+            .filter(|(p, _)| path.starts_with(p))
+            .max_by_key(|(p, _)| p.components().count())
+            .map(|(_, u)| *u);
+        if let Some(u) = registered {
+            return Ok(u);
         }
-        let existed = path.exists();
-        remove_mount_point(&path)?;
-        if existed {
-            self.lock().log.push(FakeAction::Remove { path });
+        let vfs = nix::sys::statvfs::statvfs(&path).map_err(|errno| MountError::Stat {
+            path: path.clone(),
+            errno,
+        })?;
+        Ok(FsUsage::from_statvfs(&vfs))
+    }
+}
+
+/// The per-mount options of an entry after applying `opts` to `current`:
+/// `ro`/`rw` first, then `nosuid`, `nodev`, `noexec` as set.
+fn per_mount_options(opts: &MountOptions, current: &[String]) -> Vec<String> {
+    use nix::mount::MsFlags as F;
+    let has = |name: &str| current.iter().any(|o| o == name);
+    let state = |flag: F, name: &str| {
+        if opts.flags.contains(flag) {
+            true
+        } else if opts.cleared.contains(flag) {
+            false
+        } else {
+            has(name)
         }
-        Ok(())
+    };
+    let mut out = vec![
+        if state(F::MS_RDONLY, "ro") {
+            "ro"
+        } else {
+            "rw"
+        }
+        .to_string(),
+    ];
+    for (flag, name) in [
+        (F::MS_NOSUID, "nosuid"),
+        (F::MS_NODEV, "nodev"),
+        (F::MS_NOEXEC, "noexec"),
+    ] {
+        if state(flag, name) {
+            out.push(name.into());
+        }
+    }
+    out
+}
+
+fn bind_error(source: &Path, target: &Path, opts: &MountOptions, errno: Errno) -> MountError {
+    let mut names = vec!["bind"];
+    if opts.is_read_only() {
+        names.push("ro");
+    }
+    MountError::Mount {
+        device: source.display().to_string(),
+        target: target.to_path_buf(),
+        fstype: String::new(),
+        options: RedactedOptions::from_flag_names(names),
+        errno,
     }
 }
 
@@ -484,30 +747,62 @@ fn parent_of(st: &State, target: &Path) -> u32 {
         .map_or(1, |m| m.mount_id)
 }
 
+fn blank_entry() -> MountInfo {
+    MountInfo {
+        mount_id: 0,
+        parent_id: 0,
+        major: 0,
+        minor: 0,
+        root: PathBuf::from("/"),
+        mount_point: PathBuf::new(),
+        mount_options: Vec::new(),
+        optional_fields: Vec::new(),
+        fs_type: String::new(),
+        source: String::new(),
+        super_options: vec!["rw".into()],
+    }
+}
+
+/// The device a filesystem mounted from `source` shows.
+fn device_for_source(st: &mut State, source: &str) -> DeviceNumber {
+    let path = Path::new(source);
+    if let Some(d) = FakeMounter::device_node(st, &normalize(path)) {
+        return d;
+    }
+    if source.starts_with('/') {
+        if let Some(d) = st.source_devices.get(source) {
+            return *d;
+        }
+    }
+    st.next_anon += 1;
+    let d = DeviceNumber::new(0, FIRST_ANON_MINOR + st.next_anon);
+    if source.starts_with('/') {
+        st.source_devices.insert(source.to_owned(), d);
+    }
+    d
+}
+
+/// Adds a filesystem mount.
 fn add_entry(
     st: &mut State,
-    source: String,
+    source: &str,
     target: PathBuf,
-    root: PathBuf,
-    fs_type: String,
-    opts: Vec<String>,
+    fs_type: &str,
+    mount_options: Vec<String>,
 ) {
-    let n = st.devices.len() as u32;
-    let minor = *st.devices.entry(source.clone()).or_insert(n + 1);
+    let device = device_for_source(st, source);
     let id = next_id(st);
     let parent_id = parent_of(st, &target);
     st.mounts.push(MountInfo {
         mount_id: id,
         parent_id,
-        major: 0,
-        minor,
-        root,
+        major: device.major,
+        minor: device.minor,
         mount_point: target,
-        mount_options: opts,
-        optional_fields: Vec::new(),
-        fs_type,
-        source,
-        super_options: vec!["rw".into()],
+        mount_options,
+        fs_type: fs_type.into(),
+        source: source.into(),
+        ..blank_entry()
     });
 }
 
@@ -529,6 +824,7 @@ fn normalize(path: &Path) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::source::MountCheck;
 
     fn p(s: &str) -> &Path {
         Path::new(s)
@@ -719,6 +1015,189 @@ mod tests {
         );
         m.inject_error(FakeOp::Stat, "/y", Errno::ENOENT);
         m.cleanup_mount_point(p("/y")).unwrap();
+    }
+
+    #[test]
+    fn ro_is_sticky_and_remount_changes_flags() {
+        let m = FakeMounter::new();
+        m.mount("/src", p("/a"), "", &["bind", "ro", "rw"]).unwrap();
+        m.mount("tmpfs", p("/b"), "tmpfs", &["ro", "nosuid", "rw,remount"])
+            .unwrap_err(); // remount of nothing
+        m.mount("tmpfs", p("/b"), "tmpfs", &["ro", "nosuid", "rw"])
+            .unwrap();
+        let b = m.mounted_at(p("/b")).unwrap().unwrap();
+        assert_eq!(b.mount_options, vec!["ro", "nosuid"]);
+        assert!(m.mounted_at(p("/a")).unwrap().unwrap().is_read_only());
+        m.remount(p("/b"), &["rw", "noexec"]).unwrap();
+        let b = m.mounted_at(p("/b")).unwrap().unwrap();
+        assert_eq!(b.mount_options, vec!["rw", "nosuid", "noexec"]);
+        m.remount(p("/b"), &["bind", "ro", "suid"]).unwrap();
+        let b = m.mounted_at(p("/b")).unwrap().unwrap();
+        assert_eq!(b.mount_options, vec!["ro", "noexec"]);
+        assert_eq!(
+            m.remount(p("/c"), &["ro"]).unwrap_err().errno(),
+            Some(Errno::EINVAL)
+        );
+        assert!(matches!(
+            m.remount(p("/b"), &["bind", "size=1m"]),
+            Err(MountError::InvalidArgument { .. })
+        ));
+        assert!(matches!(
+            m.actions().last(),
+            Some(FakeAction::Remount { .. })
+        ));
+    }
+
+    #[test]
+    fn symlinks_are_refused_everywhere() {
+        let m = FakeMounter::new();
+        m.add_symlink("/pods/link");
+        m.mount("tmpfs", p("/real"), "tmpfs", &[]).unwrap();
+        let symlink = |r: Result<(), MountError>| {
+            assert!(matches!(r, Err(MountError::Symlink { .. })), "{r:?}")
+        };
+        symlink(m.mount("tmpfs", p("/pods/link"), "tmpfs", &[]));
+        symlink(m.mount("tmpfs", p("/pods/link/sub"), "tmpfs", &[]));
+        symlink(m.bind_mount(p("/pods/link"), p("/x"), false));
+        symlink(m.bind_mount(p("/real"), p("/pods/link/t"), true));
+        symlink(m.unmount(p("/pods/link"), false));
+        symlink(m.cleanup_mount_point(p("/pods/link/t")));
+        symlink(m.remove_mount_point(p("/pods/link")));
+        symlink(m.remount(p("/pods/link"), &["ro"]));
+        symlink(m.is_mount_point(p("/pods/link")).map(drop));
+        symlink(m.mounted_at(p("/pods/link/t")).map(drop));
+        symlink(m.bind_source(p("/pods/link")).map(drop));
+        symlink(m.fs_usage(p("/pods/link")).map(drop));
+        assert_eq!(m.actions().len(), 1, "only the first mount happened");
+        // Real symlinks on disk count too.
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("d")).unwrap();
+        std::os::unix::fs::symlink("d", dir.path().join("l")).unwrap();
+        symlink(m.mount("tmpfs", &dir.path().join("l"), "tmpfs", &[]));
+        m.mount("tmpfs", &dir.path().join("d"), "tmpfs", &[])
+            .unwrap();
+    }
+
+    #[test]
+    fn device_numbers_match_loop_devices_and_nodes() {
+        use crate::{FakeLoopDevices, LoopDevices, LoopOptions};
+        let loops = FakeLoopDevices::new();
+        loops.set_backing_file("/img/v1", 1 << 20);
+        let dev = loops
+            .attach(p("/img/v1"), &LoopOptions::default())
+            .unwrap()
+            .keep();
+        let m = FakeMounter::new();
+        let dev_path = dev.path.to_str().unwrap();
+        m.mount(dev_path, p("/staging/v1"), "ext4", &[]).unwrap();
+        let staged = MountSource::Device(dev.device);
+        assert!(
+            m.check_mounted(p("/staging/v1"), &staged)
+                .unwrap()
+                .is_ours()
+        );
+        // Raw block publish: a bind of the device node onto a file.
+        let node = m.bind_source(&dev.path).unwrap();
+        assert_eq!(node, MountSource::DeviceNode(dev.device));
+        m.bind_mount(&dev.path, p("/pods/a/dev"), false).unwrap();
+        assert_eq!(
+            m.block_device_at(p("/pods/a/dev")).unwrap(),
+            Some(dev.device)
+        );
+        assert!(m.check_mounted(p("/pods/a/dev"), &node).unwrap().is_ours());
+        let other = MountSource::DeviceNode(DeviceNumber::new(7, 9));
+        assert!(matches!(
+            m.check_mounted(p("/pods/a/dev"), &other).unwrap(),
+            MountCheck::Foreign(_)
+        ));
+        // Pseudo filesystems get a fresh device per mount, paths keep theirs.
+        m.mount("tmpfs", p("/t1"), "tmpfs", &[]).unwrap();
+        m.mount("tmpfs", p("/t2"), "tmpfs", &[]).unwrap();
+        m.mount("/dev/sdz", p("/s1"), "xfs", &[]).unwrap();
+        m.mount("/dev/sdz", p("/s2"), "xfs", &[]).unwrap();
+        let dev_of = |s: &str| m.mounted_at(p(s)).unwrap().unwrap().device();
+        assert_ne!(dev_of("/t1"), dev_of("/t2"));
+        assert_eq!(dev_of("/s1"), dev_of("/s2"));
+        m.add_block_device("/dev/sdz", DeviceNumber::new(8, 16));
+        m.mount("/dev/sdz", p("/s3"), "xfs", &[]).unwrap();
+        assert_eq!(dev_of("/s3"), DeviceNumber::new(8, 16));
+    }
+
+    #[test]
+    fn owned_teardown_leaves_foreign_mounts_and_directories() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("target");
+        std::fs::create_dir(&target).unwrap();
+        let m = FakeMounter::new();
+        m.mount("/dev/sdb", p("/staging"), "ext4", &[]).unwrap();
+        let ours = m.bind_source(p("/staging")).unwrap();
+        assert_eq!(
+            m.check_mounted(&target, &ours).unwrap(),
+            MountCheck::NotMounted
+        );
+        // A foreign tmpfs at the target: refused, kept, directory kept.
+        m.add_mount("tmpfs", &target, "tmpfs");
+        let err = m.cleanup_mount_point_owned(&target, &ours).unwrap_err();
+        assert!(matches!(err, MountError::NotOurs { .. }), "{err}");
+        assert!(err.to_string().contains("left alone"), "{err}");
+        assert!(m.unmount_if_source(&target, &ours).is_err());
+        assert!(m.is_mount_point(&target).unwrap() && target.exists());
+        // Ours on top of it: ours goes, the foreign one stops the cleanup.
+        m.bind_mount(p("/staging"), &target, false).unwrap();
+        let err = m.cleanup_mount_point_owned(&target, &ours).unwrap_err();
+        assert!(matches!(err, MountError::NotOurs { .. }));
+        assert_eq!(m.mounted_at(&target).unwrap().unwrap().fs_type, "tmpfs");
+        m.unmount(&target, false).unwrap();
+        // Ours twice: both go and the directory is removed.
+        m.bind_mount(p("/staging"), &target, false).unwrap();
+        m.bind_mount(p("/staging"), &target, false).unwrap();
+        assert!(m.unmount_if_source(&target, &ours).unwrap());
+        m.cleanup_mount_point_owned(&target, &ours).unwrap();
+        assert!(!target.exists());
+        assert!(!m.unmount_if_source(&target, &ours).unwrap());
+        m.cleanup_mount_point_owned(&target, &ours).unwrap();
+    }
+
+    #[test]
+    fn unmount_all_keeps_the_directory_and_remove_refuses_mounts() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = dir.path().join("t");
+        std::fs::create_dir(&t).unwrap();
+        let m = FakeMounter::new();
+        for _ in 0..3 {
+            m.mount("tmpfs", &t, "tmpfs", &[]).unwrap();
+        }
+        assert_eq!(
+            m.remove_mount_point(&t).unwrap_err().errno(),
+            Some(Errno::EBUSY)
+        );
+        assert_eq!(m.unmount_all(&t).unwrap(), 3);
+        assert_eq!(m.unmount_all(&t).unwrap(), 0);
+        assert!(t.exists());
+        m.remove_mount_point(&t).unwrap();
+        assert!(!t.exists());
+        m.remove_mount_point(&t).unwrap();
+    }
+
+    #[test]
+    fn usage_is_set_per_path_or_read_from_disk() {
+        let m = FakeMounter::new();
+        let u = FsUsage {
+            total_bytes: 100,
+            used_bytes: 40,
+            available_bytes: 60,
+            total_inodes: 10,
+            used_inodes: 1,
+            free_inodes: 9,
+        };
+        m.set_usage("/staging", u);
+        assert_eq!(m.fs_usage(p("/staging/sub")).unwrap(), u);
+        let dir = tempfile::tempdir().unwrap();
+        assert!(m.fs_usage(dir.path()).unwrap().total_bytes > 0);
+        assert_eq!(
+            m.fs_usage(p("/nowhere")).unwrap_err().errno(),
+            Some(Errno::ENOENT)
+        );
     }
 
     #[test]

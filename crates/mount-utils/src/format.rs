@@ -38,6 +38,16 @@ pub enum FormatError {
         /// Filesystem requested.
         requested: String,
     },
+    /// The device shows no filesystem although the caller knows it formatted
+    /// it ([`SafeFormatAndMount::mount_formatted`]): damaged or replaced,
+    /// and formatting it again would destroy what is left.
+    #[error(
+        "device {device} has no filesystem although it was formatted; refusing to format it again"
+    )]
+    FilesystemMissing {
+        /// Device path.
+        device: String,
+    },
     /// The device is empty but the mount is read-only, so it cannot be
     /// formatted.
     #[error("device {device} is unformatted and the mount is read-only")]
@@ -200,6 +210,36 @@ impl SafeFormatAndMount {
         sensitive_options: &[Sensitive],
         format_options: &[&str],
     ) -> Result<(), FormatError> {
+        let format = Some(format_options);
+        self.mount_probed(device, target, fstype, options, sensitive_options, format)
+    }
+
+    /// Mounts a device the caller formatted earlier (its record says so),
+    /// checking it as [`format_and_mount`](Self::format_and_mount) does but
+    /// never formatting: a device that shows no filesystem is
+    /// [`FormatError::FilesystemMissing`] (report the volume abnormal; its
+    /// first blocks are damaged, and mkfs would destroy the rest).
+    pub fn mount_formatted(
+        &self,
+        device: &str,
+        target: &Path,
+        fstype: &str,
+        options: &[&str],
+        sensitive_options: &[Sensitive],
+    ) -> Result<(), FormatError> {
+        self.mount_probed(device, target, fstype, options, sensitive_options, None)
+    }
+
+    /// Probes, formats if empty and `format` allows it, checks, mounts.
+    fn mount_probed(
+        &self,
+        device: &str,
+        target: &Path,
+        fstype: &str,
+        options: &[&str],
+        sensitive_options: &[Sensitive],
+        format: Option<&[&str]>,
+    ) -> Result<(), FormatError> {
         let read_only = MountOptions::parse(options).is_read_only();
         let mount_fs = match self.probe(device)? {
             DiskFormat::PartitionTable(pttype) => {
@@ -209,6 +249,11 @@ impl SafeFormatAndMount {
                 });
             }
             DiskFormat::Unformatted => {
+                let Some(format_options) = format else {
+                    return Err(FormatError::FilesystemMissing {
+                        device: device.into(),
+                    });
+                };
                 if read_only {
                     return Err(FormatError::UnformattedReadOnly {
                         device: device.into(),
@@ -413,6 +458,29 @@ mod tests {
             (mi.source.as_str(), mi.fs_type.as_str()),
             ("/dev/sdb", "xfs")
         );
+    }
+
+    #[test]
+    fn a_formatted_device_is_never_formatted_again() {
+        let (m, e, s) = setup();
+        // Its first blocks damaged: blkid finds nothing.
+        e.expect("blkid", ExecOutput::exit(2, ""));
+        let err = s
+            .mount_formatted("/dev/sdb", Path::new("/st"), "ext4", &[], &[])
+            .unwrap_err();
+        assert!(
+            matches!(err, FormatError::FilesystemMissing { .. }),
+            "{err}"
+        );
+        assert_eq!(programs(&e), vec!["blkid"]);
+        assert!(m.mount_points().unwrap().is_empty());
+        // Intact: checked and mounted as usual.
+        e.expect("blkid", ExecOutput::ok("TYPE=ext4\n"));
+        e.expect("e2fsck", ExecOutput::ok(""));
+        s.mount_formatted("/dev/sdb", Path::new("/st"), "ext4", &["nodev"], &[])
+            .unwrap();
+        assert_eq!(programs(&e), vec!["blkid", "blkid", "e2fsck"]);
+        assert_eq!(m.mount_points().unwrap().len(), 1);
     }
 
     #[test]

@@ -1,6 +1,24 @@
 //! Loop devices with raw ioctls (no libclang, no `losetup`).
 //!
+//! [`LoopDevices`] is the seam drivers hold (`Arc<dyn LoopDevices>`):
+//! [`LinuxLoopDevices`] in production, [`FakeLoopDevices`](crate::FakeLoopDevices)
+//! in unit tests. [`LoopDevice`] is the handle-based API underneath.
 //! The kernel structures from `<linux/loop.h>` are defined here by hand.
+//!
+//! ```
+//! use std::{path::Path, sync::Arc};
+//! use mount_utils::{FakeLoopDevices, LoopDevices, LoopOptions};
+//!
+//! let fake = Arc::new(FakeLoopDevices::new());
+//! fake.set_backing_file("/images/a.img", 1 << 20);
+//! let loops: Arc<dyn LoopDevices> = fake.clone();
+//! let dev = loops.attach(Path::new("/images/a.img"), &LoopOptions::default()).unwrap();
+//! assert_eq!(dev.path(), Path::new("/dev/loop0"));
+//! let info = dev.keep(); // leave it attached (a mount will hold it)
+//! assert_eq!(loops.find_by_backing_file(Path::new("/images/a.img")).unwrap(), vec![info.path.clone()]);
+//! loops.detach(&info.path).unwrap();
+//! assert!(loops.info(&info.path).unwrap().is_none());
+//! ```
 
 use std::ffi::OsString;
 use std::fs::{File, OpenOptions};
@@ -10,6 +28,8 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use nix::errno::Errno;
+
+use crate::block::DeviceNumber;
 
 const LO_NAME_SIZE: usize = 64;
 const LO_KEY_SIZE: usize = 32;
@@ -246,7 +266,20 @@ impl LoopDevice {
                     errno,
                 }
             })? as u32;
-            let dev = open_device(number)?;
+            let dev = match open_device(number) {
+                Ok(dev) => dev,
+                // A device still being torn down (autoclear of another
+                // user's device) is handed out as free but cannot be
+                // opened yet: give it a moment, then ask again.
+                Err(LoopError::Open {
+                    errno: Errno::ENXIO,
+                    ..
+                }) => {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             let path = device_path(number);
             match configure(&dev, &backing, info, opts) {
                 Ok(()) => {
@@ -318,8 +351,8 @@ impl LoopDevice {
         backing_file_of(self.number)
     }
 
-    /// The `LO_FLAGS_*` the device currently has.
-    fn flags(&self) -> Result<u32, LoopError> {
+    /// The device's `loop_info64`.
+    fn status(&self) -> Result<LoopInfo64, LoopError> {
         let mut info = LoopInfo64::zeroed();
         // SAFETY: valid fd and a correctly sized loop_info64 out-parameter.
         unsafe { ioctls::loop_get_status64(self.file.as_raw_fd(), &mut info) }.map_err(
@@ -329,7 +362,42 @@ impl LoopDevice {
                 errno,
             },
         )?;
-        Ok(info.lo_flags)
+        Ok(info)
+    }
+
+    /// The `LO_FLAGS_*` the device currently has.
+    fn flags(&self) -> Result<u32, LoopError> {
+        Ok(self.status()?.lo_flags)
+    }
+
+    /// Everything about the device at once; fails (`ENXIO`) once detached.
+    pub fn info(&self) -> Result<LoopDeviceInfo, LoopError> {
+        let status = self.status()?;
+        let rdev = nix::sys::stat::fstat(&self.file)
+            .map_err(|errno| LoopError::Open {
+                path: self.path.clone(),
+                errno,
+            })?
+            .st_rdev;
+        let backing_file = match self.backing_file()? {
+            Some(b) => b,
+            // sysfs hidden (some containers): the kernel's copy, at most 63 bytes.
+            None => {
+                let n = status.lo_file_name.iter().position(|&b| b == 0);
+                let name = &status.lo_file_name[..n.unwrap_or(LO_NAME_SIZE)];
+                PathBuf::from(OsString::from_vec(name.to_vec()))
+            }
+        };
+        Ok(LoopDeviceInfo {
+            path: self.path.clone(),
+            number: self.number,
+            device: DeviceNumber::from_dev_t(rdev),
+            backing_file,
+            size: self.size()?,
+            read_only: status.lo_flags & LO_FLAGS_READ_ONLY != 0,
+            autoclear: status.lo_flags & LO_FLAGS_AUTOCLEAR != 0,
+            direct_io: status.lo_flags & LO_FLAGS_DIRECT_IO != 0,
+        })
     }
 
     /// Whether autoclear is set.
@@ -380,6 +448,192 @@ impl Drop for LoopDevice {
             && let Err(e) = clear_fd(&self.file, &self.path)
         {
             tracing::warn!(error = %e, "detaching loop device on drop");
+        }
+    }
+}
+
+/// What is known about an attached loop device ([`LoopDevices::info`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoopDeviceInfo {
+    /// Device path, for example `/dev/loop3`.
+    pub path: PathBuf,
+    /// N of `/dev/loopN`.
+    pub number: u32,
+    /// The device's `st_rdev`: what mountinfo shows for a filesystem on it
+    /// ([`MountSource::Device`](crate::MountSource::Device)).
+    pub device: DeviceNumber,
+    /// The backing file.
+    pub backing_file: PathBuf,
+    /// Current size in bytes.
+    pub size: u64,
+    /// Attached read-only.
+    pub read_only: bool,
+    /// Detached by the kernel when its last user goes.
+    pub autoclear: bool,
+    /// Direct I/O to the backing file.
+    pub direct_io: bool,
+}
+
+/// Loop device operations a node plugin needs, behind a trait so its node
+/// code can be unit tested without root ([`FakeLoopDevices`](crate::FakeLoopDevices)).
+///
+/// Device numbers are reused: after a detach the next attach may get the
+/// same `/dev/loopN` for another file. Check [`info`](LoopDevices::info)'s
+/// backing file before trusting a recorded device path.
+pub trait LoopDevices: Send + Sync {
+    /// Attaches `backing_file` to a free device. The returned handle holds
+    /// the device open, so autoclear cannot release it before the caller has
+    /// mounted it; dropping the handle detaches it, [`AttachedLoop::keep`]
+    /// leaves it attached.
+    fn attach(&self, backing_file: &Path, options: &LoopOptions)
+    -> Result<AttachedLoop, LoopError>;
+
+    /// Devices attached to `backing_file` (after a crash between attach and
+    /// saving a record, this finds the device to clean up).
+    fn find_by_backing_file(&self, backing_file: &Path) -> Result<Vec<PathBuf>, LoopError>;
+
+    /// The device at `device`, or `None` if nothing is attached there.
+    fn info(&self, device: &Path) -> Result<Option<LoopDeviceInfo>, LoopError>;
+
+    /// Re-reads the backing file's size after it grew; returns the new size.
+    fn set_capacity(&self, device: &Path) -> Result<u64, LoopError>;
+
+    /// Detaches `device` (deferred by the kernel while it is in use); not
+    /// attached or absent is success.
+    fn detach(&self, device: &Path) -> Result<(), LoopError>;
+}
+
+type Release = Box<dyn FnOnce(bool) -> Result<(), LoopError> + Send>;
+
+/// A device attached by [`LoopDevices::attach`]: detached when dropped
+/// unless [`kept`](AttachedLoop::keep).
+pub struct AttachedLoop {
+    info: LoopDeviceInfo,
+    release: Option<Release>,
+}
+
+impl AttachedLoop {
+    /// For [`LoopDevices`] implementations: `release(true)` must detach the
+    /// device, `release(false)` let go of it leaving it attached.
+    pub fn new(
+        info: LoopDeviceInfo,
+        release: impl FnOnce(bool) -> Result<(), LoopError> + Send + 'static,
+    ) -> Self {
+        AttachedLoop {
+            info,
+            release: Some(Box::new(release)),
+        }
+    }
+
+    /// The device.
+    pub fn info(&self) -> &LoopDeviceInfo {
+        &self.info
+    }
+
+    /// Device path, for example `/dev/loop3`.
+    pub fn path(&self) -> &Path {
+        &self.info.path
+    }
+
+    /// Leaves the device attached (with autoclear: until nothing uses it).
+    pub fn keep(mut self) -> LoopDeviceInfo {
+        if let Some(release) = self.release.take() {
+            let _ = release(false);
+        }
+        self.info.clone()
+    }
+
+    /// Detaches now (deferred by the kernel while in use).
+    pub fn detach(mut self) -> Result<(), LoopError> {
+        self.release.take().map_or(Ok(()), |release| release(true))
+    }
+}
+
+impl Drop for AttachedLoop {
+    fn drop(&mut self) {
+        if let Some(release) = self.release.take()
+            && let Err(e) = release(true)
+        {
+            tracing::warn!(error = %e, "detaching loop device on drop");
+        }
+    }
+}
+
+impl std::fmt::Debug for AttachedLoop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AttachedLoop")
+            .field("info", &self.info)
+            .field("kept", &self.release.is_none())
+            .finish()
+    }
+}
+
+/// [`LoopDevices`] on the kernel's loop driver.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LinuxLoopDevices;
+
+impl LinuxLoopDevices {
+    /// The real thing.
+    pub fn new() -> Self {
+        LinuxLoopDevices
+    }
+}
+
+impl LoopDevices for LinuxLoopDevices {
+    fn attach(
+        &self,
+        backing_file: &Path,
+        options: &LoopOptions,
+    ) -> Result<AttachedLoop, LoopError> {
+        let dev = LoopDevice::attach(backing_file, options)?;
+        let info = dev.info()?;
+        Ok(AttachedLoop::new(info, move |detach| {
+            if detach {
+                dev.detach()
+            } else {
+                dev.keep();
+                Ok(())
+            }
+        }))
+    }
+
+    fn find_by_backing_file(&self, backing_file: &Path) -> Result<Vec<PathBuf>, LoopError> {
+        find_by_backing_file(backing_file)
+    }
+
+    fn info(&self, device: &Path) -> Result<Option<LoopDeviceInfo>, LoopError> {
+        let dev = match LoopDevice::open(device) {
+            Ok(d) => d,
+            Err(LoopError::Open {
+                errno: Errno::ENOENT | Errno::ENXIO,
+                ..
+            }) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        match dev.info() {
+            Ok(info) => Ok(Some(info)),
+            // Not bound to a file.
+            Err(LoopError::Ioctl {
+                errno: Errno::ENXIO,
+                ..
+            }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn set_capacity(&self, device: &Path) -> Result<u64, LoopError> {
+        let dev = LoopDevice::open(device)?;
+        dev.set_capacity()?;
+        dev.size()
+    }
+
+    fn detach(&self, device: &Path) -> Result<(), LoopError> {
+        match detach(device) {
+            Err(LoopError::Open {
+                errno: Errno::ENOENT | Errno::ENXIO,
+                ..
+            }) => Ok(()),
+            other => other,
         }
     }
 }
@@ -442,8 +696,14 @@ fn backing_file_of(number: u32) -> Result<Option<PathBuf>, LoopError> {
             }
             Ok(Some(PathBuf::from(OsString::from_vec(bytes))))
         }
-        // The loop/ directory only exists while bound.
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        // The loop/ directory only exists while bound; a device detached
+        // while we read it (by another process) answers ENODEV.
+        Err(e)
+            if e.kind() == std::io::ErrorKind::NotFound
+                || e.raw_os_error() == Some(libc::ENODEV) =>
+        {
+            Ok(None)
+        }
         Err(e) => Err(LoopError::Sysfs {
             path: p,
             errno: crate::error::io_errno(&e),

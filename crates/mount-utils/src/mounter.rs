@@ -2,9 +2,14 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::block::DeviceNumber;
 use crate::error::MountError;
 use crate::mountinfo::MountInfo;
 use crate::options::Sensitive;
+use crate::source::{FsUsage, MountCheck, MountSource};
+
+/// Upper bound on unmounts at one path; mounts can be stacked.
+pub(crate) const MAX_STACKED_UNMOUNTS: u32 = 32;
 
 /// Mount-table operations a CSI node plugin needs.
 ///
@@ -13,16 +18,37 @@ use crate::options::Sensitive;
 /// is object safe, so drivers can hold an `Arc<dyn Mounter>` and swap in the
 /// fake in tests.
 ///
+/// Safety rules every implementation keeps:
+/// - **No symlinks.** Targets, bind sources and paths to unmount, inspect or
+///   remove are resolved without following symbolic links; a link anywhere
+///   in the path is [`MountError::Symlink`] (see [`nofollow`](crate::nofollow)).
+/// - **Read-only means read-only.** `ro` in the options, or
+///   `read_only` in [`bind_mount`](Mounter::bind_mount), gives a read-only
+///   mount whatever else the options say (a later `rw`, `remount`, ...), and
+///   the result is checked.
+/// - **Options are never shown.** Errors and logs carry
+///   [`RedactedOptions`](crate::RedactedOptions), never an option's value.
+/// - **Only ours.** [`check_mounted`](Mounter::check_mounted),
+///   [`unmount_if_source`](Mounter::unmount_if_source) and
+///   [`cleanup_mount_point_owned`](Mounter::cleanup_mount_point_owned) compare
+///   the mount with an expected [`MountSource`] before touching it. The
+///   older [`unmount`](Mounter::unmount) and
+///   [`cleanup_mount_point`](Mounter::cleanup_mount_point) do not; use them
+///   only on paths nobody else can mount on.
+///
 /// Idempotency: [`unmount`](Mounter::unmount) of something not mounted and
 /// [`cleanup_mount_point`](Mounter::cleanup_mount_point) of an absent path
 /// succeed, because CSI retries every call.
 pub trait Mounter: Send + Sync {
-    /// Mounts `source` on `target`.
+    /// Mounts `source` on `target`, which must exist.
     ///
     /// `options` are `mount(8)`-style (`ro`, `nosuid`, `size=1m`, `bind`,
-    /// ...); see [`MountOptions::parse`](crate::MountOptions::parse). With
-    /// `bind`, `fstype` is ignored and a read-only bind is made really
-    /// read-only as in [`bind_mount`](Mounter::bind_mount).
+    /// ...); see [`MountOptions::parse`](crate::MountOptions::parse). `ro` is
+    /// sticky: put the driver's own `ro` first and the CO's mount flags after
+    /// it, and they cannot make the mount writable. With `bind`, `fstype` is
+    /// ignored and the bind is made as in [`bind_mount`](Mounter::bind_mount).
+    /// With `remount`, the existing mount at `target` is changed instead
+    /// (prefer [`remount`](Mounter::remount)).
     fn mount(
         &self,
         source: &str,
@@ -44,10 +70,20 @@ pub trait Mounter: Send + Sync {
         sensitive_options: &[Sensitive],
     ) -> Result<(), MountError>;
 
-    /// Bind-mounts `source` on `target`. With `read_only`, the bind is
-    /// remounted `MS_RDONLY` while keeping the source's `nosuid`, `nodev`
-    /// and `noexec`; if that fails the bind is undone.
+    /// Bind-mounts `source` on `target`. With `read_only` the bind is
+    /// read-only from the moment it appears where the kernel has the new
+    /// mount API (`open_tree` + `mount_setattr` + `move_mount`), otherwise
+    /// it is bound and then remounted read-only (undone if that fails); the
+    /// source's `nosuid`, `nodev` and `noexec` are kept either way.
     fn bind_mount(&self, source: &Path, target: &Path, read_only: bool) -> Result<(), MountError>;
+
+    /// Changes the options of the mount at `target` (which must be a mount
+    /// point). With `bind` among the options only the per-mount flags change
+    /// (`ro`, `nosuid`, `nodev`, `noexec`, atime), the others keeping their
+    /// current state; without it the filesystem is remounted and
+    /// filesystem-specific options apply. `ro` is sticky as in
+    /// [`mount`](Mounter::mount) and checked afterwards.
+    fn remount(&self, target: &Path, options: &[&str]) -> Result<(), MountError>;
 
     /// Unmounts `target` (`lazy`: `MNT_DETACH`). A path that is not mounted
     /// or does not exist is success.
@@ -55,6 +91,23 @@ pub trait Mounter: Send + Sync {
 
     /// The mount table of the caller's mount namespace.
     fn mount_points(&self) -> Result<Vec<MountInfo>, MountError>;
+
+    /// The topmost mount at `path`: its mountinfo entry (device number,
+    /// root, source, filesystem type, options), or `None` when `path` is not
+    /// a mount point or does not exist. Answers "what exactly is mounted
+    /// here?"; see [`check_mounted`](Mounter::check_mounted).
+    fn mounted_at(&self, path: &Path) -> Result<Option<MountInfo>, MountError>;
+
+    /// The `st_rdev` of the block device node at `path` (through mounts, so
+    /// the device bind-mounted on a raw block publish target), or `None` if
+    /// `path` is absent or not a block device.
+    fn block_device_at(&self, path: &Path) -> Result<Option<DeviceNumber>, MountError>;
+
+    /// What a bind mount of `source` shows in mountinfo, to record before
+    /// binding it: [`MountSource::DeviceNode`] for a block device node,
+    /// otherwise [`MountSource::Bind`] with the filesystem containing
+    /// `source` and its path inside it.
+    fn bind_source(&self, source: &Path) -> Result<MountSource, MountError>;
 
     /// Whether `path` is the root of a mount, bind mounts of the same
     /// filesystem included. Fails if `path` cannot be inspected (absent,
@@ -75,6 +128,88 @@ pub trait Mounter: Send + Sync {
 
     /// Unmounts `path` if it is mounted (also when the mount is corrupted),
     /// then removes it if it is an empty directory or an empty file (the
-    /// target of a block-volume bind). Absent paths are success.
+    /// target of a block-volume bind). Absent paths are success. Does not
+    /// check whose mount it is: see
+    /// [`cleanup_mount_point_owned`](Mounter::cleanup_mount_point_owned).
     fn cleanup_mount_point(&self, path: &Path) -> Result<(), MountError>;
+
+    /// Removes `path` if it is an empty directory or an empty file and
+    /// nothing is mounted on it; absent is success. Content is never
+    /// removed (`ENOTEMPTY`), nor a mount point (`EBUSY`).
+    fn remove_mount_point(&self, path: &Path) -> Result<(), MountError>;
+
+    /// Space and inode usage of the filesystem at `path` (`statvfs`).
+    fn fs_usage(&self, path: &Path) -> Result<FsUsage, MountError>;
+
+    /// Compares the topmost mount at `path` with `expected`: the
+    /// "is what is mounted here exactly this volume?" check behind every
+    /// idempotent repeat and every teardown.
+    fn check_mounted(&self, path: &Path, expected: &MountSource) -> Result<MountCheck, MountError> {
+        let Some(info) = self.mounted_at(path)? else {
+            return Ok(MountCheck::NotMounted);
+        };
+        let node = match expected {
+            MountSource::DeviceNode(_) => self.block_device_at(path)?,
+            _ => None,
+        };
+        Ok(if expected.matches(&info, node) {
+            MountCheck::Ours(info)
+        } else {
+            MountCheck::Foreign(info)
+        })
+    }
+
+    /// Unmounts the topmost mount at `path` if it is `expected`; `Ok(true)`
+    /// when it did, `Ok(false)` when nothing was mounted, and
+    /// [`MountError::NotOurs`] (nothing touched) when something else is.
+    fn unmount_if_source(&self, path: &Path, expected: &MountSource) -> Result<bool, MountError> {
+        match self.check_mounted(path, expected)? {
+            MountCheck::NotMounted => Ok(false),
+            MountCheck::Ours(_) => self.unmount(path, false).map(|()| true),
+            MountCheck::Foreign(found) => Err(not_ours(path, &found, expected)),
+        }
+    }
+
+    /// Unmounts every `expected` mount stacked at `path`, then removes it
+    /// if it is an empty directory or file. Stops with
+    /// [`MountError::NotOurs`] at the first mount that is something else,
+    /// leaving it and the path in place. Absent paths are success.
+    fn cleanup_mount_point_owned(
+        &self,
+        path: &Path,
+        expected: &MountSource,
+    ) -> Result<(), MountError> {
+        for _ in 0..MAX_STACKED_UNMOUNTS {
+            if !self.unmount_if_source(path, expected)? {
+                return self.remove_mount_point(path);
+            }
+        }
+        Err(MountError::StillMounted {
+            path: path.to_path_buf(),
+            attempts: MAX_STACKED_UNMOUNTS,
+        })
+    }
+
+    /// Unmounts everything stacked at `path` and keeps the path (a
+    /// directory the driver reuses). Returns how many mounts went.
+    fn unmount_all(&self, path: &Path) -> Result<u32, MountError> {
+        for n in 0..MAX_STACKED_UNMOUNTS {
+            if self.mounted_at(path)?.is_none() {
+                return Ok(n);
+            }
+            self.unmount(path, false)?;
+        }
+        Err(MountError::StillMounted {
+            path: path.to_path_buf(),
+            attempts: MAX_STACKED_UNMOUNTS,
+        })
+    }
+}
+
+fn not_ours(path: &Path, found: &MountInfo, expected: &MountSource) -> MountError {
+    MountError::NotOurs {
+        path: path.to_path_buf(),
+        found: MountSource::of_mount(found),
+        expected: expected.clone(),
+    }
 }

@@ -108,6 +108,11 @@ impl MountInfo {
         })
     }
 
+    /// The filesystem's device number (`major:minor`).
+    pub fn device(&self) -> crate::block::DeviceNumber {
+        crate::block::DeviceNumber::new(self.major, self.minor)
+    }
+
     /// Whether the per-mount options contain `opt` (for example `ro`).
     pub fn has_mount_option(&self, opt: &str) -> bool {
         self.mount_options.iter().any(|o| o == opt)
@@ -210,6 +215,29 @@ pub fn parse_mountinfo(data: &[u8]) -> Result<Vec<MountInfo>, ParseError> {
         .filter(|(_, l)| !l.is_empty())
         .map(|(i, l)| MountInfo::parse_line(l).map_err(|kind| ParseError { line: i + 1, kind }))
         .collect()
+}
+
+/// The mount whose mount point is the longest prefix of `abs` (the last
+/// such entry when mounts are stacked): the filesystem `abs` is on.
+pub(crate) fn containing_mount<'a>(mounts: &'a [MountInfo], abs: &Path) -> Option<&'a MountInfo> {
+    mounts
+        .iter()
+        .rev()
+        .filter(|m| abs.starts_with(&m.mount_point))
+        .max_by_key(|m| m.mount_point.components().count())
+}
+
+/// The entry with mount id `id`, parsing only that line.
+pub(crate) fn find_by_id(data: &[u8], id: u32) -> Result<Option<MountInfo>, ParseError> {
+    let prefix = format!("{id} ");
+    for (i, line) in data.split(|&b| b == b'\n').enumerate() {
+        if line.starts_with(prefix.as_bytes()) {
+            return MountInfo::parse_line(line)
+                .map(Some)
+                .map_err(|kind| ParseError { line: i + 1, kind });
+        }
+    }
+    Ok(None)
 }
 
 fn parse_u32(field: &[u8], name: &'static str) -> Result<u32, ParseErrorKind> {
@@ -449,6 +477,15 @@ mod tests {
         assert_eq!(decode_octal_escapes(br"\777"), br"\777");
         assert_eq!(decode_octal_escapes(br"\\134"), br"\\");
         assert_eq!(decode_octal_escapes(b"\\"), b"\\");
+    }
+
+    #[test]
+    fn find_by_id_parses_one_line() {
+        let text = b"1 0 0:1 / / rw - rootfs rootfs rw\n12 1 7:3 / /s rw - ext4 /dev/loop3 rw\n";
+        let m = find_by_id(text, 12).unwrap().unwrap();
+        assert_eq!(m.device(), crate::block::DeviceNumber::new(7, 3));
+        assert!(find_by_id(text, 2).unwrap().is_none());
+        assert!(find_by_id(b"5 x", 5).is_err());
     }
 
     #[test]

@@ -52,10 +52,17 @@ impl From<&str> for Sensitive {
 }
 
 /// Options split into what `mount(2)` takes as flags and what it takes as data.
+///
+/// `ro` is sticky: a later `rw` does not undo it. A driver that puts its own
+/// `ro` (from `readonly` or a reader-only access mode) before the caller's
+/// mount flags therefore gets a read-only mount whatever those flags say.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MountOptions {
     /// `MS_*` flags (including `MS_BIND`/`MS_REC` for `bind`/`rbind`).
     pub flags: MsFlags,
+    /// Flags explicitly turned off (`rw`, `suid`, `exec`, ...), so a remount
+    /// can tell "turn off" from "not mentioned, keep as is".
+    pub cleared: MsFlags,
     /// Propagation flags (`MS_SHARED`, `MS_PRIVATE`, ...); the kernel wants
     /// them in a separate `mount(2)` call.
     pub propagation: MsFlags,
@@ -67,6 +74,7 @@ impl Default for MountOptions {
     fn default() -> Self {
         MountOptions {
             flags: MsFlags::empty(),
+            cleared: MsFlags::empty(),
             propagation: MsFlags::empty(),
             data: Vec::new(),
         }
@@ -103,8 +111,13 @@ impl MountOptions {
         if let Some((flag, set)) = flag_for(opt) {
             if set {
                 self.flags.insert(flag);
+                self.cleared.remove(flag);
+            } else if flag == MsFlags::MS_RDONLY && self.flags.contains(flag) {
+                // Sticky ro: user-supplied flags after the driver's own `ro`
+                // must not make the mount writable.
             } else {
                 self.flags.remove(flag);
+                self.cleared.insert(flag);
             }
             return;
         }
@@ -120,7 +133,12 @@ impl MountOptions {
         self.flags.contains(MsFlags::MS_BIND)
     }
 
-    /// Whether `ro` was given.
+    /// Whether `remount` was given.
+    pub fn is_remount(&self) -> bool {
+        self.flags.contains(MsFlags::MS_REMOUNT)
+    }
+
+    /// Whether `ro` was given (anywhere: see the type's docs).
     pub fn is_read_only(&self) -> bool {
         self.flags.contains(MsFlags::MS_RDONLY)
     }
@@ -165,6 +183,134 @@ fn is_userspace_only(opt: &str) -> bool {
             | "_netdev"
     ) || opt.starts_with("x-")
         || opt.starts_with("comment=")
+}
+
+/// Option names that may be shown in errors and logs: the flags this
+/// module understands. Anything else (values, unknown words) is only counted.
+const SHOWABLE: &[&str] = &[
+    "ro",
+    "rw",
+    "nosuid",
+    "suid",
+    "nodev",
+    "dev",
+    "noexec",
+    "exec",
+    "sync",
+    "async",
+    "dirsync",
+    "mand",
+    "nomand",
+    "noatime",
+    "atime",
+    "nodiratime",
+    "diratime",
+    "relatime",
+    "norelatime",
+    "strictatime",
+    "nostrictatime",
+    "lazytime",
+    "nolazytime",
+    "silent",
+    "loud",
+    "remount",
+    "bind",
+    "rbind",
+    "shared",
+    "rshared",
+    "private",
+    "rprivate",
+    "slave",
+    "rslave",
+    "unbindable",
+    "runbindable",
+    "defaults",
+    "auto",
+    "noauto",
+    "user",
+    "nouser",
+    "users",
+    "owner",
+    "group",
+    "nofail",
+    "_netdev",
+];
+
+/// What may be shown of a mount option list: how many options there are
+/// and the names of the well-known flags among them (`ro`, `bind`,
+/// `nosuid`, ...). Values and unknown words are never kept, so neither
+/// `Display` nor `Debug` can leak them: mount flags are sensitive in CSI.
+///
+/// ```
+/// use mount_utils::{RedactedOptions, Sensitive};
+/// let r = RedactedOptions::new(&["rw,password=hunter2", "bind"], &[Sensitive::new("k=v")]);
+/// assert_eq!(r.to_string(), "4 options (flags: rw, bind; 2 others)");
+/// assert_eq!(r.count(), 4);
+/// ```
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct RedactedOptions {
+    flags: Vec<&'static str>,
+    count: usize,
+}
+
+impl RedactedOptions {
+    /// Summarises `options` (each may be a comma-separated list) and
+    /// `sensitive` ones, which are only counted.
+    pub fn new<S: AsRef<str>>(options: &[S], sensitive: &[Sensitive]) -> Self {
+        let mut out = RedactedOptions::default();
+        for opt in options.iter().flat_map(|o| split_options(o.as_ref())) {
+            out.count += 1;
+            if let Some(name) = SHOWABLE.iter().find(|n| **n == opt) {
+                out.flags.push(name);
+            }
+        }
+        out.count += sensitive.len();
+        out
+    }
+
+    /// A summary naming only `flags` (for messages built from `MS_*` flags).
+    pub(crate) fn from_flag_names(flags: Vec<&'static str>) -> Self {
+        RedactedOptions {
+            count: flags.len(),
+            flags,
+        }
+    }
+
+    /// Number of options, sensitive ones included.
+    pub fn count(&self) -> usize {
+        self.count
+    }
+
+    /// The well-known flags among them, in order.
+    pub fn flag_names(&self) -> &[&'static str] {
+        &self.flags
+    }
+}
+
+impl fmt::Display for RedactedOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let others = self.count - self.flags.len();
+        match (self.count, self.flags.is_empty()) {
+            (0, _) => return f.write_str("no options"),
+            (1, _) => f.write_str("1 option")?,
+            (n, _) => write!(f, "{n} options")?,
+        }
+        if self.flags.is_empty() {
+            return Ok(());
+        }
+        write!(f, " (flags: {}", self.flags.join(", "))?;
+        match others {
+            0 => f.write_str(")"),
+            1 => f.write_str("; 1 other)"),
+            n => write!(f, "; {n} others)"),
+        }
+    }
+}
+
+impl fmt::Debug for RedactedOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "RedactedOptions({self})")
+    }
 }
 
 /// `(flag, true)` sets the flag, `(flag, false)` clears it.
@@ -236,11 +382,50 @@ mod tests {
     }
 
     #[test]
-    fn later_option_wins() {
-        let o = MountOptions::parse(&["ro", "rw"]);
-        assert!(!o.is_read_only());
+    fn later_option_wins_except_that_ro_is_sticky() {
+        let o = MountOptions::parse(&["noexec", "exec"]);
+        assert!(!o.flags.contains(MsFlags::MS_NOEXEC));
+        assert!(o.cleared.contains(MsFlags::MS_NOEXEC));
         let o = MountOptions::parse(&["rw", "ro"]);
         assert!(o.is_read_only());
+        assert!(!o.cleared.contains(MsFlags::MS_RDONLY));
+        // A caller's `rw` after the driver's `ro` does not make it writable.
+        let o = MountOptions::parse(&["bind", "ro", "rw,remount"]);
+        assert!(o.is_read_only() && o.is_remount());
+        let o = MountOptions::parse(&["rw"]);
+        assert!(!o.is_read_only() && o.cleared.contains(MsFlags::MS_RDONLY));
+    }
+
+    #[test]
+    fn redacted_options_show_only_flag_names_and_a_count() {
+        let r = RedactedOptions::new(
+            &["password=SECRET", "rw", "SECRETWORD,bind"],
+            &[Sensitive::new("SECRET2")],
+        );
+        for shown in [r.to_string(), format!("{r:?}")] {
+            assert!(!shown.contains("SECRET"), "{shown}");
+            assert!(
+                shown.contains("5 options (flags: rw, bind; 3 others)"),
+                "{shown}"
+            );
+        }
+        assert_eq!(r.flag_names(), ["rw", "bind"]);
+        assert_eq!(
+            RedactedOptions::new::<&str>(&[], &[]).to_string(),
+            "no options"
+        );
+        assert_eq!(
+            RedactedOptions::new(&["ro"], &[]).to_string(),
+            "1 option (flags: ro)"
+        );
+        assert_eq!(
+            RedactedOptions::new(&["size=1m"], &[]).to_string(),
+            "1 option"
+        );
+        assert_eq!(
+            RedactedOptions::new(&["ro", "x=1"], &[]).to_string(),
+            "2 options (flags: ro; 1 other)"
+        );
     }
 
     #[test]

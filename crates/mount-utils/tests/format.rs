@@ -3,8 +3,6 @@
 
 mod common;
 
-use mount_utils::require_root;
-
 use std::fs;
 use std::path::Path;
 use std::sync::Arc;
@@ -14,6 +12,25 @@ use mount_utils::{
     DiskFormat, Exec, FormatError, LinuxMounter, LoopDevice, LoopOptions, Mounter, ResizeFs,
     SafeFormatAndMount, SystemExec,
 };
+
+fn main() {
+    common::run_root_tests(&[
+        (
+            "format_and_mount_ext4_then_refuse_to_reformat",
+            format_and_mount_ext4_then_refuse_to_reformat,
+        ),
+        (
+            "resize_ext4_after_growing_the_backing_file",
+            resize_ext4_after_growing_the_backing_file,
+        ),
+        ("format_mount_and_grow_xfs", format_mount_and_grow_xfs),
+        ("format_mount_and_grow_btrfs", format_mount_and_grow_btrfs),
+        (
+            "a_failing_test_leaves_no_mount_or_loop_device",
+            a_failing_test_leaves_no_mount_or_loop_device,
+        ),
+    ])
+}
 
 const MIB: u64 = 1 << 20;
 
@@ -31,9 +48,7 @@ fn fs_type_at(path: &Path) -> Option<String> {
         .map(|m| m.fs_type)
 }
 
-#[test]
 fn format_and_mount_ext4_then_refuse_to_reformat() {
-    require_root!("format_and_mount_ext4_then_refuse_to_reformat");
     if !have_program("format_and_mount_ext4_then_refuse_to_reformat", "mkfs.ext4") {
         return;
     }
@@ -96,9 +111,7 @@ fn format_and_mount_ext4_then_refuse_to_reformat() {
     });
 }
 
-#[test]
 fn resize_ext4_after_growing_the_backing_file() {
-    require_root!("resize_ext4_after_growing_the_backing_file");
     if !have_program("resize_ext4_after_growing_the_backing_file", "resize2fs") {
         return;
     }
@@ -210,9 +223,7 @@ fn format_mount_grow(test: &'static str, fstype: &'static str, size: u64) {
     });
 }
 
-#[test]
 fn format_mount_and_grow_xfs() {
-    require_root!("format_mount_and_grow_xfs");
     let t = "format_mount_and_grow_xfs";
     if !have_program(t, "mkfs.xfs")
         || !have_program(t, "xfs_growfs")
@@ -224,9 +235,7 @@ fn format_mount_and_grow_xfs() {
     format_mount_grow(t, "xfs", 320 * MIB);
 }
 
-#[test]
 fn format_mount_and_grow_btrfs() {
-    require_root!("format_mount_and_grow_btrfs");
     let t = "format_mount_and_grow_btrfs";
     if !have_program(t, "mkfs.btrfs") || !have_program(t, "btrfs") {
         return;
@@ -234,9 +243,7 @@ fn format_mount_and_grow_btrfs() {
     format_mount_grow(t, "btrfs", 256 * MIB);
 }
 
-#[test]
 fn a_failing_test_leaves_no_mount_or_loop_device() {
-    require_root!("a_failing_test_leaves_no_mount_or_loop_device");
     if !have_program("a_failing_test_leaves_no_mount_or_loop_device", "mkfs.ext4") {
         return;
     }

@@ -1,17 +1,26 @@
 //! FIFREEZE/FITHAW on a real filesystem: writes block while frozen and
 //! complete after the thaw; the root filesystem is refused.
 
+mod common;
+
 use std::path::Path;
 use std::sync::mpsc;
 use std::time::Duration;
 
 use mount_utils::freeze::{FreezeError, FrozenFilesystem, same_filesystem, thaw};
-use mount_utils::require_root;
 use mount_utils::testing::{ScratchFilesystem, have_program, in_private_mount_ns};
 
-#[test]
+fn main() {
+    common::run_root_tests(&[
+        ("writes_wait_for_the_thaw", writes_wait_for_the_thaw),
+        (
+            "the_root_filesystem_is_never_frozen",
+            the_root_filesystem_is_never_frozen,
+        ),
+    ])
+}
+
 fn writes_wait_for_the_thaw() {
-    require_root!("writes_wait_for_the_thaw");
     if !have_program("writes_wait_for_the_thaw", "mkfs.ext4") {
         return;
     }
@@ -62,9 +71,7 @@ fn open_fds_on(path: &Path) -> usize {
         .count()
 }
 
-#[test]
 fn the_root_filesystem_is_never_frozen() {
-    require_root!("the_root_filesystem_is_never_frozen");
     let err = FrozenFilesystem::freeze(Path::new("/")).unwrap_err();
     assert!(matches!(err, FreezeError::RootFilesystem(_)), "{err}");
 }

@@ -2,16 +2,31 @@
 
 mod common;
 
-use mount_utils::require_root;
-
 use common::{assert_no_loop_device_for, in_private_mount_ns, sparse_file};
 use mount_utils::{LoopDevice, LoopOptions, block, loopdev};
 
+fn main() {
+    common::run_root_tests(&[
+        ("loop_attach_find_grow_detach", loop_attach_find_grow_detach),
+        ("loop_read_only_and_direct_io", loop_read_only_and_direct_io),
+        (
+            "autoclear_detaches_a_kept_device_once_unused",
+            autoclear_detaches_a_kept_device_once_unused,
+        ),
+        (
+            "legacy_set_fd_path_attaches_with_autoclear",
+            legacy_set_fd_path_attaches_with_autoclear,
+        ),
+        (
+            "parallel_attaches_survive_the_free_device_race",
+            parallel_attaches_survive_the_free_device_race,
+        ),
+    ])
+}
+
 const MIB: u64 = 1 << 20;
 
-#[test]
 fn loop_attach_find_grow_detach() {
-    require_root!("loop_attach_find_grow_detach");
     in_private_mount_ns("loop_attach_find_grow_detach", || {
         let tmp = tempfile::tempdir().unwrap();
         let backing = tmp.path().join("disk.img");
@@ -52,9 +67,7 @@ fn loop_attach_find_grow_detach() {
     });
 }
 
-#[test]
 fn loop_read_only_and_direct_io() {
-    require_root!("loop_read_only_and_direct_io");
     in_private_mount_ns("loop_read_only_and_direct_io", || {
         let tmp = tempfile::tempdir().unwrap();
         let backing = tmp.path().join("ro.img");
@@ -91,9 +104,7 @@ fn loop_read_only_and_direct_io() {
     });
 }
 
-#[test]
 fn autoclear_detaches_a_kept_device_once_unused() {
-    require_root!("autoclear_detaches_a_kept_device_once_unused");
     in_private_mount_ns("autoclear_detaches_a_kept_device_once_unused", || {
         let tmp = tempfile::tempdir().unwrap();
         let backing = tmp.path().join("auto.img");
@@ -124,9 +135,7 @@ fn autoclear_detaches_a_kept_device_once_unused() {
     });
 }
 
-#[test]
 fn legacy_set_fd_path_attaches_with_autoclear() {
-    require_root!("legacy_set_fd_path_attaches_with_autoclear");
     in_private_mount_ns("legacy_set_fd_path_attaches_with_autoclear", || {
         let tmp = tempfile::tempdir().unwrap();
         let backing = tmp.path().join("legacy.img");
@@ -158,9 +167,7 @@ fn legacy_set_fd_path_attaches_with_autoclear() {
     });
 }
 
-#[test]
 fn parallel_attaches_survive_the_free_device_race() {
-    require_root!("parallel_attaches_survive_the_free_device_race");
     in_private_mount_ns("parallel_attaches_survive_the_free_device_race", || {
         let tmp = tempfile::tempdir().unwrap();
         let files: Vec<_> = (0..6)

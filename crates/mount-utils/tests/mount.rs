@@ -2,13 +2,42 @@
 
 mod common;
 
-use mount_utils::require_root;
-
 use std::fs;
 use std::path::{Path, PathBuf};
 
 use common::in_private_mount_ns;
 use mount_utils::{Errno, LinuxMounter, MountInfo, Mounter, Sensitive};
+
+fn main() {
+    common::run_root_tests(&[
+        ("tmpfs_mount_and_unmount", tmpfs_mount_and_unmount),
+        (
+            "sensitive_options_reach_the_kernel_but_not_errors",
+            sensitive_options_reach_the_kernel_but_not_errors,
+        ),
+        ("bind_and_read_only_bind", bind_and_read_only_bind),
+        (
+            "same_filesystem_bind_is_a_mount_point",
+            same_filesystem_bind_is_a_mount_point,
+        ),
+        (
+            "mount_refs_and_device_from_mount",
+            mount_refs_and_device_from_mount,
+        ),
+        (
+            "escaped_paths_round_trip_through_mountinfo",
+            escaped_paths_round_trip_through_mountinfo,
+        ),
+        (
+            "cleanup_of_busy_stacked_and_absent_paths",
+            cleanup_of_busy_stacked_and_absent_paths,
+        ),
+        (
+            "file_bind_mount_for_block_volumes",
+            file_bind_mount_for_block_volumes,
+        ),
+    ])
+}
 
 fn entry_at(m: &LinuxMounter, path: &Path) -> Option<MountInfo> {
     m.mount_points()
@@ -24,9 +53,7 @@ fn dir(base: &Path, name: &str) -> PathBuf {
     d
 }
 
-#[test]
 fn tmpfs_mount_and_unmount() {
-    require_root!("tmpfs_mount_and_unmount");
     in_private_mount_ns("tmpfs_mount_and_unmount", || {
         let tmp = tempfile::tempdir().unwrap();
         let target = dir(tmp.path(), "t");
@@ -55,9 +82,7 @@ fn tmpfs_mount_and_unmount() {
     });
 }
 
-#[test]
 fn sensitive_options_reach_the_kernel_but_not_errors() {
-    require_root!("sensitive_options_reach_the_kernel_but_not_errors");
     in_private_mount_ns("sensitive_options_reach_the_kernel_but_not_errors", || {
         let tmp = tempfile::tempdir().unwrap();
         let target = dir(tmp.path(), "t");
@@ -86,13 +111,11 @@ fn sensitive_options_reach_the_kernel_but_not_errors() {
         assert_eq!(err.errno(), Some(Errno::EINVAL));
         assert!(!err.to_string().contains("hunter2"), "{err}");
         assert!(!format!("{err:?}").contains("hunter2"));
-        assert!(err.to_string().contains("<redacted>"));
+        assert!(err.to_string().contains("1 option"), "{err}");
     });
 }
 
-#[test]
 fn bind_and_read_only_bind() {
-    require_root!("bind_and_read_only_bind");
     in_private_mount_ns("bind_and_read_only_bind", || {
         let tmp = tempfile::tempdir().unwrap();
         let src = dir(tmp.path(), "src");
@@ -143,9 +166,7 @@ fn bind_and_read_only_bind() {
     });
 }
 
-#[test]
 fn same_filesystem_bind_is_a_mount_point() {
-    require_root!("same_filesystem_bind_is_a_mount_point");
     in_private_mount_ns("same_filesystem_bind_is_a_mount_point", || {
         let tmp = tempfile::tempdir().unwrap();
         let a = dir(tmp.path(), "a");
@@ -178,9 +199,7 @@ fn same_filesystem_bind_is_a_mount_point() {
     });
 }
 
-#[test]
 fn mount_refs_and_device_from_mount() {
-    require_root!("mount_refs_and_device_from_mount");
     in_private_mount_ns("mount_refs_and_device_from_mount", || {
         let tmp = tempfile::tempdir().unwrap();
         let staging = dir(tmp.path(), "staging");
@@ -215,9 +234,7 @@ fn mount_refs_and_device_from_mount() {
     });
 }
 
-#[test]
 fn escaped_paths_round_trip_through_mountinfo() {
-    require_root!("escaped_paths_round_trip_through_mountinfo");
     in_private_mount_ns("escaped_paths_round_trip_through_mountinfo", || {
         let tmp = tempfile::tempdir().unwrap();
         let target = dir(tmp.path(), "with space\tand\\slash\nnewline");
@@ -230,9 +247,7 @@ fn escaped_paths_round_trip_through_mountinfo() {
     });
 }
 
-#[test]
 fn cleanup_of_busy_stacked_and_absent_paths() {
-    require_root!("cleanup_of_busy_stacked_and_absent_paths");
     in_private_mount_ns("cleanup_of_busy_stacked_and_absent_paths", || {
         let tmp = tempfile::tempdir().unwrap();
         let target = dir(tmp.path(), "busy");
@@ -266,9 +281,7 @@ fn cleanup_of_busy_stacked_and_absent_paths() {
     });
 }
 
-#[test]
 fn file_bind_mount_for_block_volumes() {
-    require_root!("file_bind_mount_for_block_volumes");
     in_private_mount_ns("file_bind_mount_for_block_volumes", || {
         let tmp = tempfile::tempdir().unwrap();
         let src = tmp.path().join("device-file");

@@ -3,12 +3,26 @@
 //! the limit lets it grow. Kernels built without quota support refuse the
 //! `prjquota` mount option; the tests then say so and skip.
 
+mod common;
+
 use std::io::Write;
 use std::path::Path;
 
 use mount_utils::quota;
-use mount_utils::require_root;
 use mount_utils::testing::{ScratchFilesystem, have_program, in_private_mount_ns};
+
+fn main() {
+    common::run_root_tests(&[
+        (
+            "ext4_project_quota_limits_a_directory",
+            ext4_project_quota_limits_a_directory,
+        ),
+        (
+            "xfs_project_quota_limits_a_directory",
+            xfs_project_quota_limits_a_directory,
+        ),
+    ])
+}
 
 const MIB: u64 = 1 << 20;
 
@@ -70,10 +84,8 @@ fn exercise(fs: &ScratchFilesystem) {
     assert_eq!(quota::get(fs.path(), 42).unwrap().limit_bytes, 0);
 }
 
-#[test]
 fn ext4_project_quota_limits_a_directory() {
     const TEST: &str = "ext4_project_quota_limits_a_directory";
-    require_root!(TEST);
     if !have_program(TEST, "mkfs.ext4") {
         return;
     }
@@ -96,10 +108,8 @@ fn ext4_project_quota_limits_a_directory() {
     });
 }
 
-#[test]
 fn xfs_project_quota_limits_a_directory() {
     const TEST: &str = "xfs_project_quota_limits_a_directory";
-    require_root!(TEST);
     if !have_program(TEST, "mkfs.xfs") {
         return;
     }

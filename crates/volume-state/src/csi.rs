@@ -22,7 +22,7 @@ use csi_proto::v1::{
 use csi_server::CsiClient;
 
 use crate::error::PluginError;
-use crate::plugin::{ExpandRequest, PublishRequest, StageRequest, VolumePlugin};
+use crate::plugin::{ExpandRequest, MountResult, PublishRequest, StageRequest, VolumePlugin};
 use crate::types::{AccessMode, AttachInfo, Key, VolumeSpec};
 
 /// Builds the CSI capability of a volume from its spec.
@@ -195,7 +195,7 @@ where
         Ok(())
     }
 
-    async fn stage(&self, request: &StageRequest<V>) -> Result<(), PluginError> {
+    async fn stage(&self, request: &StageRequest<V>) -> Result<MountResult, PluginError> {
         let req = NodeStageVolumeRequest {
             volume_id: request.volume.as_ref().to_owned(),
             publish_context: request.attach.publish_context.clone().into_iter().collect(),
@@ -209,7 +209,8 @@ where
             .node_stage_volume(req)
             .await
             .map_err(|s| status_error("NodeStageVolume", s))?;
-        Ok(())
+        // CSI stage and publish responses carry no size.
+        Ok(MountResult::default())
     }
 
     async fn unstage(&self, volume: &V, staging_path: &Path) -> Result<(), PluginError> {
@@ -225,7 +226,7 @@ where
         Ok(())
     }
 
-    async fn publish(&self, request: &PublishRequest<V>) -> Result<(), PluginError> {
+    async fn publish(&self, request: &PublishRequest<V>) -> Result<MountResult, PluginError> {
         let req = NodePublishVolumeRequest {
             volume_id: request.volume.as_ref().to_owned(),
             publish_context: request.attach.publish_context.clone().into_iter().collect(),
@@ -245,7 +246,7 @@ where
             .node_publish_volume(req)
             .await
             .map_err(|s| status_error("NodePublishVolume", s))?;
-        Ok(())
+        Ok(MountResult::default())
     }
 
     async fn unpublish(&self, volume: &V, target_path: &Path) -> Result<(), PluginError> {

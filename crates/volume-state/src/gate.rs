@@ -65,18 +65,43 @@ pub struct BackoffConfig {
     pub initial: Duration,
     /// Upper bound of the wait (2 min 2 s, as in Kubernetes).
     pub max: Duration,
-    /// If set, a failure more than this long after the previous one restarts
-    /// the backoff at `initial`. Kubernetes never resets (`None`).
+    /// A failure more than this long after the previous backoff window
+    /// ended restarts the backoff at `initial`, and such a stale record is
+    /// dropped. Default: `max`. An operation retried as soon as its window
+    /// ends keeps doubling; one nobody retried for that long (the pod went
+    /// away, a new one came hours later) starts afresh.
+    ///
+    /// `None` never resets, as Kubernetes does (kubernetes#116886): see
+    /// [`BackoffConfig::never_reset`].
     pub reset_after: Option<Duration>,
 }
 
 impl Default for BackoffConfig {
     fn default() -> Self {
+        let max = Duration::from_secs(122);
         Self {
             initial: Duration::from_millis(500),
-            max: Duration::from_secs(122),
-            reset_after: None,
+            max,
+            reset_after: Some(max),
         }
+    }
+}
+
+impl BackoffConfig {
+    /// Kubernetes' policy: the backoff of a key only restarts after a
+    /// success. Records of volumes that left the desired and the actual
+    /// state are still purged.
+    pub fn never_reset() -> Self {
+        Self {
+            reset_after: None,
+            ..Self::default()
+        }
+    }
+
+    /// Whether a record whose window ended at `until` is stale at `now`.
+    fn is_stale(&self, until: Instant, now: Instant) -> bool {
+        self.reset_after
+            .is_some_and(|reset| now.saturating_duration_since(until) > reset)
     }
 }
 
@@ -183,6 +208,31 @@ impl<V: Key, P: Key, N: Key> GateState<V, P, N> {
             .min()
     }
 
+    /// Drops every record that is not running and either belongs to a
+    /// volume `keep` rejects (it left both the desired and the actual
+    /// state) or is stale (see [`BackoffConfig::reset_after`]). Returns how
+    /// many were dropped; keeps memory bounded by the volumes in use.
+    pub fn purge(&mut self, now: Instant, mut keep: impl FnMut(&V) -> bool) -> usize {
+        let config = self.config;
+        let mut dropped = 0;
+        self.records.retain(|volume, records| {
+            let before = records.len();
+            if keep(volume) {
+                records.retain(|r| {
+                    r.pending
+                        || r.backoff
+                            .as_ref()
+                            .is_some_and(|b| !config.is_stale(b.until(), now))
+                });
+            } else {
+                records.retain(|r| r.pending);
+            }
+            dropped += before - records.len();
+            !records.is_empty()
+        });
+        dropped
+    }
+
     /// Number of records (pending or backing off).
     pub fn len(&self) -> usize {
         self.records.values().map(Vec::len).sum()
@@ -261,6 +311,9 @@ impl<V: Key, P: Key, N: Key> GateState<V, P, N> {
 }
 
 /// The wait after a failure at `now`, given the previous backoff (pure).
+///
+/// `previous` is (time of the previous failure, its wait); the backoff
+/// restarts when the previous window ended more than `reset_after` ago.
 pub fn next_wait_after_failure(
     config: &BackoffConfig,
     previous: Option<(Instant, Duration)>,
@@ -268,13 +321,7 @@ pub fn next_wait_after_failure(
 ) -> Duration {
     match previous {
         None => config.initial,
-        Some((last_error_at, _))
-            if config
-                .reset_after
-                .is_some_and(|reset| now.saturating_duration_since(last_error_at) > reset) =>
-        {
-            config.initial
-        }
+        Some((last_error_at, wait)) if config.is_stale(last_error_at + wait, now) => config.initial,
         Some((_, wait)) => (wait * 2).min(config.max),
     }
 }
@@ -327,6 +374,11 @@ impl<V: Key, P: Key, N: Key> OperationGate<V, P, N> {
     /// Whether an operation nesting with (volume, pod, node) is running.
     pub fn is_pending(&self, volume: &V, pod: Option<&P>, node: Option<&N>) -> bool {
         self.state().is_pending(volume, pod, node)
+    }
+
+    /// See [`GateState::purge`].
+    pub fn purge(&self, now: Instant, keep: impl FnMut(&V) -> bool) -> usize {
+        self.state().purge(now, keep)
     }
 
     /// Whether the exact key is outside its backoff window.
@@ -462,16 +514,13 @@ mod tests {
     }
 
     #[test]
-    fn reset_after_restarts_backoff_only_when_configured() {
+    fn reset_after_restarts_backoff_by_default_but_not_when_never_reset() {
         let k = key(None, None);
-        for (reset, expect) in [
-            (None, Duration::from_secs(1)),
-            (Some(Duration::from_secs(122)), Duration::from_millis(500)),
+        for (config, expect) in [
+            (BackoffConfig::never_reset(), Duration::from_secs(1)),
+            (BackoffConfig::default(), Duration::from_millis(500)),
         ] {
-            let gate = Gate::new(BackoffConfig {
-                reset_after: reset,
-                ..BackoffConfig::default()
-            });
+            let gate = Gate::new(config);
             let now = Instant::now();
             gate.try_start(&k, now).unwrap();
             gate.finish(&k, Err("a".into()), now);
@@ -480,6 +529,67 @@ mod tests {
             gate.finish(&k, Err("b".into()), later);
             assert_eq!(gate.state().backoff_until(&k, later), Some(later + expect));
         }
+    }
+
+    #[test]
+    fn retrying_when_the_window_ends_keeps_doubling_past_the_reset_period() {
+        // The window end, not the previous failure, starts the reset clock:
+        // at the 122 s cap a retry comes 122 s after the failure, yet the
+        // backoff must stay capped rather than fall back to 500 ms.
+        let gate = Gate::default();
+        let k = key(None, None);
+        let mut now = Instant::now();
+        let mut waits = Vec::new();
+        for _ in 0..12 {
+            gate.try_start(&k, now).unwrap();
+            // The operation itself takes a while.
+            now += Duration::from_secs(5);
+            gate.finish(&k, Err("slow".into()), now);
+            let until = gate.state().backoff_until(&k, now).unwrap();
+            waits.push((until - now).as_millis());
+            now = until;
+        }
+        assert_eq!(
+            waits,
+            [
+                500, 1_000, 2_000, 4_000, 8_000, 16_000, 32_000, 64_000, 122_000, 122_000, 122_000,
+                122_000
+            ]
+        );
+    }
+
+    #[test]
+    fn purge_drops_unwanted_and_stale_records_but_never_running_ones() {
+        let gate = Gate::default();
+        let now = Instant::now();
+        let on = |volume: &'static str, pod: &'static str| OperationKey {
+            volume,
+            pod: Some(pod),
+            node: None,
+            operation: OperationKind::Publish,
+        };
+        for k in [on("gone", "a"), on("kept", "a"), on("stale", "a")] {
+            gate.try_start(&k, now).unwrap();
+            gate.finish(&k, Err("x".into()), now);
+        }
+        gate.try_start(&on("gone", "b"), now).unwrap(); // still running
+        let later = now + Duration::from_secs(60);
+        let keep = |v: &&str| *v != "gone";
+        assert_eq!(gate.state().purge(later, keep), 1);
+        assert_eq!(gate.state().len(), 3);
+        assert!(gate.is_pending(&"gone", Some(&"b"), None));
+        // Past the window (500 ms) plus reset_after (122 s): stale.
+        let much_later = now + Duration::from_secs(123);
+        assert_eq!(gate.state().purge(much_later, keep), 2);
+        assert_eq!(gate.state().len(), 1, "the running record stays");
+        // Kubernetes' policy keeps stale records of wanted volumes.
+        let gate = Gate::new(BackoffConfig::never_reset());
+        gate.try_start(&on("kept", "a"), now).unwrap();
+        gate.finish(&on("kept", "a"), Err("x".into()), now);
+        let hours = now + Duration::from_secs(3 * 3600);
+        assert_eq!(gate.state().purge(hours, keep), 0);
+        assert_eq!(gate.state().purge(hours, |_| false), 1);
+        assert!(gate.state().is_empty());
     }
 
     #[test]

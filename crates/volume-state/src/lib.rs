@@ -41,6 +41,77 @@
 //! assert!(actual.snapshot().pod_mount(&"vol-1".into(), &"pod-a".into()).is_some());
 //! # }
 //! ```
+//!
+//! Where kubelet's behaviour is a known bug, this crate does better by
+//! default (see `docs/volume-state.md`): backoff is forgotten once a
+//! volume is gone, a failed detach keeps a single-node volume from
+//! attaching elsewhere, mounts are identified by what is mounted
+//! ([`mounts`]), and a durable [`journal`] of node-side intents means a
+//! restart never loses a tear-down.
+//!
+//! A node agent that stops between the last unpublish and the unstage
+//! (kubernetes#85476) still unstages and detaches after its restart:
+//!
+//! ```
+//! use std::path::Path;
+//! use std::sync::Arc;
+//! use volume_state::journal::{Journal, RecordJournalStore};
+//! use volume_state::mounts::FakeMountTable;
+//! use volume_state::node::{
+//!     ActualStateOfWorld, AttachMode, DesiredStateOfWorld, DiscoveredMount, Reconciler,
+//! };
+//! use volume_state::{FakeVolumePlugin, PluginMethod, VolumeSpec};
+//!
+//! type Plugin = FakeVolumePlugin<String, String>;
+//! type Desired = DesiredStateOfWorld<String, String>;
+//!
+//! /// One run of the agent, its state rebuilt from a mount scan and the
+//! /// journal the previous run left in `dir`.
+//! fn start(dir: &Path, plugin: Arc<Plugin>) -> (Reconciler<String, String, String>, Arc<Desired>) {
+//!     let store = RecordJournalStore::open(dir).unwrap(); // a csi-store FileStore
+//!     let journal = Arc::new(Journal::open(Arc::new(store)).unwrap());
+//!     // On a node: `MounterTable::new()`, and the mounts found under the
+//!     // pod directories. The pod's mount is gone here.
+//!     let mounts = Arc::new(FakeMountTable::new());
+//!     let found: Vec<DiscoveredMount<String, String>> = Vec::new();
+//!     let found = found.into_iter().map(|m| m.checked(mounts.as_ref()));
+//!     let actual = Arc::new(ActualStateOfWorld::new());
+//!     // No metadata either: the journal alone knows enough to tear down.
+//!     actual.reconstruct_with_journal(found, &journal.records(), |_| None);
+//!     let desired = Arc::new(Desired::new());
+//!     let node = Reconciler::new("node-1".into(), AttachMode::ByNode, desired.clone(), actual, plugin)
+//!         .with_journal(journal)
+//!         .with_mount_table(mounts);
+//!     (node, desired)
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let dir = tempfile::tempdir().unwrap();
+//! let plugin = Arc::new(FakeVolumePlugin::new());
+//! let spec = VolumeSpec {
+//!     attachable: true,
+//!     staging_path: Some("/staging/vol-1".into()),
+//!     ..VolumeSpec::default()
+//! };
+//!
+//! let (node, desired) = start(dir.path(), plugin.clone());
+//! desired.add_pod("vol-1".into(), spec, "pod-a".into(), "/pods/a/vol-1".into());
+//! desired.mark_populated();
+//! node.run_until_idle(10).await; // attach, stage, publish
+//! desired.remove_pod(&"vol-1".into(), &"pod-a".into());
+//! node.run_pass().await; // unpublish ... and the process stops here
+//! drop((node, desired));
+//!
+//! plugin.take_calls();
+//! let (node, desired) = start(dir.path(), plugin.clone());
+//! desired.mark_populated(); // no pod wants vol-1 any more
+//! node.run_until_idle(10).await;
+//! let methods: Vec<_> = plugin.calls().into_iter().map(|c| c.method).collect();
+//! assert_eq!(methods, [PluginMethod::Unstage, PluginMethod::Detach]);
+//! assert!(node.actual_snapshot().is_empty());
+//! # }
+//! ```
 #![warn(missing_docs)]
 
 mod clock;
@@ -49,6 +120,8 @@ pub mod controller;
 pub mod csi;
 mod error;
 mod gate;
+pub mod journal;
+pub mod mounts;
 pub mod node;
 mod plugin;
 mod runner;
@@ -59,8 +132,8 @@ pub use clock::{Clock, FakeClock, SystemClock, TokioClock};
 pub use error::{ErrorKind, GateError, GrpcCode, PluginError, error_kind_for_grpc_code};
 pub use gate::{BackoffConfig, GateState, OperationGate, OperationKey, next_wait_after_failure};
 pub use plugin::{
-    ExpandRequest, FakeVolumePlugin, PluginCall, PluginMethod, PublishRequest, StageRequest,
-    VolumePlugin,
+    CallHold, ExpandRequest, FakeVolumePlugin, MountResult, PluginCall, PluginEvent, PluginMethod,
+    PublishRequest, StageRequest, VolumePlugin,
 };
 pub use runner::{Reconcile, Runner, RunnerConfig};
 pub use types::{AccessMode, AttachInfo, Key, OperationKind, VolumeSpec};

@@ -55,7 +55,7 @@ impl VolumeSpec {
 }
 
 /// What an attach (or verify-attached) call reports about the attachment.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub struct AttachInfo {
     /// Device path on the node, if the plugin knows it.
     pub device_path: Option<PathBuf>,

@@ -73,6 +73,30 @@ impl Env {
             .map(|a| a.state)
     }
 
+    /// Attached to `node`, which no longer uses it; calls forgotten.
+    async fn attached_unused(&self, node: &str, mode: AccessMode) {
+        self.add(node, mode);
+        self.reconciler.run_until_idle(5).await;
+        self.not_in_use(node);
+        self.calls();
+    }
+
+    /// The pod moves from `from` to `to`.
+    fn move_pod(&self, from: &str, to: &str, mode: AccessMode) {
+        self.remove(from);
+        self.add(to, mode);
+    }
+
+    /// Detached from n1, then attached to n2, since the last calls.
+    fn assert_moved_to_n2(&self) {
+        assert_eq!(
+            self.calls(),
+            [n(PluginMethod::Detach, "n1"), n(PluginMethod::Attach, "n2")]
+        );
+        assert_eq!(self.state("n1"), None);
+        assert_eq!(self.state("n2"), Some(AttachState::Attached));
+    }
+
     /// (method, node) of the recorded calls since the last call.
     fn calls(&self) -> Vec<(PluginMethod, String)> {
         self.plugin
@@ -122,13 +146,8 @@ async fn attach_then_detach_once_the_node_stops_using_the_volume() {
 #[tokio::test]
 async fn detach_before_attach_for_single_node_volumes() {
     let env = env(ControllerConfig::default());
-    env.add("n1", AccessMode::SingleNode);
-    env.reconciler.run_until_idle(5).await;
-    env.not_in_use("n1");
-    env.calls();
-    // The pod moves to n2.
-    env.remove("n1");
-    env.add("n2", AccessMode::SingleNode);
+    env.attached_unused("n1", AccessMode::SingleNode).await;
+    env.move_pod("n1", "n2", AccessMode::SingleNode);
     // Single-node attaches share a volume-level key, so wait out n1's backoff.
     env.clock.advance(Duration::from_millis(500));
     let plan = env.reconciler.plan();
@@ -141,16 +160,11 @@ async fn detach_before_attach_for_single_node_volumes() {
         "{plan:?}"
     );
     env.reconciler.run_until_idle(5).await;
-    assert_eq!(
-        env.calls(),
-        [n(PluginMethod::Detach, "n1"), n(PluginMethod::Attach, "n2")]
-    );
-    assert_eq!(env.state("n1"), None);
-    assert_eq!(env.state("n2"), Some(AttachState::Attached));
+    env.assert_moved_to_n2();
 }
 
 #[tokio::test]
-async fn multi_attach_is_blocked_only_by_confirmed_attachments_when_forbidden() {
+async fn multi_attach_is_blocked_by_confirmed_attachments_not_by_uncertain_attaches() {
     // Confirmed on n1, still used there: n2 must wait.
     let env = env(ControllerConfig::default());
     env.add("n1", AccessMode::SingleNode);
@@ -226,6 +240,7 @@ async fn unhealthy_node_within_the_max_wait_or_with_force_disabled_is_not_detach
         (
             ControllerConfig {
                 max_wait_for_unmount: None,
+                ..ControllerConfig::default()
             },
             Duration::from_secs(3600),
         ),
@@ -254,6 +269,7 @@ async fn unhealthy_node_within_the_max_wait_or_with_force_disabled_is_not_detach
 async fn out_of_service_node_is_detached_at_once() {
     let env = env(ControllerConfig {
         max_wait_for_unmount: None,
+        ..ControllerConfig::default()
     });
     env.add("n1", AccessMode::SingleNode);
     env.reconciler.run_until_idle(5).await;
@@ -272,7 +288,7 @@ async fn out_of_service_node_is_detached_at_once() {
 }
 
 #[tokio::test]
-async fn failed_detach_is_uncertain_reported_again_and_retried_after_backoff() {
+async fn failed_detach_is_detach_uncertain_reported_again_and_retried_after_backoff() {
     let env = env(ControllerConfig::default());
     env.add("n1", AccessMode::SingleNode);
     env.reconciler.run_until_idle(5).await;
@@ -282,7 +298,7 @@ async fn failed_detach_is_uncertain_reported_again_and_retried_after_backoff() {
     env.remove("n1");
     env.not_in_use("n1");
     env.reconciler.run_until_idle(5).await;
-    assert_eq!(env.state("n1"), Some(AttachState::Uncertain));
+    assert_eq!(env.state("n1"), Some(AttachState::DetachUncertain));
     assert_eq!(
         env.actual.snapshot().attached_as_reported(&"n1".into()),
         ["v1"]
@@ -330,4 +346,92 @@ async fn never_detached_while_an_operation_on_the_volume_is_pending() {
     env.reconciler.run_until_idle(5).await;
     assert_eq!(env.state("n1"), None);
     assert_eq!(env.state("n2"), Some(AttachState::Attached));
+}
+
+/// Issue 15, item 3: a failed detach from n1 leaves a single-node volume
+/// maybe attached there; it must not be attached to n2 until the detach
+/// succeeds (Kubernetes counts only confirmed attachments and attaches n2
+/// at once).
+#[tokio::test]
+async fn failed_detach_blocks_attaching_a_single_node_volume_elsewhere_until_it_succeeds() {
+    let env = env(ControllerConfig::default());
+    env.attached_unused("n1", AccessMode::SingleNode).await;
+    env.plugin
+        .fail_once(PluginMethod::Detach, None, ErrorKind::Uncertain);
+    env.move_pod("n1", "n2", AccessMode::SingleNode);
+    env.reconciler.run_until_idle(5).await;
+    assert_eq!(env.calls(), [n(PluginMethod::Detach, "n1")]);
+    assert_eq!(env.state("n2"), None, "attached while n1 may hold it");
+    assert_eq!(env.state("n1"), Some(AttachState::DetachUncertain));
+    assert_eq!(env.actual.snapshot().holding_nodes(&"v1".into()), ["n1"]);
+    // Still blocked while the detach backs off.
+    env.clock.advance(Duration::from_millis(499));
+    assert!(env.reconciler.plan().is_empty());
+    // The retried detach succeeds: now n2 gets it.
+    env.clock.advance(Duration::from_millis(1));
+    env.reconciler.run_until_idle(5).await;
+    env.assert_moved_to_n2();
+}
+
+#[tokio::test]
+async fn a_failed_detach_does_not_block_a_multi_node_volume_or_when_opted_out() {
+    for (mode, config) in [
+        (AccessMode::MultiNode, ControllerConfig::default()),
+        (
+            AccessMode::SingleNode,
+            ControllerConfig {
+                attach_while_detach_uncertain: true,
+                ..ControllerConfig::default()
+            },
+        ),
+    ] {
+        let env = env(config);
+        env.attached_unused("n1", mode).await;
+        env.plugin
+            .fail_once(PluginMethod::Detach, None, ErrorKind::Final);
+        env.move_pod("n1", "n2", mode);
+        env.reconciler.run_until_idle(5).await;
+        assert_eq!(
+            env.calls(),
+            [n(PluginMethod::Detach, "n1"), n(PluginMethod::Attach, "n2")],
+            "{mode:?} {config:?}"
+        );
+        assert_eq!(env.state("n1"), Some(AttachState::DetachUncertain));
+    }
+}
+
+#[tokio::test]
+async fn a_failed_attach_never_clears_detach_uncertain() {
+    let env = env(ControllerConfig::default());
+    env.attached_unused("n1", AccessMode::SingleNode).await;
+    env.plugin
+        .fail_once(PluginMethod::Detach, None, ErrorKind::Uncertain);
+    env.remove("n1");
+    env.reconciler.run_until_idle(5).await;
+    assert_eq!(env.state("n1"), Some(AttachState::DetachUncertain));
+    // Wanted on n1 again: attach confirms it, but a final attach error says
+    // nothing about the earlier attachment.
+    env.plugin
+        .fail_once(PluginMethod::Attach, None, ErrorKind::Final);
+    env.add("n1", AccessMode::SingleNode);
+    env.reconciler.run_pass().await;
+    assert_eq!(env.state("n1"), Some(AttachState::DetachUncertain));
+    env.clock.advance(Duration::from_secs(1));
+    env.reconciler.run_until_idle(5).await;
+    assert_eq!(env.state("n1"), Some(AttachState::Attached));
+}
+
+/// Issue 15, item 1 (controller side): gate records of a volume nobody
+/// wants and nothing holds are dropped.
+#[tokio::test]
+async fn gate_records_of_forgotten_volumes_are_purged() {
+    let env = env(ControllerConfig::default());
+    env.plugin
+        .fail_always(PluginMethod::Attach, None, ErrorKind::Final);
+    env.add("n1", AccessMode::SingleNode);
+    env.reconciler.run_until_idle(5).await;
+    assert_eq!(env.reconciler.gate().state().len(), 1);
+    env.remove("n1");
+    env.reconciler.run_until_idle(5).await;
+    assert!(env.reconciler.gate().state().is_empty());
 }

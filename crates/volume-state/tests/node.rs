@@ -471,12 +471,10 @@ async fn restart_reconstruction_waits_for_populated_desired_state_and_cleans_orp
         plugin.clone(),
     )
     .with_clock(Arc::new(FakeClock::new()));
-    let mount = |volume: &str, pod: &str| DiscoveredMount {
-        volume: volume.to_string(),
-        pod: pod.to_string(),
-        target_path: target(pod, volume),
-        staging_path: Some(staging(volume)),
-        device_path: Some(PathBuf::from("/dev/sdx")),
+    let mount = |volume: &str, pod: &str| {
+        DiscoveredMount::new(volume.to_string(), pod.to_string(), target(pod, volume))
+            .with_staging_path(staging(volume))
+            .with_device_path("/dev/sdx")
     };
     let report = actual.reconstruct(
         [mount("kept", "a"), mount("gone", "b"), mount("orphan", "c")],
@@ -535,4 +533,122 @@ async fn restart_reconstruction_waits_for_populated_desired_state_and_cleans_orp
             .state,
         PodMountState::Mounted
     );
+}
+
+/// Issue 15, item 1: Stage fails for a while (backoff up to 16 s), the pod
+/// goes away, the volume is detached and forgotten; hours later a new pod's
+/// first failure waits the initial 500 ms, and nothing was kept meanwhile
+/// (kubernetes#116886: Kubernetes waits 32 s here, and keeps the record).
+#[tokio::test]
+async fn backoff_is_forgotten_once_the_volume_left_both_states() {
+    use volume_state::{OperationKey, OperationKind};
+    let env = env(AttachMode::ByNode);
+    let stage = OperationKey::<String, String, String>::volume("v1".into(), OperationKind::Stage);
+    let backoff = |env: &Env| {
+        let now = volume_state::Clock::now(&env.clock);
+        env.reconciler
+            .gate()
+            .state()
+            .backoff_until(&stage, now)
+            .map(|until| until - now)
+    };
+    env.plugin
+        .fail_times(Stage, Some("v1".into()), 6, ErrorKind::Final);
+    env.add("v1", "a");
+    env.reconciler.run_pass().await; // attach
+    let mut waits = Vec::new();
+    for _ in 0..6 {
+        env.reconciler.run_pass().await; // stage fails
+        let wait = backoff(&env).unwrap();
+        waits.push(wait.as_millis());
+        env.clock.advance(wait);
+    }
+    assert_eq!(waits, [500, 1_000, 2_000, 4_000, 8_000, 16_000]);
+
+    env.remove("v1", "a");
+    env.settle().await;
+    assert!(env.actual.snapshot().is_empty(), "detached and forgotten");
+    assert!(env.reconciler.gate().state().is_empty(), "records purged");
+
+    env.clock.advance(Duration::from_secs(3 * 3600));
+    env.plugin
+        .fail_once(Stage, Some("v1".into()), ErrorKind::Final);
+    env.add("v1", "b");
+    env.reconciler.run_pass().await; // attach
+    env.reconciler.run_pass().await; // stage fails
+    assert_eq!(backoff(&env), Some(Duration::from_millis(500)));
+}
+
+/// Issue 15, item 4: the spec had no size at first mount; the size the
+/// plugin reports from stage/publish lets a later larger size expand.
+#[tokio::test]
+async fn expansion_happens_when_the_size_was_unknown_at_first_mount() {
+    let env = env(AttachMode::ByNode);
+    let unsized_spec = VolumeSpec {
+        desired_size: None,
+        ..spec("v1")
+    };
+    env.plugin.set_size("v1".into(), 10);
+    env.add_spec("v1", "a", unsized_spec.clone());
+    env.settle().await;
+    env.calls();
+    assert_eq!(
+        env.actual.snapshot().get(&"v1".into()).unwrap().size,
+        Some(10)
+    );
+    env.add_spec(
+        "v1",
+        "a",
+        VolumeSpec {
+            desired_size: Some(20),
+            ..unsized_spec
+        },
+    );
+    env.settle().await;
+    assert_eq!(env.calls(), [v(Expand, "v1")]);
+    assert_eq!(
+        env.actual.snapshot().get(&"v1".into()).unwrap().size,
+        Some(20)
+    );
+    assert_eq!(env.plugin.size(&"v1".into()), Some(20));
+}
+
+/// Issue 15, item 6: a held stage keeps every other operation on its volume
+/// out, while other volumes go on; the fake's events prove it.
+#[tokio::test]
+async fn a_held_stage_excludes_its_volume_but_not_others() {
+    let env = env(AttachMode::ByNode);
+    let hold = env.plugin.hold(Stage, Some("v1".into()));
+    env.add("v1", "a");
+    env.reconciler.run_pass().await; // attach
+    let reconciler = env.reconciler.clone();
+    let stage = tokio::spawn(async move { reconciler.run_pass().await });
+    hold.entered().await;
+    // Pod a leaves and b arrives while v1 is being staged: nothing on v1.
+    env.remove("v1", "a");
+    env.add("v1", "b");
+    assert!(env.reconciler.plan().is_empty());
+    // v2 goes all the way meanwhile.
+    env.add("v2", "c");
+    env.settle().await;
+    assert_eq!(env.pod_state("v2", "c"), Some(PodMountState::Mounted));
+    assert!(!stage.is_finished());
+    hold.release();
+    stage.await.unwrap();
+    env.settle().await;
+    assert_eq!(env.pod_state("v1", "b"), Some(PodMountState::Mounted));
+    assert_eq!(env.plugin.max_concurrent(|c| c.volume == "v1"), 1);
+    assert_eq!(env.plugin.max_concurrent(|_| true), 2);
+    let v1: Vec<_> = env
+        .plugin
+        .events()
+        .into_iter()
+        .filter_map(|e| match e {
+            volume_state::PluginEvent::Finished(c, r) if c.volume == "v1" => {
+                Some((c.method, r.is_ok()))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(v1, [(Attach, true), (Stage, true), (Publish, true)]);
 }

@@ -24,6 +24,10 @@ pub struct SanityArgs {
     /// A CreateVolume parameter (repeatable).
     #[arg(long = "param", value_parser = parse_kv)]
     params: Vec<(String, String)>,
+    /// A mutable parameter the driver accepts (repeatable), sent with
+    /// ControllerModifyVolume besides the empty map every driver must take.
+    #[arg(long = "mutable-param", value_parser = parse_kv)]
+    mutable_params: Vec<(String, String)>,
     /// Test raw block volumes instead of filesystems.
     #[arg(long)]
     block: bool,
@@ -72,6 +76,7 @@ pub async fn run(
     }
     config.volume_size = args.volume_size;
     config.parameters = args.params.into_iter().collect();
+    config.mutable_parameters = args.mutable_params.into_iter().collect();
     if args.block {
         config = config.block();
     } else {

@@ -1,4 +1,4 @@
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use csi_proto::v1::controller_service_capability::rpc::Type as CtrlCap;
 use csi_proto::v1::plugin_capability::service::Type as PluginCap;
@@ -6,7 +6,7 @@ use csi_proto::v1::*;
 use tonic::Code;
 
 use crate::config::SecretKind;
-use crate::suite::{Ctx, Outcome, Resource, fail, rpc, skip};
+use crate::suite::{Call, Ctx, Outcome, Resource, fail, rpc, skip};
 
 /// A volume id no driver will have created.
 pub(super) fn missing_id(ctx: &mut Ctx, what: &str) -> String {
@@ -437,6 +437,26 @@ pub(super) fn publish_req(ctx: &Ctx, volume: &str, node: &str) -> ControllerPubl
     }
 }
 
+/// ControllerPublishVolume; an attachment it made is registered for cleanup.
+pub(super) async fn send_publish(
+    ctx: &mut Ctx,
+    req: ControllerPublishVolumeRequest,
+) -> Call<ControllerPublishVolumeResponse> {
+    let (volume, node) = (req.volume_id.clone(), req.node_id.clone());
+    let call = rpc!(
+        ctx,
+        controller,
+        controller_publish_volume,
+        "ControllerPublishVolume",
+        req
+    )
+    .await;
+    if call.result.is_ok() {
+        ctx.register(Resource::ControllerPublish { volume, node });
+    }
+    call
+}
+
 fn unpublish_req(ctx: &Ctx, volume: &str, node: &str) -> ControllerUnpublishVolumeRequest {
     ControllerUnpublishVolumeRequest {
         volume_id: volume.to_string(),
@@ -479,21 +499,7 @@ pub(super) async fn publish_missing_fields(ctx: &mut Ctx) -> Outcome {
         ),
     ];
     for (field, req) in cases {
-        let call = rpc!(
-            ctx,
-            controller,
-            controller_publish_volume,
-            "ControllerPublishVolume",
-            req
-        )
-        .await;
-        if call.result.is_ok() {
-            ctx.register(Resource::ControllerPublish {
-                volume: vol.volume_id.clone(),
-                node: node.clone(),
-            });
-        }
-        call.code(
+        send_publish(ctx, req).await.code(
             Code::InvalidArgument,
             &format!("{field} is a required field"),
         )?;
@@ -533,21 +539,9 @@ pub(super) async fn publish_missing_node(ctx: &mut Ctx) -> Outcome {
     let vol = ctx.create_volume("pub-nonode").await?;
     let node = missing_id(ctx, "node");
     let req = publish_req(ctx, &vol.volume_id, &node);
-    let call = rpc!(
-        ctx,
-        controller,
-        controller_publish_volume,
-        "ControllerPublishVolume",
-        req
-    )
-    .await;
-    if call.result.is_ok() {
-        ctx.register(Resource::ControllerPublish {
-            volume: vol.volume_id.clone(),
-            node,
-        });
-    }
-    call.code(Code::NotFound, "the node does not exist")
+    send_publish(ctx, req)
+        .await
+        .code(Code::NotFound, "the node does not exist")
         .map(drop)
 }
 
@@ -670,12 +664,24 @@ pub(super) async fn expand_no_capacity(ctx: &mut Ctx) -> Outcome {
     .map(drop)
 }
 
-pub(super) async fn modify_missing(ctx: &mut Ctx) -> Outcome {
-    ctx.need_ctrl(CtrlCap::ModifyVolume)?;
+/// A mutable parameter no driver accepts.
+fn unaccepted_mutable_parameter() -> HashMap<String, String> {
+    [(
+        "csi-conformance-unaccepted-key".to_string(),
+        "csi-conformance-value".to_string(),
+    )]
+    .into()
+}
+
+async fn modify(
+    ctx: &Ctx,
+    volume_id: &str,
+    mutable_parameters: HashMap<String, String>,
+) -> Call<ControllerModifyVolumeResponse> {
     let req = ControllerModifyVolumeRequest {
-        volume_id: missing_id(ctx, "vol"),
+        volume_id: volume_id.to_string(),
         secrets: ctx.secrets(SecretKind::ControllerModifyVolume),
-        mutable_parameters: ctx.config.mutable_parameters.clone(),
+        mutable_parameters,
     };
     rpc!(
         ctx,
@@ -685,8 +691,103 @@ pub(super) async fn modify_missing(ctx: &mut Ctx) -> Outcome {
         req
     )
     .await
-    .code(Code::NotFound, "the volume does not exist")
-    .map(drop)
+}
+
+/// The empty map (as csi-sanity and a parameterless VolumeAttributesClass
+/// send it), then the configured parameters when there are any.
+fn modify_parameter_sets(ctx: &Ctx) -> Vec<HashMap<String, String>> {
+    let mut sets = vec![HashMap::new()];
+    if !ctx.config.mutable_parameters.is_empty() {
+        sets.push(ctx.config.mutable_parameters.clone());
+    }
+    sets
+}
+
+pub(super) async fn modify_missing(ctx: &mut Ctx) -> Outcome {
+    ctx.need_ctrl(CtrlCap::ModifyVolume)?;
+    let id = missing_id(ctx, "vol");
+    for params in modify_parameter_sets(ctx) {
+        let why = if params.is_empty() {
+            "the volume does not exist (an empty mutable_parameters is not a missing field: proto3 cannot tell it from absent)"
+        } else {
+            "the volume does not exist"
+        };
+        modify(ctx, &id, params).await.code(Code::NotFound, why)?;
+    }
+    Ok(())
+}
+
+pub(super) async fn modify_empty(ctx: &mut Ctx) -> Outcome {
+    ctx.need_ctrl(CtrlCap::ModifyVolume)?;
+    let vol = ctx.create_volume("modify").await?;
+    for params in modify_parameter_sets(ctx) {
+        let why = if params.is_empty() {
+            "an empty mutable_parameters modifies nothing and must succeed"
+        } else {
+            "the configured mutable parameters must be accepted"
+        };
+        modify(ctx, &vol.volume_id, params)
+            .await
+            .expect(&[Code::Ok], why)?;
+    }
+    Ok(())
+}
+
+pub(super) async fn modify_unaccepted(ctx: &mut Ctx) -> Outcome {
+    ctx.need_ctrl(CtrlCap::ModifyVolume)?;
+    let vol = ctx.create_volume("modify-unaccepted").await?;
+    modify(ctx, &vol.volume_id, unaccepted_mutable_parameter())
+        .await
+        .code(
+            Code::InvalidArgument,
+            "a mutable parameter the driver does not accept must be refused (and nothing applied)",
+        )
+        .map(drop)
+}
+
+pub(super) async fn create_unaccepted_mutable(ctx: &mut Ctx) -> Outcome {
+    ctx.need_ctrl(CtrlCap::ModifyVolume)?;
+    let mut req = ctx.create_request("vac-unaccepted");
+    req.mutable_parameters = unaccepted_mutable_parameter();
+    create_rejected(
+        ctx,
+        req,
+        "a mutable parameter the driver does not accept must be refused (and no volume created)",
+    )
+    .await
+}
+
+pub(super) async fn publish_attach_limit(ctx: &mut Ctx) -> Outcome {
+    ctx.need_ctrl(CtrlCap::PublishUnpublishVolume)?;
+    ctx.need_ctrl(CtrlCap::CreateDeleteVolume)?;
+    let node = publish_node(ctx)?;
+    let limit = ctx.caps.max_volumes_per_node;
+    if limit <= 0 {
+        return skip("an attach limit (NodeGetInfo max_volumes_per_node) is not advertised");
+    }
+    if limit > ctx.config.attach_limit_max {
+        return skip(format!(
+            "max_volumes_per_node {limit} is above Config::attach_limit_max ({})",
+            ctx.config.attach_limit_max
+        ));
+    }
+    for i in 0..=limit {
+        let vol = ctx.create_volume("attach-limit").await?;
+        let req = publish_req(ctx, &vol.volume_id, &node);
+        let call = send_publish(ctx, req).await;
+        if i < limit {
+            call.expect(
+                &[Code::Ok],
+                &format!("attachment {} of max_volumes_per_node {limit}", i + 1),
+            )?;
+        } else {
+            call.expect(
+                &[Code::ResourceExhausted],
+                &format!("the node already has max_volumes_per_node ({limit}) volumes attached"),
+            )?;
+        }
+    }
+    Ok(())
 }
 
 pub(super) async fn clone_volume(ctx: &mut Ctx) -> Outcome {

@@ -85,7 +85,15 @@ checks! {
     "controller.expand_volume.missing_capacity", Controller,
         "ControllerExpandVolume without capacity_range is INVALID_ARGUMENT" => controller::expand_no_capacity;
     "controller.modify_volume.missing_volume", Controller,
-        "ControllerModifyVolume of a missing volume is NOT_FOUND" => controller::modify_missing;
+        "ControllerModifyVolume of a missing volume is NOT_FOUND, also with empty mutable_parameters" => controller::modify_missing;
+    "controller.modify_volume.empty_parameters", Controller,
+        "ControllerModifyVolume of a volume with empty mutable_parameters is OK (and with the configured ones)" => controller::modify_empty;
+    "controller.modify_volume.unaccepted_parameter", Controller,
+        "ControllerModifyVolume with a mutable parameter the driver does not accept is INVALID_ARGUMENT" => controller::modify_unaccepted;
+    "controller.create_volume.unaccepted_mutable_parameter", Controller,
+        "CreateVolume with a mutable parameter the driver does not accept is INVALID_ARGUMENT" => controller::create_unaccepted_mutable;
+    "controller.publish.attach_limit", Controller,
+        "ControllerPublishVolume beyond NodeGetInfo's max_volumes_per_node is RESOURCE_EXHAUSTED" => controller::publish_attach_limit;
     "controller.create_volume.clone", Controller,
         "CreateVolume from a volume source clones it; a missing source is NOT_FOUND" => controller::clone_volume;
 
@@ -120,6 +128,8 @@ checks! {
         "NodeStageVolume and NodeUnstageVolume are idempotent" => node::stage_idempotent;
     "node.publish.missing_fields", Node,
         "NodePublish/UnpublishVolume with missing required fields is INVALID_ARGUMENT" => node::publish_missing_fields;
+    "node.publish.missing_fields_without_staging", Node,
+        "NodePublishVolume missing a required field and staging_target_path is INVALID_ARGUMENT, not FAILED_PRECONDITION" => node::publish_missing_fields_without_staging;
     "node.publish.lifecycle", Node,
         "Full lifecycle; the plugin creates the target path and removes it on NodeUnpublishVolume" => node::lifecycle;
     "node.publish.repeat_table", Node,
@@ -130,24 +140,28 @@ checks! {
         "NodeGetVolumeStats of a published volume returns usage" => node::stats_published;
     "node.get_volume_stats.missing_path", Node,
         "NodeGetVolumeStats on a path without the volume is NOT_FOUND" => node::stats_missing_path;
+    "node.get_volume_stats.relative_path", Node,
+        "NodeGetVolumeStats with a relative volume_path is NOT_FOUND" => node::stats_relative_path;
     "node.get_volume_stats.empty_volume_id", Node,
         "NodeGetVolumeStats with an empty volume_id is INVALID_ARGUMENT" => node::stats_empty_id;
     "node.expand_volume", Node,
         "NodeExpandVolume of a published volume succeeds" => node::expand;
     "node.expand_volume.missing_volume", Node,
         "NodeExpandVolume of a missing volume is NOT_FOUND" => node::expand_missing;
+    "node.expand_volume.relative_path", Node,
+        "NodeExpandVolume with a relative volume_path is NOT_FOUND" => node::expand_relative_path;
 
     "group-controller.get_capabilities", GroupController,
         "GroupControllerGetCapabilities succeeds" => group::capabilities;
     "group-controller.lifecycle", GroupController,
         "Create (idempotent), get and delete a group snapshot of two volumes" => group::lifecycle;
     "group-controller.get.missing", GroupController,
-        "GetVolumeGroupSnapshot of a missing group snapshot is NOT_FOUND" => group::get_missing;
+        "GetVolumeGroupSnapshot of a missing group snapshot is NOT_FOUND, with or without snapshot_ids" => group::get_missing;
     "group-controller.delete.missing", GroupController,
-        "DeleteVolumeGroupSnapshot of a missing group snapshot is OK" => group::delete_missing;
-    "group-controller.missing_snapshot_ids", GroupController,
-        "Get/DeleteVolumeGroupSnapshot without the REQUIRED snapshot_ids is INVALID_ARGUMENT" => group::missing_snapshot_ids;
+        "DeleteVolumeGroupSnapshot of a missing group snapshot is OK, with or without snapshot_ids" => group::delete_missing;
 
+    "general.any_authority", General,
+        "Probe is answered when :authority is the socket path, raw (grpc-java) or percent-encoded (gRPC C-core: Python, C++)" => general::any_authority;
     "general.secrets_not_in_logs", General,
         "No configured secret value appears in the driver's log" => general::secrets_not_in_logs;
 }

@@ -7,7 +7,7 @@ use csi_proto::v1::volume_capability::access_mode::Mode;
 use csi_proto::v1::*;
 use tonic::Code;
 
-use super::controller::{missing_id, publish_req};
+use super::controller::{self, missing_id, publish_req};
 use crate::config::SecretKind;
 use crate::suite::{Call, Ctx, Outcome, Resource, fail, rpc, skip};
 
@@ -67,21 +67,12 @@ async fn controller_publish(
         return Ok(HashMap::new());
     }
     let node = ctx.node_id()?;
-    ctx.register(Resource::ControllerPublish {
-        volume: id.to_string(),
-        node: node.clone(),
-    });
     let mut req = publish_req(ctx, id, &node);
     req.volume_capability = Some(cap.clone());
-    let call = rpc!(
-        ctx,
-        controller,
-        controller_publish_volume,
-        "ControllerPublishVolume",
-        req
-    )
-    .await;
-    Ok(call.ok()?.publish_context)
+    Ok(controller::send_publish(ctx, req)
+        .await
+        .ok()?
+        .publish_context)
 }
 
 fn stage_req(ctx: &Ctx, v: &NodeVol, path: &str) -> NodeStageVolumeRequest {
@@ -350,6 +341,51 @@ pub(super) async fn publish_missing_fields(ctx: &mut Ctx) -> Outcome {
         .map(drop)
 }
 
+/// The requests csi-sanity sends: a required field missing and no
+/// staging_target_path either. INVALID_ARGUMENT for the missing field comes
+/// before the STAGE_UNSTAGE rule (FAILED_PRECONDITION) could apply.
+pub(super) async fn publish_missing_fields_without_staging(ctx: &mut Ctx) -> Outcome {
+    ctx.need_node_service()?;
+    let id = missing_id(ctx, "vol");
+    let target = ctx.target_path()?;
+    let secrets = ctx.secrets(SecretKind::NodePublishVolume);
+    let cases = [
+        (
+            "volume_id",
+            NodePublishVolumeRequest {
+                secrets: secrets.clone(),
+                ..Default::default()
+            },
+        ),
+        (
+            "target_path",
+            NodePublishVolumeRequest {
+                volume_id: id.clone(),
+                secrets: secrets.clone(),
+                ..Default::default()
+            },
+        ),
+        (
+            "volume_capability",
+            NodePublishVolumeRequest {
+                volume_id: id,
+                target_path: target,
+                secrets,
+                ..Default::default()
+            },
+        ),
+    ];
+    for (field, req) in cases {
+        send_publish(ctx, req).await.code(
+            Code::InvalidArgument,
+            &format!(
+                "{field} is missing (and staging_target_path too): a missing required field is INVALID_ARGUMENT before any capability rule"
+            ),
+        )?;
+    }
+    Ok(())
+}
+
 pub(super) async fn lifecycle(ctx: &mut Ctx) -> Outcome {
     let v = prepare(ctx).await?;
     let target = ctx.target_path()?;
@@ -492,6 +528,9 @@ pub(super) async fn publish_concurrent(ctx: &mut Ctx) -> Outcome {
     check_target_removed(ctx, &target)
 }
 
+/// What csi-sanity sends as a volume_path that names no volume.
+const RELATIVE_PATH: &str = "some/path";
+
 fn stats_req(v_id: &str, path: &str, staging: &str) -> NodeGetVolumeStatsRequest {
     NodeGetVolumeStatsRequest {
         volume_id: v_id.to_string(),
@@ -534,6 +573,26 @@ pub(super) async fn stats_missing_path(ctx: &mut Ctx) -> Outcome {
     rpc!(ctx, node, node_get_volume_stats, "NodeGetVolumeStats", req)
         .await
         .code(Code::NotFound, "the volume is not published at volume_path")
+        .map(drop)
+}
+
+/// A relative volume_path names no volume: NOT_FOUND, for an unknown
+/// volume and for one that is published (elsewhere).
+pub(super) async fn stats_relative_path(ctx: &mut Ctx) -> Outcome {
+    ctx.need_node(NodeCap::GetVolumeStats)?;
+    let why = "a relative volume_path names no volume";
+    let id = missing_id(ctx, "vol");
+    let req = stats_req(&id, RELATIVE_PATH, "");
+    rpc!(ctx, node, node_get_volume_stats, "NodeGetVolumeStats", req)
+        .await
+        .code(Code::NotFound, why)?;
+    let v = prepare(ctx).await?;
+    let target = ctx.target_path()?;
+    publish(ctx, &v, &target, false).await.ok()?;
+    let req = stats_req(&v.id, RELATIVE_PATH, "");
+    rpc!(ctx, node, node_get_volume_stats, "NodeGetVolumeStats", req)
+        .await
+        .code(Code::NotFound, why)
         .map(drop)
 }
 
@@ -601,6 +660,19 @@ pub(super) async fn expand(ctx: &mut Ctx) -> Outcome {
     rpc!(ctx, node, node_expand_volume, "NodeExpandVolume", req)
         .await
         .ok()
+        .map(drop)
+}
+
+pub(super) async fn expand_relative_path(ctx: &mut Ctx) -> Outcome {
+    ctx.need_node(NodeCap::ExpandVolume)?;
+    let req = NodeExpandVolumeRequest {
+        volume_id: missing_id(ctx, "vol"),
+        volume_path: RELATIVE_PATH.to_string(),
+        ..Default::default()
+    };
+    rpc!(ctx, node, node_expand_volume, "NodeExpandVolume", req)
+        .await
+        .code(Code::NotFound, "a relative volume_path names no volume")
         .map(drop)
 }
 

@@ -2,6 +2,7 @@
 
 pub mod capacity;
 pub mod idempotency;
+pub mod mutable;
 pub mod paging;
 pub mod publish;
 pub mod stage;

@@ -4,7 +4,8 @@
 //! it on with [`Next::run`].
 //!
 //! The default order, outermost first: tracing, metrics, panic catching,
-//! capability gating, validation, readiness (Probe only), locking, driver.
+//! RPC capability gating, validation, field-level capability rules,
+//! readiness (Probe only), locking, driver.
 
 use std::any::Any;
 use std::fmt;

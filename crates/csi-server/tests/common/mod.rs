@@ -86,6 +86,18 @@ impl Controller for TestDriver {
         }
         Ok(DeleteVolumeResponse {})
     }
+
+    async fn controller_modify_volume(
+        &self,
+        _: &CallContext,
+        req: ControllerModifyVolumeRequest,
+    ) -> CsiResult<ControllerModifyVolumeResponse> {
+        self.run(&req.volume_id).await?;
+        if req.volume_id.starts_with("missing") {
+            return Err(CsiError::NotFound(req.volume_id));
+        }
+        Ok(ControllerModifyVolumeResponse {})
+    }
 }
 
 #[csi_server::async_trait]

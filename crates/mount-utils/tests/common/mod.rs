@@ -17,3 +17,28 @@ pub fn fs_size(path: &Path) -> u64 {
     let s = nix::sys::statvfs::statvfs(path).expect("statvfs");
     s.blocks() * s.fragment_size()
 }
+
+/// Runs `tests` with libtest's command line (filters, `--list`,
+/// `--ignored`, ...). When not root they are reported as ignored, saying
+/// why, never as passed. For test binaries with `harness = false`.
+pub fn run_root_tests(tests: &[(&'static str, fn())]) -> ! {
+    let root = mount_utils::testing::is_root();
+    let args = libtest_mimic::Arguments::from_args();
+    if !root && !args.list {
+        eprintln!(
+            "{} root-only tests reported as ignored: needs root (euid != 0)",
+            tests.len()
+        );
+    }
+    let trials = tests
+        .iter()
+        .map(|&(name, test)| {
+            libtest_mimic::Trial::test(name, move || {
+                test();
+                Ok(())
+            })
+            .with_ignored_flag(!root)
+        })
+        .collect();
+    libtest_mimic::run(&args, trials).exit()
+}

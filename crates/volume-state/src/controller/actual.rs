@@ -6,13 +6,14 @@ use tokio::sync::Notify;
 
 use crate::error::PluginError;
 use crate::node::AttachState;
-use crate::transition::{Outcome, Progress, after_setup, after_teardown};
+use crate::transition::Outcome;
 use crate::types::{AttachInfo, Key, VolumeSpec};
 
 /// One volume's attachment to one node.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeAttachment {
-    /// Attached (confirmed) or uncertain. Detached attachments are removed.
+    /// Attached (confirmed), attach-uncertain or detach-uncertain.
+    /// Detached attachments are removed.
     pub state: AttachState,
     /// The node reports the volume in use (mounted). New attachments start
     /// as mounted until the node says otherwise, to avoid early detach.
@@ -78,6 +79,21 @@ impl<V: Key, N: Key> ActualSnapshot<V, N> {
             .filter(|(_, a)| a.nodes.get(node).is_some_and(|n| n.reported_as_attached))
             .map(|(v, _)| v.clone())
             .collect()
+    }
+
+    /// Nodes that hold `volume` or may still hold it after a failed
+    /// detach: while there are any, a single-node volume is not attached
+    /// elsewhere.
+    pub fn holding_nodes(&self, volume: &V) -> Vec<N> {
+        self.get(volume)
+            .map(|a| {
+                a.nodes
+                    .iter()
+                    .filter(|(_, n)| n.state.may_hold())
+                    .map(|(n, _)| n.clone())
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     /// Nodes where `volume` is confirmed attached.
@@ -172,17 +188,16 @@ impl<V: Key, N: Key> ActualStateOfWorld<V, N> {
             let previous = entry
                 .nodes
                 .get(node)
-                .map_or(Progress::Absent, |a| progress(a.state));
-            let state = match after_setup(previous, Outcome::of(result)) {
-                Progress::Absent => {
+                .map_or(AttachState::Detached, |a| a.state);
+            let state = match previous.after_attach(Outcome::of(result)) {
+                AttachState::Detached => {
                     entry.nodes.remove(node);
                     if entry.nodes.is_empty() {
                         s.volumes.remove(volume);
                     }
                     return;
                 }
-                Progress::Uncertain => AttachState::Uncertain,
-                Progress::Done => AttachState::Attached,
+                state => state,
             };
             let attachment = entry
                 .nodes
@@ -203,31 +218,29 @@ impl<V: Key, N: Key> ActualStateOfWorld<V, N> {
         })
     }
 
-    /// Applies a detach result: success forgets the attachment, failure
-    /// makes it uncertain and reports it as attached again.
+    /// Applies a detach result: success forgets the attachment; failure of
+    /// a confirmed attachment makes it [`AttachState::DetachUncertain`]
+    /// (it keeps a single-node volume from attaching elsewhere), and the
+    /// attachment is reported as attached again.
     pub fn apply_detach(&self, volume: &V, node: &N, result: &Result<(), PluginError>) {
         self.update(|s| {
             let Some(entry) = s.volumes.get_mut(volume) else {
                 return;
             };
-            let Some(previous) = entry.nodes.get(node).map(|a| progress(a.state)) else {
+            let Some(previous) = entry.nodes.get(node).map(|a| a.state) else {
                 return;
             };
             let entry_mut = Arc::make_mut(entry);
-            match after_teardown(previous, Outcome::of(result)) {
-                Progress::Absent => {
+            match previous.after_detach(Outcome::of(result)) {
+                AttachState::Detached => {
                     entry_mut.nodes.remove(node);
                     if entry_mut.nodes.is_empty() {
                         s.volumes.remove(volume);
                     }
                 }
-                p => {
+                state => {
                     if let Some(a) = entry_mut.nodes.get_mut(node) {
-                        a.state = if p == Progress::Done {
-                            AttachState::Attached
-                        } else {
-                            AttachState::Uncertain
-                        };
+                        a.state = state;
                         a.reported_as_attached = true;
                     }
                 }
@@ -276,13 +289,5 @@ impl<V: Key, N: Key> ActualStateOfWorld<V, N> {
         self.update(|s| {
             s.health.insert(node, health);
         })
-    }
-}
-
-fn progress(state: AttachState) -> Progress {
-    match state {
-        AttachState::Attached => Progress::Done,
-        AttachState::Uncertain => Progress::Uncertain,
-        AttachState::Detached => Progress::Absent,
     }
 }

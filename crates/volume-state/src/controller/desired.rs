@@ -35,6 +35,11 @@ impl<V: Key, P: Key, N: Key> DesiredSnapshot<V, P, N> {
             .is_some_and(|vs| vs.contains_key(volume))
     }
 
+    /// Whether `volume` is wanted on any node (O(nodes)).
+    pub fn wants_anywhere(&self, volume: &V) -> bool {
+        self.nodes.values().any(|vs| vs.contains_key(volume))
+    }
+
     /// Number of (node, volume) pairs.
     pub fn len(&self) -> usize {
         self.nodes.values().map(|v| v.len()).sum()

@@ -14,12 +14,19 @@ pub struct ControllerConfig {
     /// unhealthy and the detach pending this long; `None` never forces
     /// (Kubernetes: 6 min, `disable-force-detach-on-timeout`).
     pub max_wait_for_unmount: Option<Duration>,
+    /// Attach a single-node volume while a failed detach elsewhere leaves
+    /// it maybe still attached there, as Kubernetes does (its multi-attach
+    /// check counts only confirmed attachments). Default `false`: wait for
+    /// the detach to succeed. Only for storage that fences a volume to one
+    /// node by itself.
+    pub attach_while_detach_uncertain: bool,
 }
 
 impl Default for ControllerConfig {
     fn default() -> Self {
         Self {
             max_wait_for_unmount: Some(Duration::from_secs(360)),
+            attach_while_detach_uncertain: false,
         }
     }
 }
@@ -189,13 +196,18 @@ pub fn plan<V: Key, P: Key, N: Key>(
             continue;
         }
         let mode = wanted.spec.access_mode;
-        // Only confirmed attachments elsewhere block; uncertain ones do not.
+        // Confirmed attachments elsewhere block, and so do failed detaches
+        // (maybe still attached there); an uncertain attach does not: it
+        // was never confirmed, nothing there relies on it, and it is
+        // detached in this same pass if unwanted.
+        let blocks = |state: AttachState| {
+            state == AttachState::Attached
+                || (state == AttachState::DetachUncertain && !config.attach_while_detach_uncertain)
+        };
         if mode == AccessMode::SingleNode
-            && actual.get(volume).is_some_and(|a| {
-                a.nodes
-                    .iter()
-                    .any(|(n, at)| n != node && at.state == AttachState::Attached)
-            })
+            && actual
+                .get(volume)
+                .is_some_and(|a| a.nodes.iter().any(|(n, at)| n != node && blocks(at.state)))
         {
             continue;
         }

@@ -76,13 +76,20 @@ impl<V: Key, P: Key, N: Key> Reconciler<V, P, N> {
         self.passes.load(Ordering::Relaxed)
     }
 
-    /// Plans one pass over the current snapshots.
+    /// Plans one pass over the current snapshots, first dropping gate
+    /// records of volumes that left both states (and stale ones).
     pub fn plan(&self) -> Vec<Operation<V, N>> {
         self.passes.fetch_add(1, Ordering::Relaxed);
         let desired = self.desired.snapshot();
         let actual = self.actual.snapshot();
-        let gate = self.gate.state();
-        plan(&desired, &actual, &gate, self.clock.now(), &self.config)
+        let now = self.clock.now();
+        let mut gate = self.gate.state();
+        if !gate.is_empty() {
+            gate.purge(now, |v| {
+                actual.get(v).is_some() || desired.wants_anywhere(v)
+            });
+        }
+        plan(&desired, &actual, &gate, now, &self.config)
     }
 
     /// Plans one pass and runs its operations to completion, concurrently.

@@ -11,5 +11,5 @@ pub use actual::{
     PodMount, PodMountState, ReconstructionReport,
 };
 pub use desired::{DesiredSnapshot, DesiredStateOfWorld, DesiredVolume};
-pub use plan::{AttachMode, Operation, Phase, plan};
+pub use plan::{AttachMode, Operation, Phase, plan, volumes_in_use};
 pub use reconciler::{ExecutionResult, PassReport, Reconciler};

@@ -126,8 +126,8 @@ pub enum Operation<V, P> {
     },
     /// Unmount a discovered mount that has no metadata (once).
     CleanupOrphan {
-        /// The mount.
-        mount: DiscoveredMount<V, P>,
+        /// The mount (boxed: rare, and large next to the other variants).
+        mount: Box<DiscoveredMount<V, P>>,
     },
     /// Drop an orphan record because its pod is wanted again; the normal
     /// publish path takes over.
@@ -218,6 +218,36 @@ fn seek<'a, K: Ord + 'a, T: 'a>(
 ) -> Option<&'a T> {
     while cursor.next_if(|(k, _)| *k < key).is_some() {}
     cursor.next_if(|(k, _)| *k == key).map(|(_, v)| v)
+}
+
+/// The volumes this node must report as in use (node status
+/// `volumesInUse`) so the attach/detach controller neither detaches them
+/// nor keeps the node waiting: every desired volume, plus every volume
+/// still (or maybe still) staged or published here, including
+/// reconstructed ones and orphans not yet cleaned. Sorted, no duplicates.
+///
+/// In [`AttachMode::ByController`], report this list, then pass it to
+/// [`DesiredStateOfWorld::mark_volumes_reported_in_use`](super::DesiredStateOfWorld::mark_volumes_reported_in_use)
+/// once the report is stored (kubelet's order), so verify-attached can
+/// proceed.
+pub fn volumes_in_use<V: Key, P: Key>(
+    desired: &DesiredSnapshot<V, P>,
+    actual: &ActualSnapshot<V, P>,
+) -> Vec<V> {
+    let mounted = actual
+        .volumes()
+        .filter(|(_, a)| a.device != DeviceState::NotMounted || !a.pods.is_empty())
+        .map(|(v, _)| v);
+    let mut out: Vec<V> = desired
+        .volumes()
+        .map(|(v, _)| v)
+        .chain(mounted)
+        .chain(actual.orphans().map(|m| &m.volume))
+        .cloned()
+        .collect();
+    out.sort();
+    out.dedup();
+    out
 }
 
 /// One reconcile pass: compares desired and actual state and returns the
@@ -397,7 +427,7 @@ pub fn plan<V: Key, P: Key, N: Key>(
                 OperationKind::CleanupOrphan,
             ) {
                 detach.push(Operation::CleanupOrphan {
-                    mount: mount.clone(),
+                    mount: Box::new(mount.clone()),
                 });
             }
         }

@@ -5,15 +5,17 @@ use std::time::Duration;
 use futures::future::{BoxFuture, FutureExt, join_all};
 use tokio::sync::Notify;
 
-use super::actual::{ActualSnapshot, ActualStateOfWorld};
+use super::actual::{ActualSnapshot, ActualStateOfWorld, AttachState, DeviceState, PodMountState};
 use super::desired::DesiredStateOfWorld;
-use super::plan::{AttachMode, Operation, plan};
+use super::plan::{AttachMode, Operation, plan, volumes_in_use};
 use crate::clock::{Clock, SystemClock};
 use crate::error::{GateError, PluginError};
 use crate::gate::OperationGate;
+use crate::journal::{Journal, PublishRecord, VolumeRecord};
+use crate::mounts::{MountSource, MountTable};
 use crate::plugin::{ExpandRequest, PublishRequest, StageRequest, VolumePlugin};
 use crate::runner::Reconcile;
-use crate::types::Key;
+use crate::types::{AttachInfo, Key};
 
 /// What happened to one operation.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -76,6 +78,12 @@ impl PassReport {
 
 /// The node-mode reconciler: plans passes over the desired and actual state
 /// and executes the operations through the gate and the plugin.
+///
+/// With a [journal](Self::with_journal) it records every intent durably
+/// before acting, so a restart loses no tear-down; with a
+/// [mount table](Self::with_mount_table) it also records what each stage
+/// and publish mounted, so reconstruction can tell this volume's mounts
+/// from anything else at the same paths.
 pub struct Reconciler<V: Key, P: Key, N: Key> {
     node: N,
     mode: AttachMode,
@@ -84,6 +92,8 @@ pub struct Reconciler<V: Key, P: Key, N: Key> {
     gate: Arc<OperationGate<V, P, N>>,
     plugin: Arc<dyn VolumePlugin<V, N>>,
     clock: Arc<dyn Clock>,
+    journal: Option<Arc<Journal<V, P>>>,
+    mounts: Option<Arc<dyn MountTable>>,
     passes: AtomicU64,
 }
 
@@ -114,8 +124,23 @@ impl<V: Key, P: Key, N: Key> Reconciler<V, P, N> {
             gate: Arc::default(),
             plugin,
             clock: Arc::new(SystemClock),
+            journal: None,
+            mounts: None,
             passes: AtomicU64::new(0),
         }
+    }
+
+    /// Records intents in `journal` (see [`crate::journal`]).
+    pub fn with_journal(mut self, journal: Arc<Journal<V, P>>) -> Self {
+        self.journal = Some(journal);
+        self
+    }
+
+    /// Looks up what each successful stage and publish mounted, for the
+    /// journal.
+    pub fn with_mount_table(mut self, mounts: Arc<dyn MountTable>) -> Self {
+        self.mounts = Some(mounts);
+        self
     }
 
     /// Uses `clock` for backoff decisions.
@@ -155,13 +180,25 @@ impl<V: Key, P: Key, N: Key> Reconciler<V, P, N> {
         self.passes.load(Ordering::Relaxed)
     }
 
-    /// Plans one pass over the current snapshots.
+    /// Plans one pass over the current snapshots, first dropping gate
+    /// records of volumes that left both states (and stale ones).
     pub fn plan(&self) -> Vec<Operation<V, P>> {
         self.passes.fetch_add(1, Ordering::Relaxed);
         let desired = self.desired.snapshot();
         let actual = self.actual.snapshot();
-        let gate = self.gate.state();
-        plan(&desired, &actual, &gate, self.clock.now(), self.mode)
+        let now = self.clock.now();
+        let mut gate = self.gate.state();
+        if !gate.is_empty() {
+            gate.purge(now, |v| {
+                desired.get(v).is_some() || actual.get(v).is_some() || actual.has_orphan(v)
+            });
+        }
+        plan(&desired, &actual, &gate, now, self.mode)
+    }
+
+    /// The volumes to report in use now; see [`volumes_in_use`].
+    pub fn volumes_in_use(&self) -> Vec<V> {
+        volumes_in_use(&self.desired.snapshot(), &self.actual.snapshot())
     }
 
     /// Plans one pass and runs its operations to completion, concurrently.
@@ -189,6 +226,11 @@ impl<V: Key, P: Key, N: Key> Reconciler<V, P, N> {
                     return ExecutionResult::Skipped(GateError::AlreadyExists);
                 }
                 self.actual.mark_detached(&volume);
+                self.record(&volume, |r| {
+                    r.attached = false;
+                    r.attach_info = None;
+                })
+                .await;
                 return ExecutionResult::Applied;
             }
             Operation::ForgetOrphan { volume, pod } => {
@@ -203,7 +245,13 @@ impl<V: Key, P: Key, N: Key> Reconciler<V, P, N> {
         if let Err(e) = self.gate.try_start(&key, self.clock.now()) {
             return ExecutionResult::Skipped(e);
         }
-        let result = self.call_plugin(op).await;
+        let result = if self.journal.is_some() {
+            // Boxed: the journal's futures would otherwise enlarge every
+            // operation's future (10k of them per pass), journal or not.
+            Box::pin(self.call_journaled(op)).await
+        } else {
+            self.call_plugin(op).await
+        };
         self.gate.finish(
             &key,
             result.as_ref().map_err(|e| e.message.clone()).map(|_| ()),
@@ -251,7 +299,7 @@ impl<V: Key, P: Key, N: Key> Reconciler<V, P, N> {
                 };
                 let result = plugin.stage(&request).await;
                 actual.apply_stage(&request.volume, &request.staging_path, &result);
-                result
+                result.map(|_| ())
             }
             Operation::Unstage {
                 volume,
@@ -278,7 +326,7 @@ impl<V: Key, P: Key, N: Key> Reconciler<V, P, N> {
                 };
                 let result = plugin.publish(&request).await;
                 actual.apply_publish(&request.volume, &pod, &request.target_path, &result);
-                result
+                result.map(|_| ())
             }
             Operation::Unpublish {
                 volume,
@@ -327,6 +375,213 @@ impl<V: Key, P: Key, N: Key> Reconciler<V, P, N> {
             Operation::MarkAttached { .. }
             | Operation::MarkDetached { .. }
             | Operation::ForgetOrphan { .. } => Ok(()),
+        }
+    }
+}
+
+// Journal upkeep. An intent is written before the step and cleared only
+// once the actual state shows the step undone, so the journal may claim
+// more than is there (a redundant, idempotent tear-down after a restart)
+// but never less. Each step touches only its own fields: concurrent
+// publishes of one volume keep each other's intents.
+impl<V: Key, P: Key, N: Key> Reconciler<V, P, N> {
+    /// Writes the intent of `op`, runs it, records the outcome.
+    async fn call_journaled(&self, op: Operation<V, P>) -> Result<(), PluginError> {
+        self.record_intent(&op).await?;
+        let step = JournalStep::of(&op);
+        let result = self.call_plugin(op).await;
+        match step {
+            JournalStep::Attach(volume) => self.record_attach(&volume).await,
+            JournalStep::Device(volume, path) => {
+                let source = path.and_then(|p| self.source_after(&result, &p));
+                self.record_device(&volume, source).await
+            }
+            JournalStep::Pod(volume, pod, path) => {
+                let source = path.and_then(|p| self.source_after(&result, &p));
+                self.record_pod(&volume, &pod, source).await
+            }
+            JournalStep::Nothing => {}
+        }
+        result
+    }
+
+    /// Writes the intent of `op` before it runs; failing that, `op` does
+    /// not run.
+    async fn record_intent(&self, op: &Operation<V, P>) -> Result<(), PluginError> {
+        let Some(journal) = &self.journal else {
+            return Ok(());
+        };
+        // The attach info rides along: in controller-attach mode nothing
+        // else would keep it (the node owes no detach).
+        let keep_info = |r: &mut VolumeRecord<P>, info: &AttachInfo| {
+            if *info != AttachInfo::default() {
+                r.attach_info = Some(info.clone());
+            }
+        };
+        let written = match op {
+            Operation::Attach { volume, .. } => journal.update(volume, |r| r.attached = true).await,
+            Operation::Stage {
+                volume,
+                staging_path,
+                attach,
+                ..
+            } => {
+                journal
+                    .update(volume, |r| {
+                        r.staging_path = Some(staging_path.clone());
+                        r.staged = None;
+                        keep_info(r, attach);
+                    })
+                    .await
+            }
+            Operation::Publish {
+                volume,
+                pod,
+                target_path,
+                attach,
+                ..
+            } => {
+                journal
+                    .update(volume, |r| {
+                        let record = r.pods.entry(pod.clone()).or_insert(PublishRecord {
+                            target_path: target_path.clone(),
+                            source: None,
+                        });
+                        if record.target_path != *target_path {
+                            record.target_path = target_path.clone();
+                            record.source = None;
+                        }
+                        keep_info(r, attach);
+                    })
+                    .await
+            }
+            _ => Ok(()),
+        };
+        written.map_err(|e| PluginError::transient(format!("journal: {e}")))
+    }
+
+    /// What a successful stage or publish mounted at `path`, if a mount
+    /// table is configured.
+    fn source_after<T, E>(
+        &self,
+        result: &Result<T, E>,
+        path: &std::path::Path,
+    ) -> Option<MountSource> {
+        let table = self.mounts.as_ref().filter(|_| result.is_ok())?;
+        table
+            .source_at(path)
+            .inspect_err(
+                |e| tracing::warn!(path = %path.display(), error = %e, "mount table lookup failed"),
+            )
+            .ok()
+            .flatten()
+    }
+
+    /// Applies `change` to the journal record; a failure only leaves the
+    /// record claiming more than is there, so it is logged.
+    async fn record(&self, volume: &V, change: impl FnOnce(&mut VolumeRecord<P>)) {
+        // Boxed: this is also awaited outside `call_journaled`.
+        if let Some(journal) = &self.journal
+            && let Err(e) = Box::pin(journal.update(volume, change)).await
+        {
+            tracing::warn!(?volume, error = %e, "journal update failed");
+        }
+    }
+
+    /// After attach, verify-attached or detach: keeps what the actual
+    /// state says (attached or not, and the attach info once confirmed).
+    async fn record_attach(&self, volume: &V) {
+        let (state, info) = match self.actual.snapshot().get(volume) {
+            Some(a) => (a.attach, Some(a.attach_info.clone())),
+            None => (AttachState::Detached, None),
+        };
+        self.record(volume, |r| {
+            r.attached &= state != AttachState::Detached;
+            match (state, info) {
+                (AttachState::Attached, Some(info)) => r.attach_info = Some((*info).clone()),
+                (AttachState::Detached, _) => r.attach_info = None,
+                _ => {}
+            }
+        })
+        .await
+    }
+
+    /// After stage or unstage; `source` is what a successful stage mounted.
+    async fn record_device(&self, volume: &V, source: Option<MountSource>) {
+        let device = self.actual.snapshot().get(volume).map(|a| a.device.clone());
+        self.record(volume, |r| match device {
+            None | Some(DeviceState::NotMounted) => {
+                r.staging_path = None;
+                r.staged = None;
+            }
+            Some(DeviceState::Uncertain) => r.staged = None,
+            Some(DeviceState::Mounted { staging_path, .. }) => {
+                r.staging_path = Some(staging_path);
+                if source.is_some() {
+                    r.staged = source;
+                }
+            }
+        })
+        .await
+    }
+
+    /// After publish or unpublish for `pod`; `source` is what a successful
+    /// publish mounted.
+    async fn record_pod(&self, volume: &V, pod: &P, source: Option<MountSource>) {
+        let state = self
+            .actual
+            .snapshot()
+            .pod_mount(volume, pod)
+            .map(|m| m.state);
+        self.record(volume, |r| match state {
+            None => {
+                r.pods.remove(pod);
+            }
+            Some(state) => {
+                if let Some(record) = r.pods.get_mut(pod) {
+                    if state == PodMountState::Uncertain {
+                        record.source = None;
+                    } else if source.is_some() {
+                        record.source = source;
+                    }
+                }
+            }
+        })
+        .await
+    }
+}
+
+/// Which part of the journal record an operation's outcome updates, and
+/// for a set-up step the path to look up what it mounted.
+enum JournalStep<V, P> {
+    Attach(V),
+    Device(V, Option<std::path::PathBuf>),
+    Pod(V, P, Option<std::path::PathBuf>),
+    Nothing,
+}
+
+impl<V: Key, P: Key> JournalStep<V, P> {
+    fn of(op: &Operation<V, P>) -> Self {
+        match op {
+            Operation::Attach { volume, .. }
+            | Operation::VerifyAttached { volume, .. }
+            | Operation::Detach { volume } => JournalStep::Attach(volume.clone()),
+            Operation::Stage {
+                volume,
+                staging_path,
+                ..
+            } => JournalStep::Device(volume.clone(), Some(staging_path.clone())),
+            Operation::Unstage { volume, .. } => JournalStep::Device(volume.clone(), None),
+            Operation::Publish {
+                volume,
+                pod,
+                target_path,
+                ..
+            } => JournalStep::Pod(volume.clone(), pod.clone(), Some(target_path.clone())),
+            Operation::Unpublish { volume, pod, .. } => {
+                JournalStep::Pod(volume.clone(), pod.clone(), None)
+            }
+            _ => JournalStep::Nothing,
         }
     }
 }

@@ -1,0 +1,96 @@
+//! Request builders and the locator both test files share.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use csi_node::{NodeError, Source, VolumeLocator};
+use csi_proto::v1::volume_capability::access_mode::Mode;
+use csi_proto::v1::*;
+use csi_server::CsiError;
+use tonic::Code;
+
+/// Volumes under `base`: `data/<id>` directories and `images/<id>.img` files.
+pub fn locator(base: &Path) -> Arc<dyn VolumeLocator> {
+    let base = base.to_path_buf();
+    Arc::new(move |id: &str| {
+        let dir = base.join("data").join(id);
+        let image = base.join("images").join(format!("{id}.img"));
+        if dir.is_dir() {
+            Some(Source::Directory(dir))
+        } else if image.is_file() {
+            Some(Source::Image(image))
+        } else {
+            None
+        }
+    })
+}
+
+/// Creates `data/`, `images/` and `pods/` under `base`.
+pub fn layout(base: &Path) {
+    for sub in ["data", "images", "pods"] {
+        std::fs::create_dir(base.join(sub)).unwrap();
+    }
+}
+
+pub fn mount_cap(mode: Mode) -> VolumeCapability {
+    VolumeCapability::mount("ext4").with_access_mode(mode)
+}
+
+pub fn block_cap() -> VolumeCapability {
+    VolumeCapability::block().with_access_mode(Mode::SingleNodeWriter)
+}
+
+pub fn s(p: &Path) -> String {
+    p.to_string_lossy().into_owned()
+}
+
+pub fn stage(vol: &str, path: &Path, cap: VolumeCapability) -> NodeStageVolumeRequest {
+    NodeStageVolumeRequest {
+        volume_id: vol.into(),
+        staging_target_path: s(path),
+        volume_capability: Some(cap),
+        ..Default::default()
+    }
+}
+
+pub fn unstage(vol: &str, path: &Path) -> NodeUnstageVolumeRequest {
+    NodeUnstageVolumeRequest {
+        volume_id: vol.into(),
+        staging_target_path: s(path),
+    }
+}
+
+pub fn publish(
+    vol: &str,
+    staging: Option<&Path>,
+    target: &Path,
+    cap: VolumeCapability,
+    readonly: bool,
+) -> NodePublishVolumeRequest {
+    NodePublishVolumeRequest {
+        volume_id: vol.into(),
+        staging_target_path: staging.map(s).unwrap_or_default(),
+        target_path: s(target),
+        volume_capability: Some(cap),
+        readonly,
+        ..Default::default()
+    }
+}
+
+pub fn unpublish(vol: &str, target: &Path) -> NodeUnpublishVolumeRequest {
+    NodeUnpublishVolumeRequest {
+        volume_id: vol.into(),
+        target_path: s(target),
+    }
+}
+
+/// The CSI code of a failed call.
+pub fn code<T: std::fmt::Debug>(r: Result<T, NodeError>) -> Code {
+    CsiError::from(r.unwrap_err()).code()
+}
+
+/// A path under `base`.
+pub fn under(base: &Path, rel: &str) -> PathBuf {
+    base.join(rel)
+}

@@ -1,0 +1,205 @@
+#!/usr/bin/env bash
+# Runs the community's csi-sanity (kubernetes-csi/csi-test) against the
+# example drivers the way a vendor's CI runs it: no parameter files, only
+# size flags. hostpath in mount and block mode (attach on, an attach limit,
+# the state dir on its own loop-backed filesystem so group snapshots are
+# offered, snapshots on another filesystem), loop-block in mount and block
+# mode. Everything happens in a private mount namespace and is cleaned up
+# (mounts, loop devices, sockets, processes) even on failure.
+#
+# Prints `csi-sanity <driver> <mode>: N passed, N failed, N skipped` per run
+# and exits non-zero if any run has a failure. Skips (exit 0, saying why)
+# when the binary is absent or we are not root.
+#
+# Environment: CSI_SANITY (the binary, default ../shared/tools/csi-sanity),
+# CSI_SANITY_RUNS (which runs, default "hostpath:mount hostpath:block
+# loop-block:mount loop-block:block"), CSI_SANITY_ARGS (extra csi-sanity
+# flags, e.g. --ginkgo.focus=REGEX for one spec by hand).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+
+sanity=${CSI_SANITY:-$root/../shared/tools/csi-sanity}
+if [ ! -x "$sanity" ]; then
+  echo "csi-sanity: skipped: no binary at $sanity"
+  exit 0
+fi
+if [ "$(id -u)" != 0 ]; then
+  echo "csi-sanity: skipped: needs root (the drivers mount and attach loop devices)"
+  exit 0
+fi
+for tool in unshare losetup mkfs.ext4 mount umount; do
+  if ! command -v "$tool" >/dev/null; then
+    echo "csi-sanity: skipped: $tool is not installed"
+    exit 0
+  fi
+done
+
+# The drivers as they are now (a no-op after scripts/test.sh built them).
+if [ -z "${CSI_SANITY_IN_NS:-}" ]; then
+  cargo build --quiet --example hostpath --example loop-block
+fi
+
+# Everything below runs in a private mount namespace (no mount can leak to
+# the host; its mounts vanish with its last process) and its own PID
+# namespace (if this script is killed outright, the kernel kills the
+# drivers too, so nothing keeps the namespace alive).
+if [ -z "${CSI_SANITY_IN_NS:-}" ]; then
+  exec env CSI_SANITY_IN_NS=1 unshare --mount --propagation private --pid --fork --kill-child \
+    --mount-proc bash "$0" "$@"
+fi
+
+runs=${CSI_SANITY_RUNS:-hostpath:mount hostpath:block loop-block:mount loop-block:block}
+# Small volumes keep the block runs fast; sizes are the only flags we pass.
+size=$((64 << 20))
+expand=$((128 << 20))
+attach_limit=16
+
+work=$(mktemp -d /tmp/csi-sanity.XXXXXX)
+logs=$root/target/csi-sanity
+mkdir -p "$logs"
+driver_pid=
+
+stop_driver() {
+  if [ -n "$driver_pid" ]; then
+    kill "$driver_pid" 2>/dev/null || true
+    # A driver that ignores SIGTERM for 10 s is killed.
+    for _ in $(seq 100); do kill -0 "$driver_pid" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$driver_pid" 2>/dev/null || true
+    wait "$driver_pid" 2>/dev/null || true
+    driver_pid=
+  fi
+}
+
+# Unmounts everything under $1 (deepest first) and detaches every loop
+# device whose backing file is under it.
+release() {
+  local dir=$1 m dev
+  for _ in 1 2 3; do
+    awk -v d="$dir" '$5 == d || index($5, d "/") == 1 {print $5}' /proc/self/mountinfo |
+      sort -r | while read -r m; do umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true; done
+  done
+  losetup -a -O NAME,BACK-FILE --noheadings 2>/dev/null |
+    awk -v d="$dir" 'index($2, d "/") == 1 {print $1}' |
+    while read -r dev; do losetup -d "$dev" 2>/dev/null || true; done
+}
+
+# shellcheck disable=SC2317 # run by the EXIT trap
+cleanup() {
+  stop_driver
+  release "$work"
+  # Never into a filesystem that failed to unmount.
+  rm -rf --one-file-system "$work"
+}
+trap cleanup EXIT
+# csi-sanity stops cleanly on SIGINT/SIGTERM itself; bash acts on a signal
+# only once the foreground child has exited (and drops a SIGINT the child
+# handled), so a run also counts as interrupted when ginkgo says so.
+interrupted=
+trap 'interrupted=1' INT TERM
+
+# Waits for the driver's socket, or fails if the driver died.
+wait_socket() {
+  local sock=$1
+  for _ in $(seq 300); do
+    [ -S "$sock" ] && return 0
+    kill -0 "$driver_pid" 2>/dev/null || return 1
+    sleep 0.1
+  done
+  return 1
+}
+
+# A dedicated ext4 filesystem on a loop device (autoclear: it detaches when
+# unmounted, or when the namespace goes away).
+make_fs() {
+  local img=$1 dir=$2
+  truncate -s 1G "$img" && mkfs.ext4 -q -F "$img" && mkdir -p "$dir" &&
+    mount -o loop "$img" "$dir"
+}
+
+status=0
+for run in $runs; do
+  [ -n "$interrupted" ] && break
+  driver=${run%%:*}
+  mode=${run#*:}
+  dir=$work/$driver-$mode
+  mkdir -p "$dir"
+  sock=$dir/csi.sock
+  args=()
+  case "$driver" in
+    hostpath)
+      if ! make_fs "$dir/state.img" "$dir/state"; then
+        echo "csi-sanity $driver $mode: could not make its state filesystem"
+        status=1
+        release "$dir"
+        continue
+      fi
+      mkdir -p "$dir/snapshots"
+      args=(--statedir "$dir/state" --snapshotdir "$dir/snapshots" --enable-attach
+            --nodeid sanity-node)
+      ;;
+    loop-block)
+      mkdir -p "$dir/state"
+      args=(--statedir "$dir/state" --nodeid sanity-node)
+      ;;
+    *) echo "csi-sanity: unknown driver $driver"; exit 2 ;;
+  esac
+  # A driver with an attach limit flag gets one, and the attach-limit spec.
+  if "target/debug/examples/$driver" --help | grep -q -- '--attach-limit'; then
+    args+=(--attach-limit "$attach_limit")
+  fi
+  sanity_args=(--csi.endpoint "$sock" --csi.stagingdir "$dir/stage" --csi.mountdir "$dir/mnt"
+               --csi.testvolumesize "$size" --csi.testvolumeexpandsize "$expand"
+               --csi.testnodevolumeattachlimit --ginkgo.no-color --ginkgo.v)
+  [ "$mode" = block ] && sanity_args+=(--csi.testvolumeaccesstype block)
+  # shellcheck disable=SC2206 # word splitting is wanted for extra flags
+  [ -n "${CSI_SANITY_ARGS:-}" ] && sanity_args+=(${CSI_SANITY_ARGS})
+
+  log=$logs/$driver-$mode.log
+  "target/debug/examples/$driver" --endpoint "unix://$sock" "${args[@]}" --log warn \
+    >"$logs/$driver-$mode.driver.log" 2>&1 &
+  driver_pid=$!
+  if ! wait_socket "$sock"; then
+    echo "csi-sanity $driver $mode: the driver did not start (see $logs/$driver-$mode.driver.log)"
+    status=1
+    stop_driver
+    release "$dir"
+    continue
+  fi
+  set +e
+  timeout --foreground 900 "$sanity" "${sanity_args[@]}" >"$log" 2>&1
+  rc=$?
+  set -e
+  stop_driver
+  release "$dir"
+  grep -q 'Interrupted by User' "$log" && interrupted=1
+  if [ -n "$interrupted" ]; then
+    echo "csi-sanity $driver $mode: interrupted"
+    status=130
+    break
+  fi
+
+  # ginkgo's summary: "N Passed | N Failed | N Pending | N Skipped".
+  line=$(grep -E '[0-9]+ Passed \| [0-9]+ Failed' "$log" | tail -1 || true)
+  if [ -z "$line" ]; then
+    echo "csi-sanity $driver $mode: no summary (exit $rc; see $log)"
+    tail -20 "$log"
+    status=1
+    continue
+  fi
+  passed=$(sed -E 's/.* ([0-9]+) Passed.*/\1/' <<<" $line")
+  failed=$(sed -E 's/.* ([0-9]+) Failed.*/\1/' <<<"$line")
+  skipped=$(sed -E 's/.* ([0-9]+) Skipped.*/\1/' <<<"$line")
+  result="csi-sanity $driver $mode: $passed passed, $failed failed, $skipped skipped"
+  echo "$result"
+  if [ "$failed" != 0 ] || [ "$rc" != 0 ]; then
+    status=1
+    grep -E '^\s*\[FAIL\]' "$log" | sed 's/^/  /' | sort -u || true
+  fi
+  # Why specs were skipped, one line per reason (ginkgo -v prints
+  # "S [SKIPPED]", the spec, then "  [SKIPPED] <reason>").
+  awk '/^S \[SKIPPED\]/ {want = 1; next}
+       want && /^  \[SKIPPED\] / {sub(/^  \[SKIPPED\] /, ""); n[$0]++; want = 0}
+       END {for (r in n) printf "    skipped %d: %s\n", n[r], r}' "$log" | sort
+done
+exit "$status"

@@ -1,0 +1,124 @@
+//! gRPC clients not written in Rust or Go call both example drivers with
+//! their default channel settings: Python's grpcio (gRPC C-core, which sends
+//! the socket path as `:authority`) and Node's @grpc/grpc-js. Each calls
+//! GetPluginInfo, Probe and NodeGetCapabilities over the driver's real unix
+//! socket (scripts in tests/grpc_clients/).
+//!
+//! The clients come from PyPI and npm; `scripts/test.sh` installs them
+//! (grpcio with pip, grpc-js under target/grpc-clients/node). Without them
+//! a test prints `skipped: ...` with the reason and returns.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use support::Driver;
+
+const DRIVERS: [&str; 2] = ["hostpath", "loop-block"];
+
+fn scripts() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/grpc_clients")
+}
+
+/// `target/` of this build (the test runs from target/<profile>/deps).
+fn target_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    exe.ancestors().nth(3).expect("target dir").to_owned()
+}
+
+/// Why `program args` cannot run, if it cannot.
+fn missing(program: &str, args: &[&str]) -> Option<String> {
+    match Command::new(program).args(args).output() {
+        Ok(out) if out.status.success() => None,
+        Ok(out) => Some(format!(
+            "`{program} {}` failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )),
+        Err(e) => Some(format!("{program} not found: {e}")),
+    }
+}
+
+/// Starts each example driver, waits until it answers, and runs `client`
+/// against its endpoint; panics with the client's output and the driver's
+/// log when the client fails, or when the log lacks `in_log`.
+fn run_against_both_drivers(
+    test: &str,
+    in_log: Option<&str>,
+    mut client: impl FnMut(&str) -> Command,
+) {
+    for name in DRIVERS {
+        let dir = tempfile::tempdir().unwrap();
+        let driver = Driver::start(name, &dir.path().join("state"), &[]);
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(driver.client());
+        let out = client(&driver.endpoint).output().expect("client runs");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{test}: {name}: client failed ({})\n--- stdout ---\n{stdout}\n--- stderr ---\n{}\n--- driver log ---\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr),
+            driver.log_text()
+        );
+        for call in ["GetPluginInfo name=", "Probe ready=", "NodeGetCapabilities"] {
+            assert!(
+                stdout.contains(call),
+                "{test}: {name}: no {call} in {stdout}"
+            );
+        }
+        if let Some(line) = in_log {
+            assert!(
+                driver.log_text().contains(line),
+                "{test}: {name}: driver log lacks {line:?}"
+            );
+        }
+        eprintln!("{test}: {name}:\n{stdout}");
+    }
+}
+
+#[test]
+fn python_grpcio_with_default_settings_calls_both_drivers() {
+    const TEST: &str = "python_grpcio";
+    if let Some(why) = missing("python3", &["-c", "import grpc"]) {
+        eprintln!("skipped: {TEST}: {why} (pip install grpcio; scripts/test.sh does)");
+        return;
+    }
+    // grpcio sends the socket path: the server must have rewritten it.
+    let rewritten = "re-encoding this connection's header blocks";
+    run_against_both_drivers(TEST, Some(rewritten), |endpoint| {
+        let mut c = Command::new("python3");
+        c.arg(scripts().join("python_client.py")).arg(endpoint);
+        c
+    });
+}
+
+#[test]
+fn node_grpc_js_with_default_settings_calls_both_drivers() {
+    const TEST: &str = "node_grpc_js";
+    let modules = target_dir().join("grpc-clients/node/node_modules");
+    if !modules.join("@grpc/grpc-js").is_dir() || !modules.join("@grpc/proto-loader").is_dir() {
+        eprintln!(
+            "skipped: {TEST}: @grpc/grpc-js and @grpc/proto-loader are not installed under {} (scripts/test.sh installs them with npm)",
+            modules.display()
+        );
+        return;
+    }
+    if let Some(why) = missing("node", &["--version"]) {
+        eprintln!("skipped: {TEST}: {why}");
+        return;
+    }
+    let proto = Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/csi-proto/proto/csi.proto");
+    run_against_both_drivers(TEST, None, |endpoint| {
+        let mut c = Command::new("node");
+        c.env("NODE_PATH", &modules)
+            .arg(scripts().join("node_client.js"))
+            .arg(endpoint)
+            .arg(&proto);
+        c
+    });
+}
