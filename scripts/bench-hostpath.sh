@@ -2,18 +2,24 @@
 # Measures the hostpath example: idle and peak RSS, one full conformance run,
 # and `csi bench` (probe and lifecycle, 1 and 8 workers). Run as root; the
 # driver runs in a private mount namespace so nothing stays mounted.
-#   bash scripts/bench-hostpath.sh [seconds-per-bench]
+#   bash scripts/bench-hostpath.sh [seconds-per-bench] [state-fs]
+# The build is the `dist` profile (how the drivers ship: size-optimised,
+# LTO). state-fs: `disk` (default: the state dir under /tmp, every change
+# fsynced) or `tmpfs` (the driver's own work, without the disk).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-10}
-cargo build --release -q --example hostpath --bin csi
-bin=target/release
+statefs=${2:-disk}
+cargo build --profile dist -q --example hostpath --bin csi
+bin=target/dist
 work=$(mktemp -d /tmp/csi-bench.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 
-unshare -m --propagation private bash -s "$bin" "$work" "$secs" <<'INNER'
+unshare -m --propagation private bash -s "$bin" "$work" "$secs" "$statefs" <<'INNER'
 set -euo pipefail
-bin=$1 work=$2 secs=$3
+bin=$1 work=$2 secs=$3 statefs=$4
+mkdir -p "$work/state"
+if [ "$statefs" = tmpfs ]; then mount -t tmpfs -o size=2g tmpfs "$work/state"; fi
 export CSI_ENDPOINT=unix://$work/state/csi.sock
 "$bin/examples/hostpath" --statedir "$work/state" --log warn --enable-attach > "$work/driver.log" 2>&1 &
 pid=$!

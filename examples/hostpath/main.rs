@@ -78,7 +78,10 @@ fn capabilities(config: &Config, group_snapshots: bool) -> Capabilities {
     caps
 }
 
-#[tokio::main]
+// One thread serves gRPC; everything that blocks (mounts, copies, state
+// writes) runs on the blocking pool. The async part is far from the
+// bottleneck, and one runtime thread (one malloc arena) keeps memory low.
+#[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let config = Config::parse();
     common::init_tracing(&config.log);

@@ -246,7 +246,7 @@ impl Node for LoopBlock {
         req: NodeUnstageVolumeRequest,
     ) -> CsiResult<NodeUnstageVolumeResponse> {
         let _detaching = self.attachments.read().await;
-        let _claim = self
+        let claim = self
             .in_flight
             .claim("NodeUnstageVolume", &[(Res::Staging, &req.volume_id)])?;
         let staged = self.store.staged.get(&req.volume_id);
@@ -257,7 +257,9 @@ impl Node for LoopBlock {
         let path = PathBuf::from(&req.staging_target_path);
         let image = self.backend.volume_path(&req.volume_id);
         let has_record = staged.is_some();
+        let id = req.volume_id.clone();
         blocking(move || {
+            let _claim = claim;
             this.mounter
                 .unmount(&path, false)
                 .map_err(|e| internal("unstaging", &path, e))?;
@@ -267,14 +269,13 @@ impl Node for LoopBlock {
             // Whatever device the file is on now (a restart may have renumbered it).
             let devices = mount_utils::loopdev::find_by_backing_file(&image)
                 .map_err(|e| CsiError::Internal(format!("looking up loop devices: {e}")))?;
-            devices.iter().try_for_each(|d| detach_loop(d))
+            devices.iter().try_for_each(|d| detach_loop(d))?;
+            // A delete: works on a full disk.
+            this.store.staged.delete(&id)?;
+            tracing::info!(volume = %id, "unstaged volume");
+            Ok(())
         })
         .await?;
-        if has_record {
-            // A delete: works on a full disk.
-            self.store.staged.delete(&req.volume_id)?;
-            tracing::info!(volume = %req.volume_id, "unstaged volume");
-        }
         Ok(NodeUnstageVolumeResponse {})
     }
 
