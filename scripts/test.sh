@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The project's test command (see README). Runs every test in the workspace.
 # As root, tests that need mounts and loop devices run for real; otherwise
-# they print why they are skipped.
+# they are reported as ignored ("needs root"), counted in "skipped" below.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -1,13 +1,17 @@
 //! csi-kit: building blocks for Kubernetes CSI drivers.
 //!
 //! This crate re-exports the workspace crates under short names:
-//! [`proto`] (CSI v1.12.0 types, clients and servers), [`server`] (driver
-//! scaffolding), [`mount`] (node-side mount utilities), [`node`] (what a
-//! node plugin staged and published, and the rules that guard it),
+//! [`proto`] (CSI v1.12.0 types and the method table), [`driver`] (what a
+//! driver implements: traits, errors, capabilities, the spec's rules and
+//! helpers), [`server`] (serving a driver through tower layers), [`client`]
+//! (the typed client), [`mount`] (node-side mount utilities), [`node`] (what
+//! a node plugin staged and published, and the rules that guard it),
 //! [`state`] (volume lifecycle reconciliation) and [`conformance`] (the
 //! conformance suite).
 
+pub use csi_client as client;
 pub use csi_conformance as conformance;
+pub use csi_driver as driver;
 pub use csi_node as node;
 pub use csi_proto as proto;
 pub use csi_server as server;

@@ -13,10 +13,10 @@ mod support;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
+use csi_kit::client::CsiClient;
 use csi_kit::mount::{LinuxMounter, Mounter, require_root};
 use csi_kit::proto::v1::volume_capability::access_mode::Mode;
 use csi_kit::proto::v1::*;
-use csi_kit::server::CsiClient;
 use nix::sys::stat::{Mode as Perm, SFlag, mknod};
 use support::{Driver, create_and_attach, mounts_under, run_isolated_in_tempdir};
 use tonic::Code;
@@ -217,6 +217,7 @@ async fn stats_follow_the_device(example: &str, args: &[&str], dir: PathBuf) {
 }
 
 #[test]
+#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
 fn hostpath_block_stats_at_the_kubelets_device_paths() {
     require_root!("hostpath_block_stats_at_the_kubelets_device_paths");
     run_isolated_in_tempdir("hostpath-block-stats", |dir| {
@@ -225,6 +226,7 @@ fn hostpath_block_stats_at_the_kubelets_device_paths() {
 }
 
 #[test]
+#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
 fn loop_block_block_stats_at_the_kubelets_device_paths() {
     require_root!("loop_block_block_stats_at_the_kubelets_device_paths");
     run_isolated_in_tempdir("loop-block-block-stats", |dir| {

@@ -62,6 +62,7 @@ fn p(path: &Path) -> String {
 }
 
 #[test]
+#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
 fn every_command_group_works_against_hostpath() {
     require_root!("every_command_group_works_against_hostpath");
     run_isolated("cli-commands", || async {
@@ -264,6 +265,7 @@ fn every_command_group_works_against_hostpath() {
 }
 
 #[test]
+#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
 fn sanity_passes_on_hostpath_and_fails_on_a_broken_driver() {
     require_root!("sanity_passes_on_hostpath_and_fails_on_a_broken_driver");
     run_isolated("cli-sanity", || async {
@@ -361,6 +363,7 @@ async fn assert_nothing_left(driver: &Driver, dir: &Path) {
 }
 
 #[test]
+#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
 fn bench_reports_percentiles_and_cleans_up_after_a_normal_end() {
     require_root!("bench_reports_percentiles_and_cleans_up_after_a_normal_end");
     run_isolated("cli-bench", || async {
@@ -434,6 +437,7 @@ fn bench_reports_percentiles_and_cleans_up_after_a_normal_end() {
 }
 
 #[test]
+#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
 fn bench_cleans_up_after_sigint() {
     require_root!("bench_cleans_up_after_sigint");
     run_isolated("cli-bench-sigint", || async {

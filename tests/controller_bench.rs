@@ -11,10 +11,10 @@ mod support;
 
 use std::time::{Duration, Instant};
 
+use csi_kit::client::CsiClient;
 use csi_kit::mount::{Mounter, require_root};
 use csi_kit::proto::v1::volume_capability::access_mode::Mode;
 use csi_kit::proto::v1::*;
-use csi_kit::server::CsiClient;
 use support::{Driver, run_isolated_in_tempdir};
 
 /// Create+delete pairs timed per measurement.

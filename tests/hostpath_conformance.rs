@@ -99,6 +99,7 @@ fn skipped(report: &Report) -> Vec<String> {
 }
 
 #[test]
+#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
 fn hostpath_mount_access_without_attach() {
     require_root!("hostpath_mount_access_without_attach");
     run_isolated("hostpath-mount", || async {
@@ -111,6 +112,7 @@ fn hostpath_mount_access_without_attach() {
 }
 
 #[test]
+#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
 fn hostpath_mount_access_with_attach() {
     require_root!("hostpath_mount_access_with_attach");
     run_isolated("hostpath-mount-attach", || async {
@@ -120,6 +122,7 @@ fn hostpath_mount_access_with_attach() {
 }
 
 #[test]
+#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
 fn hostpath_block_access_without_attach() {
     require_root!("hostpath_block_access_without_attach");
     run_isolated("hostpath-block", || async {
@@ -131,6 +134,7 @@ fn hostpath_block_access_without_attach() {
 }
 
 #[test]
+#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
 fn hostpath_block_access_with_attach() {
     require_root!("hostpath_block_access_with_attach");
     run_isolated("hostpath-block-attach", || async {

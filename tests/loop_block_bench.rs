@@ -47,7 +47,7 @@ fn shell_round(dir: &Path) -> Duration {
     took
 }
 
-async fn driver_round(client: &csi_kit::server::CsiClient, dir: &Path, round: usize) -> Duration {
+async fn driver_round(client: &csi_kit::client::CsiClient, dir: &Path, round: usize) -> Duration {
     let cap = VolumeCapability::mount("ext4").with_access_mode(Mode::SingleNodeWriter);
     let (staging, target) = (dir.join("staging"), dir.join("pods").join("target"));
     std::fs::create_dir_all(&staging).unwrap();

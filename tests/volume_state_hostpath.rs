@@ -31,6 +31,7 @@ async fn converge(reconciler: &Reconciler<String, String, String>, done: impl Fn
 }
 
 #[test]
+#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
 fn reconciler_mounts_pods_through_hostpath_and_tears_everything_down() {
     require_root!("reconciler_mounts_pods_through_hostpath_and_tears_everything_down");
     run_isolated("volume-state-hostpath", || async {

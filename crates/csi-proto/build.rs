@@ -4,10 +4,16 @@
 //! It also reads the `csi_secret` field option from the compiled descriptor and
 //! generates redacting `Debug` impls for every message that holds a secret, so
 //! the list of sensitive fields can never drift from the proto.
+//!
+//! From the same descriptor it generates the CSI method table (see
+//! `build/methods.rs`): `csi_proto::methods` and `for_each_method!`.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::PathBuf;
+
+#[path = "build/methods.rs"]
+mod methods;
 
 use prost_reflect::{Cardinality, DescriptorPool, FieldDescriptor, Kind, MessageDescriptor, Value};
 
@@ -115,6 +121,11 @@ fn main() {
     }
     writeln!(redact, "];").unwrap();
     std::fs::write(out_dir.join("csi.v1.redact.rs"), redact).expect("write redaction impls");
+
+    let (table, callback) = methods::generate(&pool);
+    std::fs::write(out_dir.join("csi.v1.methods.rs"), table).expect("write method table");
+    std::fs::write(out_dir.join("csi.v1.for_each_method.rs"), callback)
+        .expect("write for_each_method");
 }
 
 /// Every field to hide, keyed by full name so output order is stable.

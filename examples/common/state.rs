@@ -83,14 +83,15 @@ pub fn report_quarantined(quarantined: &[Quarantined]) {
 /// The whole-file state of earlier versions (`state.json`), with a
 /// driver's record types.
 #[derive(serde::Deserialize)]
-struct LegacyState<S, St> {
+struct LegacyState<S> {
     /// Kept as JSON: the attachments inside them move to their own table.
     volumes: BTreeMap<String, serde_json::Value>,
     snapshots: BTreeMap<String, S>,
     #[serde(default = "BTreeMap::new")]
     group_snapshots: BTreeMap<String, super::GroupSnapshotRecord>,
-    staged: BTreeMap<String, St>,
-    published: BTreeMap<PathBuf, super::PublishedRecord>,
+    /// Node-side records of older versions: csi-node keeps its own now.
+    #[serde(default)]
+    staged: BTreeMap<String, serde_json::Value>,
     #[serde(default)]
     retired_ephemeral: Vec<String>,
 }
@@ -98,17 +99,16 @@ struct LegacyState<S, St> {
 /// The state file an earlier version kept in the state directory.
 pub const LEGACY_STATE: &str = "state.json";
 
-/// Moves the records of an earlier version's `state.json` into the tables
-/// (`volumes`, `snapshots`, `group_snapshots`, `staged`, `published`,
+/// Moves the controller records of an earlier version's `state.json` into
+/// the tables (`volumes`, `attachments`, `snapshots`, `group_snapshots`,
 /// `retired_ephemeral` with its order) and renames the file
 /// `state.json.imported`: without this an upgrade would find every
 /// volume's data unrecorded and sweep it. Repeating an interrupted import
 /// rewrites the same records.
-pub fn import_state_file<V, S, St>(store: &FileStore) -> Result<(), String>
+pub fn import_state_file<V, S>(store: &FileStore) -> Result<(), String>
 where
     V: Serialize + DeserializeOwned,
     S: Serialize + DeserializeOwned,
-    St: Serialize + DeserializeOwned,
 {
     let path = store.dir().join(LEGACY_STATE);
     let bytes = match fs::read(&path) {
@@ -117,7 +117,13 @@ where
         Err(e) => return Err(format!("reading {}: {e}", path.display())),
     };
     let fail = |e: &dyn fmt::Display| format!("importing {}: {e}", path.display());
-    let mut legacy: LegacyState<S, St> = serde_json::from_slice(&bytes).map_err(|e| fail(&e))?;
+    let mut legacy: LegacyState<S> = serde_json::from_slice(&bytes).map_err(|e| fail(&e))?;
+    if !legacy.staged.is_empty() {
+        tracing::warn!(
+            volumes = legacy.staged.len(),
+            "the earlier version's staged volumes are not imported: restage them (csi-node keeps its own records)"
+        );
+    }
     // Earlier versions kept a volume's attachments inside its record, as
     // `published_nodes` (hostpath) or `attached` (loop-block).
     let mut attachments = BTreeMap::new();
@@ -164,17 +170,6 @@ where
             "group_snapshots",
             legacy.group_snapshots.iter().map(|(k, v)| (k.clone(), v)),
         )?;
-        put_all(
-            store,
-            "staged",
-            legacy.staged.iter().map(|(k, v)| (k.clone(), v)),
-        )?;
-        let targets = legacy.published.iter();
-        put_all(
-            store,
-            "published",
-            targets.map(|(t, p)| (t.to_string_lossy().into_owned(), p)),
-        )?;
         let order: Vec<i128> = (0..legacy.retired_ephemeral.len() as i128).collect();
         put_all(
             store,
@@ -194,12 +189,11 @@ where
     Ok(())
 }
 
-/// A driver's tables: its controller records (volumes, snapshots and
-/// group snapshots by id, with name indexes, and attachments), its node
-/// records (staged volumes by volume id, publications by target path), and
-/// the ids whose records were set aside as unreadable, whose data is never
-/// swept.
-pub struct Tables<V, S, St> {
+/// A driver's controller tables: volumes, snapshots and group snapshots by
+/// id (with name indexes) and attachments, and the ids whose records were
+/// set aside as unreadable, whose data is never swept. (What the node
+/// staged and published is csi-node's, in its own store.)
+pub struct Tables<V, S> {
     pub volumes: Records<V>,
     pub snapshots: Records<S>,
     pub groups: Records<super::GroupSnapshotRecord>,
@@ -210,17 +204,14 @@ pub struct Tables<V, S, St> {
     /// Held while ControllerPublish counts a node's attachments against an
     /// attach limit and records one more.
     attach_gate: Mutex<()>,
-    pub staged: CachedTable<St>,
-    pub published: CachedTable<super::PublishedRecord>,
     pub quarantined_volumes: std::collections::BTreeSet<String>,
     pub quarantined_snapshots: std::collections::BTreeSet<String>,
 }
 
-impl<V, S, St> Tables<V, S, St>
+impl<V, S> Tables<V, S>
 where
     V: Clone + PartialEq + Serialize + DeserializeOwned + Send + Sync + 'static,
     S: Clone + PartialEq + Serialize + DeserializeOwned + Send + Sync + 'static,
-    St: Clone + PartialEq + Serialize + DeserializeOwned + Send + Sync + 'static,
 {
     /// Loads every table of the locked store `files` (importing an earlier
     /// version's state file first) and logs the records set aside.
@@ -231,7 +222,7 @@ where
         volume_name: fn(&V) -> Option<&str>,
         snapshot_name: fn(&S) -> Option<&str>,
     ) -> Result<Self, String> {
-        import_state_file::<V, S, St>(files)?;
+        import_state_file::<V, S>(files)?;
         let err = |e: StoreError| e.to_string();
         let (volumes, q1) = Records::load(files, "volumes", volume_name).map_err(err)?;
         let (snapshots, q2) = Records::load(files, "snapshots", snapshot_name).map_err(err)?;
@@ -241,13 +232,9 @@ where
             |g: &super::GroupSnapshotRecord| Some(g.name.as_str()),
         )
         .map_err(err)?;
-        let (staged, q4) =
-            CachedTable::load(Table::new(files, "staged").map_err(err)?).map_err(err)?;
-        let (published, q5) =
-            CachedTable::load(Table::new(files, "published").map_err(err)?).map_err(err)?;
-        let (attachments, q6) =
+        let (attachments, q4) =
             CachedTable::load(Table::new(files, "attachments").map_err(err)?).map_err(err)?;
-        for q in [&q1, &q2, &q3, &q4, &q5, &q6] {
+        for q in [&q1, &q2, &q3, &q4] {
             report_quarantined(q);
         }
         let keys = |t: &str| -> Result<std::collections::BTreeSet<String>, String> {
@@ -262,8 +249,6 @@ where
             groups,
             attachments,
             attach_gate: Mutex::new(()),
-            staged,
-            published,
         };
         // An attachment saved as its volume's DeleteVolume ran (the CO's
         // calls for one volume are serialised, so only after a crash).
@@ -345,16 +330,6 @@ where
             .get(volume_id)
             .map(|nodes| nodes.into_keys().collect())
             .unwrap_or_default()
-    }
-
-    /// Targets where `volume_id` is published on this node.
-    pub fn targets_of(&self, volume_id: &str) -> Vec<String> {
-        self.published.read(|all| {
-            all.iter()
-                .filter(|(_, p)| p.volume_id == volume_id)
-                .map(|(t, _)| t.clone())
-                .collect()
-        })
     }
 }
 
@@ -476,8 +451,6 @@ pub enum Res {
     SnapshotName,
     GroupSnapshot,
     GroupSnapshotName,
-    /// A volume's node-side staging (kept apart from controller work on it).
-    Staging,
 }
 
 impl fmt::Display for Res {
@@ -489,7 +462,6 @@ impl fmt::Display for Res {
             Res::SnapshotName => "snapshot name",
             Res::GroupSnapshot => "group snapshot",
             Res::GroupSnapshotName => "group snapshot name",
-            Res::Staging => "staging of volume",
         })
     }
 }

@@ -108,6 +108,11 @@ impl HostPath {
             if slot.is_none() {
                 return Ok(None);
             }
+            if self.in_use_on_node(id) {
+                return Err(CsiError::FailedPrecondition(format!(
+                    "volume {id} is in use on this node"
+                )));
+            }
             if let Some(why) = self.store.in_use(id) {
                 return Err(CsiError::FailedPrecondition(format!("volume {id} {why}")));
             }

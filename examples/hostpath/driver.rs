@@ -4,12 +4,13 @@ use std::path::Path;
 use std::sync::Arc;
 
 use csi_server::CsiError;
-use mount_utils::Mounter;
+use mount_utils::{LoopDevices, Mounter};
 
 use crate::backend::Backend;
 use crate::common::state::{InFlight, Ledger, open_state};
+use crate::common::{open_node, restore_node};
 use crate::config::Config;
-use crate::store::Store;
+use crate::store::{Access, Store};
 
 /// The hostpath driver: cheap to clone (everything shared is behind `Arc`).
 #[derive(Clone)]
@@ -18,7 +19,10 @@ pub struct HostPath {
     pub node_id: String,
     pub store: Arc<Store>,
     pub backend: Backend,
-    pub mounter: Arc<dyn Mounter>,
+    /// Loop devices (NodeExpand refreshes a block volume's size).
+    pub loops: Arc<dyn LoopDevices>,
+    /// What this node staged and published (csi-node's record).
+    pub node: csi_node::NodeVolumes,
     /// Volumes, snapshots and names with work running on them.
     pub in_flight: Arc<InFlight>,
     /// Bytes promised to volumes, against `--capacity`.
@@ -29,6 +33,19 @@ impl HostPath {
     /// Opens (or creates) the state directory and locks it for the life of
     /// the process: a second instance on it gets an error naming the first.
     pub fn open(config: Config, mounter: Arc<dyn Mounter>) -> Result<Self, String> {
+        Self::open_with(
+            config,
+            mounter,
+            Arc::new(mount_utils::LinuxLoopDevices::new()),
+        )
+    }
+
+    /// [`open`](Self::open) with the loop devices to use (a fake in tests).
+    pub fn open_with(
+        config: Config,
+        mounter: Arc<dyn Mounter>,
+        loops: Arc<dyn LoopDevices>,
+    ) -> Result<Self, String> {
         let statedir = config.statedir.clone();
         let files = open_state(&statedir, || {
             // A crash during a group snapshot can leave the state filesystem
@@ -41,59 +58,35 @@ impl HostPath {
         })?;
         let backend = Backend::new(&config.statedir, config.snapshotdir.as_deref())
             .map_err(|e| format!("preparing {}: {e}", config.statedir.display()))?;
-        let store = Store::open(files)?;
+        let store = Arc::new(Store::open(files)?);
         let used = store
             .volumes
             .read(|all| all.values().map(|v| v.capacity_bytes).sum());
-        let node_id = config.node_id();
+        let locator = Arc::new(Locator {
+            store: store.clone(),
+            backend: backend.clone(),
+        });
+        let node = open_node(&config.statedir, mounter, loops.clone(), locator, None)?;
         Ok(Self {
+            node,
+            node_id: config.node_id(),
             config: Arc::new(config),
-            node_id,
-            store: Arc::new(store),
+            store,
             backend,
-            mounter,
+            loops,
             in_flight: InFlight::new(),
             ledger: Ledger::new(used),
         })
     }
 
-    /// Whether SINGLE_NODE_MULTI_WRITER is advertised (it is: the driver
-    /// honours the repeat table for every access mode).
-    pub fn single_node_multi_writer(&self) -> bool {
-        true
-    }
-
-    /// Startup reconciliation, before serving: re-attaches the loop devices
-    /// of staged block volumes (lost on reboot), finishes group snapshots a
-    /// crash left half saved or half removed, and removes data no record
-    /// owns (unacknowledged creates, half-done deletes), logging each; the
-    /// data of records that were set aside as unreadable is kept.
+    /// Startup reconciliation, before serving: puts back what the node
+    /// record says is staged and published (a volume that cannot be
+    /// restored is reported abnormal), finishes group snapshots a crash
+    /// left half saved or half removed, and removes data no record owns
+    /// (unacknowledged creates, half-done deletes), logging each; the data
+    /// of records that were set aside as unreadable is kept.
     pub fn reconcile_on_start(&self) -> Result<(), CsiError> {
-        let staged = self.store.staged.read(|all| all.clone());
-        for (id, record) in staged {
-            let Some(old) = record.loop_device.clone() else {
-                continue;
-            };
-            let image = self.backend.volume_path(&id, crate::store::Access::Block);
-            let attached = mount_utils::loopdev::find_by_backing_file(&image).unwrap_or_default();
-            if attached.contains(&old) {
-                continue;
-            }
-            let opts = mount_utils::LoopOptions {
-                autoclear: false,
-                ..Default::default()
-            };
-            let dev = mount_utils::LoopDevice::attach(&image, &opts)
-                .map_err(|e| CsiError::Internal(format!("re-attaching {}: {e}", image.display())))?
-                .keep();
-            tracing::info!(volume = %id, device = %dev.display(), "re-attached loop device of a staged volume");
-            self.store.staged.update(&id, |r| {
-                if let Some(r) = r {
-                    r.loop_device = Some(dev);
-                }
-                Ok::<_, CsiError>(())
-            })?;
-        }
+        restore_node(&self.node);
         let cut = crate::common::settle_groups(
             &self.store.groups,
             &self.store.snapshots,
@@ -129,6 +122,30 @@ impl HostPath {
             tracing::warn!(path = %path.display(), "not this driver's data; not touched");
         }
         Ok(())
+    }
+}
+
+/// Where a volume's data is, for csi-node: only ids the controller
+/// recorded (an inline ephemeral volume by the name the CO gave it).
+struct Locator {
+    store: Arc<Store>,
+    backend: Backend,
+}
+
+impl csi_node::VolumeLocator for Locator {
+    fn source(&self, volume_id: &str) -> Option<csi_node::Source> {
+        let volume = self.store.volumes.get(volume_id).or_else(|| {
+            self.store.volumes.read(|all| {
+                all.values()
+                    .find(|v| v.ephemeral && v.name == volume_id)
+                    .cloned()
+            })
+        })?;
+        let path = self.backend.volume_path(&volume.id, volume.access);
+        Some(match volume.access {
+            Access::Mount => csi_node::Source::Directory(path),
+            Access::Block => csi_node::Source::Image(path),
+        })
     }
 }
 

@@ -1,40 +1,31 @@
-//! The Node service: staging and publishing with real bind mounts and loop
-//! devices through mount-utils.
+//! The Node service, on csi-node's record of what this node staged and
+//! published: it applies the spec's repeat and ownership rules before any
+//! syscall, saves the intent before mounting, and checks in mountinfo that
+//! what is mounted is this volume (see `csi_node::NodeVolumes`).
 //!
 //! Mount volumes: NodeStage bind-mounts the volume directory at the staging
 //! path; NodePublish bind-mounts the staging path at the target (read-only
-//! and mount flags honoured). Block volumes: NodeStage attaches the image as
+//! wins over any `rw` flag). Block volumes: NodeStage attaches the image as
 //! a loop device; NodePublish bind-mounts the device node on a file at the
-//! target. Every step checks the mount table first, so a retry after a crash
-//! between "mounted" and "recorded" converges instead of mounting twice.
+//! target. This file adds what is the driver's own: which volumes exist,
+//! their access type, and inline ephemeral volumes.
 
-use std::fs;
-use std::io;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use csi_proto::v1::*;
-use csi_server::helpers::publish::{PublishDecision, check_publish};
-use csi_server::helpers::stage::{StageDecision, Staging, check_stage};
 use csi_server::request::EPHEMERAL_CONTEXT_KEY;
 use csi_server::{CallContext, CsiError, CsiResult, Node};
-use mount_utils::{LoopDevice, LoopOptions, MountError};
-use prost::Message;
 
-use crate::common::{bind_publish, detach_loop, device_present_at, fs_usage, publications};
+use crate::common::{blocking, internal, node_stats, on_node};
 use crate::config::TOPOLOGY_KEY;
-use crate::driver::{HostPath, blocking};
-use crate::store::{Access, IdKind, PublishedRecord, StagedRecord, VolumeRecord};
-
-fn mount_err(what: &str, path: &Path, e: MountError) -> CsiError {
-    CsiError::Internal(format!("{what} {}: {e}", path.display()))
-}
-
-fn io_err(what: &str, path: &Path, e: io::Error) -> CsiError {
-    CsiError::Internal(format!("{what} {}: {e}", path.display()))
-}
+use crate::driver::HostPath;
+use crate::store::{Access, IdKind, VolumeRecord};
 
 /// Whether the capability fits a volume of the given access type.
-fn check_access(volume: &VolumeRecord, cap: &VolumeCapability) -> CsiResult<()> {
+fn check_access(volume: &VolumeRecord, cap: Option<&VolumeCapability>) -> CsiResult<()> {
+    let Some(cap) = cap else {
+        return Ok(()); // csi-node names the missing field
+    };
     match (volume.access, cap.is_block()) {
         (Access::Block, true) | (Access::Mount, false) => Ok(()),
         (Access::Block, false) => Err(CsiError::FailedPrecondition(format!(
@@ -60,73 +51,20 @@ impl HostPath {
             .ok_or_else(|| CsiError::NotFound(format!("volume {id} does not exist")))
     }
 
-    fn stage_blocking(
-        &self,
-        volume: &VolumeRecord,
-        staging: &Path,
-        cap: &VolumeCapability,
-    ) -> CsiResult<Option<PathBuf>> {
-        match volume.access {
-            Access::Mount => {
-                fs::create_dir_all(staging).map_err(|e| io_err("creating", staging, e))?;
-                let mounted = self
-                    .mounter
-                    .is_mount_point(staging)
-                    .map_err(|e| mount_err("inspecting", staging, e))?;
-                if !mounted {
-                    let source = self.backend.volume_path(&volume.id, Access::Mount);
-                    self.mounter
-                        .bind_mount(&source, staging, false)
-                        .map_err(|e| mount_err("staging at", staging, e))?;
-                }
-                let _ = cap;
-                Ok(None)
-            }
-            Access::Block => {
-                let image = self.backend.volume_path(&volume.id, Access::Block);
-                let existing = mount_utils::loopdev::find_by_backing_file(&image)
-                    .map_err(|e| CsiError::Internal(format!("looking up loop devices: {e}")))?;
-                if let Some(dev) = existing.into_iter().next() {
-                    return Ok(Some(dev));
-                }
-                // No autoclear: a bind mount of the device node does not hold
-                // the device open, so autoclear would detach it at once.
-                let opts = LoopOptions {
-                    autoclear: false,
-                    ..LoopOptions::default()
-                };
-                let dev = LoopDevice::attach(&image, &opts).map_err(|e| {
-                    CsiError::Internal(format!("attaching {}: {e}", image.display()))
-                })?;
-                Ok(Some(dev.keep()))
-            }
-        }
-    }
-
-    fn publish_blocking(
-        &self,
-        volume: &VolumeRecord,
-        source: &Path,
-        target: &Path,
-        cap: &VolumeCapability,
-        readonly: bool,
-    ) -> CsiResult<()> {
-        let flags: Vec<&str> = cap
-            .mount_volume()
-            .map(|m| m.mount_flags.iter().map(String::as_str).collect())
-            .unwrap_or_default();
-        let device_node = volume.access == Access::Block;
-        bind_publish(&self.mounter, source, target, device_node, readonly, &flags)
-    }
-
-    /// Creates the backing volume of an inline ephemeral volume on first publish.
-    fn ephemeral_volume(&self, name: &str) -> CsiResult<VolumeRecord> {
-        if let Some(v) = self.store.volumes.read(|all| {
+    /// The inline ephemeral volume named `name`, if it exists.
+    fn ephemeral_named(&self, name: &str) -> Option<VolumeRecord> {
+        self.store.volumes.read(|all| {
             all.values()
                 .find(|v| v.ephemeral && v.name == name)
                 .cloned()
-        }) {
-            return Ok(v);
+        })
+    }
+
+    /// Creates the backing volume of an inline ephemeral volume on first
+    /// publish; returns it and whether it was created now.
+    fn ephemeral_volume(&self, name: &str) -> CsiResult<(VolumeRecord, bool)> {
+        if let Some(v) = self.ephemeral_named(name) {
+            return Ok((v, false));
         }
         let record = VolumeRecord {
             id: IdKind::Volume.generate(),
@@ -149,7 +87,25 @@ impl HostPath {
         if let Some(r) = self.ledger.reserve(record.capacity_bytes, 0) {
             r.keep();
         }
-        Ok(record)
+        Ok((record, true))
+    }
+
+    /// Removes an inline ephemeral volume: its record, then its data.
+    fn remove_ephemeral(&self, volume: &VolumeRecord) -> CsiResult<()> {
+        self.store.volumes.remove(&volume.id)?;
+        self.ledger.release(volume.capacity_bytes);
+        self.backend.delete_volume(&volume.id, Access::Mount)?;
+        // Best effort: on a full disk a repeated unpublish gets NOT_FOUND.
+        if let Err(e) = self.store.retire_ephemeral(&volume.name) {
+            tracing::warn!(volume = %volume.id, error = %e, "could not remember a removed ephemeral volume");
+        }
+        Ok(())
+    }
+
+    /// Whether the node record holds anything of volume `id` (the
+    /// controller refuses to delete it then).
+    pub fn in_use_on_node(&self, id: &str) -> bool {
+        self.node.record(id).is_some()
     }
 }
 
@@ -161,28 +117,8 @@ impl Node for HostPath {
         req: NodeStageVolumeRequest,
     ) -> CsiResult<NodeStageVolumeResponse> {
         let volume = self.known_volume(&req.volume_id)?;
-        let cap = req.volume_capability.clone().unwrap_or_default();
-        check_access(&volume, &cap)?;
-        let staging = PathBuf::from(&req.staging_target_path);
-        let encoded = cap.encode_to_vec();
-        let existing = self.store.staged.get(&volume.id).map(|staged| Staging {
-            staging_target_path: staged.staging_path.to_string_lossy().into_owned(),
-            volume_capability: VolumeCapability::decode(staged.capability.as_slice()).ok(),
-        });
-        if check_stage(existing.as_ref(), &req)? == StageDecision::AlreadyStaged {
-            return Ok(NodeStageVolumeResponse {});
-        }
-        let this = self.clone();
-        let (v, s, c) = (volume.clone(), staging.clone(), cap.clone());
-        let loop_device = blocking(move || this.stage_blocking(&v, &s, &c)).await?;
-        self.store.staged.put(
-            &volume.id,
-            StagedRecord {
-                staging_path: staging,
-                capability: encoded,
-                loop_device,
-            },
-        )?;
+        check_access(&volume, req.volume_capability.as_ref())?;
+        on_node(&self.node, move |node| node.stage(&req)).await?;
         Ok(NodeStageVolumeResponse {})
     }
 
@@ -191,28 +127,7 @@ impl Node for HostPath {
         _ctx: &CallContext,
         req: NodeUnstageVolumeRequest,
     ) -> CsiResult<NodeUnstageVolumeResponse> {
-        let staging = PathBuf::from(&req.staging_target_path);
-        let staged = self.store.staged.get(&req.volume_id);
-        if staged.is_none() {
-            self.known_volume(&req.volume_id)?;
-        }
-        let this = self.clone();
-        let record = staged.clone();
-        let path = staging.clone();
-        blocking(move || {
-            this.mounter
-                .unmount(&path, false)
-                .map_err(|e| mount_err("unstaging", &path, e))?;
-            match record.and_then(|r| r.loop_device) {
-                Some(dev) => detach_loop(&dev),
-                None => Ok(()),
-            }
-        })
-        .await?;
-        if staged.is_some() {
-            // A delete: works on a full disk.
-            self.store.staged.delete(&req.volume_id)?;
-        }
+        on_node(&self.node, move |node| node.unstage(&req)).await?;
         Ok(NodeUnstageVolumeResponse {})
     }
 
@@ -225,52 +140,19 @@ impl Node for HostPath {
             .volume_context
             .get(EPHEMERAL_CONTEXT_KEY)
             .is_some_and(|v| v == "true");
-        let volume = if ephemeral {
+        let (volume, created) = if ephemeral {
             self.ephemeral_volume(&req.volume_id)?
         } else {
-            self.known_volume(&req.volume_id)?
+            (self.known_volume(&req.volume_id)?, false)
         };
-        let cap = req.volume_capability.clone().unwrap_or_default();
-        check_access(&volume, &cap)?;
-        let target = PathBuf::from(&req.target_path);
-        let existing = self
-            .store
-            .published
-            .read(|all| publications(all, &volume.id));
-        if check_publish(&existing, &req, self.single_node_multi_writer())?
-            == PublishDecision::AlreadyPublished
-        {
-            return Ok(NodePublishVolumeResponse {});
+        check_access(&volume, req.volume_capability.as_ref())?;
+        let result = on_node(&self.node, move |node| node.publish(&req)).await;
+        if let (Err(e), true) = (&result, created) {
+            // Nothing references a volume created for a publish that failed.
+            tracing::debug!(volume = %volume.id, code = ?e.code(), "removing the ephemeral volume of a failed publish");
+            self.remove_ephemeral(&volume)?;
         }
-        let source = if ephemeral {
-            self.backend.volume_path(&volume.id, Access::Mount)
-        } else {
-            let staged = self.store.staged.get(&volume.id).ok_or_else(|| {
-                CsiError::FailedPrecondition(format!("volume {} is not staged", volume.id))
-            })?;
-            if staged.staging_path != Path::new(&req.staging_target_path) {
-                return Err(CsiError::FailedPrecondition(format!(
-                    "volume {} is staged at {}, not at {}",
-                    volume.id,
-                    staged.staging_path.display(),
-                    req.staging_target_path
-                )));
-            }
-            match volume.access {
-                Access::Mount => staged.staging_path,
-                Access::Block => staged.loop_device.ok_or_else(|| {
-                    CsiError::Internal(format!("volume {} has no loop device", volume.id))
-                })?,
-            }
-        };
-        let readonly = req.readonly || cap.access_mode().is_read_only();
-        let this = self.clone();
-        let (v, t, c) = (volume.clone(), target.clone(), cap.clone());
-        blocking(move || this.publish_blocking(&v, &source, &t, &c, readonly)).await?;
-        let mut record = PublishedRecord::of(&req, readonly);
-        // An ephemeral volume's record names the generated id, not the CO's name.
-        record.volume_id = volume.id.clone();
-        self.store.published.put(&req.target_path, record)?;
+        result?;
         Ok(NodePublishVolumeResponse {})
     }
 
@@ -279,43 +161,24 @@ impl Node for HostPath {
         _ctx: &CallContext,
         req: NodeUnpublishVolumeRequest,
     ) -> CsiResult<NodeUnpublishVolumeResponse> {
+        let ephemeral = self.ephemeral_named(&req.volume_id);
+        let retired =
+            ephemeral.is_none() && self.store.retired_ephemeral.contains_key(&req.volume_id);
         let target = PathBuf::from(&req.target_path);
-        let record = self.store.published.get(&req.target_path);
-        let volume = match &record {
-            Some(r) => self.store.volumes.get(&r.volume_id),
-            None => {
-                // Unknown volume ids are NOT_FOUND; a known one is simply not
-                // published here any more (idempotent repeat).
-                let ephemeral = self.store.retired_ephemeral.contains_key(&req.volume_id)
-                    || self
-                        .store
-                        .volumes
-                        .read(|all| all.values().any(|v| v.ephemeral && v.name == req.volume_id));
-                if !ephemeral {
-                    self.known_volume(&req.volume_id)?;
-                }
-                None
-            }
-        };
-        let this = self.clone();
-        let t = target.clone();
-        blocking(move || {
-            this.mounter
-                .cleanup_mount_point(&t)
-                .map_err(|e| mount_err("unpublishing", &t, e))
-        })
-        .await?;
-        if record.is_some() {
-            // A delete: works on a full disk.
-            self.store.published.delete(&req.target_path)?;
+        let id = req.volume_id.clone();
+        let outcome = on_node(&self.node, move |node| node.unpublish(&req)).await;
+        match outcome {
+            // A repeat for an ephemeral volume already removed.
+            Err(CsiError::NotFound(_)) if retired => {}
+            Err(e) => return Err(e),
+            Ok(_) => {}
         }
-        if let Some(v) = volume.filter(|v| v.ephemeral) {
-            self.store.volumes.remove(&v.id)?;
-            self.ledger.release(v.capacity_bytes);
-            self.backend.delete_volume(&v.id, Access::Mount)?;
-            // Best effort: on a full disk a repeated unpublish gets NOT_FOUND.
-            if let Err(e) = self.store.retire_ephemeral(&v.name) {
-                tracing::warn!(volume = %v.id, error = %e, "could not remember a removed ephemeral volume");
+        if let Some(v) = ephemeral {
+            let still = self.node.record(&id).is_some();
+            if !still {
+                self.remove_ephemeral(&v)?;
+            } else {
+                tracing::debug!(volume = %v.id, target = %target.display(), "ephemeral volume still published elsewhere");
             }
         }
         Ok(NodeUnpublishVolumeResponse {})
@@ -327,39 +190,9 @@ impl Node for HostPath {
         req: NodeGetVolumeStatsRequest,
     ) -> CsiResult<NodeGetVolumeStatsResponse> {
         let volume = self.known_volume(&req.volume_id)?;
-        let path = PathBuf::from(&req.volume_path);
-        let (listed, device) = {
-            let staged = self.store.staged.get(&volume.id);
-            let listed = self
-                .store
-                .published
-                .get(&req.volume_path)
-                .is_some_and(|p| p.volume_id == volume.id)
-                || staged.as_ref().is_some_and(|st| st.staging_path == path);
-            (listed, staged.and_then(|st| st.loop_device))
-        };
-        let not_found = CsiError::NotFound(format!(
-            "volume {} is not published or staged at {}",
-            volume.id,
-            path.display()
-        ));
-        let this = self.clone();
-        blocking(move || {
-            if listed {
-                return this.volume_stats(&volume, &path);
-            }
-            // A block volume is also wherever its device node is: the
-            // kubelet asks at the pod's volumeDevices path, not the target.
-            match device {
-                Some(dev) if device_present_at(&path, &dev) => Ok(NodeGetVolumeStatsResponse {
-                    usage: this.block_usage(&volume),
-                    volume_condition: Some(VolumeCondition {
-                        abnormal: false,
-                        message: format!("the volume's device {} is present", dev.display()),
-                    }),
-                }),
-                _ => Err(not_found),
-            }
+        let image = self.backend.volume_path(&volume.id, Access::Block);
+        node_stats(&self.node, req.volume_id, req.volume_path, move |_| {
+            image.metadata().ok().map(|m| m.len())
         })
         .await
     }
@@ -370,28 +203,18 @@ impl Node for HostPath {
         req: NodeExpandVolumeRequest,
     ) -> CsiResult<NodeExpandVolumeResponse> {
         let volume = self.known_volume(&req.volume_id)?;
-        let path = PathBuf::from(&req.volume_path);
-        if !path.exists() {
-            return Err(CsiError::NotFound(format!(
-                "volume path {} does not exist",
-                path.display()
-            )));
-        }
-        if volume.access == Access::Block {
-            let staged = self.store.staged.get(&volume.id);
-            if let Some(dev) = staged.and_then(|s| s.loop_device) {
-                let d = dev.clone();
-                blocking(move || {
-                    let loop_dev = LoopDevice::open(&d)
-                        .map_err(|e| CsiError::Internal(format!("opening {}: {e}", d.display())))?;
-                    loop_dev.set_capacity().map_err(|e| {
-                        CsiError::Internal(format!("refreshing {}: {e}", d.display()))
-                    })?;
-                    let _ = loop_dev.keep();
-                    Ok(())
-                })
-                .await?;
-            }
+        let (id, path) = (req.volume_id.clone(), req.volume_path.clone());
+        let record = on_node(&self.node, move |node| node.record_at(&id, &path)).await?;
+        let device = record.stage.and_then(|s| s.device);
+        if let Some(dev) = device.filter(|_| volume.access == Access::Block) {
+            let loops = self.loops.clone();
+            blocking(move || {
+                loops
+                    .set_capacity(&dev.path)
+                    .map(drop)
+                    .map_err(|e| internal("refreshing the size of", &dev.path, e))
+            })
+            .await?;
         }
         Ok(NodeExpandVolumeResponse {
             capacity_bytes: volume.capacity_bytes,
@@ -413,60 +236,371 @@ impl Node for HostPath {
     }
 }
 
-impl HostPath {
-    /// A block volume's size (used and available are not known below a
-    /// filesystem, and the spec lets them be omitted).
-    fn block_usage(&self, volume: &VolumeRecord) -> Vec<VolumeUsage> {
-        let size = self
-            .backend
-            .volume_path(&volume.id, Access::Block)
-            .metadata()
-            .map(|m| m.len() as i64)
-            .unwrap_or(0);
-        vec![VolumeUsage {
-            total: size,
-            unit: volume_usage::Unit::Bytes as i32,
-            ..Default::default()
-        }]
+#[cfg(test)]
+mod tests {
+    //! The node service on a fake host (csi-node's FakeHost: FakeMounter
+    //! and FakeLoopDevices), without root: one test per case of issue 13.
+    use std::path::Path;
+
+    use clap::Parser;
+    use csi_node::testing::FakeHost;
+    use csi_proto::v1::volume_capability::access_mode::Mode;
+    use csi_server::Method;
+    use csi_server::PluginInfo;
+    use mount_utils::{Errno, FakeOp, LoopDevices, LoopOptions, Mounter};
+
+    use super::*;
+    use crate::common::requests::*;
+    use crate::config::Config;
+
+    fn driver(dir: &Path, host: &FakeHost) -> HostPath {
+        let statedir = dir.join("state").to_string_lossy().into_owned();
+        let config = Config::parse_from(["hostpath", "--statedir", &statedir, "--nodeid", "n1"]);
+        HostPath::open_with(config, host.mounter(), host.loops()).unwrap()
     }
 
-    fn volume_stats(
-        &self,
-        volume: &VolumeRecord,
-        path: &Path,
-    ) -> CsiResult<NodeGetVolumeStatsResponse> {
-        let meta = match fs::metadata(path) {
-            Ok(m) => m,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                // Published here but the path is gone: report it, not an error.
-                return Ok(NodeGetVolumeStatsResponse {
-                    usage: Vec::new(),
-                    volume_condition: Some(VolumeCondition {
-                        abnormal: true,
-                        message: format!("{} no longer exists", path.display()),
-                    }),
-                });
+    fn ctx() -> CallContext {
+        let info = PluginInfo::new("hostpath.csi.csi-kit.dev", "test").unwrap();
+        let config = Config::parse_from(["hostpath"]);
+        CallContext::for_test(
+            Method::NodePublishVolume,
+            info,
+            crate::capabilities(&config, false),
+        )
+    }
+
+    /// A volume the controller would have created.
+    fn volume(d: &HostPath, id: &str, access: Access) -> String {
+        d.backend.create_volume(id, access, 1 << 20).unwrap();
+        let record = VolumeRecord {
+            id: id.into(),
+            name: id.into(),
+            capacity_bytes: 1 << 20,
+            access,
+            source: None,
+            parameters: Default::default(),
+            mutable_parameters: Default::default(),
+            topology: Default::default(),
+            request: Vec::new(),
+            ephemeral: false,
+        };
+        d.store.volumes.put(id, record).unwrap();
+        id.into()
+    }
+
+    fn code(e: CsiError) -> tonic::Code {
+        e.code()
+    }
+
+    #[tokio::test]
+    async fn unstage_of_a_published_block_volume_is_refused_and_keeps_the_device() {
+        let (dir, host) = (tempfile::tempdir().unwrap(), FakeHost::new());
+        let d = driver(dir.path(), &host);
+        let id = volume(&d, "vol-aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", Access::Block);
+        let (staging, target) = (dir.path().join("staging"), dir.path().join("target"));
+        let c = cap(true, Mode::SingleNodeWriter, &[]);
+        d.node_stage_volume(&ctx(), stage_req(&id, &staging, c.clone()))
+            .await
+            .unwrap();
+        d.node_publish_volume(&ctx(), publish_req(&id, &staging, &target, c))
+            .await
+            .unwrap();
+        let e = d
+            .node_unstage_volume(&ctx(), unstage_req(&id, &staging))
+            .await
+            .unwrap_err();
+        assert_eq!(code(e), tonic::Code::FailedPrecondition);
+        assert_eq!(host.attached(), 1, "the device stays attached");
+        d.node_unpublish_volume(&ctx(), unpublish_req(&id, &target))
+            .await
+            .unwrap();
+        d.node_unstage_volume(&ctx(), unstage_req(&id, &staging))
+            .await
+            .unwrap();
+        assert_eq!(host.attached(), 0);
+    }
+
+    #[tokio::test]
+    async fn an_rw_flag_cannot_make_a_read_only_publish_writable() {
+        let (dir, host) = (tempfile::tempdir().unwrap(), FakeHost::new());
+        let d = driver(dir.path(), &host);
+        let id = volume(&d, "vol-bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb", Access::Mount);
+        let staging = dir.path().join("staging");
+        let reader = cap(false, Mode::MultiNodeReaderOnly, &["rw"]);
+        d.node_stage_volume(&ctx(), stage_req(&id, &staging, reader.clone()))
+            .await
+            .unwrap();
+        let t1 = dir.path().join("t1");
+        d.node_publish_volume(&ctx(), publish_req(&id, &staging, &t1, reader))
+            .await
+            .unwrap();
+        assert!(
+            host.mounts_at(&t1)[0].is_read_only(),
+            "reader-only mode wins"
+        );
+        assert!(host.mounts_at(&staging)[0].is_read_only());
+
+        let id2 = volume(&d, "vol-cccccccccccccccccccccccccccccccc", Access::Mount);
+        let (s2, t2) = (dir.path().join("s2"), dir.path().join("t2"));
+        let writer = cap(false, Mode::SingleNodeWriter, &["rw"]);
+        d.node_stage_volume(&ctx(), stage_req(&id2, &s2, writer.clone()))
+            .await
+            .unwrap();
+        let mut req = publish_req(&id2, &s2, &t2, writer);
+        req.readonly = true;
+        d.node_publish_volume(&ctx(), req).await.unwrap();
+        assert!(host.mounts_at(&t2)[0].is_read_only(), "readonly=true wins");
+    }
+
+    #[tokio::test]
+    async fn mount_flag_values_appear_in_no_error() {
+        let (dir, host) = (tempfile::tempdir().unwrap(), FakeHost::new());
+        let d = driver(dir.path(), &host);
+        let id = volume(&d, "vol-dddddddddddddddddddddddddddddddd", Access::Mount);
+        let staging = dir.path().join("staging");
+        let c = cap(false, Mode::SingleNodeWriter, &["password=SECRET"]);
+        d.node_stage_volume(&ctx(), stage_req(&id, &staging, c.clone()))
+            .await
+            .unwrap();
+        let remount = cap(
+            false,
+            Mode::SingleNodeWriter,
+            &["remount", "password=SECRET"],
+        );
+        let e = d
+            .node_publish_volume(
+                &ctx(),
+                publish_req(&id, &staging, &dir.path().join("t0"), remount),
+            )
+            .await
+            .unwrap_err();
+        assert!(!format!("{e} {e:?}").contains("SECRET"), "{e}");
+        let target = dir.path().join("t1");
+        host.fake()
+            .inject_error(FakeOp::Mount, &target, Errno::EINVAL);
+        let e = d
+            .node_publish_volume(&ctx(), publish_req(&id, &staging, &target, c))
+            .await
+            .unwrap_err();
+        assert!(!format!("{e} {e:?}").contains("SECRET"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn paths_the_driver_did_not_record_are_not_touched() {
+        let (dir, host) = (tempfile::tempdir().unwrap(), FakeHost::new());
+        let d = driver(dir.path(), &host);
+        let a = volume(&d, "vol-eeeeeeeeeeeeeeeeeeeeeeeeeeeeeeee", Access::Mount);
+        let b = volume(&d, "vol-ffffffffffffffffffffffffffffffff", Access::Mount);
+        let c = cap(false, Mode::SingleNodeWriter, &[]);
+        let (sa, sb, ta) = (
+            dir.path().join("sa"),
+            dir.path().join("sb"),
+            dir.path().join("ta"),
+        );
+        d.node_stage_volume(&ctx(), stage_req(&a, &sa, c.clone()))
+            .await
+            .unwrap();
+        d.node_stage_volume(&ctx(), stage_req(&b, &sb, c.clone()))
+            .await
+            .unwrap();
+        d.node_publish_volume(&ctx(), publish_req(&a, &sa, &ta, c.clone()))
+            .await
+            .unwrap();
+
+        // A foreign tmpfs where nothing of ours is published.
+        let foreign = dir.path().join("foreign");
+        std::fs::create_dir(&foreign).unwrap();
+        host.add_mount("tmpfs", &foreign, "tmpfs");
+        let _ = d
+            .node_unpublish_volume(&ctx(), unpublish_req(&a, &foreign))
+            .await;
+        assert_eq!(host.mounts_at(&foreign).len(), 1, "the tmpfs stays");
+        assert!(foreign.is_dir());
+
+        // Another volume's target, and another volume's staging path.
+        let e = d
+            .node_unpublish_volume(&ctx(), unpublish_req(&b, &ta))
+            .await
+            .unwrap_err();
+        assert_eq!(code(e), tonic::Code::NotFound);
+        assert!(
+            d.node_unstage_volume(&ctx(), unstage_req(&a, &sb))
+                .await
+                .is_err()
+        );
+        assert_eq!(host.mounts_at(&ta).len(), 1);
+        assert_eq!(host.mounts_at(&sb).len(), 1);
+
+        // B published where A is mounted.
+        let e = d
+            .node_publish_volume(&ctx(), publish_req(&b, &sb, &ta, c.clone()))
+            .await
+            .unwrap_err();
+        assert_eq!(code(e), tonic::Code::AlreadyExists);
+
+        // A target that is a symlink is refused, its destination untouched.
+        let elsewhere = dir.path().join("elsewhere");
+        std::fs::create_dir(&elsewhere).unwrap();
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&elsewhere, &link).unwrap();
+        assert!(
+            d.node_publish_volume(&ctx(), publish_req(&b, &sb, &link, c))
+                .await
+                .is_err()
+        );
+        assert!(host.mounts_at(&elsewhere).is_empty());
+        assert!(host.mounts_at(&link).is_empty());
+    }
+
+    #[tokio::test]
+    async fn block_publish_onto_a_non_empty_file_is_refused() {
+        let (dir, host) = (tempfile::tempdir().unwrap(), FakeHost::new());
+        let d = driver(dir.path(), &host);
+        let id = volume(&d, "vol-11111111111111111111111111111111", Access::Block);
+        let (staging, target) = (dir.path().join("staging"), dir.path().join("user-file"));
+        std::fs::write(&target, b"the user's data").unwrap();
+        let c = cap(true, Mode::SingleNodeWriter, &[]);
+        d.node_stage_volume(&ctx(), stage_req(&id, &staging, c.clone()))
+            .await
+            .unwrap();
+        assert!(
+            d.node_publish_volume(&ctx(), publish_req(&id, &staging, &target, c))
+                .await
+                .is_err()
+        );
+        assert!(host.mounts_at(&target).is_empty());
+        assert_eq!(std::fs::read(&target).unwrap(), b"the user's data");
+    }
+
+    #[tokio::test]
+    async fn unstage_without_a_record_detaches_the_device_by_backing_file() {
+        let (dir, host) = (tempfile::tempdir().unwrap(), FakeHost::new());
+        let d = driver(dir.path(), &host);
+        let id = volume(&d, "vol-22222222222222222222222222222222", Access::Block);
+        // A crash between the attach and the save of the record.
+        let image = d.backend.volume_path(&id, Access::Block);
+        host.loops()
+            .attach(&image, &LoopOptions::default())
+            .unwrap()
+            .keep();
+        assert_eq!(host.attached(), 1);
+        d.node_unstage_volume(&ctx(), unstage_req(&id, &dir.path().join("staging")))
+            .await
+            .unwrap();
+        assert_eq!(host.attached(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_failed_inline_ephemeral_publish_leaves_no_record_or_data() {
+        let (dir, host) = (tempfile::tempdir().unwrap(), FakeHost::new());
+        let d = driver(dir.path(), &host);
+        // The target is a user's file: the publish is refused.
+        let target = dir.path().join("pod");
+        std::fs::write(&target, b"not a directory").unwrap();
+        let mut req = publish_req(
+            "inline-1",
+            Path::new(""),
+            &target,
+            cap(false, Mode::SingleNodeWriter, &[]),
+        );
+        req.staging_target_path.clear();
+        req.volume_context
+            .insert(EPHEMERAL_CONTEXT_KEY.into(), "true".into());
+        assert!(d.node_publish_volume(&ctx(), req).await.is_err());
+        assert_eq!(d.store.volumes.len(), 0, "no volume record");
+        assert!(d.node.records().is_empty(), "no node record");
+        assert!(d.backend.data().0.is_empty(), "no volume data left");
+    }
+
+    #[tokio::test]
+    async fn a_volume_that_cannot_be_restored_is_abnormal_and_the_rest_is_served() {
+        let (dir, host) = (tempfile::tempdir().unwrap(), FakeHost::new());
+        let c = cap(true, Mode::SingleNodeWriter, &[]);
+        let (bad, good) = (
+            "vol-33333333333333333333333333333333",
+            "vol-44444444444444444444444444444444",
+        );
+        let (s_bad, s_good) = (dir.path().join("s-bad"), dir.path().join("s-good"));
+        {
+            let d = driver(dir.path(), &host);
+            volume(&d, bad, Access::Block);
+            volume(&d, good, Access::Mount);
+            d.node_stage_volume(&ctx(), stage_req(bad, &s_bad, c.clone()))
+                .await
+                .unwrap();
+            let mount = cap(false, Mode::SingleNodeWriter, &[]);
+            d.node_stage_volume(&ctx(), stage_req(good, &s_good, mount))
+                .await
+                .unwrap();
+            // A reboot: devices and mounts are gone, and so is one image.
+            for dev in host
+                .loops()
+                .find_by_backing_file(&d.backend.volume_path(bad, Access::Block))
+                .unwrap()
+            {
+                host.loops().detach(&dev).unwrap();
             }
-            Err(e) => return Err(io_err("inspecting", path, e)),
-        };
-        let mounted = self.mounter.is_mount_point(path).unwrap_or(false);
-        let condition = VolumeCondition {
-            abnormal: !mounted,
-            message: if mounted {
-                "volume is mounted".into()
-            } else {
-                format!("{} is not a mount point", path.display())
-            },
-        };
-        if volume.access == Access::Block || !meta.is_dir() {
-            return Ok(NodeGetVolumeStatsResponse {
-                usage: self.block_usage(volume),
-                volume_condition: Some(condition),
-            });
+            std::fs::remove_file(d.backend.volume_path(bad, Access::Block)).unwrap();
+            host.unmount(&s_good, false).unwrap();
         }
-        Ok(NodeGetVolumeStatsResponse {
-            usage: fs_usage(path)?,
-            volume_condition: Some(condition),
-        })
+        let d = driver(dir.path(), &host);
+        d.reconcile_on_start().unwrap();
+        let stats = |id: &str, p: &Path| NodeGetVolumeStatsRequest {
+            volume_id: id.into(),
+            volume_path: p.to_string_lossy().into(),
+            ..Default::default()
+        };
+        let r = d
+            .node_get_volume_stats(&ctx(), stats(bad, &s_bad))
+            .await
+            .unwrap();
+        assert!(r.volume_condition.unwrap().abnormal);
+        let r = d
+            .node_get_volume_stats(&ctx(), stats(good, &s_good))
+            .await
+            .unwrap();
+        assert!(!r.volume_condition.unwrap().abnormal, "restored");
+        assert_eq!(host.mounts_at(&s_good).len(), 1);
+    }
+
+    #[tokio::test]
+    async fn mount_flag_values_reach_no_log_line_at_trace_level() {
+        let logs = capture_all_logs();
+        let (dir, host) = (tempfile::tempdir().unwrap(), FakeHost::new());
+        let d = driver(dir.path(), &host);
+        let id = volume(&d, "vol-55555555555555555555555555555555", Access::Mount);
+        let (staging, target) = (dir.path().join("staging"), dir.path().join("target"));
+        let c = cap(false, Mode::SingleNodeWriter, &["password=SECRET"]);
+        // A failing staging mount, then a good one; a failing publish, then a good one.
+        host.fake()
+            .inject_error(FakeOp::Mount, &staging, Errno::EINVAL);
+        host.fake()
+            .inject_error(FakeOp::BindMount, &staging, Errno::EINVAL);
+        let mut errors = vec![
+            d.node_stage_volume(&ctx(), stage_req(&id, &staging, c.clone()))
+                .await
+                .unwrap_err(),
+        ];
+        host.fake().clear_errors();
+        d.node_stage_volume(&ctx(), stage_req(&id, &staging, c.clone()))
+            .await
+            .unwrap();
+        host.fake()
+            .inject_error(FakeOp::Mount, &target, Errno::EINVAL);
+        errors.push(
+            d.node_publish_volume(&ctx(), publish_req(&id, &staging, &target, c.clone()))
+                .await
+                .unwrap_err(),
+        );
+        host.fake().clear_errors();
+        d.node_publish_volume(&ctx(), publish_req(&id, &staging, &target, c))
+            .await
+            .unwrap();
+        let text = String::from_utf8_lossy(&logs.lock().unwrap()).into_owned();
+        assert!(text.contains("published"), "events are captured: {text}");
+        assert!(!text.contains("SECRET"), "{text}");
+        for e in errors {
+            assert!(!format!("{e} {e:?}").contains("SECRET"), "{e}");
+        }
     }
 }

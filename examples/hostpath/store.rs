@@ -8,7 +8,6 @@
 //! (logged), never a record without data.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 
 use csi_server::CsiResult;
 use csi_store::{CachedTable, FileStore, Table};
@@ -59,19 +58,6 @@ pub struct SnapshotRecord {
 /// A group snapshot: several snapshots cut together.
 pub use crate::common::GroupSnapshotRecord;
 
-/// A volume staged on this node.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct StagedRecord {
-    pub staging_path: PathBuf,
-    /// Encoded capability the volume was staged with.
-    pub capability: Vec<u8>,
-    /// The loop device of a block volume.
-    pub loop_device: Option<PathBuf>,
-}
-
-/// A volume published at a target path on this node.
-pub use crate::common::PublishedRecord;
-
 /// How many retired ephemeral volume names are remembered.
 const RETIRED_EPHEMERAL_KEPT: usize = 1024;
 
@@ -79,12 +65,12 @@ const RETIRED_EPHEMERAL_KEPT: usize = 1024;
 /// names of removed inline ephemeral volumes (with when), so a retried
 /// NodeUnpublish stays OK (bounded).
 pub struct Store {
-    pub tables: Tables<VolumeRecord, SnapshotRecord, StagedRecord>,
+    pub tables: Tables<VolumeRecord, SnapshotRecord>,
     pub retired_ephemeral: CachedTable<i128>,
 }
 
 impl std::ops::Deref for Store {
-    type Target = Tables<VolumeRecord, SnapshotRecord, StagedRecord>;
+    type Target = Tables<VolumeRecord, SnapshotRecord>;
 
     fn deref(&self) -> &Self::Target {
         &self.tables
@@ -109,13 +95,11 @@ impl Store {
         })
     }
 
-    /// Whether an existing volume `id` is in use on this node or has
-    /// snapshots; checked inside the update that removes its record.
+    /// Whether an existing volume `id` is attached or has snapshots;
+    /// checked inside the update that removes its record (the node side
+    /// is asked separately).
     pub fn in_use(&self, id: &str) -> Option<&'static str> {
-        if self.attachments.contains_key(id)
-            || self.staged.contains_key(id)
-            || !self.targets_of(id).is_empty()
-        {
+        if self.attachments.contains_key(id) {
             return Some("is in use");
         }
         if self

@@ -224,7 +224,7 @@ impl Controller for LoopBlock {
                         "volume {id} is attached to node {node}"
                     )));
                 }
-                if this.store.staged.contains_key(&id) || this.store.is_published(&id) {
+                if this.in_use_on_node(&id) {
                     return Err(CsiError::FailedPrecondition(format!(
                         "volume {id} is in use on this node"
                     )));
@@ -576,7 +576,7 @@ mod tests {
     use std::sync::Arc;
 
     use clap::Parser;
-    use csi_server::method::Method;
+    use csi_server::Method;
     use csi_server::{Node, PluginInfo};
 
     use super::*;

@@ -54,8 +54,8 @@ impl LoopBlock {
         let Some(device) = devices.first() else {
             return Ok(Writer::Nobody);
         };
-        let staged = self.store.staged.get(&volume.id);
-        let Some(staged) = staged.filter(|s| s.fs_type.is_some()) else {
+        let stage = self.node.record(&volume.id).and_then(|r| r.stage);
+        let Some(staged) = stage.filter(|s| !s.capability.is_block()) else {
             return Err(CsiError::FailedPrecondition(format!(
                 "volume {} is attached as a raw block device, which cannot be frozen: \
                  a group snapshot of it would not be write-order consistent",
@@ -63,14 +63,14 @@ impl LoopBlock {
             )));
         };
         // The staging path must be the filesystem on this very device.
-        if !mounted_from(&staged.staging_path, device) {
+        if !mounted_from(&staged.path, device) {
             return Err(CsiError::FailedPrecondition(format!(
                 "volume {} is attached but its filesystem is not mounted at {}; cannot freeze it",
                 volume.id,
-                staged.staging_path.display()
+                staged.path.display()
             )));
         }
-        Ok(Writer::Filesystem(staged.staging_path))
+        Ok(Writer::Filesystem(staged.path))
     }
 }
 

@@ -1,67 +1,32 @@
-//! The Node service: the disk appears on the node as a loop device.
+//! The Node service: the disk appears on the node as a loop device, on
+//! csi-node's record of what this node staged and published (the spec's
+//! repeat and ownership rules before any syscall, the intent saved before
+//! mounting, what is mounted checked in mountinfo).
 //!
 //! Mount access: NodeStage attaches the backing file (named by the publish
-//! context), formats it on first use and mounts it at the staging path;
-//! NodePublish bind-mounts the staging path at the target. Block access:
-//! NodeStage attaches the file (no autoclear, see [`LoopBlock::attach`]) and
-//! records the device; NodePublish bind-mounts the device node on a file at
-//! the target. Every step checks what is already attached or mounted first,
-//! so a retry after a crash converges instead of doing it twice.
+//! context), formats it on first use only (a disk formatted before that now
+//! shows no filesystem is refused, never formatted again) and mounts it at
+//! the staging path; NodePublish bind-mounts the staging path at the
+//! target. Block access: NodeStage attaches the file and NodePublish
+//! bind-mounts the device node on a file at the target; NodeUnstage of a
+//! disk still published is refused, so its device is never reused under a
+//! live target.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use csi_proto::v1::*;
-use csi_server::helpers::publish::{PublishDecision, check_publish};
-use csi_server::helpers::stage::{StageDecision, Staging, check_stage};
 use csi_server::{CallContext, CsiError, CsiResult, Node};
-use mount_utils::{DEFAULT_FS_TYPE, FormatError, LoopDevice};
-use prost::Message;
 
-use crate::common::state::Res;
-use crate::common::{
-    bind_publish, blocking, detach_loop, device_present_at, fs_usage, internal, publications,
-};
+use crate::common::{blocking, internal, node_stats, on_node};
 use crate::controller::BACKING_FILE_KEY;
 use crate::driver::LoopBlock;
-use crate::store::{Access, PublishedRecord, StagedRecord, VolumeRecord};
-use crate::tuning::Tuning;
-
-/// SafeFormatAndMount's refusals are the caller's problem (the disk holds
-/// something else, or cannot be formatted read-only); the rest is ours.
-pub fn format_error(device: &Path, e: FormatError) -> CsiError {
-    match e {
-        FormatError::FilesystemMismatch { .. }
-        | FormatError::UnformattedReadOnly { .. }
-        | FormatError::HasPartitionTable { .. }
-        | FormatError::HasFilesystemErrors { .. } => CsiError::FailedPrecondition(e.to_string()),
-        FormatError::UnsupportedFilesystem { .. } => {
-            CsiError::invalid("volume_capability.mount.fs_type", e.to_string())
-        }
-        e => internal("staging", device, e),
-    }
-}
-
-/// A stored capability.
-pub fn decode_capability(bytes: &[u8]) -> CsiResult<VolumeCapability> {
-    VolumeCapability::decode(bytes)
-        .map_err(|e| CsiError::Internal(format!("stored capability: {e}")))
-}
-
-/// A stored NodePublish request.
-pub fn decode_publish(bytes: &[u8]) -> CsiResult<NodePublishVolumeRequest> {
-    NodePublishVolumeRequest::decode(bytes)
-        .map_err(|e| CsiError::Internal(format!("stored publish request: {e}")))
-}
-
-/// The capability's mount flags (none for block).
-pub fn mount_flags(cap: &VolumeCapability) -> Vec<&str> {
-    cap.mount_volume()
-        .map(|m| m.mount_flags.iter().map(String::as_str).collect())
-        .unwrap_or_default()
-}
+use crate::store::{Access, VolumeRecord};
 
 /// Whether the capability fits a volume of the given access type.
-fn check_access(volume: &VolumeRecord, cap: &VolumeCapability) -> CsiResult<()> {
+fn check_access(volume: &VolumeRecord, cap: Option<&VolumeCapability>) -> CsiResult<()> {
+    let Some(cap) = cap else {
+        return Ok(()); // csi-node names the missing field
+    };
     if cap.is_block() == (volume.access == Access::Block) {
         return Ok(());
     }
@@ -74,9 +39,9 @@ fn check_access(volume: &VolumeRecord, cap: &VolumeCapability) -> CsiResult<()> 
 }
 
 impl LoopBlock {
-    /// The backing file named by the publish context, which must be this
-    /// volume's own file.
-    fn backing_file(&self, req: &NodeStageVolumeRequest) -> CsiResult<PathBuf> {
+    /// The backing file named by the publish context must be this volume's
+    /// own file (csi-node attaches the one the backend names).
+    fn check_backing_file(&self, req: &NodeStageVolumeRequest) -> CsiResult<()> {
         let field = format!("publish_context[{BACKING_FILE_KEY}]");
         let path = req.publish_context.get(BACKING_FILE_KEY).ok_or_else(|| {
             CsiError::invalid(&field, "required: ControllerPublishVolume returns it")
@@ -94,101 +59,45 @@ impl LoopBlock {
                 req.volume_id
             )));
         }
-        Ok(path)
+        Ok(())
     }
 
-    /// Attaches (and for mount access formats and mounts) a disk; returns
-    /// the loop device.
-    fn stage_blocking(
-        &self,
-        image: &Path,
-        staging: &Path,
-        cap: &VolumeCapability,
-        readonly: bool,
-        tuning: Tuning,
-    ) -> CsiResult<PathBuf> {
-        let Some(mount) = cap.mount_volume() else {
-            return Ok(self.attach(image, false, tuning)?.0.keep());
-        };
-        std::fs::create_dir_all(staging).map_err(|e| internal("creating", staging, e))?;
-        let (dev, _) = self.attach(image, true, tuning)?;
-        let mounted = self
-            .mounter
-            .is_mount_point(staging)
-            .map_err(|e| internal("inspecting", staging, e))?;
-        if !mounted {
-            let fs_type = fs_type_of(mount);
-            self.mount_staged(dev.path(), staging, fs_type, readonly, &mount_flags(cap))?;
-        }
-        // Autoclear: the mount now holds the device, NodeUnstage's unmount frees it.
-        Ok(dev.keep())
-    }
-
-    /// Where `path` is this volume's staging path or one of its targets.
-    fn is_volume_path(&self, volume_id: &str, path: &Path) -> bool {
-        self.store
-            .published
-            .get(&path.to_string_lossy())
-            .is_some_and(|p| p.volume_id == volume_id)
-            || self
-                .store
-                .staged
-                .get(volume_id)
-                .is_some_and(|st| st.staging_path == path)
-    }
-
-    fn volume_stats(
-        &self,
-        staged: &StagedRecord,
-        path: &Path,
-    ) -> CsiResult<NodeGetVolumeStatsResponse> {
-        let usage = if staged.fs_type.is_some() {
-            fs_usage(path)?
-        } else {
-            let total = mount_utils::block::device_size(&staged.loop_device)
-                .map_err(|e| internal("sizing", &staged.loop_device, e))?;
-            vec![VolumeUsage {
-                total: total as i64,
-                unit: volume_usage::Unit::Bytes as i32,
-                ..Default::default()
-            }]
-        };
-        Ok(NodeGetVolumeStatsResponse {
-            usage,
-            volume_condition: None,
-        })
+    /// Whether the node record holds anything of volume `id` (the
+    /// controller refuses to delete it then).
+    pub fn in_use_on_node(&self, id: &str) -> bool {
+        self.node.record(id).is_some()
     }
 
     /// Refreshes the loop device's size and grows the filesystem on it;
     /// returns the device's new size.
-    fn expand_blocking(&self, staged: &StagedRecord) -> CsiResult<i64> {
-        let dev = &staged.loop_device;
-        let loop_dev = LoopDevice::open(dev).map_err(|e| internal("opening", dev, e))?;
-        loop_dev
-            .set_capacity()
-            .map_err(|e| internal("refreshing the size of", dev, e))?;
-        let size = loop_dev.size().map_err(|e| internal("sizing", dev, e))?;
-        if staged.fs_type.is_some() {
+    fn expand_blocking(&self, stage: &csi_node::StageRecord) -> CsiResult<i64> {
+        let dev = stage
+            .device
+            .as_ref()
+            .map(|d| d.path.clone())
+            .ok_or_else(|| {
+                CsiError::FailedPrecondition(format!(
+                    "volume {} has no loop device",
+                    stage.volume_id
+                ))
+            })?;
+        let size = self
+            .loops
+            .set_capacity(&dev)
+            .map_err(|e| internal("refreshing the size of", &dev, e))?;
+        if !stage.capability.is_block() {
             let device = dev.to_string_lossy();
             let grow = self
                 .resizer
-                .need_resize(&device, &staged.staging_path)
-                .map_err(|e| internal("inspecting the filesystem on", dev, e))?;
+                .need_resize(&device, &stage.path)
+                .map_err(|e| internal("inspecting the filesystem on", &dev, e))?;
             if grow {
                 self.resizer
-                    .resize(&device, &staged.staging_path)
-                    .map_err(|e| internal("growing the filesystem on", dev, e))?;
+                    .resize(&device, &stage.path)
+                    .map_err(|e| internal("growing the filesystem on", &dev, e))?;
             }
         }
         Ok(size as i64)
-    }
-}
-
-fn fs_type_of(mount: &volume_capability::MountVolume) -> &str {
-    if mount.fs_type.is_empty() {
-        DEFAULT_FS_TYPE
-    } else {
-        &mount.fs_type
     }
 }
 
@@ -201,42 +110,9 @@ impl Node for LoopBlock {
     ) -> CsiResult<NodeStageVolumeResponse> {
         let _attaching = self.attachments.read().await;
         let volume = self.known_volume(&req.volume_id)?;
-        let cap = req.volume_capability.clone().unwrap_or_default();
-        check_access(&volume, &cap)?;
-        // Held by the blocking task to its end: a retry while a cancelled
-        // call's mkfs still runs is ABORTED instead of formatting again.
-        let claim = self
-            .in_flight
-            .claim("NodeStageVolume", &[(Res::Staging, &volume.id)])?;
-        let staging = PathBuf::from(&req.staging_target_path);
-        let encoded = cap.encode_to_vec();
-        let existing = self.store.staged.get(&volume.id).map(|staged| Staging {
-            staging_target_path: staged.staging_path.to_string_lossy().into_owned(),
-            volume_capability: VolumeCapability::decode(staged.capability.as_slice()).ok(),
-        });
-        if check_stage(existing.as_ref(), &req)? == StageDecision::AlreadyStaged {
-            return Ok(NodeStageVolumeResponse {});
-        }
-        let image = self.backing_file(&req)?;
-        let readonly = cap.access_mode().is_read_only();
-        let fs_type = cap.mount_volume().map(|m| fs_type_of(m).to_owned());
-        let this = self.clone();
-        let (c, tuning, id) = (cap.clone(), volume.tuning, volume.id.clone());
-        let loop_device = blocking(move || {
-            let _claim = claim;
-            let loop_device = this.stage_blocking(&image, &staging, &c, readonly, tuning)?;
-            let record = StagedRecord {
-                staging_path: staging,
-                capability: encoded,
-                loop_device: loop_device.clone(),
-                fs_type,
-                readonly,
-            };
-            this.store.staged.put(&id, record)?;
-            Ok(loop_device)
-        })
-        .await?;
-        tracing::info!(volume = %volume.id, device = %loop_device.display(), "staged volume");
+        check_access(&volume, req.volume_capability.as_ref())?;
+        self.check_backing_file(&req)?;
+        on_node(&self.node, move |node| node.stage(&req)).await?;
         Ok(NodeStageVolumeResponse {})
     }
 
@@ -246,36 +122,7 @@ impl Node for LoopBlock {
         req: NodeUnstageVolumeRequest,
     ) -> CsiResult<NodeUnstageVolumeResponse> {
         let _detaching = self.attachments.read().await;
-        let claim = self
-            .in_flight
-            .claim("NodeUnstageVolume", &[(Res::Staging, &req.volume_id)])?;
-        let staged = self.store.staged.get(&req.volume_id);
-        if staged.is_none() {
-            self.known_volume(&req.volume_id)?;
-        }
-        let this = self.clone();
-        let path = PathBuf::from(&req.staging_target_path);
-        let image = self.backend.volume_path(&req.volume_id);
-        let has_record = staged.is_some();
-        let id = req.volume_id.clone();
-        blocking(move || {
-            let _claim = claim;
-            this.mounter
-                .unmount(&path, false)
-                .map_err(|e| internal("unstaging", &path, e))?;
-            if !has_record {
-                return Ok(());
-            }
-            // Whatever device the file is on now (a restart may have renumbered it).
-            let devices = mount_utils::loopdev::find_by_backing_file(&image)
-                .map_err(|e| CsiError::Internal(format!("looking up loop devices: {e}")))?;
-            devices.iter().try_for_each(|d| detach_loop(d))?;
-            // A delete: works on a full disk.
-            this.store.staged.delete(&id)?;
-            tracing::info!(volume = %id, "unstaged volume");
-            Ok(())
-        })
-        .await?;
+        on_node(&self.node, move |node| node.unstage(&req)).await?;
         Ok(NodeUnstageVolumeResponse {})
     }
 
@@ -285,39 +132,8 @@ impl Node for LoopBlock {
         req: NodePublishVolumeRequest,
     ) -> CsiResult<NodePublishVolumeResponse> {
         let volume = self.known_volume(&req.volume_id)?;
-        let cap = req.volume_capability.clone().unwrap_or_default();
-        check_access(&volume, &cap)?;
-        let target = PathBuf::from(&req.target_path);
-        let existing = self
-            .store
-            .published
-            .read(|all| publications(all, &volume.id));
-        if check_publish(&existing, &req, true)? == PublishDecision::AlreadyPublished {
-            return Ok(NodePublishVolumeResponse {});
-        }
-        let staged = self.store.staged.get(&volume.id).ok_or_else(|| {
-            CsiError::FailedPrecondition(format!("volume {} is not staged", volume.id))
-        })?;
-        if staged.staging_path != Path::new(&req.staging_target_path) {
-            return Err(CsiError::FailedPrecondition(format!(
-                "volume {} is staged at {}, not at {}",
-                volume.id,
-                staged.staging_path.display(),
-                req.staging_target_path
-            )));
-        }
-        let block = staged.fs_type.is_none();
-        let source = if block {
-            staged.loop_device
-        } else {
-            staged.staging_path
-        };
-        let readonly = req.readonly || cap.access_mode().is_read_only();
-        let (mounter, t, c) = (self.mounter.clone(), target.clone(), cap.clone());
-        blocking(move || bind_publish(&mounter, &source, &t, block, readonly, &mount_flags(&c)))
-            .await?;
-        let record = PublishedRecord::of(&req, readonly);
-        self.store.published.put(&req.target_path, record)?;
+        check_access(&volume, req.volume_capability.as_ref())?;
+        on_node(&self.node, move |node| node.publish(&req)).await?;
         Ok(NodePublishVolumeResponse {})
     }
 
@@ -326,24 +142,7 @@ impl Node for LoopBlock {
         _ctx: &CallContext,
         req: NodeUnpublishVolumeRequest,
     ) -> CsiResult<NodeUnpublishVolumeResponse> {
-        let target = PathBuf::from(&req.target_path);
-        let record = self.store.published.get(&req.target_path);
-        if record.is_none() {
-            // Unknown volumes are NOT_FOUND; a known one is simply not
-            // published here any more (idempotent repeat).
-            self.known_volume(&req.volume_id)?;
-        }
-        let (mounter, t) = (self.mounter.clone(), target.clone());
-        blocking(move || {
-            mounter
-                .cleanup_mount_point(&t)
-                .map_err(|e| internal("unpublishing", &t, e))
-        })
-        .await?;
-        if record.is_some() {
-            // A delete: works on a full disk.
-            self.store.published.delete(&req.target_path)?;
-        }
+        on_node(&self.node, move |node| node.unpublish(&req)).await?;
         Ok(NodeUnpublishVolumeResponse {})
     }
 
@@ -352,27 +151,10 @@ impl Node for LoopBlock {
         _ctx: &CallContext,
         req: NodeGetVolumeStatsRequest,
     ) -> CsiResult<NodeGetVolumeStatsResponse> {
-        let volume = self.known_volume(&req.volume_id)?;
-        let path = PathBuf::from(&req.volume_path);
-        let not_found = CsiError::NotFound(format!(
-            "volume {} is not published or staged at {}",
-            volume.id,
-            path.display()
-        ));
-        let Some(staged) = self.store.staged.get(&volume.id) else {
-            return Err(not_found);
-        };
-        let listed = self.is_volume_path(&volume.id, &path);
-        let this = self.clone();
-        blocking(move || {
-            // A raw block volume is also wherever its device node is: the
-            // kubelet asks at the pod's volumeDevices path, not the target.
-            let device_here =
-                staged.fs_type.is_none() && device_present_at(&path, &staged.loop_device);
-            if !listed && !device_here {
-                return Err(not_found);
-            }
-            this.volume_stats(&staged, &path)
+        self.known_volume(&req.volume_id)?;
+        node_stats(&self.node, req.volume_id, req.volume_path, |record| {
+            let dev = record.stage.as_ref()?.device.as_ref()?;
+            mount_utils::block::device_size(&dev.path).ok()
         })
         .await
     }
@@ -383,23 +165,22 @@ impl Node for LoopBlock {
         req: NodeExpandVolumeRequest,
     ) -> CsiResult<NodeExpandVolumeResponse> {
         let volume = self.known_volume(&req.volume_id)?;
-        let path = PathBuf::from(&req.volume_path);
-        let staged = self.store.staged.get(&volume.id);
-        let Some(staged) = staged.filter(|_| self.is_volume_path(&volume.id, &path)) else {
-            return Err(CsiError::NotFound(format!(
-                "volume {} is not published or staged at {}",
-                volume.id,
-                path.display()
+        let (id, path) = (req.volume_id.clone(), req.volume_path.clone());
+        let record = on_node(&self.node, move |node| node.record_at(&id, &path)).await?;
+        let Some(stage) = record.stage else {
+            return Err(CsiError::FailedPrecondition(format!(
+                "volume {} is not staged",
+                volume.id
             )));
         };
-        if staged.readonly {
+        if stage.readonly {
             return Err(CsiError::FailedPrecondition(format!(
                 "volume {} is staged read-only",
                 volume.id
             )));
         }
         let this = self.clone();
-        let capacity_bytes = blocking(move || this.expand_blocking(&staged)).await?;
+        let capacity_bytes = blocking(move || this.expand_blocking(&stage)).await?;
         tracing::info!(volume = %volume.id, capacity_bytes, "expanded volume on the node");
         Ok(NodeExpandVolumeResponse { capacity_bytes })
     }
@@ -414,5 +195,358 @@ impl Node for LoopBlock {
             max_volumes_per_node: self.config.attach_limit,
             accessible_topology: None,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The node service on a fake host (csi-node's FakeHost: FakeMounter
+    //! and FakeLoopDevices) and a FakeExec for blkid/mkfs/fsck, without
+    //! root: one test per case of issue 13.
+    use std::path::Path;
+    use std::sync::Arc;
+
+    use clap::Parser;
+    use csi_node::testing::FakeHost;
+    use csi_proto::v1::volume_capability::access_mode::Mode;
+    use csi_server::Method;
+    use csi_server::{Controller, PluginInfo};
+    use mount_utils::{Errno, ExecOutput, FakeExec, FakeOp, LoopDevices, LoopOptions, Mounter};
+
+    use super::*;
+    use crate::common::requests::*;
+    use crate::config::Config;
+
+    fn driver(dir: &Path, host: &FakeHost, exec: &Arc<FakeExec>) -> LoopBlock {
+        let statedir = dir.join("state").to_string_lossy().into_owned();
+        let config = Config::parse_from(["loop-block", "--statedir", &statedir, "--nodeid", "n1"]);
+        LoopBlock::open_with(config, host.mounter(), host.loops(), exec.clone()).unwrap()
+    }
+
+    fn ctx(method: Method) -> CallContext {
+        let info = PluginInfo::new("loop-block.csi.csi-kit.dev", "test").unwrap();
+        CallContext::for_test(method, info, crate::capabilities())
+    }
+
+    /// A disk created and ControllerPublished to this node; its id and
+    /// publish context.
+    async fn disk(d: &LoopBlock, name: &str, block: bool) -> (String, Vec<(String, String)>) {
+        let req = CreateVolumeRequest {
+            name: name.into(),
+            capacity_range: Some(CapacityRange::at_least(1 << 20)),
+            volume_capabilities: vec![cap(block, Mode::SingleNodeWriter, &[])],
+            ..Default::default()
+        };
+        let id = d
+            .create_volume(&ctx(Method::CreateVolume), req)
+            .await
+            .unwrap()
+            .volume
+            .unwrap()
+            .volume_id;
+        let req = ControllerPublishVolumeRequest {
+            volume_id: id.clone(),
+            node_id: "n1".into(),
+            volume_capability: Some(cap(block, Mode::SingleNodeWriter, &[])),
+            ..Default::default()
+        };
+        let context = d
+            .controller_publish_volume(&ctx(Method::ControllerPublishVolume), req)
+            .await
+            .unwrap()
+            .publish_context;
+        (id, context.into_iter().collect())
+    }
+
+    /// NodeStage with the publish context ControllerPublish returned.
+    fn stage_req(
+        id: &str,
+        context: &[(String, String)],
+        staging: &Path,
+        cap: VolumeCapability,
+    ) -> NodeStageVolumeRequest {
+        NodeStageVolumeRequest {
+            publish_context: context.iter().cloned().collect(),
+            ..crate::common::requests::stage_req(id, staging, cap)
+        }
+    }
+
+    /// blkid finds nothing, mkfs succeeds: a first stage.
+    fn fresh_disk(exec: &FakeExec) {
+        exec.expect("blkid", ExecOutput::exit(2, ""));
+        exec.expect("mkfs.ext4", ExecOutput::ok(""));
+    }
+
+    fn node() -> Method {
+        Method::NodeStageVolume
+    }
+
+    #[tokio::test]
+    async fn unstage_of_a_published_block_disk_is_refused_and_keeps_the_device() {
+        let (dir, host, exec) = (
+            tempfile::tempdir().unwrap(),
+            FakeHost::new(),
+            Arc::new(FakeExec::new()),
+        );
+        let d = driver(dir.path(), &host, &exec);
+        let (id, context) = disk(&d, "d1", true).await;
+        let (staging, target) = (dir.path().join("staging"), dir.path().join("target"));
+        let c = cap(true, Mode::SingleNodeWriter, &[]);
+        d.node_stage_volume(&ctx(node()), stage_req(&id, &context, &staging, c.clone()))
+            .await
+            .unwrap();
+        d.node_publish_volume(&ctx(node()), publish_req(&id, &staging, &target, c))
+            .await
+            .unwrap();
+        let e = d
+            .node_unstage_volume(&ctx(node()), unstage_req(&id, &staging))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::FailedPrecondition);
+        assert_eq!(host.attached(), 1, "the device stays attached");
+        // Nor can the controller delete it meanwhile.
+        let e = d
+            .delete_volume(
+                &ctx(Method::DeleteVolume),
+                DeleteVolumeRequest {
+                    volume_id: id.clone(),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::FailedPrecondition);
+    }
+
+    #[tokio::test]
+    async fn an_rw_flag_cannot_make_a_read_only_disk_writable() {
+        let (dir, host, exec) = (
+            tempfile::tempdir().unwrap(),
+            FakeHost::new(),
+            Arc::new(FakeExec::new()),
+        );
+        let d = driver(dir.path(), &host, &exec);
+        let (id, context) = disk(&d, "d1", false).await;
+        let (staging, target) = (dir.path().join("staging"), dir.path().join("target"));
+        // A disk formatted before, staged reader-only with an rw flag.
+        exec.expect("blkid", ExecOutput::ok("TYPE=ext4\n"));
+        let reader = cap(false, Mode::MultiNodeReaderOnly, &["rw"]);
+        d.node_stage_volume(
+            &ctx(node()),
+            stage_req(&id, &context, &staging, reader.clone()),
+        )
+        .await
+        .unwrap();
+        assert!(host.mounts_at(&staging)[0].is_read_only());
+        let mut req = publish_req(&id, &staging, &target, reader);
+        req.readonly = true;
+        d.node_publish_volume(&ctx(node()), req).await.unwrap();
+        assert!(host.mounts_at(&target)[0].is_read_only());
+    }
+
+    #[tokio::test]
+    async fn mount_flag_values_appear_in_no_error() {
+        let (dir, host, exec) = (
+            tempfile::tempdir().unwrap(),
+            FakeHost::new(),
+            Arc::new(FakeExec::new()),
+        );
+        let d = driver(dir.path(), &host, &exec);
+        let (id, context) = disk(&d, "d1", false).await;
+        let staging = dir.path().join("staging");
+        fresh_disk(&exec);
+        host.fake()
+            .inject_error(FakeOp::Mount, &staging, Errno::EINVAL);
+        let c = cap(false, Mode::SingleNodeWriter, &["password=SECRET"]);
+        let e = d
+            .node_stage_volume(&ctx(node()), stage_req(&id, &context, &staging, c))
+            .await
+            .unwrap_err();
+        assert!(!format!("{e} {e:?}").contains("SECRET"), "{e}");
+        assert_eq!(host.attached(), 0, "a failed first stage detaches");
+    }
+
+    #[tokio::test]
+    async fn paths_the_driver_did_not_record_are_not_touched() {
+        let (dir, host, exec) = (
+            tempfile::tempdir().unwrap(),
+            FakeHost::new(),
+            Arc::new(FakeExec::new()),
+        );
+        let d = driver(dir.path(), &host, &exec);
+        let (a, ctx_a) = disk(&d, "a", true).await;
+        let (b, _) = disk(&d, "b", true).await;
+        let (sa, ta) = (dir.path().join("sa"), dir.path().join("ta"));
+        let c = cap(true, Mode::SingleNodeWriter, &[]);
+        d.node_stage_volume(&ctx(node()), stage_req(&a, &ctx_a, &sa, c.clone()))
+            .await
+            .unwrap();
+        d.node_publish_volume(&ctx(node()), publish_req(&a, &sa, &ta, c.clone()))
+            .await
+            .unwrap();
+        let e = d
+            .node_unpublish_volume(&ctx(node()), unpublish_req(&b, &ta))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::NotFound);
+        assert_eq!(host.mounts_at(&ta).len(), 1);
+        let foreign = dir.path().join("foreign");
+        std::fs::create_dir(&foreign).unwrap();
+        host.add_mount("tmpfs", &foreign, "tmpfs");
+        let _ = d
+            .node_unpublish_volume(&ctx(node()), unpublish_req(&a, &foreign))
+            .await;
+        assert_eq!(host.mounts_at(&foreign).len(), 1, "the tmpfs stays");
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&foreign, &link).unwrap();
+        assert!(
+            d.node_publish_volume(&ctx(node()), publish_req(&a, &sa, &link, c))
+                .await
+                .is_err()
+        );
+        assert_eq!(host.mounts_at(&foreign).len(), 1);
+    }
+
+    #[tokio::test]
+    async fn block_publish_onto_a_non_empty_file_is_refused() {
+        let (dir, host, exec) = (
+            tempfile::tempdir().unwrap(),
+            FakeHost::new(),
+            Arc::new(FakeExec::new()),
+        );
+        let d = driver(dir.path(), &host, &exec);
+        let (id, context) = disk(&d, "d1", true).await;
+        let (staging, target) = (dir.path().join("staging"), dir.path().join("user-file"));
+        std::fs::write(&target, b"the user's data").unwrap();
+        let c = cap(true, Mode::SingleNodeWriter, &[]);
+        d.node_stage_volume(&ctx(node()), stage_req(&id, &context, &staging, c.clone()))
+            .await
+            .unwrap();
+        assert!(
+            d.node_publish_volume(&ctx(node()), publish_req(&id, &staging, &target, c))
+                .await
+                .is_err()
+        );
+        assert!(host.mounts_at(&target).is_empty());
+        assert_eq!(std::fs::read(&target).unwrap(), b"the user's data");
+    }
+
+    #[tokio::test]
+    async fn a_staged_disk_with_damaged_first_blocks_is_abnormal_never_reformatted() {
+        let (dir, host, exec) = (
+            tempfile::tempdir().unwrap(),
+            FakeHost::new(),
+            Arc::new(FakeExec::new()),
+        );
+        let (staging, s_ok) = (dir.path().join("staging"), dir.path().join("s-ok"));
+        let (id, ok) = {
+            let d = driver(dir.path(), &host, &exec);
+            let (id, context) = disk(&d, "d1", false).await;
+            let (ok, ok_ctx) = disk(&d, "d2", true).await;
+            fresh_disk(&exec);
+            let c = cap(false, Mode::SingleNodeWriter, &[]);
+            d.node_stage_volume(&ctx(node()), stage_req(&id, &context, &staging, c))
+                .await
+                .unwrap();
+            let b = cap(true, Mode::SingleNodeWriter, &[]);
+            d.node_stage_volume(&ctx(node()), stage_req(&ok, &ok_ctx, &s_ok, b))
+                .await
+                .unwrap();
+            // A reboot: mounts and devices are gone.
+            host.unmount(&staging, false).unwrap();
+            for image in [d.backend.volume_path(&id), d.backend.volume_path(&ok)] {
+                for dev in host.loops().find_by_backing_file(&image).unwrap() {
+                    host.loops().detach(&dev).unwrap();
+                }
+            }
+            (id, ok)
+        };
+        // Its first blocks are damaged: blkid finds nothing.
+        exec.expect("blkid", ExecOutput::exit(2, ""));
+        let before = exec.calls().len();
+        let d = driver(dir.path(), &host, &exec);
+        d.reconcile_on_start().unwrap();
+        let after = &exec.calls()[before..];
+        assert!(after.iter().any(|c| c.program == "blkid"), "{after:?}");
+        assert!(
+            !after.iter().any(|c| c.program.starts_with("mkfs")),
+            "{after:?}"
+        );
+        assert!(host.mounts_at(&staging).is_empty());
+        let r = d
+            .node_get_volume_stats(&ctx(node()), stats_req(&id, &staging))
+            .await
+            .unwrap();
+        assert!(r.volume_condition.unwrap().abnormal);
+        // The other disk is served.
+        let r = d
+            .node_get_volume_stats(&ctx(node()), stats_req(&ok, &s_ok))
+            .await
+            .unwrap();
+        assert!(!r.volume_condition.unwrap().abnormal);
+    }
+
+    #[tokio::test]
+    async fn unstage_without_a_record_detaches_the_device_by_backing_file() {
+        let (dir, host, exec) = (
+            tempfile::tempdir().unwrap(),
+            FakeHost::new(),
+            Arc::new(FakeExec::new()),
+        );
+        let d = driver(dir.path(), &host, &exec);
+        let (id, _) = disk(&d, "d1", true).await;
+        host.loops()
+            .attach(&d.backend.volume_path(&id), &LoopOptions::default())
+            .unwrap()
+            .keep();
+        d.node_unstage_volume(&ctx(node()), unstage_req(&id, &dir.path().join("staging")))
+            .await
+            .unwrap();
+        assert_eq!(host.attached(), 0);
+    }
+
+    #[tokio::test]
+    async fn mount_flag_values_reach_no_log_line_at_trace_level() {
+        let logs = capture_all_logs();
+        let (dir, host, exec) = (
+            tempfile::tempdir().unwrap(),
+            FakeHost::new(),
+            Arc::new(FakeExec::new()),
+        );
+        let d = driver(dir.path(), &host, &exec);
+        let (id, context) = disk(&d, "d1", false).await;
+        let (staging, target) = (dir.path().join("staging"), dir.path().join("target"));
+        let c = cap(false, Mode::SingleNodeWriter, &["password=SECRET"]);
+        // A failing staging mount, then a good one; a failing publish, then a good one.
+        fresh_disk(&exec);
+        host.fake()
+            .inject_error(FakeOp::Mount, &staging, Errno::EINVAL);
+        let mut errors = vec![
+            d.node_stage_volume(&ctx(node()), stage_req(&id, &context, &staging, c.clone()))
+                .await
+                .unwrap_err(),
+        ];
+        host.fake().clear_errors();
+        fresh_disk(&exec);
+        d.node_stage_volume(&ctx(node()), stage_req(&id, &context, &staging, c.clone()))
+            .await
+            .unwrap();
+        host.fake()
+            .inject_error(FakeOp::Mount, &target, Errno::EINVAL);
+        errors.push(
+            d.node_publish_volume(&ctx(node()), publish_req(&id, &staging, &target, c.clone()))
+                .await
+                .unwrap_err(),
+        );
+        host.fake().clear_errors();
+        d.node_publish_volume(&ctx(node()), publish_req(&id, &staging, &target, c))
+            .await
+            .unwrap();
+        let text = String::from_utf8_lossy(&logs.lock().unwrap()).into_owned();
+        assert!(text.contains("published"), "events are captured: {text}");
+        assert!(!text.contains("SECRET"), "{text}");
+        for e in errors {
+            assert!(!format!("{e} {e:?}").contains("SECRET"), "{e}");
+        }
     }
 }

@@ -8,14 +8,13 @@
 //! (logged), never a record without data.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 
 use csi_store::FileStore;
 use serde::{Deserialize, Serialize};
 
 use crate::common::state::Tables;
 
-pub use crate::common::{Access, PublishedRecord, Source};
+pub use crate::common::{Access, Source};
 use crate::tuning::Tuning;
 
 /// A volume (a disk) the controller created.
@@ -52,22 +51,8 @@ pub struct SnapshotRecord {
     pub group_snapshot_id: Option<String>,
 }
 
-/// A volume staged on this node.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct StagedRecord {
-    pub staging_path: PathBuf,
-    /// Encoded capability the volume was staged with.
-    pub capability: Vec<u8>,
-    /// The loop device the backing file is attached to.
-    pub loop_device: PathBuf,
-    /// The filesystem mounted at the staging path (None for raw block).
-    pub fs_type: Option<String>,
-    /// Whether the staging mount is read-only.
-    pub readonly: bool,
-}
-
 /// Everything the driver remembers: one table per kind of record.
-pub type Store = Tables<VolumeRecord, SnapshotRecord, StagedRecord>;
+pub type Store = Tables<VolumeRecord, SnapshotRecord>;
 
 /// Opens the tables in the locked state directory `files`.
 pub fn open(files: &FileStore) -> Result<Store, String> {
@@ -77,12 +62,4 @@ pub fn open(files: &FileStore) -> Result<Store, String> {
         // Group members have names of their own.
         |s: &SnapshotRecord| s.group_snapshot_id.is_none().then_some(s.name.as_str()),
     )
-}
-
-impl Store {
-    /// Whether `volume_id` is published anywhere on this node.
-    pub fn is_published(&self, volume_id: &str) -> bool {
-        self.published
-            .read(|all| all.values().any(|p| p.volume_id == volume_id))
-    }
 }

@@ -277,6 +277,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
     fn settings_reach_a_real_loop_device() {
         mount_utils::require_root!("settings_reach_a_real_loop_device");
         let dir = tempfile::tempdir().unwrap();

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use csi_kit::server::{ClientOptions, CsiClient, Endpoint};
+use csi_kit::client::{ClientOptions, CsiClient, Endpoint};
 
 /// The path of a built example (`cargo test` builds examples first).
 pub fn example_path(name: &str) -> PathBuf {
@@ -30,12 +30,24 @@ pub struct Driver {
     pub statedir: PathBuf,
     pub endpoint: String,
     pub log: PathBuf,
+    /// The driver's `RUST_LOG`.
+    pub log_filter: String,
 }
 
 impl Driver {
     /// Starts `example` with `--statedir DIR --endpoint unix://DIR/csi.sock`
     /// plus `args`; its stdout and stderr go to `DIR.log`.
     pub fn start(example: &str, statedir: &Path, args: &[&str]) -> Driver {
+        Self::start_logging(
+            example,
+            statedir,
+            args,
+            "debug,h2=info,hyper=info,tower=info",
+        )
+    }
+
+    /// [`start`](Self::start) with `RUST_LOG=filter` (e.g. `trace`).
+    pub fn start_logging(example: &str, statedir: &Path, args: &[&str], filter: &str) -> Driver {
         std::fs::create_dir_all(statedir).expect("state dir");
         let endpoint = format!("unix://{}", statedir.join("csi.sock").display());
         let log = statedir.with_extension("log");
@@ -46,6 +58,7 @@ impl Driver {
             statedir: statedir.to_owned(),
             endpoint,
             log,
+            log_filter: filter.to_owned(),
         };
         driver.spawn();
         driver
@@ -69,7 +82,7 @@ impl Driver {
             .arg("--endpoint")
             .arg(&self.endpoint)
             .args(&self.args)
-            .env("RUST_LOG", "debug,h2=info,hyper=info,tower=info")
+            .env("RUST_LOG", &self.log_filter)
             .stdout(log.try_clone().expect("log handle"))
             .stderr(log)
             .stdin(Stdio::null())

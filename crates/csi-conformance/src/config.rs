@@ -4,6 +4,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::time::Duration;
 
+use csi_proto::methods::Method;
 use csi_proto::v1::volume_capability::access_mode::Mode;
 
 /// How test volumes are accessed: through a filesystem or as a raw block device.
@@ -18,80 +19,31 @@ pub enum AccessType {
     Block,
 }
 
-/// Which request a set of secrets belongs to, named as in csi-sanity's secrets file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-#[allow(missing_docs)] // each variant is the request of the same name
-pub enum SecretKind {
-    CreateVolume,
-    DeleteVolume,
-    ControllerPublishVolume,
-    ControllerUnpublishVolume,
-    ControllerValidateVolumeCapabilities,
-    ControllerModifyVolume,
-    ControllerExpandVolume,
-    CreateSnapshot,
-    DeleteSnapshot,
-    ListSnapshots,
-    GetSnapshot,
-    NodeStageVolume,
-    NodePublishVolume,
-    NodeExpandVolume,
-    CreateVolumeGroupSnapshot,
-    DeleteVolumeGroupSnapshot,
-    GetVolumeGroupSnapshot,
+/// Which request a set of secrets belongs to: one of the RPCs whose
+/// request has a `csi_secret` field (from csi-proto's method table).
+pub type SecretKind = Method;
+
+/// Every RPC whose request carries secrets, in proto order.
+pub fn secret_kinds() -> impl Iterator<Item = SecretKind> {
+    Method::ALL
+        .iter()
+        .copied()
+        .filter(|m| !m.info().secret_fields.is_empty())
 }
 
-impl SecretKind {
-    /// Every kind, in a stable order.
-    pub const ALL: [SecretKind; 17] = [
-        Self::CreateVolume,
-        Self::DeleteVolume,
-        Self::ControllerPublishVolume,
-        Self::ControllerUnpublishVolume,
-        Self::ControllerValidateVolumeCapabilities,
-        Self::ControllerModifyVolume,
-        Self::ControllerExpandVolume,
-        Self::CreateSnapshot,
-        Self::DeleteSnapshot,
-        Self::ListSnapshots,
-        Self::GetSnapshot,
-        Self::NodeStageVolume,
-        Self::NodePublishVolume,
-        Self::NodeExpandVolume,
-        Self::CreateVolumeGroupSnapshot,
-        Self::DeleteVolumeGroupSnapshot,
-        Self::GetVolumeGroupSnapshot,
-    ];
-
-    /// The key used in csi-sanity's secrets file, e.g. `CreateVolumeSecret`.
-    pub fn file_key(self) -> &'static str {
-        match self {
-            Self::CreateVolume => "CreateVolumeSecret",
-            Self::DeleteVolume => "DeleteVolumeSecret",
-            Self::ControllerPublishVolume => "ControllerPublishVolumeSecret",
-            Self::ControllerUnpublishVolume => "ControllerUnpublishVolumeSecret",
-            Self::ControllerValidateVolumeCapabilities => {
-                "ControllerValidateVolumeCapabilitiesSecret"
-            }
-            Self::ControllerModifyVolume => "ControllerModifyVolumeSecret",
-            Self::ControllerExpandVolume => "ControllerExpandVolumeSecret",
-            Self::CreateSnapshot => "CreateSnapshotSecret",
-            Self::DeleteSnapshot => "DeleteSnapshotSecret",
-            Self::ListSnapshots => "ListSnapshotsSecret",
-            Self::GetSnapshot => "GetSnapshotSecret",
-            Self::NodeStageVolume => "NodeStageVolumeSecret",
-            Self::NodePublishVolume => "NodePublishVolumeSecret",
-            Self::NodeExpandVolume => "NodeExpandVolumeSecret",
-            Self::CreateVolumeGroupSnapshot => "CreateVolumeGroupSnapshotSecret",
-            Self::DeleteVolumeGroupSnapshot => "DeleteVolumeGroupSnapshotSecret",
-            Self::GetVolumeGroupSnapshot => "GetVolumeGroupSnapshotSecret",
-        }
+/// The key csi-sanity's secrets file uses for `kind`, e.g.
+/// `CreateVolumeSecret` (csi-sanity names ValidateVolumeCapabilities
+/// `ControllerValidateVolumeCapabilities`).
+pub fn secrets_file_key(kind: SecretKind) -> String {
+    match kind {
+        Method::ValidateVolumeCapabilities => format!("Controller{}Secret", kind.name()),
+        _ => format!("{}Secret", kind.name()),
     }
+}
 
-    /// Parses a csi-sanity secrets-file key.
-    pub fn from_file_key(key: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|k| k.file_key() == key)
-    }
+/// The kind a csi-sanity secrets-file key names.
+pub fn from_secrets_file_key(key: &str) -> Option<SecretKind> {
+    secret_kinds().find(|k| secrets_file_key(*k) == key)
 }
 
 /// The secrets sent with each kind of request.
@@ -125,7 +77,7 @@ impl Secrets {
         let map: HashMap<String, String> =
             [("csi-conformance-marker".to_string(), marker.to_string())].into();
         Self {
-            by_kind: SecretKind::ALL.iter().map(|k| (*k, map.clone())).collect(),
+            by_kind: secret_kinds().map(|k| (k, map.clone())).collect(),
         }
     }
 
@@ -137,7 +89,7 @@ impl Secrets {
     {
         let mut s = Self::none();
         for (key, map) in entries {
-            let kind = SecretKind::from_file_key(&key).ok_or(key)?;
+            let kind = from_secrets_file_key(&key).ok_or(key)?;
             s.by_kind.insert(kind, map);
         }
         Ok(s)

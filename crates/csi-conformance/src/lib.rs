@@ -8,8 +8,11 @@
 //! secrets never reaching the driver's log). Checks follow the driver's
 //! advertised capabilities and say why they were skipped.
 //!
-//! [`mock`] holds an in-memory reference driver: a test double for CO-side
-//! code, and, with [`mock::Fault`]s, a deliberately broken driver.
+//! [`mock`] holds an in-memory reference driver, built on the csi-driver
+//! traits and served by csi-server like any driver: a test double for
+//! CO-side code, and, with [`mock::Fault`]s, a deliberately broken driver.
+//! [`run_in_process`] runs the whole suite against a driver served in the
+//! test's own process, in one call.
 //!
 //! ```no_run
 //! use csi_conformance::{Config, run_and_assert};
@@ -30,13 +33,64 @@
 
 mod checks;
 mod config;
+mod in_process;
 pub mod mock;
 mod report;
 mod suite;
 
-pub use config::{AccessType, Config, SecretKind, Secrets, Timeouts};
+pub use config::{
+    AccessType, Config, SecretKind, Secrets, Timeouts, from_secrets_file_key, secret_kinds,
+    secrets_file_key,
+};
 pub use report::{CheckResult, Failure, Group, Report, Status};
 pub use suite::{CheckInfo, Error, Suite, code_name};
+
+/// Runs the whole suite against a driver in this process, in one call:
+/// serves `server` (a csi-server builder with the driver, its capabilities
+/// and mode; the endpoint is replaced) on a socket in a temporary directory,
+/// runs every check with staging and target directories there, stops the
+/// server, and panics with the report when a check failed. Returns the
+/// report otherwise.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// use csi_conformance::mock::MockDriver;
+///
+/// let report = csi_conformance::run_in_process(MockDriver::new().server_builder()).await;
+/// assert!(report.is_success());
+/// # }
+/// ```
+pub async fn run_in_process(server: csi_server::ServerBuilder) -> Report {
+    run_in_process_with(server, |config| config).await
+}
+
+/// [`run_in_process`] with the suite's [`Config`] adjusted by `configure`
+/// (skips, focus, access type, parameters, ...).
+pub async fn run_in_process_with(
+    server: csi_server::ServerBuilder,
+    configure: impl FnOnce(Config) -> Config,
+) -> Report {
+    let dir = match tempfile::tempdir() {
+        Ok(d) => d,
+        Err(e) => panic!("CSI conformance suite could not run: temporary directory: {e}"),
+    };
+    let running = match in_process::serve(server, dir).await {
+        Ok(r) => r,
+        Err(e) => panic!("CSI conformance suite could not run: the driver did not start: {e}"),
+    };
+    let mut config = Config::new(running.endpoint());
+    config.staging_dir = running.dir().join("staging");
+    config.target_dir = running.dir().join("target");
+    let result = Suite::new(configure(config)).run().await;
+    running.shutdown().await;
+    let report = match result {
+        Ok(r) => r,
+        Err(e) => panic!("CSI conformance suite could not run: {e}"),
+    };
+    assert!(report.is_success(), "CSI conformance failures:\n{report}");
+    report
+}
 
 /// Runs the suite and panics with the report when a check failed or the
 /// suite could not run; returns the report otherwise.

@@ -1,12 +1,21 @@
 //! An in-memory reference CSI driver: correct by default, deliberately broken
 //! with [`Fault`]s.
 //!
-//! It implements the generated tonic server traits directly, keeps every
-//! volume, snapshot, publication and staging in memory, and on NodePublish
-//! creates the target path (a directory for mount, a file for block) and
-//! removes it on NodeUnpublish, so path rules are observable without mounting.
-//! It accepts the mutable parameters in [`ACCEPTED_MUTABLE_PARAMETERS`] and
-//! reports (and enforces) an attach limit of [`MAX_VOLUMES_PER_NODE`].
+//! It is a driver like any other: the csi-driver traits implemented over
+//! in-memory state, served by csi-server through the real layers, so
+//! validation, capability gating, the mutable-parameter check and locking
+//! are the library's, not a second copy. Repeat rules, paging and
+//! idempotency come from csi-driver's helpers. A fault is an override: of a
+//! driver method (skip a rule), of the declaration (do not declare the
+//! accepted mutable parameters), of the stack (a layer answering before
+//! validation does), or of the serving (no `:authority` adapter).
+//!
+//! On NodePublish it creates the target path (a directory for mount, a file
+//! for block) and removes it on NodeUnpublish, so path rules are observable
+//! without mounting. It accepts the mutable parameters in
+//! [`ACCEPTED_MUTABLE_PARAMETERS`] and reports (and enforces) an attach limit
+//! of [`MAX_VOLUMES_PER_NODE`]. Every request is logged (secrets redacted,
+//! unless [`Fault::LeaksSecretsToLog`]).
 //!
 //! ```no_run
 //! # async fn example() -> std::io::Result<()> {
@@ -19,25 +28,25 @@
 //! ```
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::fmt::Debug;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
 
-use futures::TryStreamExt;
-
-use csi_proto::v1::controller_server::{Controller, ControllerServer};
-use csi_proto::v1::controller_service_capability::rpc::Type as CtrlCap;
-use csi_proto::v1::group_controller_server::{GroupController, GroupControllerServer};
-use csi_proto::v1::group_controller_service_capability::rpc::Type as GroupCap;
-use csi_proto::v1::identity_server::{Identity, IdentityServer};
-use csi_proto::v1::node_server::{Node, NodeServer};
-use csi_proto::v1::node_service_capability::rpc::Type as NodeCap;
-use csi_proto::v1::plugin_capability::service::Type as PluginCap;
-use csi_proto::v1::plugin_capability::volume_expansion::Type as Expansion;
-use csi_proto::v1::volume_capability::access_mode::Mode;
 use csi_proto::v1::*;
-use tonic::{Request, Response, Status};
+use csi_server::helpers::capacity::{CapacityPolicy, resolve_capacity};
+use csi_server::helpers::idempotency::{compare_snapshot, compare_volume};
+use csi_server::helpers::paging::paginate;
+use csi_server::helpers::publish::{Publication, PublishArgs, PublishDecision, check_publish};
+use csi_server::helpers::stage::{StageDecision, Staging, check_stage};
+use csi_server::layer::CsiCall;
+use csi_server::tower;
+use csi_server::{
+    Builtin, CallContext, Capabilities, Controller, ControllerRpc, CsiError, CsiRequest, CsiResult,
+    GroupController, GroupControllerRpc, Method, Node, NodeRpc, PluginInfo, Position, Server,
+    ServerBuilder, VolumeExpansion,
+};
+use futures::future::{Either, Ready, ready};
 
 /// A deliberate spec violation, to prove the suite notices it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -80,22 +89,17 @@ pub const ACCEPTED_MUTABLE_PARAMETERS: &[&str] = &["iops", "throughput"];
 /// The attach limit NodeGetInfo reports and ControllerPublishVolume enforces.
 pub const MAX_VOLUMES_PER_NODE: i64 = 8;
 
-type Result<T> = std::result::Result<Response<T>, Status>;
-
 #[derive(Debug, Clone)]
 struct Vol {
-    name: String,
-    capacity: i64,
-    caps: Vec<VolumeCapability>,
-    params: HashMap<String, String>,
-    mutable: HashMap<String, String>,
-    source: Option<VolumeContentSource>,
-    context: HashMap<String, String>,
+    /// The CreateVolume that made it (secrets dropped), for idempotency.
+    request: CreateVolumeRequest,
+    volume: Volume,
 }
 
 #[derive(Debug, Clone)]
 struct Snap {
     name: String,
+    parameters: HashMap<String, String>,
     snapshot: Snapshot,
 }
 
@@ -107,24 +111,18 @@ struct Grp {
     group: VolumeGroupSnapshot,
 }
 
-#[derive(Debug, Clone, PartialEq)]
-struct PubArgs {
-    cap: Option<VolumeCapability>,
-    readonly: bool,
-    staging: String,
-    volume_context: HashMap<String, String>,
-    publish_context: HashMap<String, String>,
-}
-
 #[derive(Debug, Default)]
 struct State {
     seq: u64,
     volumes: BTreeMap<String, Vol>,
     snapshots: BTreeMap<String, Snap>,
     groups: BTreeMap<String, Grp>,
+    /// (volume, node) → (capability, readonly).
     controller_pubs: HashMap<(String, String), (Option<VolumeCapability>, bool)>,
-    staged: HashMap<(String, String), Option<VolumeCapability>>,
-    node_pubs: HashMap<String, (String, PubArgs)>,
+    /// volume → where and how it is staged.
+    staged: HashMap<String, Staging>,
+    /// volume → its publications.
+    node_pubs: HashMap<String, Vec<Publication>>,
 }
 
 impl State {
@@ -134,25 +132,40 @@ impl State {
     }
 
     fn used(&self) -> i64 {
-        self.volumes.values().map(|v| v.capacity).sum()
+        self.volumes.values().map(|v| v.volume.capacity_bytes).sum()
+    }
+
+    fn in_use(&self, volume_id: &str) -> bool {
+        self.controller_pubs.keys().any(|(v, _)| v == volume_id)
+            || self.staged.contains_key(volume_id)
+            || self.node_pubs.get(volume_id).is_some_and(|p| !p.is_empty())
     }
 
     /// NOT_FOUND unless `volume_id` is published or staged at `path`.
-    fn available_at(&self, volume_id: &str, path: &str) -> std::result::Result<(), Status> {
+    fn available_at(&self, volume_id: &str, path: &str) -> CsiResult<()> {
         let published = self
             .node_pubs
-            .get(path)
-            .is_some_and(|(id, _)| id == volume_id);
+            .get(volume_id)
+            .is_some_and(|p| p.iter().any(|p| p.target_path == path));
         let staged = self
             .staged
-            .contains_key(&(volume_id.to_owned(), path.to_owned()));
+            .get(volume_id)
+            .is_some_and(|s| s.staging_target_path == path);
         if published || staged {
             Ok(())
         } else {
-            Err(Status::not_found(format!(
+            Err(CsiError::NotFound(format!(
                 "volume {volume_id} is not available at {path}"
             )))
         }
+    }
+
+    fn published_nodes(&self, volume_id: &str) -> Vec<String> {
+        self.controller_pubs
+            .keys()
+            .filter(|(v, _)| v == volume_id)
+            .map(|(_, n)| n.clone())
+            .collect()
     }
 }
 
@@ -232,34 +245,99 @@ impl MockDriver {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn log(&self, rpc: &str, req: &impl Debug, secrets: &HashMap<String, String>) {
-        let Some(path) = &self.opts.log else { return };
-        let mut line = format!("{rpc} {req:?}");
-        if self.has(Fault::LeaksSecretsToLog) && !secrets.is_empty() {
-            line.push_str(&format!(" secrets={secrets:?}"));
-        }
-        if let Ok(mut f) = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-        {
-            let _ = writeln!(f, "{line}");
+    fn missing_volume(&self, id: &str) -> CsiError {
+        if self.has(Fault::WrongCodeForMissingVolume) {
+            CsiError::Internal(format!("lookup of volume {id} failed"))
+        } else {
+            CsiError::NotFound(format!("volume {id} does not exist"))
         }
     }
 
-    fn missing_volume(&self, id: &str) -> Status {
-        if self.has(Fault::WrongCodeForMissingVolume) {
-            Status::internal(format!("lookup of volume {id} failed"))
-        } else {
-            Status::not_found(format!("volume {id} does not exist"))
+    /// What the mock declares.
+    pub fn capabilities(&self) -> Capabilities {
+        let mut node = vec![
+            NodeRpc::GetVolumeStats,
+            NodeRpc::ExpandVolume,
+            NodeRpc::SingleNodeMultiWriter,
+        ];
+        if self.opts.stage_unstage {
+            node.push(NodeRpc::StageUnstageVolume);
         }
+        let caps = Capabilities::new()
+            .volume_expansion(VolumeExpansion::Online)
+            .controller([
+                ControllerRpc::CreateDeleteVolume,
+                ControllerRpc::PublishUnpublishVolume,
+                ControllerRpc::ListVolumes,
+                ControllerRpc::GetCapacity,
+                ControllerRpc::CreateDeleteSnapshot,
+                ControllerRpc::ListSnapshots,
+                ControllerRpc::CloneVolume,
+                ControllerRpc::PublishReadonly,
+                ControllerRpc::ExpandVolume,
+                ControllerRpc::ListVolumesPublishedNodes,
+                ControllerRpc::GetVolume,
+                ControllerRpc::SingleNodeMultiWriter,
+                ControllerRpc::ModifyVolume,
+                ControllerRpc::GetSnapshot,
+            ])
+            .node(node)
+            .group_controller([GroupControllerRpc::CreateDeleteGetVolumeGroupSnapshot]);
+        if self.has(Fault::AcceptsAnyMutableParameter) {
+            caps
+        } else {
+            caps.mutable_parameters(ACCEPTED_MUTABLE_PARAMETERS.iter().copied())
+        }
+    }
+
+    /// A server builder serving this driver (controller, node and group
+    /// controller) with its declaration, log and fault layers; the caller
+    /// sets the endpoint. What [`serve`](Self::serve) and
+    /// [`run_in_process`](crate::run_in_process) use.
+    pub fn server_builder(&self) -> ServerBuilder {
+        let info = PluginInfo::new(self.opts.name.as_str(), env!("CARGO_PKG_VERSION"))
+            .expect("a valid plugin name");
+        let driver = Arc::new(self.clone());
+        let mut builder = Server::builder(info)
+            .capabilities(self.capabilities())
+            .controller(driver.clone())
+            .node(driver.clone())
+            .group_controller(driver)
+            .any_authority(!self.has(Fault::StrictAuthority))
+            .layer_at(
+                Position::Outermost,
+                tower::layer::layer_fn({
+                    let log = self.opts.log.clone();
+                    let leak = self.has(Fault::LeaksSecretsToLog);
+                    move |inner| RequestLog {
+                        inner,
+                        log: log.clone(),
+                        leak,
+                    }
+                }),
+            );
+        let early: Vec<Fault> = [Fault::StagingCheckedFirst, Fault::RelativeVolumePathInvalid]
+            .into_iter()
+            .filter(|f| self.has(*f))
+            .collect();
+        if !early.is_empty() {
+            let stage_unstage = self.opts.stage_unstage;
+            builder = builder.layer_at(
+                Position::Outside(Builtin::Validation),
+                tower::layer::layer_fn(move |inner| EarlyAnswers {
+                    inner,
+                    faults: early.clone(),
+                    stage_unstage,
+                }),
+            );
+        }
+        builder
     }
 
     /// Serves the driver on a unix socket in a fresh temporary directory,
     /// logging to `driver.log` beside it unless a log path was set.
     pub async fn serve(mut self) -> std::io::Result<MockServer> {
         let dir = tempfile::tempdir()?;
-        let socket = dir.path().join("csi.sock");
         if self.opts.log.is_none() {
             self.opts_mut().log = Some(dir.path().join("driver.log"));
         }
@@ -268,50 +346,24 @@ impl MockDriver {
             .create(true)
             .append(true)
             .open(&log_path)?;
-        let listener = tokio::net::UnixListener::bind(&socket)?;
-        let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let strict = self.has(Fault::StrictAuthority);
-        let router = tonic::transport::Server::builder()
-            .add_service(IdentityServer::new(self.clone()))
-            .add_service(ControllerServer::new(self.clone()))
-            .add_service(NodeServer::new(self.clone()))
-            .add_service(GroupControllerServer::new(self));
-        let stop = async {
-            let _ = rx.await;
-        };
-        let task = tokio::spawn(async move {
-            let _ = if strict {
-                router.serve_with_incoming_shutdown(incoming, stop).await
-            } else {
-                let incoming = incoming.map_ok(csi_server::authority::AnyAuthority::new);
-                router.serve_with_incoming_shutdown(incoming, stop).await
-            };
-        });
-        Ok(MockServer {
-            endpoint: format!("unix://{}", socket.display()),
-            log_path,
-            shutdown: Some(tx),
-            task: Some(task),
-            _dir: dir,
-        })
+        let running = crate::in_process::serve(self.server_builder(), dir)
+            .await
+            .map_err(std::io::Error::other)?;
+        Ok(MockServer { running, log_path })
     }
 }
 
 /// A running [`MockDriver`]; stops when shut down or dropped.
 #[derive(Debug)]
 pub struct MockServer {
-    endpoint: String,
+    running: crate::in_process::Running,
     log_path: PathBuf,
-    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
-    task: Option<tokio::task::JoinHandle<()>>,
-    _dir: tempfile::TempDir,
 }
 
 impl MockServer {
     /// The `unix://` endpoint to connect to.
     pub fn endpoint(&self) -> &str {
-        &self.endpoint
+        self.running.endpoint()
     }
 
     /// The driver's log file.
@@ -320,92 +372,118 @@ impl MockServer {
     }
 
     /// Stops serving and waits for the server task to end.
-    pub async fn shutdown(mut self) {
-        if let Some(tx) = self.shutdown.take() {
-            let _ = tx.send(());
-        }
-        if let Some(task) = self.task.take() {
-            let _ = task.await;
-        }
+    pub async fn shutdown(self) {
+        self.running.shutdown().await;
     }
 }
 
-impl Drop for MockServer {
-    fn drop(&mut self) {
-        if let Some(tx) = self.shutdown.take() {
-            let _ = tx.send(());
-        }
-    }
+/// Logs every request as `<Method> <redacted request>`; with
+/// [`Fault::LeaksSecretsToLog`] also its secrets, in plain text.
+#[derive(Clone)]
+struct RequestLog<S> {
+    inner: S,
+    log: Option<PathBuf>,
+    leak: bool,
 }
 
-fn invalid(msg: impl Into<String>) -> Status {
-    Status::invalid_argument(msg.into())
-}
+impl<S, Req> tower::Service<CsiCall<Req>> for RequestLog<S>
+where
+    Req: CsiRequest,
+    S: tower::Service<CsiCall<Req>, Response = Req::Output, Error = CsiError>,
+{
+    type Response = Req::Output;
+    type Error = CsiError;
+    type Future = S::Future;
 
-fn check_caps(caps: &[VolumeCapability]) -> std::result::Result<(), Status> {
-    for c in caps {
-        if c.access_type.is_none() {
-            return Err(invalid("volume_capability.access_type is required"));
-        }
-        if c.access_mode() == Mode::Unknown {
-            return Err(invalid("volume_capability.access_mode is required"));
-        }
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), CsiError>> {
+        self.inner.poll_ready(cx)
     }
-    Ok(())
-}
 
-/// NOT_FOUND: a relative path cannot hold a volume.
-fn absolute_volume_path(path: &str, relative_invalid: bool) -> std::result::Result<(), Status> {
-    match (path.starts_with('/'), relative_invalid) {
-        (true, _) => Ok(()),
-        (false, true) => Err(invalid("volume_path must be absolute")),
-        (false, false) => Err(Status::not_found(format!(
-            "volume_path {path:?} names no volume"
-        ))),
-    }
-}
-
-fn require(value: &str, field: &str) -> std::result::Result<(), Status> {
-    if value.is_empty() {
-        Err(invalid(format!("{field} is required")))
-    } else {
-        Ok(())
-    }
-}
-
-/// One page of `items` for `max_entries`/`starting_token`; the token is the
-/// index of the next item.
-fn page<T: Clone>(
-    items: &[T],
-    max_entries: i32,
-    token: &str,
-    no_paging: bool,
-) -> std::result::Result<(Vec<T>, String), Status> {
-    if max_entries < 0 {
-        return Err(invalid("max_entries must not be negative"));
-    }
-    let start: usize = if token.is_empty() {
-        0
-    } else {
-        match token.parse::<usize>() {
-            Ok(n) if n <= items.len() => n,
-            _ => {
-                return Err(Status::aborted(format!(
-                    "starting_token {token:?} is not valid"
-                )));
+    fn call(&mut self, call: CsiCall<Req>) -> S::Future {
+        if let Some(path) = &self.log {
+            let mut line = format!("{} {:?}", Req::METHOD, call.request);
+            if let Some(secrets) = call
+                .request
+                .secrets()
+                .filter(|s| self.leak && !s.is_empty())
+            {
+                line.push_str(&format!(" secrets={secrets:?}"));
+            }
+            if let Ok(mut f) = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+            {
+                let _ = writeln!(f, "{line}");
             }
         }
-    };
-    if no_paging || max_entries == 0 {
-        return Ok((items[start..].to_vec(), String::new()));
+        self.inner.call(call)
     }
-    let end = (start + max_entries as usize).min(items.len());
-    let next = if end < items.len() {
-        end.to_string()
-    } else {
-        String::new()
-    };
-    Ok((items[start..end].to_vec(), next))
+}
+
+/// The faults that answer before validation does.
+#[derive(Clone)]
+struct EarlyAnswers<S> {
+    inner: S,
+    faults: Vec<Fault>,
+    stage_unstage: bool,
+}
+
+/// The request as another type of the same RPC (the layer is generic over
+/// the request type; the faults concern specific RPCs).
+fn view<T: prost::Message + Default>(request: &impl prost::Message) -> T {
+    T::decode(request.encode_to_vec().as_slice()).unwrap_or_default()
+}
+
+impl<S> EarlyAnswers<S> {
+    fn answer<Req: CsiRequest>(&self, request: &Req) -> Option<CsiError> {
+        let relative = |path: &str| !path.is_empty() && !path.starts_with('/');
+        match Req::METHOD {
+            Method::NodePublishVolume if self.faults.contains(&Fault::StagingCheckedFirst) => {
+                let req: NodePublishVolumeRequest = view(request);
+                (self.stage_unstage && req.staging_target_path.is_empty()).then(|| {
+                    CsiError::FailedPrecondition(
+                        "STAGE_UNSTAGE_VOLUME is advertised: staging_target_path is required"
+                            .into(),
+                    )
+                })
+            }
+            Method::NodeGetVolumeStats
+                if self.faults.contains(&Fault::RelativeVolumePathInvalid) =>
+            {
+                let req: NodeGetVolumeStatsRequest = view(request);
+                relative(&req.volume_path)
+                    .then(|| CsiError::invalid("volume_path", "must be absolute"))
+            }
+            Method::NodeExpandVolume if self.faults.contains(&Fault::RelativeVolumePathInvalid) => {
+                let req: NodeExpandVolumeRequest = view(request);
+                relative(&req.volume_path)
+                    .then(|| CsiError::invalid("volume_path", "must be absolute"))
+            }
+            _ => None,
+        }
+    }
+}
+
+impl<S, Req> tower::Service<CsiCall<Req>> for EarlyAnswers<S>
+where
+    Req: CsiRequest,
+    S: tower::Service<CsiCall<Req>, Response = Req::Output, Error = CsiError>,
+{
+    type Response = Req::Output;
+    type Error = CsiError;
+    type Future = Either<S::Future, Ready<Result<Req::Output, CsiError>>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), CsiError>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, call: CsiCall<Req>) -> Self::Future {
+        match self.answer(&call.request) {
+            Some(e) => Either::Right(ready(Err(e))),
+            None => Either::Left(self.inner.call(call)),
+        }
+    }
 }
 
 fn now() -> prost_types::Timestamp {
@@ -418,86 +496,27 @@ fn now() -> prost_types::Timestamp {
     }
 }
 
-impl MockDriver {
-    /// INVALID_ARGUMENT naming the first key the mock does not accept.
-    fn check_mutable(&self, params: &HashMap<String, String>) -> std::result::Result<(), Status> {
-        if self.has(Fault::AcceptsAnyMutableParameter) {
-            return Ok(());
-        }
-        match params
-            .keys()
-            .filter(|k| !ACCEPTED_MUTABLE_PARAMETERS.contains(&k.as_str()))
-            .min()
-        {
-            Some(k) => Err(invalid(format!(
-                "mutable_parameters[{k:?}]: not accepted (accepted: {})",
-                ACCEPTED_MUTABLE_PARAMETERS.join(", ")
-            ))),
-            None => Ok(()),
-        }
-    }
-
-    fn volume(&self, id: &str, v: &Vol) -> Volume {
-        Volume {
-            capacity_bytes: v.capacity,
-            volume_id: id.to_string(),
-            volume_context: v.context.clone(),
-            content_source: v.source.clone(),
-            accessible_topology: vec![],
-        }
-    }
+fn is_block(caps: &[VolumeCapability]) -> bool {
+    caps.first().is_some_and(|c| c.is_block())
 }
 
-#[tonic::async_trait]
-impl Identity for MockDriver {
-    async fn get_plugin_info(
-        &self,
-        _r: Request<GetPluginInfoRequest>,
-    ) -> Result<GetPluginInfoResponse> {
-        Ok(Response::new(GetPluginInfoResponse {
-            name: self.opts.name.clone(),
-            vendor_version: env!("CARGO_PKG_VERSION").to_string(),
-            manifest: HashMap::new(),
-        }))
-    }
-
-    async fn get_plugin_capabilities(
-        &self,
-        _r: Request<GetPluginCapabilitiesRequest>,
-    ) -> Result<GetPluginCapabilitiesResponse> {
-        Ok(Response::new(GetPluginCapabilitiesResponse {
-            capabilities: vec![
-                PluginCap::ControllerService.into(),
-                PluginCap::GroupControllerService.into(),
-                Expansion::Online.into(),
-            ],
-        }))
-    }
-
-    async fn probe(&self, _r: Request<ProbeRequest>) -> Result<ProbeResponse> {
-        Ok(Response::new(ProbeResponse { ready: Some(true) }))
-    }
-}
-
-#[tonic::async_trait]
+#[csi_server::async_trait]
 impl Controller for MockDriver {
-    async fn create_volume(&self, r: Request<CreateVolumeRequest>) -> Result<CreateVolumeResponse> {
-        let req = r.into_inner();
-        self.log("CreateVolume", &req, &req.secrets);
-        require(&req.name, "name")?;
-        if req.volume_capabilities.is_empty() {
-            return Err(invalid("volume_capabilities is required"));
-        }
-        check_caps(&req.volume_capabilities)?;
-        self.check_mutable(&req.mutable_parameters)?;
-        let range = req.capacity_range.unwrap_or_default();
-        if range.required_bytes < 0 || range.limit_bytes < 0 {
-            return Err(invalid("capacity_range must not be negative"));
-        }
-        if range.limit_bytes > 0 && range.required_bytes > range.limit_bytes {
-            return Err(Status::out_of_range("required_bytes exceeds limit_bytes"));
-        }
+    async fn create_volume(
+        &self,
+        _: &CallContext,
+        mut req: CreateVolumeRequest,
+    ) -> CsiResult<CreateVolumeResponse> {
+        req.secrets.clear();
         let mut st = self.lock();
+        if !self.has(Fault::NotIdempotentCreate) {
+            if let Some(v) = st.volumes.values().find(|v| v.request.name == req.name) {
+                compare_volume(&v.request, &v.volume, &req)?;
+                return Ok(CreateVolumeResponse {
+                    volume: Some(v.volume.clone()),
+                });
+            }
+        }
         let source_size = match req
             .volume_content_source
             .as_ref()
@@ -508,189 +527,150 @@ impl Controller for MockDriver {
                     .get(&s.snapshot_id)
                     .map(|s| s.snapshot.size_bytes)
                     .ok_or_else(|| {
-                        Status::not_found(format!("snapshot {} does not exist", s.snapshot_id))
+                        CsiError::NotFound(format!("snapshot {} does not exist", s.snapshot_id))
                     })?,
             ),
             Some(volume_content_source::Type::Volume(v)) => Some(
                 st.volumes
                     .get(&v.volume_id)
-                    .map(|v| v.capacity)
+                    .map(|v| v.volume.capacity_bytes)
                     .ok_or_else(|| {
-                        Status::not_found(format!("volume {} does not exist", v.volume_id))
+                        CsiError::NotFound(format!("volume {} does not exist", v.volume_id))
                     })?,
             ),
             None => None,
         };
-        let mut size = if range.required_bytes > 0 {
-            range.required_bytes
-        } else if range.limit_bytes > 0 {
-            range.limit_bytes
-        } else {
-            csi_proto::size::GIB
-        };
+        let policy = CapacityPolicy::new(csi_proto::size::GIB, 1);
+        let mut size = resolve_capacity(req.capacity_range.as_ref(), &policy)?;
         if let Some(src) = source_size {
-            if range.limit_bytes > 0 && src > range.limit_bytes {
-                return Err(Status::out_of_range(
-                    "the source is larger than limit_bytes",
+            let limit = req.capacity_range.as_ref().map_or(0, |r| r.limit_bytes);
+            if limit > 0 && src > limit {
+                return Err(CsiError::OutOfRange(
+                    "the source is larger than limit_bytes".into(),
                 ));
             }
             size = size.max(src);
         }
-        if !self.has(Fault::NotIdempotentCreate) {
-            if let Some((id, v)) = st.volumes.iter().find(|(_, v)| v.name == req.name) {
-                let fits = v.capacity >= range.required_bytes
-                    && (range.limit_bytes == 0 || v.capacity <= range.limit_bytes);
-                if fits
-                    && v.caps == req.volume_capabilities
-                    && v.params == req.parameters
-                    && v.source == req.volume_content_source
-                {
-                    return Ok(Response::new(CreateVolumeResponse {
-                        volume: Some(self.volume(id, v)),
-                    }));
-                }
-                return Err(Status::already_exists(format!(
-                    "volume {} exists with incompatible arguments",
-                    req.name
-                )));
-            }
-        }
         if st.used() + size > self.opts.total_capacity {
-            return Err(Status::resource_exhausted("out of capacity"));
+            return Err(CsiError::ResourceExhausted("out of capacity".into()));
         }
         let id = st.next_id("vol");
-        let vol = Vol {
-            name: req.name.clone(),
-            capacity: size,
-            caps: req.volume_capabilities,
-            params: req.parameters,
-            mutable: req.mutable_parameters,
-            source: req.volume_content_source,
-            context: [("mock/name".to_string(), req.name)].into(),
+        let volume = Volume {
+            capacity_bytes: size,
+            volume_id: id.clone(),
+            volume_context: [("mock/name".to_string(), req.name.clone())].into(),
+            content_source: req.volume_content_source.clone(),
+            accessible_topology: vec![],
         };
-        let out = self.volume(&id, &vol);
-        st.volumes.insert(id, vol);
-        Ok(Response::new(CreateVolumeResponse { volume: Some(out) }))
+        st.volumes.insert(
+            id,
+            Vol {
+                request: req,
+                volume: volume.clone(),
+            },
+        );
+        Ok(CreateVolumeResponse {
+            volume: Some(volume),
+        })
     }
 
-    async fn delete_volume(&self, r: Request<DeleteVolumeRequest>) -> Result<DeleteVolumeResponse> {
-        let req = r.into_inner();
-        self.log("DeleteVolume", &req, &req.secrets);
-        require(&req.volume_id, "volume_id")?;
+    async fn delete_volume(
+        &self,
+        _: &CallContext,
+        req: DeleteVolumeRequest,
+    ) -> CsiResult<DeleteVolumeResponse> {
         let mut st = self.lock();
-        let in_use = st.controller_pubs.keys().any(|(v, _)| *v == req.volume_id)
-            || st.staged.keys().any(|(v, _)| *v == req.volume_id)
-            || st.node_pubs.values().any(|(v, _)| *v == req.volume_id);
-        if in_use {
-            return Err(Status::failed_precondition(format!(
+        if st.in_use(&req.volume_id) {
+            return Err(CsiError::FailedPrecondition(format!(
                 "volume {} is in use",
                 req.volume_id
             )));
         }
         st.volumes.remove(&req.volume_id);
-        Ok(Response::new(DeleteVolumeResponse {}))
+        Ok(DeleteVolumeResponse {})
     }
 
     async fn controller_publish_volume(
         &self,
-        r: Request<ControllerPublishVolumeRequest>,
-    ) -> Result<ControllerPublishVolumeResponse> {
-        let req = r.into_inner();
-        self.log("ControllerPublishVolume", &req, &req.secrets);
-        require(&req.volume_id, "volume_id")?;
-        require(&req.node_id, "node_id")?;
-        let cap = req
-            .volume_capability
-            .clone()
-            .ok_or_else(|| invalid("volume_capability is required"))?;
-        check_caps(std::slice::from_ref(&cap))?;
+        _: &CallContext,
+        req: ControllerPublishVolumeRequest,
+    ) -> CsiResult<ControllerPublishVolumeResponse> {
         let mut st = self.lock();
         if !st.volumes.contains_key(&req.volume_id) {
             return Err(self.missing_volume(&req.volume_id));
         }
         if req.node_id != self.opts.node_id {
-            return Err(Status::not_found(format!(
+            return Err(CsiError::NotFound(format!(
                 "node {} does not exist",
                 req.node_id
             )));
         }
         let key = (req.volume_id.clone(), req.node_id);
         let args = (req.volume_capability, req.readonly);
-        let attached = st
-            .controller_pubs
-            .keys()
-            .filter(|(_, n)| *n == key.1)
-            .count() as i64;
-        if !st.controller_pubs.contains_key(&key)
-            && attached >= MAX_VOLUMES_PER_NODE
-            && !self.has(Fault::NoAttachLimit)
-        {
-            return Err(Status::resource_exhausted(format!(
-                "node {} has {MAX_VOLUMES_PER_NODE} volumes attached",
-                key.1
-            )));
-        }
         match st.controller_pubs.get(&key) {
-            Some(existing) if *existing != args => {
-                return Err(Status::already_exists(
-                    "published to the node with other arguments",
+            Some(existing) if *existing == args => {}
+            Some(_) => {
+                return Err(CsiError::AlreadyExists(
+                    "published to the node with other arguments".into(),
                 ));
             }
-            _ => {
+            None => {
+                let attached = st
+                    .controller_pubs
+                    .keys()
+                    .filter(|(_, n)| *n == key.1)
+                    .count() as i64;
+                if attached >= MAX_VOLUMES_PER_NODE && !self.has(Fault::NoAttachLimit) {
+                    return Err(CsiError::ResourceExhausted(format!(
+                        "node {} has {MAX_VOLUMES_PER_NODE} volumes attached",
+                        key.1
+                    )));
+                }
                 st.controller_pubs.insert(key, args);
             }
         }
-        Ok(Response::new(ControllerPublishVolumeResponse {
+        Ok(ControllerPublishVolumeResponse {
             publish_context: [(
                 "mock/device".to_string(),
                 format!("/dev/mock/{}", req.volume_id),
             )]
             .into(),
-        }))
+        })
     }
 
     async fn controller_unpublish_volume(
         &self,
-        r: Request<ControllerUnpublishVolumeRequest>,
-    ) -> Result<ControllerUnpublishVolumeResponse> {
-        let req = r.into_inner();
-        self.log("ControllerUnpublishVolume", &req, &req.secrets);
-        require(&req.volume_id, "volume_id")?;
-        let mut st = self.lock();
-        st.controller_pubs.retain(|(v, n), _| {
+        _: &CallContext,
+        req: ControllerUnpublishVolumeRequest,
+    ) -> CsiResult<ControllerUnpublishVolumeResponse> {
+        self.lock().controller_pubs.retain(|(v, n), _| {
             !(*v == req.volume_id && (req.node_id.is_empty() || *n == req.node_id))
         });
-        Ok(Response::new(ControllerUnpublishVolumeResponse {}))
+        Ok(ControllerUnpublishVolumeResponse {})
     }
 
     async fn validate_volume_capabilities(
         &self,
-        r: Request<ValidateVolumeCapabilitiesRequest>,
-    ) -> Result<ValidateVolumeCapabilitiesResponse> {
-        let req = r.into_inner();
-        self.log("ValidateVolumeCapabilities", &req, &req.secrets);
-        require(&req.volume_id, "volume_id")?;
-        if req.volume_capabilities.is_empty() {
-            return Err(invalid("volume_capabilities is required"));
-        }
-        check_caps(&req.volume_capabilities)?;
+        _: &CallContext,
+        req: ValidateVolumeCapabilitiesRequest,
+    ) -> CsiResult<ValidateVolumeCapabilitiesResponse> {
         let st = self.lock();
         let v = st
             .volumes
             .get(&req.volume_id)
             .ok_or_else(|| self.missing_volume(&req.volume_id))?;
-        let block = v.caps.first().is_some_and(|c| c.is_block());
+        let block = is_block(&v.request.volume_capabilities);
         if req
             .volume_capabilities
             .iter()
             .any(|c| c.is_block() != block)
         {
-            return Ok(Response::new(ValidateVolumeCapabilitiesResponse {
+            return Ok(ValidateVolumeCapabilitiesResponse {
                 confirmed: None,
                 message: "the access type differs from the volume's".into(),
-            }));
+            });
         }
-        Ok(Response::new(ValidateVolumeCapabilitiesResponse {
+        Ok(ValidateVolumeCapabilitiesResponse {
             confirmed: Some(validate_volume_capabilities_response::Confirmed {
                 volume_context: req.volume_context,
                 volume_capabilities: req.volume_capabilities,
@@ -698,102 +678,67 @@ impl Controller for MockDriver {
                 mutable_parameters: req.mutable_parameters,
             }),
             message: String::new(),
-        }))
+        })
     }
 
-    async fn list_volumes(&self, r: Request<ListVolumesRequest>) -> Result<ListVolumesResponse> {
-        let req = r.into_inner();
-        self.log("ListVolumes", &req, &HashMap::new());
+    async fn list_volumes(
+        &self,
+        _: &CallContext,
+        req: ListVolumesRequest,
+    ) -> CsiResult<ListVolumesResponse> {
         let st = self.lock();
         let all: Vec<list_volumes_response::Entry> = st
             .volumes
             .iter()
             .map(|(id, v)| list_volumes_response::Entry {
-                volume: Some(self.volume(id, v)),
+                volume: Some(v.volume.clone()),
                 status: Some(list_volumes_response::VolumeStatus {
-                    published_node_ids: st
-                        .controller_pubs
-                        .keys()
-                        .filter(|(v, _)| v == id)
-                        .map(|(_, n)| n.clone())
-                        .collect(),
+                    published_node_ids: st.published_nodes(id),
                     volume_condition: None,
                 }),
             })
             .collect();
-        let (entries, next_token) = page(
-            &all,
-            req.max_entries,
-            &req.starting_token,
-            self.has(Fault::NoPaging),
-        )?;
-        Ok(Response::new(ListVolumesResponse {
-            entries,
-            next_token,
-        }))
+        let max = if self.has(Fault::NoPaging) {
+            0
+        } else {
+            req.max_entries
+        };
+        let page = paginate(all, max, &req.starting_token)?;
+        Ok(ListVolumesResponse {
+            entries: page.entries,
+            next_token: page.next_token,
+        })
     }
 
-    async fn get_capacity(&self, r: Request<GetCapacityRequest>) -> Result<GetCapacityResponse> {
-        let req = r.into_inner();
-        self.log("GetCapacity", &req, &HashMap::new());
-        check_caps(&req.volume_capabilities)?;
+    async fn get_capacity(
+        &self,
+        _: &CallContext,
+        _: GetCapacityRequest,
+    ) -> CsiResult<GetCapacityResponse> {
         let available = self.opts.total_capacity - self.lock().used();
-        Ok(Response::new(GetCapacityResponse {
+        Ok(GetCapacityResponse {
             available_capacity: available,
             maximum_volume_size: Some(available),
             minimum_volume_size: None,
-        }))
-    }
-
-    async fn controller_get_capabilities(
-        &self,
-        _r: Request<ControllerGetCapabilitiesRequest>,
-    ) -> Result<ControllerGetCapabilitiesResponse> {
-        let caps = [
-            CtrlCap::CreateDeleteVolume,
-            CtrlCap::PublishUnpublishVolume,
-            CtrlCap::ListVolumes,
-            CtrlCap::GetCapacity,
-            CtrlCap::CreateDeleteSnapshot,
-            CtrlCap::ListSnapshots,
-            CtrlCap::CloneVolume,
-            CtrlCap::PublishReadonly,
-            CtrlCap::ExpandVolume,
-            CtrlCap::ListVolumesPublishedNodes,
-            CtrlCap::GetVolume,
-            CtrlCap::SingleNodeMultiWriter,
-            CtrlCap::ModifyVolume,
-            CtrlCap::GetSnapshot,
-        ];
-        Ok(Response::new(ControllerGetCapabilitiesResponse {
-            capabilities: caps.into_iter().map(Into::into).collect(),
-        }))
+        })
     }
 
     async fn create_snapshot(
         &self,
-        r: Request<CreateSnapshotRequest>,
-    ) -> Result<CreateSnapshotResponse> {
-        let req = r.into_inner();
-        self.log("CreateSnapshot", &req, &req.secrets);
-        require(&req.name, "name")?;
-        require(&req.source_volume_id, "source_volume_id")?;
+        _: &CallContext,
+        req: CreateSnapshotRequest,
+    ) -> CsiResult<CreateSnapshotResponse> {
         let mut st = self.lock();
         if let Some(s) = st.snapshots.values().find(|s| s.name == req.name) {
-            if s.snapshot.source_volume_id == req.source_volume_id {
-                return Ok(Response::new(CreateSnapshotResponse {
-                    snapshot: Some(s.snapshot.clone()),
-                }));
-            }
-            return Err(Status::already_exists(format!(
-                "snapshot {} exists with another source",
-                req.name
-            )));
+            compare_snapshot(&s.snapshot, &s.parameters, &req)?;
+            return Ok(CreateSnapshotResponse {
+                snapshot: Some(s.snapshot.clone()),
+            });
         }
         let size = st
             .volumes
             .get(&req.source_volume_id)
-            .map(|v| v.capacity)
+            .map(|v| v.volume.capacity_bytes)
             .ok_or_else(|| self.missing_volume(&req.source_volume_id))?;
         let id = st.next_id("snap");
         let snapshot = Snapshot {
@@ -808,41 +753,40 @@ impl Controller for MockDriver {
             id,
             Snap {
                 name: req.name,
+                parameters: req.parameters,
                 snapshot: snapshot.clone(),
             },
         );
-        Ok(Response::new(CreateSnapshotResponse {
+        Ok(CreateSnapshotResponse {
             snapshot: Some(snapshot),
-        }))
+        })
     }
 
     async fn delete_snapshot(
         &self,
-        r: Request<DeleteSnapshotRequest>,
-    ) -> Result<DeleteSnapshotResponse> {
-        let req = r.into_inner();
-        self.log("DeleteSnapshot", &req, &req.secrets);
-        require(&req.snapshot_id, "snapshot_id")?;
+        _: &CallContext,
+        req: DeleteSnapshotRequest,
+    ) -> CsiResult<DeleteSnapshotResponse> {
         let mut st = self.lock();
         if st
             .snapshots
             .get(&req.snapshot_id)
             .is_some_and(|s| !s.snapshot.group_snapshot_id.is_empty())
         {
-            return Err(invalid(
+            return Err(CsiError::invalid(
+                "snapshot_id",
                 "the snapshot belongs to a group; delete the group snapshot",
             ));
         }
         st.snapshots.remove(&req.snapshot_id);
-        Ok(Response::new(DeleteSnapshotResponse {}))
+        Ok(DeleteSnapshotResponse {})
     }
 
     async fn list_snapshots(
         &self,
-        r: Request<ListSnapshotsRequest>,
-    ) -> Result<ListSnapshotsResponse> {
-        let req = r.into_inner();
-        self.log("ListSnapshots", &req, &req.secrets);
+        _: &CallContext,
+        req: ListSnapshotsRequest,
+    ) -> CsiResult<ListSnapshotsResponse> {
         let st = self.lock();
         let all: Vec<list_snapshots_response::Entry> = st
             .snapshots
@@ -856,306 +800,244 @@ impl Controller for MockDriver {
                 snapshot: Some(s.snapshot.clone()),
             })
             .collect();
-        let (entries, next_token) = page(
-            &all,
-            req.max_entries,
-            &req.starting_token,
-            self.has(Fault::NoPaging),
-        )?;
-        Ok(Response::new(ListSnapshotsResponse {
-            entries,
-            next_token,
-        }))
+        let max = if self.has(Fault::NoPaging) {
+            0
+        } else {
+            req.max_entries
+        };
+        let page = paginate(all, max, &req.starting_token)?;
+        Ok(ListSnapshotsResponse {
+            entries: page.entries,
+            next_token: page.next_token,
+        })
     }
 
-    async fn get_snapshot(&self, r: Request<GetSnapshotRequest>) -> Result<GetSnapshotResponse> {
-        let req = r.into_inner();
-        self.log("GetSnapshot", &req, &req.secrets);
-        require(&req.snapshot_id, "snapshot_id")?;
+    async fn get_snapshot(
+        &self,
+        _: &CallContext,
+        req: GetSnapshotRequest,
+    ) -> CsiResult<GetSnapshotResponse> {
         let st = self.lock();
         let s = st.snapshots.get(&req.snapshot_id).ok_or_else(|| {
-            Status::not_found(format!("snapshot {} does not exist", req.snapshot_id))
+            CsiError::NotFound(format!("snapshot {} does not exist", req.snapshot_id))
         })?;
-        Ok(Response::new(GetSnapshotResponse {
+        Ok(GetSnapshotResponse {
             snapshot: Some(s.snapshot.clone()),
-        }))
+        })
     }
 
     async fn controller_expand_volume(
         &self,
-        r: Request<ControllerExpandVolumeRequest>,
-    ) -> Result<ControllerExpandVolumeResponse> {
-        let req = r.into_inner();
-        self.log("ControllerExpandVolume", &req, &req.secrets);
-        require(&req.volume_id, "volume_id")?;
-        let range = req
-            .capacity_range
-            .ok_or_else(|| invalid("capacity_range is required"))?;
+        _: &CallContext,
+        req: ControllerExpandVolumeRequest,
+    ) -> CsiResult<ControllerExpandVolumeResponse> {
+        let range = req.capacity_range.unwrap_or_default();
         let mut st = self.lock();
         let v = st
             .volumes
             .get_mut(&req.volume_id)
             .ok_or_else(|| self.missing_volume(&req.volume_id))?;
-        if range.limit_bytes > 0 && v.capacity > range.limit_bytes {
-            return Err(Status::out_of_range(
-                "the volume is already larger than limit_bytes",
+        if range.limit_bytes > 0 && v.volume.capacity_bytes > range.limit_bytes {
+            return Err(CsiError::OutOfRange(
+                "the volume is already larger than limit_bytes".into(),
             ));
         }
-        v.capacity = v.capacity.max(range.required_bytes);
-        let block = v.caps.first().is_some_and(|c| c.is_block());
-        Ok(Response::new(ControllerExpandVolumeResponse {
-            capacity_bytes: v.capacity,
-            node_expansion_required: !block,
-        }))
+        v.volume.capacity_bytes = v.volume.capacity_bytes.max(range.required_bytes);
+        Ok(ControllerExpandVolumeResponse {
+            capacity_bytes: v.volume.capacity_bytes,
+            node_expansion_required: !is_block(&v.request.volume_capabilities),
+        })
     }
 
     async fn controller_get_volume(
         &self,
-        r: Request<ControllerGetVolumeRequest>,
-    ) -> Result<ControllerGetVolumeResponse> {
-        let req = r.into_inner();
-        self.log("ControllerGetVolume", &req, &HashMap::new());
-        require(&req.volume_id, "volume_id")?;
+        _: &CallContext,
+        req: ControllerGetVolumeRequest,
+    ) -> CsiResult<ControllerGetVolumeResponse> {
         let st = self.lock();
         let v = st
             .volumes
             .get(&req.volume_id)
             .ok_or_else(|| self.missing_volume(&req.volume_id))?;
-        Ok(Response::new(ControllerGetVolumeResponse {
-            volume: Some(self.volume(&req.volume_id, v)),
+        Ok(ControllerGetVolumeResponse {
+            volume: Some(v.volume.clone()),
             status: Some(controller_get_volume_response::VolumeStatus {
-                published_node_ids: st
-                    .controller_pubs
-                    .keys()
-                    .filter(|(v, _)| *v == req.volume_id)
-                    .map(|(_, n)| n.clone())
-                    .collect(),
+                published_node_ids: st.published_nodes(&req.volume_id),
                 volume_condition: None,
             }),
-        }))
+        })
     }
 
     async fn controller_modify_volume(
         &self,
-        r: Request<ControllerModifyVolumeRequest>,
-    ) -> Result<ControllerModifyVolumeResponse> {
-        let req = r.into_inner();
-        self.log("ControllerModifyVolume", &req, &req.secrets);
-        require(&req.volume_id, "volume_id")?;
+        _: &CallContext,
+        req: ControllerModifyVolumeRequest,
+    ) -> CsiResult<ControllerModifyVolumeResponse> {
         // Empty is "modify nothing" (proto3 cannot tell it from absent).
         if req.mutable_parameters.is_empty() && self.has(Fault::RequiresMutableParameters) {
-            return Err(invalid("mutable_parameters is required"));
+            return Err(CsiError::required("mutable_parameters"));
         }
-        // Every key before any change: INVALID_ARGUMENT means nothing applied.
-        self.check_mutable(&req.mutable_parameters)?;
+        // The keys were checked by the server against the declaration.
         let mut st = self.lock();
         let v = st
             .volumes
             .get_mut(&req.volume_id)
             .ok_or_else(|| self.missing_volume(&req.volume_id))?;
-        v.mutable.extend(req.mutable_parameters);
-        Ok(Response::new(ControllerModifyVolumeResponse {}))
+        v.request.mutable_parameters.extend(req.mutable_parameters);
+        Ok(ControllerModifyVolumeResponse {})
     }
 }
 
-/// Whether a volume published with `cap` may be published at more targets.
-fn shared(cap: &Option<VolumeCapability>) -> bool {
-    let mode = cap
-        .as_ref()
-        .map(|c| c.access_mode())
-        .unwrap_or(Mode::Unknown);
-    mode.is_multi_node() || mode == Mode::SingleNodeMultiWriter
-}
-
-#[tonic::async_trait]
+#[csi_server::async_trait]
 impl Node for MockDriver {
     async fn node_stage_volume(
         &self,
-        r: Request<NodeStageVolumeRequest>,
-    ) -> Result<NodeStageVolumeResponse> {
-        let req = r.into_inner();
-        self.log("NodeStageVolume", &req, &req.secrets);
-        if !self.opts.stage_unstage {
-            return Err(Status::unimplemented(
-                "STAGE_UNSTAGE_VOLUME is not advertised",
-            ));
-        }
-        require(&req.volume_id, "volume_id")?;
-        require(&req.staging_target_path, "staging_target_path")?;
-        let cap = req
-            .volume_capability
-            .clone()
-            .ok_or_else(|| invalid("volume_capability is required"))?;
-        check_caps(std::slice::from_ref(&cap))?;
+        _: &CallContext,
+        req: NodeStageVolumeRequest,
+    ) -> CsiResult<NodeStageVolumeResponse> {
         let mut st = self.lock();
         if !st.volumes.contains_key(&req.volume_id) {
             return Err(self.missing_volume(&req.volume_id));
         }
-        let key = (req.volume_id, req.staging_target_path);
-        match st.staged.get(&key) {
-            Some(existing) if *existing != req.volume_capability => Err(Status::already_exists(
-                "staged at this path with another capability",
-            )),
-            _ => {
-                st.staged.insert(key, req.volume_capability);
-                Ok(Response::new(NodeStageVolumeResponse {}))
-            }
+        if check_stage(st.staged.get(&req.volume_id), &req)? == StageDecision::New {
+            st.staged.insert(
+                req.volume_id,
+                Staging {
+                    staging_target_path: req.staging_target_path,
+                    volume_capability: req.volume_capability,
+                },
+            );
         }
+        Ok(NodeStageVolumeResponse {})
     }
 
     async fn node_unstage_volume(
         &self,
-        r: Request<NodeUnstageVolumeRequest>,
-    ) -> Result<NodeUnstageVolumeResponse> {
-        let req = r.into_inner();
-        self.log("NodeUnstageVolume", &req, &HashMap::new());
-        if !self.opts.stage_unstage {
-            return Err(Status::unimplemented(
-                "STAGE_UNSTAGE_VOLUME is not advertised",
-            ));
-        }
-        require(&req.volume_id, "volume_id")?;
-        require(&req.staging_target_path, "staging_target_path")?;
+        _: &CallContext,
+        req: NodeUnstageVolumeRequest,
+    ) -> CsiResult<NodeUnstageVolumeResponse> {
         let mut st = self.lock();
-        let key = (req.volume_id.clone(), req.staging_target_path);
-        if st.staged.remove(&key).is_none() && !st.volumes.contains_key(&req.volume_id) {
+        let here = st
+            .staged
+            .get(&req.volume_id)
+            .is_some_and(|s| s.staging_target_path == req.staging_target_path);
+        if here {
+            st.staged.remove(&req.volume_id);
+        } else if !st.volumes.contains_key(&req.volume_id) {
             return Err(self.missing_volume(&req.volume_id));
         }
-        Ok(Response::new(NodeUnstageVolumeResponse {}))
+        Ok(NodeUnstageVolumeResponse {})
     }
 
     async fn node_publish_volume(
         &self,
-        r: Request<NodePublishVolumeRequest>,
-    ) -> Result<NodePublishVolumeResponse> {
-        let req = r.into_inner();
-        self.log("NodePublishVolume", &req, &req.secrets);
-        if self.has(Fault::StagingCheckedFirst)
-            && self.opts.stage_unstage
-            && req.staging_target_path.is_empty()
-        {
-            return Err(Status::failed_precondition(
-                "STAGE_UNSTAGE_VOLUME is advertised: staging_target_path is required",
-            ));
-        }
-        require(&req.volume_id, "volume_id")?;
-        require(&req.target_path, "target_path")?;
-        let cap = req
-            .volume_capability
-            .clone()
-            .ok_or_else(|| invalid("volume_capability is required"))?;
-        check_caps(std::slice::from_ref(&cap))?;
-        if self.opts.stage_unstage && req.staging_target_path.is_empty() {
-            return Err(Status::failed_precondition(
-                "STAGE_UNSTAGE_VOLUME is advertised: staging_target_path is required",
-            ));
-        }
+        _: &CallContext,
+        req: NodePublishVolumeRequest,
+    ) -> CsiResult<NodePublishVolumeResponse> {
         let mut st = self.lock();
         if !st.volumes.contains_key(&req.volume_id) {
             return Err(self.missing_volume(&req.volume_id));
         }
-        if self.opts.stage_unstage
-            && !st
-                .staged
-                .contains_key(&(req.volume_id.clone(), req.staging_target_path.clone()))
-        {
-            return Err(Status::failed_precondition(
-                "the volume is not staged at staging_target_path",
+        let staged_here = st
+            .staged
+            .get(&req.volume_id)
+            .is_some_and(|s| s.staging_target_path == req.staging_target_path);
+        if self.opts.stage_unstage && !staged_here {
+            return Err(CsiError::FailedPrecondition(
+                "the volume is not staged at staging_target_path".into(),
             ));
         }
-        let args = PubArgs {
-            cap: req.volume_capability.clone(),
-            readonly: req.readonly,
-            staging: req.staging_target_path.clone(),
-            volume_context: req.volume_context.clone(),
-            publish_context: req.publish_context.clone(),
-        };
-        if let Some((vol, existing)) = st.node_pubs.get(&req.target_path) {
-            if *vol == req.volume_id && *existing == args {
-                return Ok(Response::new(NodePublishVolumeResponse {}));
-            }
-            return Err(Status::already_exists(format!(
-                "{} is published with other arguments",
+        let mut existing = st
+            .node_pubs
+            .get(&req.volume_id)
+            .cloned()
+            .unwrap_or_default();
+        if self.has(Fault::NoRepeatTable) {
+            // Only the same-target rule: any other target is a new one.
+            existing.retain(|p| p.target_path == req.target_path);
+        }
+        if check_publish(&existing, &req, true)? == PublishDecision::AlreadyPublished {
+            return Ok(NodePublishVolumeResponse {});
+        }
+        if st
+            .node_pubs
+            .iter()
+            .any(|(v, p)| *v != req.volume_id && p.iter().any(|p| p.target_path == req.target_path))
+        {
+            return Err(CsiError::AlreadyExists(format!(
+                "another volume is published at {}",
                 req.target_path
             )));
         }
-        let elsewhere = st.node_pubs.values().any(|(v, _)| *v == req.volume_id);
-        if elsewhere && !shared(&args.cap) && !self.has(Fault::NoRepeatTable) {
-            return Err(Status::failed_precondition(format!(
-                "volume {} is already published at another target and its access mode is single-node",
-                req.volume_id
-            )));
-        }
         let target = Path::new(&req.target_path);
-        let created = if cap.is_block() {
+        let block = req
+            .volume_capability
+            .as_ref()
+            .is_some_and(VolumeCapability::is_block);
+        if block {
             std::fs::OpenOptions::new()
                 .create(true)
                 .truncate(false)
                 .write(true)
-                .open(target)
-                .map(drop)
-        } else {
-            std::fs::create_dir(target).or_else(|e| if target.is_dir() { Ok(()) } else { Err(e) })
-        };
-        created.map_err(|e| Status::internal(format!("cannot create {}: {e}", req.target_path)))?;
-        st.node_pubs.insert(req.target_path, (req.volume_id, args));
-        Ok(Response::new(NodePublishVolumeResponse {}))
+                .open(target)?;
+        } else if let Err(e) = std::fs::create_dir(target) {
+            if !target.is_dir() {
+                return Err(e.into());
+            }
+        }
+        st.node_pubs
+            .entry(req.volume_id.clone())
+            .or_default()
+            .push(Publication {
+                target_path: req.target_path.clone(),
+                args: PublishArgs::of(&req),
+            });
+        Ok(NodePublishVolumeResponse {})
     }
 
     async fn node_unpublish_volume(
         &self,
-        r: Request<NodeUnpublishVolumeRequest>,
-    ) -> Result<NodeUnpublishVolumeResponse> {
-        let req = r.into_inner();
-        self.log("NodeUnpublishVolume", &req, &HashMap::new());
-        require(&req.volume_id, "volume_id")?;
-        require(&req.target_path, "target_path")?;
+        _: &CallContext,
+        req: NodeUnpublishVolumeRequest,
+    ) -> CsiResult<NodeUnpublishVolumeResponse> {
         let mut st = self.lock();
-        match st.node_pubs.get(&req.target_path) {
-            Some((vol, _)) if *vol == req.volume_id => {
-                st.node_pubs.remove(&req.target_path);
-                if !self.has(Fault::NoTargetCleanup) {
-                    let p = Path::new(&req.target_path);
-                    let removed = if p.is_dir() {
-                        std::fs::remove_dir(p)
-                    } else {
-                        std::fs::remove_file(p)
-                    };
-                    removed.map_err(|e| {
-                        Status::internal(format!("cannot remove {}: {e}", req.target_path))
-                    })?;
+        let pubs = st.node_pubs.entry(req.volume_id.clone()).or_default();
+        let before = pubs.len();
+        pubs.retain(|p| p.target_path != req.target_path);
+        if pubs.len() < before {
+            if !self.has(Fault::NoTargetCleanup) {
+                let p = Path::new(&req.target_path);
+                if p.is_dir() {
+                    std::fs::remove_dir(p)?;
+                } else {
+                    std::fs::remove_file(p)?;
                 }
             }
-            _ if !st.volumes.contains_key(&req.volume_id) => {
-                return Err(self.missing_volume(&req.volume_id));
-            }
-            _ => {}
+        } else if !st.volumes.contains_key(&req.volume_id) {
+            return Err(self.missing_volume(&req.volume_id));
         }
-        Ok(Response::new(NodeUnpublishVolumeResponse {}))
+        Ok(NodeUnpublishVolumeResponse {})
     }
 
     async fn node_get_volume_stats(
         &self,
-        r: Request<NodeGetVolumeStatsRequest>,
-    ) -> Result<NodeGetVolumeStatsResponse> {
-        let req = r.into_inner();
-        self.log("NodeGetVolumeStats", &req, &HashMap::new());
-        require(&req.volume_id, "volume_id")?;
-        require(&req.volume_path, "volume_path")?;
-        absolute_volume_path(&req.volume_path, self.has(Fault::RelativeVolumePathInvalid))?;
+        _: &CallContext,
+        req: NodeGetVolumeStatsRequest,
+    ) -> CsiResult<NodeGetVolumeStatsResponse> {
         let st = self.lock();
         let v = st
             .volumes
             .get(&req.volume_id)
             .ok_or_else(|| self.missing_volume(&req.volume_id))?;
         st.available_at(&req.volume_id, &req.volume_path)?;
+        let capacity = v.volume.capacity_bytes;
         let mut usage = vec![VolumeUsage {
-            available: v.capacity,
-            total: v.capacity,
+            available: capacity,
+            total: capacity,
             used: 0,
             unit: volume_usage::Unit::Bytes as i32,
         }];
-        if !v.caps.first().is_some_and(|c| c.is_block()) {
+        if !is_block(&v.request.volume_capabilities) {
             usage.push(VolumeUsage {
                 available: 1 << 20,
                 total: 1 << 20,
@@ -1163,98 +1045,65 @@ impl Node for MockDriver {
                 unit: volume_usage::Unit::Inodes as i32,
             });
         }
-        Ok(Response::new(NodeGetVolumeStatsResponse {
+        Ok(NodeGetVolumeStatsResponse {
             usage,
             volume_condition: None,
-        }))
+        })
     }
 
     async fn node_expand_volume(
         &self,
-        r: Request<NodeExpandVolumeRequest>,
-    ) -> Result<NodeExpandVolumeResponse> {
-        let req = r.into_inner();
-        self.log("NodeExpandVolume", &req, &req.secrets);
-        require(&req.volume_id, "volume_id")?;
-        require(&req.volume_path, "volume_path")?;
-        absolute_volume_path(&req.volume_path, self.has(Fault::RelativeVolumePathInvalid))?;
+        _: &CallContext,
+        req: NodeExpandVolumeRequest,
+    ) -> CsiResult<NodeExpandVolumeResponse> {
         let st = self.lock();
         let v = st
             .volumes
             .get(&req.volume_id)
             .ok_or_else(|| self.missing_volume(&req.volume_id))?;
         st.available_at(&req.volume_id, &req.volume_path)?;
-        let required = req.capacity_range.map(|c| c.required_bytes).unwrap_or(0);
-        Ok(Response::new(NodeExpandVolumeResponse {
-            capacity_bytes: v.capacity.max(required),
-        }))
+        let required = req.capacity_range.map_or(0, |c| c.required_bytes);
+        Ok(NodeExpandVolumeResponse {
+            capacity_bytes: v.volume.capacity_bytes.max(required),
+        })
     }
 
-    async fn node_get_capabilities(
+    async fn node_get_info(
         &self,
-        _r: Request<NodeGetCapabilitiesRequest>,
-    ) -> Result<NodeGetCapabilitiesResponse> {
-        let mut caps = vec![
-            NodeCap::GetVolumeStats,
-            NodeCap::ExpandVolume,
-            NodeCap::SingleNodeMultiWriter,
-        ];
-        if self.opts.stage_unstage {
-            caps.push(NodeCap::StageUnstageVolume);
-        }
-        Ok(Response::new(NodeGetCapabilitiesResponse {
-            capabilities: caps.into_iter().map(Into::into).collect(),
-        }))
-    }
-
-    async fn node_get_info(&self, _r: Request<NodeGetInfoRequest>) -> Result<NodeGetInfoResponse> {
-        Ok(Response::new(NodeGetInfoResponse {
+        _: &CallContext,
+        _: NodeGetInfoRequest,
+    ) -> CsiResult<NodeGetInfoResponse> {
+        Ok(NodeGetInfoResponse {
             node_id: self.opts.node_id.clone(),
             max_volumes_per_node: MAX_VOLUMES_PER_NODE,
             accessible_topology: None,
-        }))
+        })
     }
 }
 
-#[tonic::async_trait]
+#[csi_server::async_trait]
 impl GroupController for MockDriver {
-    async fn group_controller_get_capabilities(
-        &self,
-        _r: Request<GroupControllerGetCapabilitiesRequest>,
-    ) -> Result<GroupControllerGetCapabilitiesResponse> {
-        Ok(Response::new(GroupControllerGetCapabilitiesResponse {
-            capabilities: vec![GroupCap::CreateDeleteGetVolumeGroupSnapshot.into()],
-        }))
-    }
-
     async fn create_volume_group_snapshot(
         &self,
-        r: Request<CreateVolumeGroupSnapshotRequest>,
-    ) -> Result<CreateVolumeGroupSnapshotResponse> {
-        let req = r.into_inner();
-        self.log("CreateVolumeGroupSnapshot", &req, &req.secrets);
-        require(&req.name, "name")?;
-        if req.source_volume_ids.is_empty() {
-            return Err(invalid("source_volume_ids is required"));
-        }
+        _: &CallContext,
+        req: CreateVolumeGroupSnapshotRequest,
+    ) -> CsiResult<CreateVolumeGroupSnapshotResponse> {
         let mut sources = req.source_volume_ids.clone();
         sources.sort();
         let mut st = self.lock();
         if let Some(g) = st.groups.values().find(|g| g.name == req.name) {
             if g.sources == sources && g.params == req.parameters {
-                return Ok(Response::new(CreateVolumeGroupSnapshotResponse {
+                return Ok(CreateVolumeGroupSnapshotResponse {
                     group_snapshot: Some(g.group.clone()),
-                }));
+                });
             }
-            return Err(Status::already_exists(format!(
+            return Err(CsiError::AlreadyExists(format!(
                 "group snapshot {} exists with other sources",
                 req.name
             )));
         }
-        for id in &sources {
-            if !st.volumes.contains_key(id) {
-                return Err(self.missing_volume(id));
-            }
+        if let Some(id) = sources.iter().find(|id| !st.volumes.contains_key(*id)) {
+            return Err(self.missing_volume(id));
         }
         let gid = st.next_id("group");
         let time = now();
@@ -1262,7 +1111,7 @@ impl GroupController for MockDriver {
         for src in &sources {
             let sid = st.next_id("snap");
             let snapshot = Snapshot {
-                size_bytes: st.volumes[src].capacity,
+                size_bytes: st.volumes[src].volume.capacity_bytes,
                 snapshot_id: sid.clone(),
                 source_volume_id: src.clone(),
                 creation_time: Some(time),
@@ -1273,6 +1122,7 @@ impl GroupController for MockDriver {
                 sid.clone(),
                 Snap {
                     name: format!("{}/{sid}", req.name),
+                    parameters: req.parameters.clone(),
                     snapshot: snapshot.clone(),
                 },
             );
@@ -1293,24 +1143,22 @@ impl GroupController for MockDriver {
                 group: group.clone(),
             },
         );
-        Ok(Response::new(CreateVolumeGroupSnapshotResponse {
+        Ok(CreateVolumeGroupSnapshotResponse {
             group_snapshot: Some(group),
-        }))
+        })
     }
 
     async fn delete_volume_group_snapshot(
         &self,
-        r: Request<DeleteVolumeGroupSnapshotRequest>,
-    ) -> Result<DeleteVolumeGroupSnapshotResponse> {
-        let req = r.into_inner();
-        self.log("DeleteVolumeGroupSnapshot", &req, &req.secrets);
-        require(&req.group_snapshot_id, "group_snapshot_id")?;
+        _: &CallContext,
+        req: DeleteVolumeGroupSnapshotRequest,
+    ) -> CsiResult<DeleteVolumeGroupSnapshotResponse> {
         if req.snapshot_ids.is_empty() && self.has(Fault::RequiresSnapshotIds) {
-            return Err(invalid("snapshot_ids: required"));
+            return Err(CsiError::required("snapshot_ids"));
         }
         let mut st = self.lock();
         let Some(g) = st.groups.get(&req.group_snapshot_id) else {
-            return Ok(Response::new(DeleteVolumeGroupSnapshotResponse {}));
+            return Ok(DeleteVolumeGroupSnapshotResponse {});
         };
         let members: HashSet<String> = g
             .group
@@ -1321,26 +1169,27 @@ impl GroupController for MockDriver {
         if !req.snapshot_ids.is_empty()
             && req.snapshot_ids.iter().cloned().collect::<HashSet<_>>() != members
         {
-            return Err(invalid("snapshot_ids do not match the group snapshot"));
+            return Err(CsiError::invalid(
+                "snapshot_ids",
+                "do not match the group snapshot",
+            ));
         }
         st.snapshots.retain(|id, _| !members.contains(id));
         st.groups.remove(&req.group_snapshot_id);
-        Ok(Response::new(DeleteVolumeGroupSnapshotResponse {}))
+        Ok(DeleteVolumeGroupSnapshotResponse {})
     }
 
     async fn get_volume_group_snapshot(
         &self,
-        r: Request<GetVolumeGroupSnapshotRequest>,
-    ) -> Result<GetVolumeGroupSnapshotResponse> {
-        let req = r.into_inner();
-        self.log("GetVolumeGroupSnapshot", &req, &req.secrets);
-        require(&req.group_snapshot_id, "group_snapshot_id")?;
+        _: &CallContext,
+        req: GetVolumeGroupSnapshotRequest,
+    ) -> CsiResult<GetVolumeGroupSnapshotResponse> {
         if req.snapshot_ids.is_empty() && self.has(Fault::RequiresSnapshotIds) {
-            return Err(invalid("snapshot_ids: required"));
+            return Err(CsiError::required("snapshot_ids"));
         }
         let st = self.lock();
         let g = st.groups.get(&req.group_snapshot_id).ok_or_else(|| {
-            Status::not_found(format!(
+            CsiError::NotFound(format!(
                 "group snapshot {} does not exist",
                 req.group_snapshot_id
             ))
@@ -1349,10 +1198,32 @@ impl GroupController for MockDriver {
         if !req.snapshot_ids.is_empty()
             && req.snapshot_ids.iter().collect::<HashSet<_>>() != members
         {
-            return Err(invalid("snapshot_ids do not match the group snapshot"));
+            return Err(CsiError::invalid(
+                "snapshot_ids",
+                "do not match the group snapshot",
+            ));
         }
-        Ok(Response::new(GetVolumeGroupSnapshotResponse {
+        Ok(GetVolumeGroupSnapshotResponse {
             group_snapshot: Some(g.group.clone()),
-        }))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_declaration_is_consistent_and_follows_the_faults() {
+        let caps = MockDriver::new().capabilities();
+        assert!(caps.check().is_ok());
+        assert!(caps.has_node(NodeRpc::StageUnstageVolume));
+        assert!(caps.accepted_mutable_parameters().is_some());
+        let caps = MockDriver::new()
+            .without_stage_unstage()
+            .with_fault(Fault::AcceptsAnyMutableParameter)
+            .capabilities();
+        assert!(!caps.has_node(NodeRpc::StageUnstageVolume));
+        assert!(caps.accepted_mutable_parameters().is_none());
     }
 }

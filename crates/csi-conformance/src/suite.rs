@@ -3,17 +3,16 @@
 
 use std::collections::HashMap;
 use std::fmt::Debug;
-use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use csi_client::{ClientOptions, CsiClient, Endpoint, UnaryRequest};
 use csi_proto::v1::controller_service_capability::rpc::Type as CtrlCap;
 use csi_proto::v1::group_controller_service_capability::rpc::Type as GroupCap;
 use csi_proto::v1::node_service_capability::rpc::Type as NodeCap;
 use csi_proto::v1::plugin_capability::service::Type as PluginCap;
 use csi_proto::v1::volume_capability::access_mode::Mode;
 use csi_proto::v1::*;
-use csi_server::{ClientOptions, CsiClient, Endpoint};
 use futures::future::BoxFuture;
 use tonic::{Code, Status as GrpcStatus};
 
@@ -25,7 +24,7 @@ use crate::report::{CheckResult, Failure, Group, Report, Status};
 pub enum Error {
     /// The endpoint is malformed or unreachable.
     #[error(transparent)]
-    Connect(#[from] csi_server::ConnectError),
+    Connect(#[from] csi_client::ConnectError),
     /// The staging or target parent directory is unusable.
     #[error("cannot prepare {path}: {source}")]
     Dir {
@@ -195,16 +194,6 @@ impl<T> Call<T> {
     }
 }
 
-/// Calls an RPC through the context: `rpc!(ctx, controller, create_volume, "CreateVolume", req)`.
-macro_rules! rpc {
-    ($ctx:expr, $svc:ident, $method:ident, $name:literal, $req:expr) => {
-        $ctx.call($name, $req, |c: ::csi_server::CsiClient, r| async move {
-            c.$svc().$method(r).await
-        })
-    };
-}
-pub(crate) use rpc;
-
 /// Something a check created that must be torn down afterwards.
 #[derive(Debug, Clone)]
 pub(crate) enum Resource {
@@ -245,16 +234,14 @@ pub(crate) struct Ctx {
 }
 
 impl Ctx {
-    pub async fn call<Req, Resp, F, Fut>(&self, rpc: &'static str, req: Req, f: F) -> Call<Resp>
-    where
-        Req: Debug,
-        F: FnOnce(CsiClient, Req) -> Fut,
-        Fut: Future<Output = Result<tonic::Response<Resp>, GrpcStatus>>,
-    {
+    /// Sends one request, with the suite's per-call timeout; the answer
+    /// keeps the RPC's name and the redacted request for failure reports.
+    pub async fn rpc<Req: UnaryRequest>(&self, req: Req) -> Call<Req::Response> {
+        let rpc = Req::METHOD.name();
         let request = format!("{req:?}");
-        let fut = f(self.client.clone(), req);
+        let fut = self.client.call(req);
         let result = match tokio::time::timeout(self.config.timeouts.rpc, fut).await {
-            Ok(r) => r.map(tonic::Response::into_inner),
+            Ok(r) => r,
             Err(_) => Err(GrpcStatus::deadline_exceeded(format!(
                 "no answer within {:?}",
                 self.config.timeouts.rpc
@@ -387,7 +374,7 @@ impl Ctx {
 
     /// Creates a volume (registered for cleanup) and checks the answer's shape.
     pub async fn create_volume_with(&mut self, req: CreateVolumeRequest) -> Outcome<Volume> {
-        let call = rpc!(self, controller, create_volume, "CreateVolume", req).await;
+        let call = self.rpc(req).await;
         let resp = match &call.result {
             Ok(r) => r.clone(),
             Err(_) => return Err(call.failure("OK", "creating a test volume must succeed")),
@@ -450,83 +437,47 @@ impl Ctx {
     async fn teardown(&self, item: &Resource) -> Result<(), Failure> {
         match item {
             Resource::Volume(id) => accept(
-                rpc!(
-                    self,
-                    controller,
-                    delete_volume,
-                    "DeleteVolume",
-                    DeleteVolumeRequest {
-                        volume_id: id.clone(),
-                        secrets: self.secrets(SecretKind::DeleteVolume),
-                    }
-                )
+                self.rpc(DeleteVolumeRequest {
+                    volume_id: id.clone(),
+                    secrets: self.secrets(SecretKind::DeleteVolume),
+                })
                 .await,
             ),
             Resource::Snapshot(id) => accept(
-                rpc!(
-                    self,
-                    controller,
-                    delete_snapshot,
-                    "DeleteSnapshot",
-                    DeleteSnapshotRequest {
-                        snapshot_id: id.clone(),
-                        secrets: self.secrets(SecretKind::DeleteSnapshot),
-                    }
-                )
+                self.rpc(DeleteSnapshotRequest {
+                    snapshot_id: id.clone(),
+                    secrets: self.secrets(SecretKind::DeleteSnapshot),
+                })
                 .await,
             ),
             Resource::GroupSnapshot(id, snaps) => accept(
-                rpc!(
-                    self,
-                    group_controller,
-                    delete_volume_group_snapshot,
-                    "DeleteVolumeGroupSnapshot",
-                    DeleteVolumeGroupSnapshotRequest {
-                        group_snapshot_id: id.clone(),
-                        snapshot_ids: snaps.clone(),
-                        secrets: self.secrets(SecretKind::DeleteVolumeGroupSnapshot),
-                    }
-                )
+                self.rpc(DeleteVolumeGroupSnapshotRequest {
+                    group_snapshot_id: id.clone(),
+                    snapshot_ids: snaps.clone(),
+                    secrets: self.secrets(SecretKind::DeleteVolumeGroupSnapshot),
+                })
                 .await,
             ),
             Resource::ControllerPublish { volume, node } => accept(
-                rpc!(
-                    self,
-                    controller,
-                    controller_unpublish_volume,
-                    "ControllerUnpublishVolume",
-                    ControllerUnpublishVolumeRequest {
-                        volume_id: volume.clone(),
-                        node_id: node.clone(),
-                        secrets: self.secrets(SecretKind::ControllerUnpublishVolume),
-                    }
-                )
+                self.rpc(ControllerUnpublishVolumeRequest {
+                    volume_id: volume.clone(),
+                    node_id: node.clone(),
+                    secrets: self.secrets(SecretKind::ControllerUnpublishVolume),
+                })
                 .await,
             ),
             Resource::Staged { volume, path } => accept(
-                rpc!(
-                    self,
-                    node,
-                    node_unstage_volume,
-                    "NodeUnstageVolume",
-                    NodeUnstageVolumeRequest {
-                        volume_id: volume.clone(),
-                        staging_target_path: path.clone(),
-                    }
-                )
+                self.rpc(NodeUnstageVolumeRequest {
+                    volume_id: volume.clone(),
+                    staging_target_path: path.clone(),
+                })
                 .await,
             ),
             Resource::Published { volume, target } => accept(
-                rpc!(
-                    self,
-                    node,
-                    node_unpublish_volume,
-                    "NodeUnpublishVolume",
-                    NodeUnpublishVolumeRequest {
-                        volume_id: volume.clone(),
-                        target_path: target.clone(),
-                    }
-                )
+                self.rpc(NodeUnpublishVolumeRequest {
+                    volume_id: volume.clone(),
+                    target_path: target.clone(),
+                })
                 .await,
             ),
             Resource::Dir(dir) => {
@@ -616,7 +567,7 @@ impl Suite {
             .config
             .endpoint
             .parse()
-            .map_err(csi_server::ConnectError::from)?;
+            .map_err(csi_client::ConnectError::from)?;
         let options = ClientOptions {
             connect_timeout: self.config.timeouts.connect,
             call_timeout: Some(self.config.timeouts.rpc),
@@ -674,28 +625,14 @@ impl Suite {
 /// Fetches plugin info and every capability list once, so checks can decide
 /// what applies without repeating the calls.
 async fn discover(ctx: &mut Ctx) -> Option<String> {
-    let plugin = rpc!(
-        ctx,
-        identity,
-        get_plugin_info,
-        "GetPluginInfo",
-        GetPluginInfoRequest {}
-    )
-    .await
-    .result
-    .ok()
-    .map(|r| format!("{} {}", r.name, r.vendor_version));
+    let plugin = ctx
+        .rpc(GetPluginInfoRequest {})
+        .await
+        .result
+        .ok()
+        .map(|r| format!("{} {}", r.name, r.vendor_version));
     let err = |s: GrpcStatus| format!("{}: {}", code_name(s.code()), s.message());
-    match rpc!(
-        ctx,
-        identity,
-        get_plugin_capabilities,
-        "GetPluginCapabilities",
-        GetPluginCapabilitiesRequest {}
-    )
-    .await
-    .result
-    {
+    match ctx.rpc(GetPluginCapabilitiesRequest {}).await.result {
         Ok(r) => {
             ctx.caps.plugin = r
                 .capabilities
@@ -706,16 +643,7 @@ async fn discover(ctx: &mut Ctx) -> Option<String> {
         Err(s) => ctx.caps.plugin_err = Some(err(s)),
     }
     if ctx.has_plugin(PluginCap::ControllerService) {
-        match rpc!(
-            ctx,
-            controller,
-            controller_get_capabilities,
-            "ControllerGetCapabilities",
-            ControllerGetCapabilitiesRequest {}
-        )
-        .await
-        .result
-        {
+        match ctx.rpc(ControllerGetCapabilitiesRequest {}).await.result {
             Ok(r) => {
                 ctx.caps.controller = r.capabilities.iter().filter_map(|c| c.rpc_type()).collect()
             }
@@ -725,30 +653,12 @@ async fn discover(ctx: &mut Ctx) -> Option<String> {
         ctx.caps.controller_err =
             Some("plugin capability CONTROLLER_SERVICE not advertised".into());
     }
-    match rpc!(
-        ctx,
-        node,
-        node_get_capabilities,
-        "NodeGetCapabilities",
-        NodeGetCapabilitiesRequest {}
-    )
-    .await
-    .result
-    {
+    match ctx.rpc(NodeGetCapabilitiesRequest {}).await.result {
         Ok(r) => ctx.caps.node = r.capabilities.iter().filter_map(|c| c.rpc_type()).collect(),
         Err(s) => ctx.caps.node_err = Some(err(s)),
     }
     if ctx.caps.node_err.is_none() {
-        if let Ok(r) = rpc!(
-            ctx,
-            node,
-            node_get_info,
-            "NodeGetInfo",
-            NodeGetInfoRequest {}
-        )
-        .await
-        .result
-        {
+        if let Ok(r) = ctx.rpc(NodeGetInfoRequest {}).await.result {
             if !r.node_id.is_empty() {
                 ctx.caps.node_id = Some(r.node_id);
             }
@@ -756,15 +666,10 @@ async fn discover(ctx: &mut Ctx) -> Option<String> {
         }
     }
     if ctx.has_plugin(PluginCap::GroupControllerService) {
-        match rpc!(
-            ctx,
-            group_controller,
-            group_controller_get_capabilities,
-            "GroupControllerGetCapabilities",
-            GroupControllerGetCapabilitiesRequest {}
-        )
-        .await
-        .result
+        match ctx
+            .rpc(GroupControllerGetCapabilitiesRequest {})
+            .await
+            .result
         {
             Ok(r) => ctx.caps.group = r.capabilities.iter().filter_map(|c| c.rpc_type()).collect(),
             Err(s) => ctx.caps.group_err = Some(err(s)),

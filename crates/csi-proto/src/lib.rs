@@ -32,6 +32,7 @@
 #![warn(missing_docs)]
 
 mod helpers;
+pub mod methods;
 pub mod redact;
 pub mod size;
 
@@ -51,3 +52,5 @@ pub mod v1 {
     include!(concat!(env!("OUT_DIR"), "/csi.v1.rs"));
     include!(concat!(env!("OUT_DIR"), "/csi.v1.redact.rs"));
 }
+
+include!(concat!(env!("OUT_DIR"), "/csi.v1.for_each_method.rs"));

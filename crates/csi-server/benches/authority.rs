@@ -10,10 +10,10 @@
 
 use std::time::{Duration, Instant};
 
+use csi_client::{ClientOptions, CsiClient, Endpoint};
 use csi_proto::v1::identity_server::{Identity, IdentityServer};
 use csi_proto::v1::*;
 use csi_server::authority::AnyAuthority;
-use csi_server::{ClientOptions, CsiClient, Endpoint};
 use futures::TryStreamExt;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Request, Response, Status};

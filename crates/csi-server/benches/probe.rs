@@ -6,9 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
+use csi_client::{ClientOptions, CsiClient};
 use csi_proto::v1::identity_server::{Identity as TonicIdentity, IdentityServer};
 use csi_proto::v1::*;
-use csi_server::{ClientOptions, CsiClient, Endpoint, Node, PluginInfo, ServeMode, Server};
+use csi_server::{Endpoint, Node, PluginInfo, ServeMode, Server};
 use tokio::runtime::Runtime;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Request, Response, Status};
@@ -84,31 +85,41 @@ fn probe(c: &mut Criterion) {
 }
 
 /// The in-process cost of the layers alone (no socket, no HTTP/2): the
-/// same Probe handler called directly and through the default stack.
+/// same Probe handler called directly and through the server's default
+/// stack.
 fn stack_overhead(c: &mut Criterion) {
-    use csi_server::Capabilities;
     use csi_server::layer::{
-        CatchPanicLayer, GatingLayer, LockingLayer, Readiness, ReadinessLayer, Stack, TracingLayer,
-        ValidationLayer,
+        BoxCsiService, CatchPanicLayer, CsiCall, GatingLayer, LockingLayer, Readiness,
+        ReadinessLayer, TracingLayer, ValidationLayer,
     };
+    use csi_server::{Capabilities, DriverService, Drivers};
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
-    let stack = Stack::new()
-        .push(TracingLayer)
-        .push(CatchPanicLayer)
-        .push(GatingLayer::new(Capabilities::new()))
-        .push(ValidationLayer)
-        .push(ReadinessLayer::new(Readiness::ready()))
-        .push(LockingLayer::new());
-    let handler = |_: ProbeRequest| async { Ok(ProbeResponse { ready: Some(true) }) };
+    // As the server builds it: the built-in layers composed statically over
+    // the driver and boxed once.
+    let driver = DriverService::new(Drivers {
+        identity: Some(Arc::new(csi_server::DefaultIdentity)),
+        ..Default::default()
+    });
+    let stack = BoxCsiService::new(
+        tower::ServiceBuilder::new()
+            .layer(TracingLayer)
+            .layer(CatchPanicLayer)
+            .layer(GatingLayer::new(Capabilities::new()))
+            .layer(ValidationLayer)
+            .layer(ReadinessLayer::new(Readiness::ready()))
+            .layer(LockingLayer::new())
+            .service(driver),
+    );
+    let handler = |_: ProbeRequest| async { Ok::<_, Status>(ProbeResponse { ready: Some(true) }) };
     let mut group = c.benchmark_group("probe_in_process");
     group.bench_function("handler_only", |b| {
         b.iter(|| rt.block_on(handler(ProbeRequest {})).unwrap())
     });
     group.bench_function("full_stack", |b| {
         b.iter(|| {
-            rt.block_on(stack.call(1, ProbeRequest {}, handler))
+            rt.block_on(stack.call_one(CsiCall::new(1, ProbeRequest {})))
                 .unwrap()
         })
     });

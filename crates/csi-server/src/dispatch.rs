@@ -1,32 +1,162 @@
-//! The tonic service impls: every RPC is one macro-generated line that hands
-//! the request to the layer stack and then to the driver trait method.
+//! From tonic to the driver, generated from the method table: the tonic
+//! service impls turn each RPC into a [`CsiCall`] sent through the layer
+//! stack, and [`DriverService`] at the bottom of the stack hands it to the
+//! driver trait method.
 
-use std::fmt;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
 
+use csi_proto::methods::RpcRequest;
 use csi_proto::v1 as csi;
 use futures::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
+use tower::Service;
 
 use crate::driver::{
-    CallContext, Controller, CsiStream, Declared, GroupController, Identity, Node, SnapshotMetadata,
+    CallContext, Controller, CsiResult, CsiStream, Declared, GroupController, Identity, Node,
+    ResponseStream, SnapshotMetadata,
 };
 use crate::error::CsiError;
-use crate::layer::Stack;
-use crate::request::CsiRequest;
+use crate::layer::{BoxCsiService, CsiCall, CsiFuture, ErasedRequest};
 
-/// What every service shares: the stack, the declaration, the id counter.
-pub(crate) struct Shared {
-    pub(crate) stack: Stack,
-    pub(crate) declared: Arc<Declared>,
+/// A request type the driver set can answer: every CSI request.
+#[doc(hidden)]
+pub trait Route: ErasedRequest {
+    /// Calls the driver method of this request's RPC.
+    fn call_driver(drivers: &Drivers, ctx: CallContext, req: Self) -> CsiFuture<Self::Output>;
+}
+
+fn not_provided<T>(ctx: &CallContext) -> CsiResult<T> {
+    Err(CsiError::Unimplemented(format!(
+        "{} is not served by this plugin (not in its mode, or not provided)",
+        ctx.method
+    )))
+}
+
+macro_rules! dispatch {
+    (() $($svc:ident {
+        unary: [$($m:ident { rust: $fn:ident, request: $req:ident, response: $resp:ident, doc: $doc:literal, })*],
+        server_streaming: [$($sm:ident { rust: $sfn:ident, request: $sreq:ident, response: $sresp:ident, stream: $stream:ident, doc: $smdoc:literal, })*],
+        rust: $srust:ident, server_mod: $smod:ident, server_trait: $strait:ident, server: $server:ident,
+        client_mod: $cmod:ident, client: $client:ident,
+        doc: $sdoc:literal,
+    })*) => {
+        /// The drivers a server serves, one per service.
+        #[derive(Clone, Default)]
+        pub struct Drivers {
+            $(
+                #[doc = $sdoc]
+                pub $srust: Option<Arc<dyn $svc>>,
+            )*
+        }
+
+        impl std::fmt::Debug for Drivers {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_struct("Drivers")
+                    $(.field(stringify!($srust), &self.$srust.is_some()))*
+                    .finish()
+            }
+        }
+
+        $($(
+            impl Route for csi::$req {
+                fn call_driver(drivers: &Drivers, ctx: CallContext, req: Self) -> CsiFuture<Self::Output> {
+                    match drivers.$srust.clone() {
+                        Some(driver) => Box::pin(async move { driver.$fn(&ctx, req).await }),
+                        None => Box::pin(futures::future::ready(not_provided(&ctx))),
+                    }
+                }
+            }
+        )* $(
+            impl Route for csi::$sreq {
+                fn call_driver(drivers: &Drivers, ctx: CallContext, req: Self) -> CsiFuture<Self::Output> {
+                    match drivers.$srust.clone() {
+                        Some(driver) => Box::pin(async move {
+                            driver.$sfn(&ctx, req).await.map(ResponseStream)
+                        }),
+                        None => Box::pin(futures::future::ready(not_provided(&ctx))),
+                    }
+                }
+            }
+        )*)*
+
+        $(
+            #[tonic::async_trait]
+            impl csi::$smod::$strait for Dispatch {
+                $(
+                    async fn $fn(&self, request: Request<csi::$req>) -> Result<Response<csi::$resp>, Status> {
+                        self.unary(request).await
+                    }
+                )*
+                $(
+                    type $stream = StatusStream<csi::$sresp>;
+
+                    async fn $sfn(&self, request: Request<csi::$sreq>) -> Result<Response<Self::$stream>, Status> {
+                        let stream = self.call(request).await?;
+                        Ok(Response::new(into_status_stream(stream.0)))
+                    }
+                )*
+            }
+        )*
+
+        impl Dispatch {
+            /// The tonic routes of the services present in `drivers`.
+            pub(crate) fn routes(self: &Arc<Self>, drivers: &Drivers) -> tonic::service::RoutesBuilder {
+                let mut routes = tonic::service::RoutesBuilder::default();
+                $(
+                    if drivers.$srust.is_some() {
+                        routes.add_service(csi::$smod::$server::from_arc(self.clone()));
+                    }
+                )*
+                routes
+            }
+        }
+    };
+}
+
+csi_proto::for_each_method!(dispatch);
+
+/// The bottom of the stack: calls the driver.
+#[derive(Clone, Debug)]
+pub struct DriverService {
+    drivers: Arc<Drivers>,
+}
+
+impl DriverService {
+    /// Serves `drivers`.
+    pub fn new(drivers: Drivers) -> Self {
+        Self {
+            drivers: Arc::new(drivers),
+        }
+    }
+}
+
+impl<Req: Route> Service<CsiCall<Req>> for DriverService {
+    type Response = Req::Output;
+    type Error = CsiError;
+    type Future = CsiFuture<Req::Output>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), CsiError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, call: CsiCall<Req>) -> Self::Future {
+        Req::call_driver(&self.drivers, call.ctx, call.request)
+    }
+}
+
+/// What every tonic service shares: the stack, the declaration, the id counter.
+pub(crate) struct Dispatch {
+    stack: BoxCsiService,
+    declared: Arc<Declared>,
     next_id: AtomicU64,
 }
 
-impl Shared {
-    pub(crate) fn new(stack: Stack, declared: Arc<Declared>) -> Arc<Self> {
+impl Dispatch {
+    pub(crate) fn new(stack: BoxCsiService, declared: Arc<Declared>) -> Arc<Self> {
         Arc::new(Self {
             stack,
             declared,
@@ -34,97 +164,20 @@ impl Shared {
         })
     }
 
-    async fn dispatch<Req, Resp, F, Fut>(
-        &self,
-        request: Request<Req>,
-        handler: F,
-    ) -> Result<Response<Resp>, Status>
-    where
-        Req: CsiRequest,
-        Resp: fmt::Debug + Send + 'static,
-        F: FnOnce(CallContext, Req) -> Fut + Send + 'static,
-        Fut: Future<Output = Result<Resp, CsiError>> + Send + 'static,
-    {
+    async fn call<Req: Route>(&self, request: Request<Req>) -> Result<Req::Output, Status> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let req = request.into_inner();
-        let ctx = CallContext::new(id, req.method(), self.declared.clone());
+        let ctx = CallContext::new(id, Req::METHOD, self.declared.clone());
         self.stack
-            .call(id, req, move |req| handler(ctx, req))
+            .call_one(CsiCall::with_context(ctx, request.into_inner()))
             .await
-            .map(Response::new)
             .map_err(Status::from)
     }
-}
 
-macro_rules! service {
-    ($svc:ident, $driver:ident, $tonic:path { $($fn:ident($req:ident) -> $resp:ident;)* }) => {
-        pub(crate) struct $svc {
-            pub(crate) shared: Arc<Shared>,
-            pub(crate) driver: Arc<dyn $driver>,
-        }
-
-        #[tonic::async_trait]
-        impl $tonic for $svc {
-            $(
-                async fn $fn(&self, request: Request<csi::$req>) -> Result<Response<csi::$resp>, Status> {
-                    let driver = self.driver.clone();
-                    self.shared
-                        .dispatch(request, move |ctx, req| async move { driver.$fn(&ctx, req).await })
-                        .await
-                }
-            )*
-        }
-    };
-}
-
-service!(IdentityService, Identity, csi::identity_server::Identity {
-    get_plugin_info(GetPluginInfoRequest) -> GetPluginInfoResponse;
-    get_plugin_capabilities(GetPluginCapabilitiesRequest) -> GetPluginCapabilitiesResponse;
-    probe(ProbeRequest) -> ProbeResponse;
-});
-
-service!(ControllerService, Controller, csi::controller_server::Controller {
-    create_volume(CreateVolumeRequest) -> CreateVolumeResponse;
-    delete_volume(DeleteVolumeRequest) -> DeleteVolumeResponse;
-    controller_publish_volume(ControllerPublishVolumeRequest) -> ControllerPublishVolumeResponse;
-    controller_unpublish_volume(ControllerUnpublishVolumeRequest) -> ControllerUnpublishVolumeResponse;
-    validate_volume_capabilities(ValidateVolumeCapabilitiesRequest) -> ValidateVolumeCapabilitiesResponse;
-    list_volumes(ListVolumesRequest) -> ListVolumesResponse;
-    get_capacity(GetCapacityRequest) -> GetCapacityResponse;
-    controller_get_capabilities(ControllerGetCapabilitiesRequest) -> ControllerGetCapabilitiesResponse;
-    create_snapshot(CreateSnapshotRequest) -> CreateSnapshotResponse;
-    delete_snapshot(DeleteSnapshotRequest) -> DeleteSnapshotResponse;
-    list_snapshots(ListSnapshotsRequest) -> ListSnapshotsResponse;
-    get_snapshot(GetSnapshotRequest) -> GetSnapshotResponse;
-    controller_expand_volume(ControllerExpandVolumeRequest) -> ControllerExpandVolumeResponse;
-    controller_get_volume(ControllerGetVolumeRequest) -> ControllerGetVolumeResponse;
-    controller_modify_volume(ControllerModifyVolumeRequest) -> ControllerModifyVolumeResponse;
-});
-
-service!(NodeService, Node, csi::node_server::Node {
-    node_stage_volume(NodeStageVolumeRequest) -> NodeStageVolumeResponse;
-    node_unstage_volume(NodeUnstageVolumeRequest) -> NodeUnstageVolumeResponse;
-    node_publish_volume(NodePublishVolumeRequest) -> NodePublishVolumeResponse;
-    node_unpublish_volume(NodeUnpublishVolumeRequest) -> NodeUnpublishVolumeResponse;
-    node_get_volume_stats(NodeGetVolumeStatsRequest) -> NodeGetVolumeStatsResponse;
-    node_expand_volume(NodeExpandVolumeRequest) -> NodeExpandVolumeResponse;
-    node_get_capabilities(NodeGetCapabilitiesRequest) -> NodeGetCapabilitiesResponse;
-    node_get_info(NodeGetInfoRequest) -> NodeGetInfoResponse;
-});
-
-service!(GroupControllerService, GroupController, csi::group_controller_server::GroupController {
-    group_controller_get_capabilities(GroupControllerGetCapabilitiesRequest) -> GroupControllerGetCapabilitiesResponse;
-    create_volume_group_snapshot(CreateVolumeGroupSnapshotRequest) -> CreateVolumeGroupSnapshotResponse;
-    delete_volume_group_snapshot(DeleteVolumeGroupSnapshotRequest) -> DeleteVolumeGroupSnapshotResponse;
-    get_volume_group_snapshot(GetVolumeGroupSnapshotRequest) -> GetVolumeGroupSnapshotResponse;
-});
-
-/// A driver stream travelling through the layers (which only log it).
-struct StreamResponse<T>(CsiStream<T>);
-
-impl<T> fmt::Debug for StreamResponse<T> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("<stream>")
+    async fn unary<Req>(&self, request: Request<Req>) -> Result<Response<Req::Output>, Status>
+    where
+        Req: Route + RpcRequest<Response = <Req as crate::request::CsiRequest>::Output>,
+    {
+        self.call(request).await.map(Response::new)
     }
 }
 
@@ -143,36 +196,4 @@ fn into_status_stream<T: Send + 'static>(stream: CsiStream<T>) -> StatusStream<T
                 Err(_) => Err(Status::internal("internal error: the driver panicked")),
             }),
     )
-}
-
-pub(crate) struct SnapshotMetadataService {
-    pub(crate) shared: Arc<Shared>,
-    pub(crate) driver: Arc<dyn SnapshotMetadata>,
-}
-
-macro_rules! streaming {
-    ($($fn:ident($req:ident) -> $resp:ident as $assoc:ident;)*) => {
-        #[tonic::async_trait]
-        impl csi::snapshot_metadata_server::SnapshotMetadata for SnapshotMetadataService {
-            $(
-                type $assoc = StatusStream<csi::$resp>;
-
-                async fn $fn(&self, request: Request<csi::$req>) -> Result<Response<Self::$assoc>, Status> {
-                    let driver = self.driver.clone();
-                    let stream = self
-                        .shared
-                        .dispatch(request, move |ctx, req| async move {
-                            driver.$fn(&ctx, req).await.map(StreamResponse)
-                        })
-                        .await?;
-                    Ok(Response::new(into_status_stream(stream.into_inner().0)))
-                }
-            )*
-        }
-    };
-}
-
-streaming! {
-    get_metadata_allocated(GetMetadataAllocatedRequest) -> GetMetadataAllocatedResponse as GetMetadataAllocatedStream;
-    get_metadata_delta(GetMetadataDeltaRequest) -> GetMetadataDeltaResponse as GetMetadataDeltaStream;
 }

@@ -1,18 +1,34 @@
-//! Trait-based scaffolding for CSI plugins: a driver implements only its
-//! storage logic in async trait methods, and csi-server provides what a
-//! spec-correct plugin needs around it — serving on a safe unix socket,
-//! spec validation of every request, capability gating, per-resource
-//! locking, tracing with secrets redacted, panic safety, Probe readiness and
-//! graceful shutdown — plus helpers for the rules drivers usually get wrong
-//! (idempotency, paging, the NodePublish repeat table, capacity and
-//! topology resolution) and a typed client.
+//! Serving a CSI driver: the [`Server`] builder binds the unix socket
+//! safely, registers the services of its mode, and runs every call through
+//! a stack of [tower] layers before the driver's trait method
+//! ([csi-driver](csi_driver)) sees it.
+//!
+//! The map:
+//!
+//! - [`server`]: [`Server`] and [`ServerBuilder`] (mode, endpoint, drivers,
+//!   readiness, grace period, layers at any [`Position`]); `serve()` until
+//!   SIGTERM/SIGINT, then a graceful shutdown that also waits for work whose
+//!   caller went away.
+//! - [`layer`]: the typed call ([`CsiCall`]) and the built-in tower layers,
+//!   outermost first: tracing, metrics (feature `metrics`, served by hyper),
+//!   panic guard, capability gating, validation, readiness, per-resource
+//!   locking (which covers the work, not just the request).
+//! - [`dispatch`]: tonic's service traits to the stack, and the stack to the
+//!   driver ([`DriverService`]), generated from csi.proto's method table.
+//! - [`socket`]: creating the unix socket (0600, stale sockets replaced,
+//!   anything else refused), and [`authority`]: serving clients other than
+//!   grpc-go and grpc-js, which name the socket's path as `:authority`.
+//!
+//! What a driver implements (traits, [`CsiError`], [`Capabilities`], the
+//! spec's rules and helpers) is re-exported from csi-driver, so a driver
+//! needs only this crate; the endpoint types come from csi-client.
 //!
 //! A node-only driver:
 //!
 //! ```no_run
 //! use std::sync::Arc;
-//! use csi_proto::v1::{NodeGetInfoRequest, NodeGetInfoResponse};
-//! use csi_proto::v1::{NodePublishVolumeRequest, NodePublishVolumeResponse};
+//! use csi_server::v1::{NodeGetInfoRequest, NodeGetInfoResponse};
+//! use csi_server::v1::{NodePublishVolumeRequest, NodePublishVolumeResponse};
 //! use csi_server::{CallContext, Capabilities, CsiResult, Node, PluginInfo, ServeMode, Server};
 //!
 //! struct HostPath;
@@ -20,22 +36,24 @@
 //! #[csi_server::async_trait]
 //! impl Node for HostPath {
 //!     async fn node_get_info(&self, _: &CallContext, _: NodeGetInfoRequest) -> CsiResult<NodeGetInfoResponse> {
-//!         Ok(NodeGetInfoResponse { node_id: "node-1".into(), ..Default::default() })
+//!         Ok(NodeGetInfoResponse { node_id: csi_server::node_id_or_hostname(None), ..Default::default() })
 //!     }
 //!     async fn node_publish_volume(&self, _: &CallContext, req: NodePublishVolumeRequest) -> CsiResult<NodePublishVolumeResponse> {
 //!         // Validated already: volume_id and an absolute target_path are set.
-//!         std::fs::create_dir_all(&req.target_path)
-//!             .map_err(|e| csi_server::CsiError::Internal(e.to_string()))?;
+//!         std::fs::create_dir_all(&req.target_path)?;
 //!         Ok(NodePublishVolumeResponse {})
 //!     }
 //! }
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! csi_server::init_tracing("info");
 //! let server = Server::builder(PluginInfo::new("hostpath.csi.example.com", "0.1.0")?)
 //!     .capabilities(Capabilities::new())
 //!     .mode(ServeMode::Node)
 //!     .endpoint("unix:///run/csi/csi.sock".parse()?)
 //!     .node(Arc::new(HostPath))
+//!     // Any tower layer, e.g. a time limit on the driver's work.
+//!     .layer(tower::timeout::TimeoutLayer::new(std::time::Duration::from_secs(120)))
 //!     .build()?;
 //! server.serve().await?; // until SIGTERM/SIGINT
 //! # Ok(()) }
@@ -43,32 +61,18 @@
 #![warn(missing_docs)]
 
 pub mod authority;
-pub mod capabilities;
-pub mod client;
-mod dispatch;
-pub mod driver;
-pub mod endpoint;
-pub mod error;
-pub mod helpers;
+pub mod dispatch;
 pub mod layer;
-pub mod method;
-pub mod persist;
-pub mod request;
 pub mod server;
 pub mod socket;
-pub mod validate;
 
-pub use async_trait::async_trait;
-pub use capabilities::{Capabilities, PluginInfo};
-pub use client::{ClientOptions, ConnectError, CsiClient};
-pub use driver::{
-    CallContext, Controller, CsiResult, CsiStream, DefaultIdentity, GroupController, Identity,
-    Node, SnapshotMetadata,
-};
-pub use endpoint::{CSI_ENDPOINT_ENV, Endpoint, EndpointError};
-pub use error::CsiError;
-pub use layer::{Layer, Readiness, ReadinessState, Stack};
-pub use method::{Method, Service};
-pub use request::{CsiRequest, LockKey};
-pub use server::{ServeMode, Server, ServerBuilder, ServerError};
-pub use validate::Validate;
+pub use csi_client::endpoint;
+pub use csi_client::{CSI_ENDPOINT_ENV, Endpoint, EndpointError};
+// What a driver implements and calls (modules included), so a driver
+// depends on one crate.
+pub use csi_driver::*;
+pub use dispatch::{DriverService, Drivers};
+pub use layer::{BoxCsiService, CsiCall, CsiService, Readiness, ReadinessState};
+pub use server::{Builtin, Position, ServeMode, Server, ServerBuilder, ServerError};
+/// The tower crate the layers are built on.
+pub use tower;

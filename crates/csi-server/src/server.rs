@@ -6,30 +6,23 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use csi_proto::v1::controller_server::ControllerServer;
-use csi_proto::v1::group_controller_server::GroupControllerServer;
-use csi_proto::v1::identity_server::IdentityServer;
-use csi_proto::v1::node_server::NodeServer;
 use csi_proto::v1::plugin_capability::service::Type as PluginService;
-use csi_proto::v1::snapshot_metadata_server::SnapshotMetadataServer;
 use futures::TryStreamExt;
 use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
-use tonic::service::{Routes, RoutesBuilder};
+use tonic::service::Routes;
+use tower::Layer;
 
 use crate::authority::AnyAuthority;
 use crate::capabilities::{Capabilities, PluginInfo};
-use crate::dispatch::{
-    ControllerService, GroupControllerService, IdentityService, NodeService, Shared,
-    SnapshotMetadataService,
-};
+use crate::dispatch::{Dispatch, DriverService, Drivers};
 use crate::driver::{
     Controller, Declared, DefaultIdentity, GroupController, Identity, Node, SnapshotMetadata,
 };
 use crate::endpoint::{Endpoint, EndpointError};
 use crate::error::CsiError;
 use crate::layer::{
-    CatchPanicLayer, GatingLayer, Layer, LockMap, LockingLayer, Readiness, ReadinessLayer, Stack,
-    TracingLayer, ValidationLayer,
+    BoxCsiService, CatchPanicLayer, CsiService, GatingLayer, LockMap, LockingLayer, Readiness,
+    ReadinessLayer, TracingLayer, ValidationLayer,
 };
 use crate::socket::{self, SocketError};
 
@@ -121,6 +114,102 @@ impl From<CsiError> for ServerError {
     }
 }
 
+/// A built-in layer, to place custom layers relative to
+/// ([`ServerBuilder::layer_at`]). In the default order, outermost first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Builtin {
+    /// [`TracingLayer`].
+    Tracing,
+    /// The metrics layer (feature `metrics`).
+    Metrics,
+    /// [`CatchPanicLayer`].
+    CatchPanic,
+    /// [`GatingLayer`]: UNIMPLEMENTED for an undeclared RPC (and, with
+    /// validation off, the field-level capability rules too).
+    Gating,
+    /// [`ValidationLayer`].
+    Validation,
+    /// [`GatingLayer::fields`]: the field-level capability rules, after
+    /// validation (present when both gating and validation are on).
+    FieldRules,
+    /// [`ReadinessLayer`].
+    Readiness,
+    /// [`LockingLayer`].
+    Locking,
+}
+
+impl Builtin {
+    /// Every built-in layer, outermost first.
+    pub const ORDER: [Builtin; 8] = [
+        Self::Tracing,
+        Self::Metrics,
+        Self::CatchPanic,
+        Self::Gating,
+        Self::Validation,
+        Self::FieldRules,
+        Self::Readiness,
+        Self::Locking,
+    ];
+}
+
+/// Where a custom layer goes in the stack. Placing relative to a built-in
+/// layer that is turned off puts the custom layer where it would have been.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Position {
+    /// Outside every built-in layer (it sees calls before tracing does).
+    Outermost,
+    /// Just outside a built-in layer.
+    Outside(Builtin),
+    /// Just inside a built-in layer.
+    Inside(Builtin),
+    /// Inside every built-in layer, just outside the driver.
+    Innermost,
+}
+
+type BoxLayer = Box<dyn FnOnce(BoxCsiService) -> BoxCsiService + Send>;
+
+/// The built-in layers as configured (`None`/`false`: turned off).
+struct Builtins {
+    tracing: bool,
+    #[cfg(feature = "metrics")]
+    metrics: crate::layer::MetricsLayer,
+    catch_panics: bool,
+    gating: Option<GatingLayer>,
+    validation: bool,
+    field_rules: Option<GatingLayer>,
+    readiness: ReadinessLayer,
+    locking: Option<LockingLayer>,
+}
+
+/// The built-in layers of `run` that are on, in their order, around
+/// `inner`, as one type boxed once (a macro: `inner` is the boxed rest of the
+/// stack, or the driver itself when nothing custom is innermost).
+macro_rules! compose {
+    ($builtins:expr, $run:expr, $inner:expr) => {{
+        let (this, run): (&Builtins, &[Builtin]) = (&$builtins, &$run);
+        let has = |b: Builtin| run.contains(&b);
+        let builder = tower::ServiceBuilder::new()
+            .option_layer((this.tracing && has(Builtin::Tracing)).then_some(TracingLayer));
+        #[cfg(feature = "metrics")]
+        let builder = builder.option_layer(has(Builtin::Metrics).then(|| this.metrics.clone()));
+        let service = builder
+            .option_layer(
+                (this.catch_panics && has(Builtin::CatchPanic)).then_some(CatchPanicLayer),
+            )
+            .option_layer(this.gating.clone().filter(|_| has(Builtin::Gating)))
+            .option_layer((this.validation && has(Builtin::Validation)).then_some(ValidationLayer))
+            .option_layer(
+                this.field_rules
+                    .clone()
+                    .filter(|_| has(Builtin::FieldRules)),
+            )
+            .option_layer(has(Builtin::Readiness).then(|| this.readiness.clone()))
+            .option_layer(this.locking.clone().filter(|_| has(Builtin::Locking)))
+            .service($inner);
+        BoxCsiService::new(service)
+    }};
+}
+
 /// Configures a [`Server`]. Every layer is on by default.
 pub struct ServerBuilder {
     info: PluginInfo,
@@ -128,11 +217,8 @@ pub struct ServerBuilder {
     mode: ServeMode,
     endpoint: Option<Endpoint>,
     allow_tcp: bool,
-    identity: Option<Arc<dyn Identity>>,
-    controller: Option<Arc<dyn Controller>>,
-    node: Option<Arc<dyn Node>>,
-    group_controller: Option<Arc<dyn GroupController>>,
-    snapshot_metadata: Option<Arc<dyn SnapshotMetadata>>,
+    any_authority: bool,
+    drivers: Drivers,
     readiness: Option<Readiness>,
     grace_period: Duration,
     lock_wait: Duration,
@@ -142,7 +228,7 @@ pub struct ServerBuilder {
     gating: bool,
     validation: bool,
     locking: bool,
-    extra_layers: Vec<Arc<dyn Layer>>,
+    custom_layers: Vec<(Position, BoxLayer)>,
     #[cfg(feature = "metrics")]
     metrics: Option<std::net::SocketAddr>,
 }
@@ -182,33 +268,42 @@ impl ServerBuilder {
         self
     }
 
+    /// Whether connections on a unix socket go through
+    /// [`AnyAuthority`] (default on), so clients that send the socket path
+    /// as `:authority` (gRPC C-core, grpc-java) are served. Off only to test
+    /// that a client or suite notices a server without it.
+    pub fn any_authority(mut self, on: bool) -> Self {
+        self.any_authority = on;
+        self
+    }
+
     /// Overrides the Identity defaults.
     pub fn identity<I: Identity>(mut self, identity: Arc<I>) -> Self {
-        self.identity = Some(identity);
+        self.drivers.identity = Some(identity);
         self
     }
 
     /// The Controller driver.
     pub fn controller<C: Controller>(mut self, controller: Arc<C>) -> Self {
-        self.controller = Some(controller);
+        self.drivers.controller = Some(controller);
         self
     }
 
     /// The Node driver.
     pub fn node<N: Node>(mut self, node: Arc<N>) -> Self {
-        self.node = Some(node);
+        self.drivers.node = Some(node);
         self
     }
 
     /// The GroupController driver (served in controller mode).
     pub fn group_controller<G: GroupController>(mut self, group: Arc<G>) -> Self {
-        self.group_controller = Some(group);
+        self.drivers.group_controller = Some(group);
         self
     }
 
     /// The SnapshotMetadata driver (served in controller mode).
     pub fn snapshot_metadata<S: SnapshotMetadata>(mut self, service: Arc<S>) -> Self {
-        self.snapshot_metadata = Some(service);
+        self.drivers.snapshot_metadata = Some(service);
         self
     }
 
@@ -269,9 +364,50 @@ impl ServerBuilder {
         self
     }
 
-    /// Adds a custom layer just outside the driver (inside the built-in ones).
-    pub fn layer(mut self, layer: impl Layer) -> Self {
-        self.extra_layers.push(Arc::new(layer));
+    /// Adds a tower layer just outside the driver (inside the built-in
+    /// ones): `layer_at(Position::Innermost, layer)`.
+    pub fn layer<L>(self, layer: L) -> Self
+    where
+        L: Layer<BoxCsiService> + Send + 'static,
+        L::Service: CsiService,
+    {
+        self.layer_at(Position::Innermost, layer)
+    }
+
+    /// Adds a tower layer at `position`. Any layer whose service handles
+    /// every [`CsiCall`](crate::layer::CsiCall) type fits: the built-in
+    /// ones, `tower::timeout::TimeoutLayer` (an expired call is
+    /// DEADLINE_EXCEEDED), `tower::limit::ConcurrencyLimitLayer`, or your
+    /// own. Layers added at the same position nest in the order added,
+    /// the first outermost.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use csi_server::{Builtin, PluginInfo, Position, Server};
+    ///
+    /// let builder = Server::builder(PluginInfo::new("x.example.com", "1").unwrap())
+    ///     // A deadline for the driver's work, inside the lock.
+    ///     .layer_at(
+    ///         Position::Inside(Builtin::Locking),
+    ///         tower::timeout::TimeoutLayer::new(Duration::from_secs(120)),
+    ///     )
+    ///     // At most 16 calls at once, before any other work.
+    ///     .layer_at(Position::Outermost, tower::limit::ConcurrencyLimitLayer::new(16));
+    /// ```
+    ///
+    /// The stack clones a layer's service for every call, so state a layer
+    /// keeps must be shared between clones (`ConcurrencyLimit` does so;
+    /// `tower::limit::RateLimit` does not and needs a `tower::buffer` in
+    /// front of it).
+    pub fn layer_at<L>(mut self, position: Position, layer: L) -> Self
+    where
+        L: Layer<BoxCsiService> + Send + 'static,
+        L::Service: CsiService,
+    {
+        self.custom_layers.push((
+            position,
+            Box::new(move |inner| BoxCsiService::new(layer.layer(inner))),
+        ));
         self
     }
 
@@ -294,29 +430,43 @@ impl ServerBuilder {
             }
         }
         let mode = self.mode;
-        if mode.controller() && self.controller.is_none() {
+        let mut drivers = self.drivers;
+        if mode.controller() && drivers.controller.is_none() {
             return Err(ServerError::Config(format!(
                 "mode {mode:?} needs a controller driver"
             )));
         }
-        if mode.node() && self.node.is_none() {
+        if mode.node() && drivers.node.is_none() {
             return Err(ServerError::Config(format!(
                 "mode {mode:?} needs a node driver"
             )));
         }
-        let controller = self.controller.filter(|_| mode.controller());
-        let node = self.node.filter(|_| mode.node());
-        let group = self.group_controller.filter(|_| mode.controller());
-        let snapshot_metadata = self.snapshot_metadata.filter(|_| mode.controller());
+        if !mode.controller() {
+            drivers.controller = None;
+            drivers.group_controller = None;
+            drivers.snapshot_metadata = None;
+        }
+        if !mode.node() {
+            drivers.node = None;
+        }
+        if drivers.identity.is_none() {
+            drivers.identity = Some(Arc::new(DefaultIdentity));
+        }
 
         let mut capabilities = self.capabilities;
         capabilities.check()?;
         // Service capabilities follow what this instance serves.
-        capabilities.set_plugin(PluginService::ControllerService, controller.is_some());
-        capabilities.set_plugin(PluginService::GroupControllerService, group.is_some());
+        capabilities.set_plugin(
+            PluginService::ControllerService,
+            drivers.controller.is_some(),
+        );
+        capabilities.set_plugin(
+            PluginService::GroupControllerService,
+            drivers.group_controller.is_some(),
+        );
         capabilities.set_plugin(
             PluginService::SnapshotMetadataService,
-            snapshot_metadata.is_some(),
+            drivers.snapshot_metadata.is_some(),
         );
 
         let (readiness, ready_on_listen) = match self.readiness {
@@ -324,88 +474,92 @@ impl ServerBuilder {
             None => (Readiness::new(), true),
         };
 
-        let mut stack = Stack::new();
-        if self.tracing {
-            stack = stack.push(TracingLayer);
-        }
         #[cfg(feature = "metrics")]
         let metrics = crate::layer::MetricsLayer::new();
-        #[cfg(feature = "metrics")]
-        {
-            stack = stack.push(metrics.clone());
+        let builtins = Builtins {
+            tracing: self.tracing,
+            #[cfg(feature = "metrics")]
+            metrics: metrics.clone(),
+            catch_panics: self.catch_panics,
+            // Undeclared RPC first, then missing or invalid fields, then the
+            // field-level capability rules (see layer::gating).
+            gating: self.gating.then(|| {
+                if self.validation {
+                    GatingLayer::rpcs(capabilities.clone())
+                } else {
+                    GatingLayer::new(capabilities.clone())
+                }
+            }),
+            validation: self.validation,
+            field_rules: (self.gating && self.validation)
+                .then(|| GatingLayer::fields(capabilities.clone())),
+            readiness: ReadinessLayer::new(readiness.clone()),
+            locking: self
+                .locking
+                .then(|| LockingLayer::with_map(self.lock_map.clone(), self.lock_wait)),
+        };
+        // Outermost first: custom layers, and runs of built-in ones between them.
+        enum Entry {
+            Builtin(Builtin),
+            Custom(BoxLayer),
         }
-        if self.catch_panics {
-            stack = stack.push(CatchPanicLayer);
+        let mut custom = self.custom_layers;
+        let mut take = |p: Position| -> Vec<Entry> {
+            let (here, rest): (Vec<_>, Vec<_>) = custom.drain(..).partition(|(q, _)| *q == p);
+            custom = rest;
+            here.into_iter().map(|(_, l)| Entry::Custom(l)).collect()
+        };
+        let mut order: Vec<Entry> = take(Position::Outermost);
+        for b in Builtin::ORDER {
+            order.extend(take(Position::Outside(b)));
+            order.push(Entry::Builtin(b));
+            order.extend(take(Position::Inside(b)));
         }
-        // Undeclared RPC first, then missing or invalid fields, then the
-        // field-level capability rules (see layer::gating).
-        match (self.gating, self.validation) {
-            (true, true) => {
-                stack = stack
-                    .push(GatingLayer::rpcs(capabilities.clone()))
-                    .push(ValidationLayer)
-                    .push(GatingLayer::fields(capabilities.clone()));
-            }
-            (true, false) => stack = stack.push(GatingLayer::new(capabilities.clone())),
-            (false, true) => stack = stack.push(ValidationLayer),
-            (false, false) => {}
-        }
-        stack = stack.push(ReadinessLayer::new(readiness.clone()));
-        if self.locking {
-            stack = stack.push(LockingLayer::with_map(
-                self.lock_map.clone(),
-                self.lock_wait,
-            ));
-        }
-        for layer in self.extra_layers {
-            stack = stack.push_arc(layer);
-        }
+        order.extend(take(Position::Innermost));
 
-        let shared = Shared::new(
+        // Inside out. A run of built-in layers is composed statically and
+        // boxed once: boxing between layers costs allocations per call.
+        let driver = DriverService::new(drivers.clone());
+        let mut stack: Option<BoxCsiService> = None;
+        let mut run = Vec::new();
+        for entry in order.into_iter().rev() {
+            match entry {
+                Entry::Builtin(b) => run.push(b),
+                Entry::Custom(layer) => {
+                    let inner = match stack.take() {
+                        Some(inner) if run.is_empty() => inner,
+                        Some(inner) => compose!(builtins, run, inner),
+                        None => compose!(builtins, run, driver.clone()),
+                    };
+                    run.clear();
+                    stack = Some(layer(inner));
+                }
+            }
+        }
+        let stack = match stack {
+            Some(inner) if run.is_empty() => inner,
+            Some(inner) => compose!(builtins, run, inner),
+            None => compose!(builtins, run, driver),
+        };
+
+        let dispatch = Dispatch::new(
             stack,
             Arc::new(Declared {
                 info: self.info,
                 capabilities,
             }),
         );
-        let mut routes = RoutesBuilder::default();
-        routes.add_service(IdentityServer::new(IdentityService {
-            shared: shared.clone(),
-            driver: self.identity.unwrap_or_else(|| Arc::new(DefaultIdentity)),
-        }));
-        if let Some(driver) = controller {
-            routes.add_service(ControllerServer::new(ControllerService {
-                shared: shared.clone(),
-                driver,
-            }));
-        }
-        if let Some(driver) = node {
-            routes.add_service(NodeServer::new(NodeService {
-                shared: shared.clone(),
-                driver,
-            }));
-        }
-        if let Some(driver) = group {
-            routes.add_service(GroupControllerServer::new(GroupControllerService {
-                shared: shared.clone(),
-                driver,
-            }));
-        }
-        if let Some(driver) = snapshot_metadata {
-            routes.add_service(SnapshotMetadataServer::new(SnapshotMetadataService {
-                shared: shared.clone(),
-                driver,
-            }));
-        }
         // tonic's fallback answers unknown paths with an empty message; the
         // spec wants a human-readable one for every error.
-        let routes = routes
+        let routes = dispatch
+            .routes(&drivers)
             .routes()
             .into_axum_router()
             .fallback(|uri: tonic::codegen::http::Uri| async move { not_served(uri.path()) })
             .into();
         Ok(Server {
             endpoint,
+            any_authority: self.any_authority,
             routes,
             readiness,
             ready_on_listen,
@@ -420,6 +574,7 @@ impl ServerBuilder {
 /// A configured CSI server; see [`Server::builder`].
 pub struct Server {
     endpoint: Endpoint,
+    any_authority: bool,
     routes: Routes,
     readiness: Readiness,
     ready_on_listen: bool,
@@ -447,11 +602,8 @@ impl Server {
             mode: ServeMode::Both,
             endpoint: None,
             allow_tcp: false,
-            identity: None,
-            controller: None,
-            node: None,
-            group_controller: None,
-            snapshot_metadata: None,
+            any_authority: true,
+            drivers: Drivers::default(),
             readiness: None,
             grace_period: Duration::from_secs(30),
             lock_wait: Duration::ZERO,
@@ -461,7 +613,7 @@ impl Server {
             gating: true,
             validation: true,
             locking: true,
-            extra_layers: Vec::new(),
+            custom_layers: Vec::new(),
             #[cfg(feature = "metrics")]
             metrics: None,
         }
@@ -539,10 +691,30 @@ impl Server {
                     self.readiness.set_ready();
                 }
                 tracing::info!(endpoint = %self.endpoint, "serving");
-                // Any :authority on the socket (see crate::authority).
-                let incoming = UnixListenerStream::new(listener).map_ok(AnyAuthority::new);
-                let serving = router.serve_with_incoming_shutdown(incoming, stop);
-                let result = drain(serving, shutdown, stop_tx, self.grace_period).await;
+                let incoming = UnixListenerStream::new(listener);
+                let result = if self.any_authority {
+                    // Any :authority on the socket (see crate::authority).
+                    let incoming = incoming.map_ok(AnyAuthority::new);
+                    let serving = router.serve_with_incoming_shutdown(incoming, stop);
+                    drain(
+                        serving,
+                        shutdown,
+                        stop_tx,
+                        self.grace_period,
+                        &self.lock_map,
+                    )
+                    .await
+                } else {
+                    let serving = router.serve_with_incoming_shutdown(incoming, stop);
+                    drain(
+                        serving,
+                        shutdown,
+                        stop_tx,
+                        self.grace_period,
+                        &self.lock_map,
+                    )
+                    .await
+                };
                 file.remove();
                 result
             }
@@ -559,19 +731,28 @@ impl Server {
                 tracing::info!(endpoint = %self.endpoint, "serving");
                 let serving =
                     router.serve_with_incoming_shutdown(TcpListenerStream::new(listener), stop);
-                drain(serving, shutdown, stop_tx, self.grace_period).await
+                drain(
+                    serving,
+                    shutdown,
+                    stop_tx,
+                    self.grace_period,
+                    &self.lock_map,
+                )
+                .await
             }
         }
     }
 }
 
 /// Runs `serving` until `shutdown`, then tells it to stop and gives
-/// in-flight calls `grace` to finish before dropping them.
+/// in-flight calls `grace` to finish, including work whose caller went away
+/// (it holds its locks until it ends), before dropping them.
 async fn drain<S, F>(
     serving: S,
     shutdown: F,
     stop: tokio::sync::oneshot::Sender<()>,
     grace: Duration,
+    locks: &LockMap,
 ) -> Result<(), ServerError>
 where
     S: Future<Output = Result<(), tonic::transport::Error>>,
@@ -583,16 +764,27 @@ where
         () = shutdown => {}
     }
     let _ = stop.send(());
-    match tokio::time::timeout(grace, serving).await {
+    let deadline = tokio::time::Instant::now() + grace;
+    let result = match tokio::time::timeout_at(deadline, serving).await {
         Ok(result) => result.map_err(ServerError::from),
         Err(_) => {
             tracing::warn!(
                 ?grace,
                 "in-flight calls did not finish within the grace period"
             );
-            Ok(())
+            return Ok(());
         }
+    };
+    if tokio::time::timeout_at(deadline, locks.idle())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            ?grace,
+            "operations whose callers went away did not finish within the grace period"
+        );
     }
+    result
 }
 
 /// The answer for a method this server does not serve: UNIMPLEMENTED with a

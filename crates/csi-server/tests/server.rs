@@ -422,7 +422,7 @@ async fn different_volumes_do_not_block_each_other() {
 }
 
 #[tokio::test]
-async fn a_cancelled_call_releases_its_lock() {
+async fn a_cancelled_call_keeps_its_lock_until_its_work_ends() {
     let dir = tempfile::tempdir().unwrap();
     let driver = Arc::new(TestDriver::default());
     let s = start(builder(&dir, &driver)).await;
@@ -431,24 +431,180 @@ async fn a_cancelled_call_releases_its_lock() {
         tokio::spawn(async move { n.node_publish_volume(publish("block-v", "/mnt/t")).await });
     driver.entered.notified().await;
     assert_eq!(s.lock_map.len(), 2, "volume and target path held");
+    // The client gives up (as on a deadline): RST_STREAM drops the call on
+    // the server, but not its work.
     call.abort();
     assert!(call.await.unwrap_err().is_cancelled());
-    // The client's RST_STREAM makes the server drop the call's future.
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    assert_eq!(driver.running.load(Ordering::SeqCst), 1, "the work goes on");
+    // A retry while it runs is ABORTED and never reaches the driver.
+    for _ in 0..3 {
+        let err = s
+            .client
+            .node()
+            .node_publish_volume(publish("block-v", "/mnt/t"))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::Aborted, "{err:?}");
+    }
+    assert_eq!(driver.executions.load(Ordering::SeqCst), 1);
+    assert_eq!(driver.max_running.load(Ordering::SeqCst), 1);
+    // When the work ends its locks are released, and a retry runs.
+    driver.release.notify_one();
     let map = s.lock_map.clone();
     eventually("the lock map to empty", || map.is_empty()).await;
-    eventually("the driver call to be dropped", || {
-        driver.running.load(Ordering::SeqCst) == 0
-    })
-    .await;
-    // The same volume and target again: the lock is free, and this time
-    // the driver is let through.
+    let mut n = s.client.node();
+    let retry =
+        tokio::spawn(async move { n.node_publish_volume(publish("block-v", "/mnt/t")).await });
+    driver.entered.notified().await;
     driver.release.notify_one();
+    retry.await.unwrap().unwrap();
+    assert_eq!(driver.executions.load(Ordering::SeqCst), 2);
+    assert!(s.lock_map.is_empty());
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_snapshot_or_clone_locks_its_source() {
+    use csi_proto::v1::controller_service_capability::rpc::Type as C;
+    use csi_proto::v1::volume_content_source::{Type, VolumeSource};
+    let dir = tempfile::tempdir().unwrap();
+    let driver = Arc::new(TestDriver::default());
+    let caps = Capabilities::new().controller([
+        C::CreateDeleteVolume,
+        C::CreateDeleteSnapshot,
+        C::CloneVolume,
+    ]);
+    let s = start(builder(&dir, &driver).capabilities(caps)).await;
+    let delete_source = || {
+        let mut c = s.client.controller();
+        async move {
+            c.delete_volume(DeleteVolumeRequest {
+                volume_id: "src".into(),
+                ..Default::default()
+            })
+            .await
+        }
+    };
+
+    let mut c = s.client.controller();
+    let snapshot = tokio::spawn(async move {
+        c.create_snapshot(CreateSnapshotRequest {
+            source_volume_id: "src".into(),
+            name: "block-snap".into(),
+            ..Default::default()
+        })
+        .await
+    });
+    driver.entered.notified().await;
+    let err = delete_source().await.unwrap_err();
+    assert_eq!(err.code(), Code::Aborted, "{err:?}");
+    assert_eq!(
+        err.message(),
+        "an operation for volume \"src\" is already in progress"
+    );
+    driver.release.notify_one();
+    assert_eq!(
+        snapshot
+            .await
+            .unwrap()
+            .unwrap()
+            .into_inner()
+            .snapshot
+            .unwrap()
+            .source_volume_id,
+        "src"
+    );
+
+    let mut c = s.client.controller();
+    let clone = tokio::spawn(async move {
+        c.create_volume(CreateVolumeRequest {
+            name: "block-clone".into(),
+            volume_capabilities: vec![mount_cap()],
+            volume_content_source: Some(VolumeContentSource {
+                r#type: Some(Type::Volume(VolumeSource {
+                    volume_id: "src".into(),
+                })),
+            }),
+            ..Default::default()
+        })
+        .await
+    });
+    driver.entered.notified().await;
+    assert_eq!(delete_source().await.unwrap_err().code(), Code::Aborted);
+    driver.release.notify_one();
+    clone.await.unwrap().unwrap();
+    // Nothing in flight any more: the source can go.
+    delete_source().await.unwrap();
+    assert!(s.lock_map.is_empty());
+    s.stop().await.unwrap();
+}
+
+/// Counts the calls that pass.
+#[derive(Clone)]
+struct Count<S>(S, Arc<std::sync::atomic::AtomicUsize>);
+
+impl<S, Req> tower::Service<csi_server::CsiCall<Req>> for Count<S>
+where
+    S: tower::Service<csi_server::CsiCall<Req>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), S::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, call: csi_server::CsiCall<Req>) -> S::Future {
+        self.1.fetch_add(1, Ordering::SeqCst);
+        self.0.call(call)
+    }
+}
+
+#[tokio::test]
+async fn a_tower_layer_at_any_position() {
+    use csi_server::{Builtin, Position};
+    let dir = tempfile::tempdir().unwrap();
+    let driver = Arc::new(TestDriver::default());
+    // A time limit on the driver's work, inside the lock; calls seen before
+    // tracing are counted by a layer of our own.
+    let seen = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = seen.clone();
+    let s = start(
+        builder(&dir, &driver)
+            .layer_at(
+                Position::Inside(Builtin::Locking),
+                tower::timeout::TimeoutLayer::new(std::time::Duration::from_millis(50)),
+            )
+            .layer_at(
+                Position::Outermost,
+                tower::layer::layer_fn(move |inner| Count(inner, counter.clone())),
+            ),
+    )
+    .await;
+    let err = s
+        .client
+        .controller()
+        .delete_volume(DeleteVolumeRequest {
+            volume_id: "slow-1".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::DeadlineExceeded, "{err:?}");
     s.client
-        .node()
-        .node_publish_volume(publish("block-v", "/mnt/t"))
+        .controller()
+        .delete_volume(DeleteVolumeRequest {
+            volume_id: "v".into(),
+            ..Default::default()
+        })
         .await
         .unwrap();
-    assert!(s.lock_map.is_empty());
+    assert_eq!(seen.load(Ordering::SeqCst), 2);
     s.stop().await.unwrap();
 }
 

@@ -119,11 +119,11 @@ pub(crate) fn is_full(e: &io::Error) -> bool {
 }
 
 #[cfg(feature = "csi")]
-impl From<StoreError> for csi_server::CsiError {
+impl From<StoreError> for csi_driver::CsiError {
     /// A full disk is RESOURCE_EXHAUSTED, a held lock UNAVAILABLE, the
     /// rest INTERNAL (keys come from ids csi-server has already validated).
     fn from(e: StoreError) -> Self {
-        use csi_server::CsiError;
+        use csi_driver::CsiError;
         match e {
             StoreError::NoSpace { .. } | StoreError::TooLarge { .. } => {
                 CsiError::ResourceExhausted(e.to_string())
@@ -166,7 +166,7 @@ mod tests {
     #[cfg(feature = "csi")]
     #[test]
     fn maps_to_the_spec_codes() {
-        use csi_server::CsiError;
+        use csi_driver::CsiError;
         let full = StoreError::NoSpace {
             dir: "/d".into(),
             table: "volumes".into(),

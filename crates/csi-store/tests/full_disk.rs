@@ -56,19 +56,10 @@ fn temporaries(dir: &Path) -> Vec<String> {
         .collect()
 }
 
-fn skip_unless_root(name: &str) -> bool {
-    if mount_utils::testing::is_root() {
-        return false;
-    }
-    eprintln!("skipped: {name}: needs root to mount a tmpfs (euid != 0)");
-    true
-}
-
 #[test]
+#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
 fn full_disk_fails_puts_cleanly_and_deletes_still_work() {
-    if skip_unless_root("full_disk_fails_puts_cleanly_and_deletes_still_work") {
-        return;
-    }
+    mount_utils::require_root!("full_disk_fails_puts_cleanly_and_deletes_still_work");
     in_private_mount_ns("full-disk", || {
         let fs = Tmpfs::mount("size=256k,mode=0700");
         let state = fs.path.join("state");
@@ -135,10 +126,9 @@ fn full_disk_fails_puts_cleanly_and_deletes_still_work() {
 }
 
 #[test]
+#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
 fn running_out_of_inodes_is_no_space_too() {
-    if skip_unless_root("running_out_of_inodes_is_no_space_too") {
-        return;
-    }
+    mount_utils::require_root!("running_out_of_inodes_is_no_space_too");
     in_private_mount_ns("no-inodes", || {
         let fs = Tmpfs::mount("size=16m,nr_inodes=24,mode=0700");
         let state = fs.path.join("state");
@@ -161,10 +151,9 @@ fn running_out_of_inodes_is_no_space_too() {
 }
 
 #[test]
+#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
 fn a_table_cannot_be_created_on_a_full_disk_but_reads_of_it_work() {
-    if skip_unless_root("a_table_cannot_be_created_on_a_full_disk_but_reads_of_it_work") {
-        return;
-    }
+    mount_utils::require_root!("a_table_cannot_be_created_on_a_full_disk_but_reads_of_it_work");
     in_private_mount_ns("full-new-table", || {
         let fs = Tmpfs::mount("size=16m,nr_inodes=24,mode=0700");
         let state = fs.path.join("state");

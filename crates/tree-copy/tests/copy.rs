@@ -1,6 +1,6 @@
 //! copy_tree and copy_file on real filesystems. Ownership of other users,
-//! device nodes, trusted xattrs and mount points need root: those tests say
-//! they are skipped otherwise.
+//! device nodes, trusted xattrs and mount points need root: those tests are
+//! ignored when built without it.
 
 use std::ffi::CString;
 use std::fs;
@@ -55,14 +55,8 @@ unsafe extern "C" {
         value: *mut std::ffi::c_void,
         size: usize,
     ) -> isize;
-    fn geteuid() -> u32;
     fn mknod(path: *const std::ffi::c_char, mode: u32, dev: u64) -> i32;
     fn lchown(path: *const std::ffi::c_char, uid: u32, gid: u32) -> i32;
-}
-
-fn is_root() -> bool {
-    // SAFETY: no arguments, cannot fail.
-    unsafe { geteuid() == 0 }
 }
 
 fn cpath(p: &Path) -> CString {
@@ -271,13 +265,9 @@ fn copy_file_keeps_holes_and_mode_and_refuses_links_and_existing_files() {
 }
 
 #[test]
+#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
 fn keeps_other_users_owners_setuid_devices_and_trusted_xattrs() {
-    if !is_root() {
-        eprintln!(
-            "skipped: keeps_other_users_owners_setuid_devices_and_trusted_xattrs: needs root (euid != 0)"
-        );
-        return;
-    }
+    mount_utils::require_root!("keeps_other_users_owners_setuid_devices_and_trusted_xattrs");
     let tmp = tempfile::tempdir().unwrap();
     let (src, dst) = (tmp.path().join("src"), tmp.path().join("dst"));
     fs::create_dir_all(src.join("home")).unwrap();
@@ -324,11 +314,9 @@ fn keeps_other_users_owners_setuid_devices_and_trusted_xattrs() {
 }
 
 #[test]
+#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
 fn directories_of_other_filesystems_are_skipped() {
-    if !is_root() {
-        eprintln!("skipped: directories_of_other_filesystems_are_skipped: needs root (euid != 0)");
-        return;
-    }
+    mount_utils::require_root!("directories_of_other_filesystems_are_skipped");
     let tmp = tempfile::tempdir().unwrap();
     let (src, dst) = (tmp.path().join("src"), tmp.path().join("dst"));
     fs::create_dir_all(src.join("mnt")).unwrap();

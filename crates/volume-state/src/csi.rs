@@ -13,13 +13,13 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
+use csi_client::CsiClient;
 use csi_proto::v1::volume_capability::access_mode::Mode;
 use csi_proto::v1::{
     CapacityRange, ControllerPublishVolumeRequest, ControllerUnpublishVolumeRequest,
     NodeExpandVolumeRequest, NodePublishVolumeRequest, NodeStageVolumeRequest,
     NodeUnpublishVolumeRequest, NodeUnstageVolumeRequest, VolumeCapability,
 };
-use csi_server::CsiClient;
 
 use crate::error::PluginError;
 use crate::plugin::{ExpandRequest, MountResult, PublishRequest, StageRequest, VolumePlugin};

@@ -12,10 +12,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use csi_client::{CsiClient, UnaryRequest};
 use csi_proto::v1::controller_service_capability::rpc::Type as CtrlCap;
 use csi_proto::v1::node_service_capability::rpc::Type as NodeCap;
 use csi_proto::v1::*;
-use csi_server::CsiClient;
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -175,22 +175,21 @@ impl Shared {
 }
 
 /// Times one RPC and records it; returns the response or the status code.
+/// Sends one request and records its latency and outcome under the RPC's name.
 macro_rules! timed {
-    ($stats:expr, $rpc:literal, $call:expr) => {{
+    ($stats:expr, $client:expr, $req:expr) => {{
+        let req = $req;
+        let rpc = rpc_name(&req);
         let start = Instant::now();
-        let result = $call.await;
+        let result = $client.call(req).await;
         let took = start.elapsed();
-        match result {
-            Ok(resp) => {
-                $stats.record($rpc, took, Ok(()));
-                Ok(resp.into_inner())
-            }
-            Err(status) => {
-                $stats.record($rpc, took, Err(status.code()));
-                Err(status.code())
-            }
-        }
+        $stats.record(rpc, took, result.as_ref().map(drop).map_err(|s| s.code()));
+        result.map_err(|status| status.code())
     }};
+}
+
+fn rpc_name<Req: UnaryRequest>(_: &Req) -> &'static str {
+    Req::METHOD.name()
 }
 
 /// Runs the bench and prints the summary.
@@ -310,25 +309,15 @@ async fn discover(client: &CsiClient, workload: Workload) -> Result<(bool, bool,
     if workload != Workload::Lifecycle {
         return Ok((false, false, String::new()));
     }
-    let status = |what: &str, s: tonic::Status| format!("{what}: {:?}: {}", s.code(), s.message());
-    let ctrl = client
-        .controller()
-        .controller_get_capabilities(ControllerGetCapabilitiesRequest {})
-        .await
-        .map_err(|s| status("ControllerGetCapabilities", s))?
-        .into_inner();
-    let node = client
-        .node()
-        .node_get_capabilities(NodeGetCapabilitiesRequest {})
-        .await
-        .map_err(|s| status("NodeGetCapabilities", s))?
-        .into_inner();
-    let info = client
-        .node()
-        .node_get_info(NodeGetInfoRequest {})
-        .await
-        .map_err(|s| status("NodeGetInfo", s))?
-        .into_inner();
+    async fn ask<Req: UnaryRequest>(client: &CsiClient, req: Req) -> Result<Req::Response, String> {
+        client
+            .call(req)
+            .await
+            .map_err(|s| format!("{}: {:?}: {}", Req::METHOD.name(), s.code(), s.message()))
+    }
+    let ctrl = ask(client, ControllerGetCapabilitiesRequest {}).await?;
+    let node = ask(client, NodeGetCapabilitiesRequest {}).await?;
+    let info = ask(client, NodeGetInfoRequest {}).await?;
     let controller_publish = ctrl
         .capabilities
         .iter()
@@ -372,12 +361,7 @@ async fn worker(shared: Arc<Shared>, index: usize) -> Stats {
     let mut stats = Stats::default();
     while let Some(n) = shared.next_iteration() {
         let ok = match shared.workload {
-            Workload::Probe => timed!(
-                stats,
-                "Probe",
-                shared.client.identity().probe(ProbeRequest {})
-            )
-            .is_ok(),
+            Workload::Probe => timed!(stats, shared.client, ProbeRequest {}).is_ok(),
             Workload::CreateDelete | Workload::Lifecycle => {
                 iteration(
                     &shared,
@@ -397,8 +381,6 @@ async fn worker(shared: Arc<Shared>, index: usize) -> Stats {
 /// One create … delete iteration; a failed step stops it and leaves the
 /// volume in the registry for cleanup.
 async fn iteration(shared: &Shared, stats: &mut Stats, name: &str) -> bool {
-    let mut controller = shared.client.controller();
-    let mut node = shared.client.node();
     let req = CreateVolumeRequest {
         name: name.to_owned(),
         capacity_range: Some(CapacityRange::at_least(shared.size)),
@@ -407,7 +389,7 @@ async fn iteration(shared: &Shared, stats: &mut Stats, name: &str) -> bool {
         secrets: shared.secrets.clone(),
         ..Default::default()
     };
-    let Ok(resp) = timed!(stats, "CreateVolume", controller.create_volume(req)) else {
+    let Ok(resp) = timed!(stats, shared.client, req) else {
         return false;
     };
     let Some(volume) = resp.volume else {
@@ -435,11 +417,7 @@ async fn iteration(shared: &Shared, stats: &mut Stats, name: &str) -> bool {
                 volume_context: volume.volume_context.clone(),
                 readonly: false,
             };
-            match timed!(
-                stats,
-                "ControllerPublishVolume",
-                controller.controller_publish_volume(req)
-            ) {
+            match timed!(stats, shared.client, req) {
                 Ok(r) => publish_context = r.publish_context,
                 Err(_) => return false,
             }
@@ -458,7 +436,7 @@ async fn iteration(shared: &Shared, stats: &mut Stats, name: &str) -> bool {
                 secrets: shared.secrets.clone(),
                 volume_context: volume.volume_context.clone(),
             };
-            if timed!(stats, "NodeStageVolume", node.node_stage_volume(req)).is_err() {
+            if timed!(stats, shared.client, req).is_err() {
                 return false;
             }
             shared.update(&id, |p| p.staged = Some(path_str(&staging)));
@@ -478,7 +456,7 @@ async fn iteration(shared: &Shared, stats: &mut Stats, name: &str) -> bool {
             secrets: shared.secrets.clone(),
             volume_context: volume.volume_context.clone(),
         };
-        if timed!(stats, "NodePublishVolume", node.node_publish_volume(req)).is_err() {
+        if timed!(stats, shared.client, req).is_err() {
             return false;
         }
         shared.update(&id, |p| p.published = Some(path_str(&target)));
@@ -502,20 +480,12 @@ async fn teardown(shared: &Shared, stats: &mut Stats, id: &str) -> bool {
     else {
         return true;
     };
-    let mut node = shared.client.node();
-    let mut controller = shared.client.controller();
     if let Some(target) = progress.published {
         let req = NodeUnpublishVolumeRequest {
             volume_id: id.to_owned(),
             target_path: target,
         };
-        if timed!(
-            stats,
-            "NodeUnpublishVolume",
-            node.node_unpublish_volume(req)
-        )
-        .is_err()
-        {
+        if timed!(stats, shared.client, req).is_err() {
             return false;
         }
         shared.update(id, |p| p.published = None);
@@ -525,7 +495,7 @@ async fn teardown(shared: &Shared, stats: &mut Stats, id: &str) -> bool {
             volume_id: id.to_owned(),
             staging_target_path: staging.clone(),
         };
-        if timed!(stats, "NodeUnstageVolume", node.node_unstage_volume(req)).is_err() {
+        if timed!(stats, shared.client, req).is_err() {
             return false;
         }
         let _ = std::fs::remove_dir(&staging);
@@ -537,13 +507,7 @@ async fn teardown(shared: &Shared, stats: &mut Stats, id: &str) -> bool {
             node_id: shared.node_id.clone(),
             secrets: shared.secrets.clone(),
         };
-        if timed!(
-            stats,
-            "ControllerUnpublishVolume",
-            controller.controller_unpublish_volume(req)
-        )
-        .is_err()
-        {
+        if timed!(stats, shared.client, req).is_err() {
             return false;
         }
         shared.update(id, |p| p.controller_published = false);
@@ -552,7 +516,7 @@ async fn teardown(shared: &Shared, stats: &mut Stats, id: &str) -> bool {
         volume_id: id.to_owned(),
         secrets: shared.secrets.clone(),
     };
-    if timed!(stats, "DeleteVolume", controller.delete_volume(req)).is_err() {
+    if timed!(stats, shared.client, req).is_err() {
         return false;
     }
     shared.registry.lock().expect("registry lock").remove(id);

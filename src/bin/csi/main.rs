@@ -15,8 +15,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use csi_client::{ClientOptions, CsiClient, Endpoint, UnaryRequest};
+use csi_proto::methods::Method;
 use csi_proto::v1::*;
-use csi_server::{ClientOptions, CsiClient, Endpoint};
 
 use args::{CapabilityArgs, SecretArgs, SizeArgs, parse_kv, to_map};
 use output::Format;
@@ -336,14 +337,22 @@ impl From<tonic::Status> for Failure {
     }
 }
 
+/// Sends one request and prints the answer, rendered by the response
+/// message's name from the method table.
 macro_rules! show {
-    ($out:expr, $call:expr, $name:literal) => {{
-        let resp = $call.await?.into_inner();
-        print!(
-            "{}",
-            with_newline(output::render(&output::dynamic(&resp, $name), $out))
-        );
-    }};
+    ($out:expr, $client:expr, $req:expr) => {
+        show($out, $client, $req).await?
+    };
+}
+
+async fn show<Req: UnaryRequest>(out: Format, client: &CsiClient, req: Req) -> Result<(), Failure> {
+    let resp = client.call(req).await?;
+    let name = Req::METHOD.info().response;
+    print!(
+        "{}",
+        with_newline(output::render(&output::dynamic(&resp, name), out))
+    );
+    Ok(())
 }
 
 fn with_newline(mut s: String) -> String {
@@ -399,19 +408,10 @@ async fn run(cli: Cli) -> Result<ExitCode, Failure> {
 }
 
 async fn identity(client: &CsiClient, cmd: IdentityCmd, out: Format) -> Result<(), Failure> {
-    let mut c = client.identity();
     match cmd {
-        IdentityCmd::Info => show!(
-            out,
-            c.get_plugin_info(GetPluginInfoRequest {}),
-            "csi.v1.GetPluginInfoResponse"
-        ),
-        IdentityCmd::Capabilities => show!(
-            out,
-            c.get_plugin_capabilities(GetPluginCapabilitiesRequest {}),
-            "csi.v1.GetPluginCapabilitiesResponse"
-        ),
-        IdentityCmd::Probe => show!(out, c.probe(ProbeRequest {}), "csi.v1.ProbeResponse"),
+        IdentityCmd::Info => show!(out, client, GetPluginInfoRequest {}),
+        IdentityCmd::Capabilities => show!(out, client, GetPluginCapabilitiesRequest {}),
+        IdentityCmd::Probe => show!(out, client, ProbeRequest {}),
     }
     Ok(())
 }
@@ -422,7 +422,6 @@ async fn controller(
     out: Format,
     secrets: HashMap<String, String>,
 ) -> Result<(), Failure> {
-    let mut c = client.controller();
     match cmd {
         ControllerCmd::CreateVolume {
             name,
@@ -452,25 +451,21 @@ async fn controller(
                 accessibility_requirements: None,
                 mutable_parameters: to_map(&mutable_params),
             };
-            show!(out, c.create_volume(req), "csi.v1.CreateVolumeResponse")
+            show!(out, client, req)
         }
         ControllerCmd::DeleteVolume { volume_id } => {
-            show!(
-                out,
-                c.delete_volume(DeleteVolumeRequest { volume_id, secrets }),
-                "csi.v1.DeleteVolumeResponse"
-            )
+            show!(out, client, DeleteVolumeRequest { volume_id, secrets })
         }
         ControllerCmd::ListVolumes {
             max_entries: Some(max_entries),
             starting_token,
         } => show!(
             out,
-            c.list_volumes(ListVolumesRequest {
+            client,
+            ListVolumesRequest {
                 max_entries,
                 starting_token
-            }),
-            "csi.v1.ListVolumesResponse"
+            }
         ),
         ControllerCmd::ListVolumes {
             max_entries: None,
@@ -480,13 +475,12 @@ async fn controller(
             let mut all = ListVolumesResponse::default();
             let mut token = starting_token;
             loop {
-                let page = c
+                let page = client
                     .list_volumes(ListVolumesRequest {
                         max_entries: 0,
                         starting_token: token,
                     })
-                    .await?
-                    .into_inner();
+                    .await?;
                 all.entries.extend(page.entries);
                 if page.next_token.is_empty() {
                     break;
@@ -496,29 +490,27 @@ async fn controller(
             print!(
                 "{}",
                 with_newline(output::render(
-                    &output::dynamic(&all, "csi.v1.ListVolumesResponse"),
+                    &output::dynamic(&all, Method::ListVolumes.info().response),
                     out
                 ))
             );
         }
-        ControllerCmd::GetVolume { volume_id } => show!(
-            out,
-            c.controller_get_volume(ControllerGetVolumeRequest { volume_id }),
-            "csi.v1.ControllerGetVolumeResponse"
-        ),
+        ControllerCmd::GetVolume { volume_id } => {
+            show!(out, client, ControllerGetVolumeRequest { volume_id })
+        }
         ControllerCmd::ExpandVolume {
             volume_id,
             size,
             cap,
         } => show!(
             out,
-            c.controller_expand_volume(ControllerExpandVolumeRequest {
+            client,
+            ControllerExpandVolumeRequest {
                 volume_id,
                 capacity_range: size.range(),
                 secrets,
                 volume_capability: Some(cap.capability()),
-            }),
-            "csi.v1.ControllerExpandVolumeResponse"
+            }
         ),
         ControllerCmd::PublishVolume {
             volume_id,
@@ -527,81 +519,77 @@ async fn controller(
             cap,
         } => show!(
             out,
-            c.controller_publish_volume(ControllerPublishVolumeRequest {
+            client,
+            ControllerPublishVolumeRequest {
                 volume_id,
                 node_id: node,
                 volume_capability: Some(cap.capability()),
                 readonly,
                 secrets,
                 volume_context: HashMap::new(),
-            }),
-            "csi.v1.ControllerPublishVolumeResponse"
+            }
         ),
         ControllerCmd::UnpublishVolume { volume_id, node } => show!(
             out,
-            c.controller_unpublish_volume(ControllerUnpublishVolumeRequest {
+            client,
+            ControllerUnpublishVolumeRequest {
                 volume_id,
                 node_id: node,
                 secrets
-            }),
-            "csi.v1.ControllerUnpublishVolumeResponse"
+            }
         ),
         ControllerCmd::ValidateCapabilities { volume_id, cap } => show!(
             out,
-            c.validate_volume_capabilities(ValidateVolumeCapabilitiesRequest {
+            client,
+            ValidateVolumeCapabilitiesRequest {
                 volume_id,
                 volume_capabilities: vec![cap.capability()],
                 secrets,
                 ..Default::default()
-            }),
-            "csi.v1.ValidateVolumeCapabilitiesResponse"
+            }
         ),
         ControllerCmd::ModifyVolume {
             volume_id,
             mutable_params,
         } => show!(
             out,
-            c.controller_modify_volume(ControllerModifyVolumeRequest {
+            client,
+            ControllerModifyVolumeRequest {
                 volume_id,
                 secrets,
                 mutable_parameters: to_map(&mutable_params),
-            }),
-            "csi.v1.ControllerModifyVolumeResponse"
+            }
         ),
         ControllerCmd::Capacity { params } => show!(
             out,
-            c.get_capacity(GetCapacityRequest {
+            client,
+            GetCapacityRequest {
                 parameters: to_map(&params),
                 ..Default::default()
-            }),
-            "csi.v1.GetCapacityResponse"
+            }
         ),
-        ControllerCmd::Capabilities => show!(
-            out,
-            c.controller_get_capabilities(ControllerGetCapabilitiesRequest {}),
-            "csi.v1.ControllerGetCapabilitiesResponse"
-        ),
+        ControllerCmd::Capabilities => show!(out, client, ControllerGetCapabilitiesRequest {}),
         ControllerCmd::CreateSnapshot {
             name,
             source,
             params,
         } => show!(
             out,
-            c.create_snapshot(CreateSnapshotRequest {
+            client,
+            CreateSnapshotRequest {
                 source_volume_id: source,
                 name,
                 secrets,
                 parameters: to_map(&params),
-            }),
-            "csi.v1.CreateSnapshotResponse"
+            }
         ),
         ControllerCmd::DeleteSnapshot { snapshot_id } => show!(
             out,
-            c.delete_snapshot(DeleteSnapshotRequest {
+            client,
+            DeleteSnapshotRequest {
                 snapshot_id,
                 secrets
-            }),
-            "csi.v1.DeleteSnapshotResponse"
+            }
         ),
         ControllerCmd::ListSnapshots {
             snapshot_id,
@@ -610,22 +598,22 @@ async fn controller(
             starting_token,
         } => show!(
             out,
-            c.list_snapshots(ListSnapshotsRequest {
+            client,
+            ListSnapshotsRequest {
                 max_entries,
                 starting_token,
                 source_volume_id,
                 snapshot_id,
                 secrets,
-            }),
-            "csi.v1.ListSnapshotsResponse"
+            }
         ),
         ControllerCmd::GetSnapshot { snapshot_id } => show!(
             out,
-            c.get_snapshot(GetSnapshotRequest {
+            client,
+            GetSnapshotRequest {
                 snapshot_id,
                 secrets
-            }),
-            "csi.v1.GetSnapshotResponse"
+            }
         ),
     }
     Ok(())
@@ -637,7 +625,6 @@ async fn node(
     out: Format,
     secrets: HashMap<String, String>,
 ) -> Result<(), Failure> {
-    let mut c = client.node();
     match cmd {
         NodeCmd::Stage {
             volume_id,
@@ -647,26 +634,26 @@ async fn node(
             volume_context,
         } => show!(
             out,
-            c.node_stage_volume(NodeStageVolumeRequest {
+            client,
+            NodeStageVolumeRequest {
                 volume_id,
                 publish_context: to_map(&publish_context),
                 staging_target_path: staging_path,
                 volume_capability: Some(cap.capability()),
                 secrets,
                 volume_context: to_map(&volume_context),
-            }),
-            "csi.v1.NodeStageVolumeResponse"
+            }
         ),
         NodeCmd::Unstage {
             volume_id,
             staging_path,
         } => show!(
             out,
-            c.node_unstage_volume(NodeUnstageVolumeRequest {
+            client,
+            NodeUnstageVolumeRequest {
                 volume_id,
                 staging_target_path: staging_path
-            }),
-            "csi.v1.NodeUnstageVolumeResponse"
+            }
         ),
         NodeCmd::Publish {
             volume_id,
@@ -679,7 +666,8 @@ async fn node(
         } => {
             show!(
                 out,
-                c.node_publish_volume(NodePublishVolumeRequest {
+                client,
+                NodePublishVolumeRequest {
                     volume_id,
                     publish_context: to_map(&publish_context),
                     staging_target_path: staging_path,
@@ -688,8 +676,7 @@ async fn node(
                     readonly,
                     secrets,
                     volume_context: to_map(&volume_context),
-                }),
-                "csi.v1.NodePublishVolumeResponse"
+                }
             )
         }
         NodeCmd::Unpublish {
@@ -697,11 +684,11 @@ async fn node(
             target_path,
         } => show!(
             out,
-            c.node_unpublish_volume(NodeUnpublishVolumeRequest {
+            client,
+            NodeUnpublishVolumeRequest {
                 volume_id,
                 target_path
-            }),
-            "csi.v1.NodeUnpublishVolumeResponse"
+            }
         ),
         NodeCmd::Stats {
             volume_id,
@@ -709,12 +696,12 @@ async fn node(
             staging_path,
         } => show!(
             out,
-            c.node_get_volume_stats(NodeGetVolumeStatsRequest {
+            client,
+            NodeGetVolumeStatsRequest {
                 volume_id,
                 volume_path,
                 staging_target_path: staging_path,
-            }),
-            "csi.v1.NodeGetVolumeStatsResponse"
+            }
         ),
         NodeCmd::Expand {
             volume_id,
@@ -723,26 +710,18 @@ async fn node(
             size,
         } => show!(
             out,
-            c.node_expand_volume(NodeExpandVolumeRequest {
+            client,
+            NodeExpandVolumeRequest {
                 volume_id,
                 volume_path,
                 capacity_range: size.range(),
                 staging_target_path: staging_path,
                 volume_capability: None,
                 secrets,
-            }),
-            "csi.v1.NodeExpandVolumeResponse"
+            }
         ),
-        NodeCmd::Info => show!(
-            out,
-            c.node_get_info(NodeGetInfoRequest {}),
-            "csi.v1.NodeGetInfoResponse"
-        ),
-        NodeCmd::Capabilities => show!(
-            out,
-            c.node_get_capabilities(NodeGetCapabilitiesRequest {}),
-            "csi.v1.NodeGetCapabilitiesResponse"
-        ),
+        NodeCmd::Info => show!(out, client, NodeGetInfoRequest {}),
+        NodeCmd::Capabilities => show!(out, client, NodeGetCapabilitiesRequest {}),
     }
     Ok(())
 }
@@ -753,50 +732,45 @@ async fn group(
     out: Format,
     secrets: HashMap<String, String>,
 ) -> Result<(), Failure> {
-    let mut c = client.group_controller();
     match cmd {
-        GroupCmd::Capabilities => show!(
-            out,
-            c.group_controller_get_capabilities(GroupControllerGetCapabilitiesRequest {}),
-            "csi.v1.GroupControllerGetCapabilitiesResponse"
-        ),
+        GroupCmd::Capabilities => show!(out, client, GroupControllerGetCapabilitiesRequest {}),
         GroupCmd::Create {
             name,
             sources,
             params,
         } => show!(
             out,
-            c.create_volume_group_snapshot(CreateVolumeGroupSnapshotRequest {
+            client,
+            CreateVolumeGroupSnapshotRequest {
                 name,
                 source_volume_ids: sources,
                 secrets,
                 parameters: to_map(&params),
-            }),
-            "csi.v1.CreateVolumeGroupSnapshotResponse"
+            }
         ),
         GroupCmd::Delete {
             group_snapshot_id,
             snapshot_ids,
         } => show!(
             out,
-            c.delete_volume_group_snapshot(DeleteVolumeGroupSnapshotRequest {
+            client,
+            DeleteVolumeGroupSnapshotRequest {
                 group_snapshot_id,
                 snapshot_ids,
                 secrets,
-            }),
-            "csi.v1.DeleteVolumeGroupSnapshotResponse"
+            }
         ),
         GroupCmd::Get {
             group_snapshot_id,
             snapshot_ids,
         } => show!(
             out,
-            c.get_volume_group_snapshot(GetVolumeGroupSnapshotRequest {
+            client,
+            GetVolumeGroupSnapshotRequest {
                 group_snapshot_id,
                 snapshot_ids,
                 secrets
-            }),
-            "csi.v1.GetVolumeGroupSnapshotResponse"
+            }
         ),
     }
     Ok(())

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use csi_kit::conformance::{Config, SecretKind, Secrets, Suite};
+use csi_kit::conformance::{Config, Secrets, Suite, secret_kinds};
 
 use crate::args::{parse_kv, parse_size};
 
@@ -86,7 +86,7 @@ pub async fn run(
     }
     if !secrets.is_empty() {
         let mut s = Secrets::none();
-        for kind in SecretKind::ALL {
+        for kind in secret_kinds() {
             s.set(kind, secrets.clone());
         }
         config.secrets = s;

@@ -6,7 +6,7 @@ use csi_proto::v1::*;
 use tonic::Code;
 
 use crate::config::SecretKind;
-use crate::suite::{Call, Ctx, Outcome, Resource, fail, rpc, skip};
+use crate::suite::{Call, Ctx, Outcome, Resource, fail, skip};
 
 /// A volume id no driver will have created.
 pub(super) fn missing_id(ctx: &mut Ctx, what: &str) -> String {
@@ -23,14 +23,7 @@ fn need_controller(ctx: &Ctx) -> Outcome {
 
 pub(super) async fn capabilities(ctx: &mut Ctx) -> Outcome {
     need_controller(ctx)?;
-    let call = rpc!(
-        ctx,
-        controller,
-        controller_get_capabilities,
-        "ControllerGetCapabilities",
-        ControllerGetCapabilitiesRequest {}
-    )
-    .await;
+    let call = ctx.rpc(ControllerGetCapabilitiesRequest {}).await;
     let caps: Vec<CtrlCap> = call
         .value()?
         .capabilities
@@ -47,7 +40,7 @@ pub(super) async fn capabilities(ctx: &mut Ctx) -> Outcome {
 /// Sends a CreateVolume that must be rejected; cleans up if it was not.
 async fn create_rejected(ctx: &mut Ctx, req: CreateVolumeRequest, why: &str) -> Outcome {
     ctx.need_ctrl(CtrlCap::CreateDeleteVolume)?;
-    let call = rpc!(ctx, controller, create_volume, "CreateVolume", req).await;
+    let call = ctx.rpc(req).await;
     if let Ok(CreateVolumeResponse { volume: Some(v) }) = &call.result {
         ctx.register(Resource::Volume(v.volume_id.clone()));
     }
@@ -82,7 +75,7 @@ pub(super) async fn create_idempotent(ctx: &mut Ctx) -> Outcome {
     ctx.need_ctrl(CtrlCap::CreateDeleteVolume)?;
     let req = ctx.create_request("idem");
     let first = ctx.create_volume_with(req.clone()).await?;
-    let call = rpc!(ctx, controller, create_volume, "CreateVolume", req).await;
+    let call = ctx.rpc(req).await;
     if let Ok(CreateVolumeResponse { volume: Some(v) }) = &call.result {
         ctx.register(Resource::Volume(v.volume_id.clone()));
     }
@@ -106,7 +99,7 @@ pub(super) async fn create_incompatible(ctx: &mut Ctx) -> Outcome {
     let vol = ctx.create_volume_with(req.clone()).await?;
     let base = vol.capacity_bytes.max(ctx.config.volume_size).max(1);
     req.capacity_range = Some(CapacityRange::exactly(base.saturating_mul(2)));
-    let call = rpc!(ctx, controller, create_volume, "CreateVolume", req).await;
+    let call = ctx.rpc(req).await;
     if let Ok(CreateVolumeResponse { volume: Some(v) }) = &call.result {
         ctx.register(Resource::Volume(v.volume_id.clone()));
     }
@@ -127,7 +120,7 @@ pub(super) async fn list_all(ctx: &Ctx, max_entries: i32) -> Outcome<Vec<String>
             max_entries,
             starting_token: token.clone(),
         };
-        let call = rpc!(ctx, controller, list_volumes, "ListVolumes", req).await;
+        let call = ctx.rpc(req).await;
         let r = call.value()?;
         if max_entries > 0 {
             call.ensure(
@@ -166,10 +159,7 @@ pub(super) async fn create_concurrent(ctx: &mut Ctx) -> Outcome {
         None
     };
     let n = ctx.config.concurrency.max(2);
-    let calls = futures::future::join_all(
-        (0..n).map(|_| rpc!(ctx, controller, create_volume, "CreateVolume", req.clone())),
-    )
-    .await;
+    let calls = futures::future::join_all((0..n).map(|_| ctx.rpc(req.clone()))).await;
     let mut ids = HashSet::new();
     for c in &calls {
         if let Ok(CreateVolumeResponse { volume: Some(v) }) = &c.result {
@@ -210,7 +200,7 @@ pub(super) async fn delete_missing(ctx: &mut Ctx) -> Outcome {
         volume_id: missing_id(ctx, "vol"),
         secrets: ctx.secrets(SecretKind::DeleteVolume),
     };
-    rpc!(ctx, controller, delete_volume, "DeleteVolume", req)
+    ctx.rpc(req)
         .await
         .code_in(
             &[Code::Ok],
@@ -225,7 +215,7 @@ pub(super) async fn delete_empty_id(ctx: &mut Ctx) -> Outcome {
         volume_id: String::new(),
         secrets: ctx.secrets(SecretKind::DeleteVolume),
     };
-    rpc!(ctx, controller, delete_volume, "DeleteVolume", req)
+    ctx.rpc(req)
         .await
         .code(Code::InvalidArgument, "volume_id is a required field")
         .map(drop)
@@ -240,7 +230,7 @@ fn validate_req(
         volume_id: id.to_string(),
         volume_capabilities: caps,
         parameters: ctx.config.parameters.clone(),
-        secrets: ctx.secrets(SecretKind::ControllerValidateVolumeCapabilities),
+        secrets: ctx.secrets(SecretKind::ValidateVolumeCapabilities),
         ..Default::default()
     }
 }
@@ -249,30 +239,17 @@ pub(super) async fn validate_missing(ctx: &mut Ctx) -> Outcome {
     need_controller(ctx)?;
     let id = missing_id(ctx, "vol");
     let req = validate_req(ctx, &id, vec![ctx.capability()]);
-    rpc!(
-        ctx,
-        controller,
-        validate_volume_capabilities,
-        "ValidateVolumeCapabilities",
-        req
-    )
-    .await
-    .code(Code::NotFound, "the volume does not exist")
-    .map(drop)
+    ctx.rpc(req)
+        .await
+        .code(Code::NotFound, "the volume does not exist")
+        .map(drop)
 }
 
 pub(super) async fn validate_confirmed(ctx: &mut Ctx) -> Outcome {
     let vol = ctx.create_volume("validate").await?;
     let mut req = validate_req(ctx, &vol.volume_id, vec![ctx.capability()]);
     req.volume_context = vol.volume_context.clone();
-    let call = rpc!(
-        ctx,
-        controller,
-        validate_volume_capabilities,
-        "ValidateVolumeCapabilities",
-        req
-    )
-    .await;
+    let call = ctx.rpc(req).await;
     let r = call.value()?;
     let Some(confirmed) = &r.confirmed else {
         return Err(call.bad(format!(
@@ -292,29 +269,15 @@ pub(super) async fn validate_confirmed(ctx: &mut Ctx) -> Outcome {
 pub(super) async fn validate_missing_fields(ctx: &mut Ctx) -> Outcome {
     let vol = ctx.create_volume("validate-fields").await?;
     let req = validate_req(ctx, &vol.volume_id, vec![]);
-    rpc!(
-        ctx,
-        controller,
-        validate_volume_capabilities,
-        "ValidateVolumeCapabilities",
-        req
-    )
-    .await
-    .code(
+    ctx.rpc(req).await.code(
         Code::InvalidArgument,
         "volume_capabilities is a required field",
     )?;
     let req = validate_req(ctx, "", vec![ctx.capability()]);
-    rpc!(
-        ctx,
-        controller,
-        validate_volume_capabilities,
-        "ValidateVolumeCapabilities",
-        req
-    )
-    .await
-    .code(Code::InvalidArgument, "volume_id is a required field")
-    .map(drop)
+    ctx.rpc(req)
+        .await
+        .code(Code::InvalidArgument, "volume_id is a required field")
+        .map(drop)
 }
 
 pub(super) async fn list_paging(ctx: &mut Ctx) -> Outcome {
@@ -342,7 +305,7 @@ pub(super) async fn list_invalid_token(ctx: &mut Ctx) -> Outcome {
         max_entries: 0,
         starting_token: missing_id(ctx, "token"),
     };
-    rpc!(ctx, controller, list_volumes, "ListVolumes", req)
+    ctx.rpc(req)
         .await
         .code(Code::Aborted, "the starting_token was never handed out")
         .map(drop)
@@ -354,7 +317,7 @@ pub(super) async fn list_negative(ctx: &mut Ctx) -> Outcome {
         max_entries: -1,
         starting_token: String::new(),
     };
-    rpc!(ctx, controller, list_volumes, "ListVolumes", req)
+    ctx.rpc(req)
         .await
         .code(Code::InvalidArgument, "max_entries must not be negative")
         .map(drop)
@@ -366,14 +329,7 @@ pub(super) async fn get_volume_existing(ctx: &mut Ctx) -> Outcome {
     let req = ControllerGetVolumeRequest {
         volume_id: vol.volume_id.clone(),
     };
-    let call = rpc!(
-        ctx,
-        controller,
-        controller_get_volume,
-        "ControllerGetVolume",
-        req
-    )
-    .await;
+    let call = ctx.rpc(req).await;
     let got = call.value()?.volume.clone().unwrap_or_default();
     call.ensure(
         got.volume_id == vol.volume_id,
@@ -389,16 +345,10 @@ pub(super) async fn get_volume_missing(ctx: &mut Ctx) -> Outcome {
     let req = ControllerGetVolumeRequest {
         volume_id: missing_id(ctx, "vol"),
     };
-    rpc!(
-        ctx,
-        controller,
-        controller_get_volume,
-        "ControllerGetVolume",
-        req
-    )
-    .await
-    .code(Code::NotFound, "the volume does not exist")
-    .map(drop)
+    ctx.rpc(req)
+        .await
+        .code(Code::NotFound, "the volume does not exist")
+        .map(drop)
 }
 
 pub(super) async fn get_capacity(ctx: &mut Ctx) -> Outcome {
@@ -411,7 +361,7 @@ pub(super) async fn get_capacity(ctx: &mut Ctx) -> Outcome {
             accessible_topology: None,
         },
     ] {
-        let call = rpc!(ctx, controller, get_capacity, "GetCapacity", req).await;
+        let call = ctx.rpc(req).await;
         let r = call.value()?;
         call.ensure(r.available_capacity >= 0, "available_capacity must be >= 0")?;
         call.ensure(
@@ -443,14 +393,7 @@ pub(super) async fn send_publish(
     req: ControllerPublishVolumeRequest,
 ) -> Call<ControllerPublishVolumeResponse> {
     let (volume, node) = (req.volume_id.clone(), req.node_id.clone());
-    let call = rpc!(
-        ctx,
-        controller,
-        controller_publish_volume,
-        "ControllerPublishVolume",
-        req
-    )
-    .await;
+    let call = ctx.rpc(req).await;
     if call.result.is_ok() {
         ctx.register(Resource::ControllerPublish { volume, node });
     }
@@ -505,16 +448,10 @@ pub(super) async fn publish_missing_fields(ctx: &mut Ctx) -> Outcome {
         )?;
     }
     let req = unpublish_req(ctx, "", &node);
-    rpc!(
-        ctx,
-        controller,
-        controller_unpublish_volume,
-        "ControllerUnpublishVolume",
-        req
-    )
-    .await
-    .code(Code::InvalidArgument, "volume_id is a required field")
-    .map(drop)
+    ctx.rpc(req)
+        .await
+        .code(Code::InvalidArgument, "volume_id is a required field")
+        .map(drop)
 }
 
 pub(super) async fn publish_missing_volume(ctx: &mut Ctx) -> Outcome {
@@ -522,16 +459,10 @@ pub(super) async fn publish_missing_volume(ctx: &mut Ctx) -> Outcome {
     let node = publish_node(ctx)?;
     let id = missing_id(ctx, "vol");
     let req = publish_req(ctx, &id, &node);
-    rpc!(
-        ctx,
-        controller,
-        controller_publish_volume,
-        "ControllerPublishVolume",
-        req
-    )
-    .await
-    .code(Code::NotFound, "the volume does not exist")
-    .map(drop)
+    ctx.rpc(req)
+        .await
+        .code(Code::NotFound, "the volume does not exist")
+        .map(drop)
 }
 
 pub(super) async fn publish_missing_node(ctx: &mut Ctx) -> Outcome {
@@ -555,27 +486,11 @@ pub(super) async fn publish_idempotent(ctx: &mut Ctx) -> Outcome {
     });
     for _ in 0..2 {
         let req = publish_req(ctx, &vol.volume_id, &node);
-        rpc!(
-            ctx,
-            controller,
-            controller_publish_volume,
-            "ControllerPublishVolume",
-            req
-        )
-        .await
-        .ok()?;
+        ctx.rpc(req).await.ok()?;
     }
     for _ in 0..2 {
         let req = unpublish_req(ctx, &vol.volume_id, &node);
-        rpc!(
-            ctx,
-            controller,
-            controller_unpublish_volume,
-            "ControllerUnpublishVolume",
-            req
-        )
-        .await
-        .ok()?;
+        ctx.rpc(req).await.ok()?;
     }
     Ok(())
 }
@@ -585,19 +500,13 @@ pub(super) async fn unpublish_not_published(ctx: &mut Ctx) -> Outcome {
     let node = publish_node(ctx)?;
     let vol = ctx.create_volume("unpub").await?;
     let req = unpublish_req(ctx, &vol.volume_id, &node);
-    rpc!(
-        ctx,
-        controller,
-        controller_unpublish_volume,
-        "ControllerUnpublishVolume",
-        req
-    )
-    .await
-    .code_in(
-        &[Code::Ok],
-        "a volume that is not published counts as unpublished",
-    )
-    .map(drop)
+    ctx.rpc(req)
+        .await
+        .code_in(
+            &[Code::Ok],
+            "a volume that is not published counts as unpublished",
+        )
+        .map(drop)
 }
 
 fn expand_req(ctx: &Ctx, id: &str, bytes: Option<i64>) -> ControllerExpandVolumeRequest {
@@ -615,14 +524,7 @@ pub(super) async fn expand_grow(ctx: &mut Ctx) -> Outcome {
     let target = vol.capacity_bytes.max(ctx.config.volume_size) * 2;
     for _ in 0..2 {
         let req = expand_req(ctx, &vol.volume_id, Some(target));
-        let call = rpc!(
-            ctx,
-            controller,
-            controller_expand_volume,
-            "ControllerExpandVolume",
-            req
-        )
-        .await;
+        let call = ctx.rpc(req).await;
         let got = call.value()?.capacity_bytes;
         call.ensure(
             got >= target,
@@ -636,32 +538,20 @@ pub(super) async fn expand_missing(ctx: &mut Ctx) -> Outcome {
     ctx.need_ctrl(CtrlCap::ExpandVolume)?;
     let id = missing_id(ctx, "vol");
     let req = expand_req(ctx, &id, Some(ctx.config.volume_size * 2));
-    rpc!(
-        ctx,
-        controller,
-        controller_expand_volume,
-        "ControllerExpandVolume",
-        req
-    )
-    .await
-    .code(Code::NotFound, "the volume does not exist")
-    .map(drop)
+    ctx.rpc(req)
+        .await
+        .code(Code::NotFound, "the volume does not exist")
+        .map(drop)
 }
 
 pub(super) async fn expand_no_capacity(ctx: &mut Ctx) -> Outcome {
     ctx.need_ctrl(CtrlCap::ExpandVolume)?;
     let vol = ctx.create_volume("expand-nocap").await?;
     let req = expand_req(ctx, &vol.volume_id, None);
-    rpc!(
-        ctx,
-        controller,
-        controller_expand_volume,
-        "ControllerExpandVolume",
-        req
-    )
-    .await
-    .code(Code::InvalidArgument, "capacity_range is a required field")
-    .map(drop)
+    ctx.rpc(req)
+        .await
+        .code(Code::InvalidArgument, "capacity_range is a required field")
+        .map(drop)
 }
 
 /// A mutable parameter no driver accepts.
@@ -683,14 +573,7 @@ async fn modify(
         secrets: ctx.secrets(SecretKind::ControllerModifyVolume),
         mutable_parameters,
     };
-    rpc!(
-        ctx,
-        controller,
-        controller_modify_volume,
-        "ControllerModifyVolume",
-        req
-    )
-    .await
+    ctx.rpc(req).await
 }
 
 /// The empty map (as csi-sanity and a parameterless VolumeAttributesClass
@@ -816,7 +699,7 @@ pub(super) async fn clone_volume(ctx: &mut Ctx) -> Outcome {
     let mut req = ctx.create_request("clone-missing");
     let missing = missing_id(ctx, "vol");
     req.volume_content_source = Some(source(&missing));
-    let call = rpc!(ctx, controller, create_volume, "CreateVolume", req).await;
+    let call = ctx.rpc(req).await;
     if let Ok(CreateVolumeResponse { volume: Some(v) }) = &call.result {
         ctx.register(Resource::Volume(v.volume_id.clone()));
     }

@@ -3,7 +3,7 @@ use csi_server::Endpoint;
 use csi_server::authority::unary_with_authority;
 use prost::Message;
 
-use crate::config::SecretKind;
+use crate::config::{secret_kinds, secrets_file_key};
 use crate::suite::{Ctx, Outcome, fail, skip};
 
 /// gRPC clients other than grpc-go and grpc-js name a unix socket's path
@@ -84,10 +84,9 @@ pub(super) async fn secrets_not_in_logs(ctx: &mut Ctx) -> Outcome {
             .enumerate()
             .find(|(_, l)| l.contains(marker.as_str()))
         {
-            let kinds: Vec<&str> = SecretKind::ALL
-                .iter()
-                .filter(|k| ctx.config.secrets.get(**k).values().any(|v| v == marker))
-                .map(|k| k.file_key())
+            let kinds: Vec<String> = secret_kinds()
+                .filter(|k| ctx.config.secrets.get(*k).values().any(|v| v == marker))
+                .map(secrets_file_key)
                 .collect();
             // Never echo the secret itself into the report.
             let context: String = line

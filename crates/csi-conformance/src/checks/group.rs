@@ -5,22 +5,16 @@ use tonic::Code;
 
 use super::controller::missing_id;
 use crate::config::SecretKind;
-use crate::suite::{Ctx, Outcome, Resource, fail, rpc, skip};
+use crate::suite::{Ctx, Outcome, Resource, fail, skip};
 
 pub(super) async fn capabilities(ctx: &mut Ctx) -> Outcome {
     if !ctx.has_plugin(PluginCap::GroupControllerService) {
         return skip("plugin capability GROUP_CONTROLLER_SERVICE not advertised");
     }
-    rpc!(
-        ctx,
-        group_controller,
-        group_controller_get_capabilities,
-        "GroupControllerGetCapabilities",
-        GroupControllerGetCapabilitiesRequest {}
-    )
-    .await
-    .ok()
-    .map(drop)
+    ctx.rpc(GroupControllerGetCapabilitiesRequest {})
+        .await
+        .ok()
+        .map(drop)
 }
 
 fn get_req(ctx: &Ctx, id: &str, snaps: Vec<String>) -> GetVolumeGroupSnapshotRequest {
@@ -52,14 +46,7 @@ pub(super) async fn lifecycle(ctx: &mut Ctx) -> Outcome {
     };
     let mut first: Option<VolumeGroupSnapshot> = None;
     for _ in 0..2 {
-        let call = rpc!(
-            ctx,
-            group_controller,
-            create_volume_group_snapshot,
-            "CreateVolumeGroupSnapshot",
-            req.clone()
-        )
-        .await;
+        let call = ctx.rpc(req.clone()).await;
         if let Ok(CreateVolumeGroupSnapshotResponse {
             group_snapshot: Some(g),
         }) = &call.result
@@ -101,38 +88,16 @@ pub(super) async fn lifecycle(ctx: &mut Ctx) -> Outcome {
     let g = first.unwrap_or_default();
     let snaps: Vec<String> = g.snapshots.iter().map(|s| s.snapshot_id.clone()).collect();
     let req = get_req(ctx, &g.group_snapshot_id, snaps.clone());
-    let call = rpc!(
-        ctx,
-        group_controller,
-        get_volume_group_snapshot,
-        "GetVolumeGroupSnapshot",
-        req
-    )
-    .await;
+    let call = ctx.rpc(req).await;
     let got = call.value()?.group_snapshot.clone().unwrap_or_default();
     call.ensure(
         got.group_snapshot_id == g.group_snapshot_id,
         "returned another group snapshot",
     )?;
     let req = delete_req(ctx, &g.group_snapshot_id, snaps.clone());
-    rpc!(
-        ctx,
-        group_controller,
-        delete_volume_group_snapshot,
-        "DeleteVolumeGroupSnapshot",
-        req
-    )
-    .await
-    .ok()?;
+    ctx.rpc(req).await.ok()?;
     let req = get_req(ctx, &g.group_snapshot_id, snaps);
-    let call = rpc!(
-        ctx,
-        group_controller,
-        get_volume_group_snapshot,
-        "GetVolumeGroupSnapshot",
-        req
-    )
-    .await;
+    let call = ctx.rpc(req).await;
     if call.result.is_ok() {
         return fail(
             "GetVolumeGroupSnapshot: the group snapshot is still there after DeleteVolumeGroupSnapshot",
@@ -156,15 +121,7 @@ pub(super) async fn get_missing(ctx: &mut Ctx) -> Outcome {
             "the group snapshot does not exist"
         };
         let req = get_req(ctx, &id, snaps);
-        rpc!(
-            ctx,
-            group_controller,
-            get_volume_group_snapshot,
-            "GetVolumeGroupSnapshot",
-            req
-        )
-        .await
-        .code(Code::NotFound, why)?;
+        ctx.rpc(req).await.code(Code::NotFound, why)?;
     }
     Ok(())
 }
@@ -180,15 +137,7 @@ pub(super) async fn delete_missing(ctx: &mut Ctx) -> Outcome {
             "deleting a group snapshot that does not exist must be OK"
         };
         let req = delete_req(ctx, &id, snaps);
-        rpc!(
-            ctx,
-            group_controller,
-            delete_volume_group_snapshot,
-            "DeleteVolumeGroupSnapshot",
-            req
-        )
-        .await
-        .expect(&[Code::Ok], why)?;
+        ctx.rpc(req).await.expect(&[Code::Ok], why)?;
     }
     Ok(())
 }

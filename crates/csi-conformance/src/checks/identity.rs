@@ -1,6 +1,6 @@
 use csi_proto::v1::*;
 
-use crate::suite::{Ctx, Outcome, rpc};
+use crate::suite::{Ctx, Outcome};
 
 /// DNS-1123 style as the spec words it: alphanumeric at both ends, `-`, `.`
 /// and alphanumerics in between.
@@ -14,14 +14,7 @@ fn is_dns_name(name: &str) -> bool {
 }
 
 pub(super) async fn plugin_info(ctx: &mut Ctx) -> Outcome {
-    let call = rpc!(
-        ctx,
-        identity,
-        get_plugin_info,
-        "GetPluginInfo",
-        GetPluginInfoRequest {}
-    )
-    .await;
+    let call = ctx.rpc(GetPluginInfoRequest {}).await;
     let r = call.value()?;
     call.ensure(!r.name.is_empty(), "name is required")?;
     call.ensure(
@@ -36,14 +29,7 @@ pub(super) async fn plugin_info(ctx: &mut Ctx) -> Outcome {
 }
 
 pub(super) async fn plugin_capabilities(ctx: &mut Ctx) -> Outcome {
-    let call = rpc!(
-        ctx,
-        identity,
-        get_plugin_capabilities,
-        "GetPluginCapabilities",
-        GetPluginCapabilitiesRequest {}
-    )
-    .await;
+    let call = ctx.rpc(GetPluginCapabilitiesRequest {}).await;
     let r = call.value()?;
     for c in &r.capabilities {
         call.ensure(
@@ -58,7 +44,7 @@ pub(super) async fn probe(ctx: &mut Ctx) -> Outcome {
     // A plugin may still be starting: ready=false with OK is allowed, so poll
     // (bounded) until it reports ready.
     for _ in 0..50 {
-        let call = rpc!(ctx, identity, probe, "Probe", ProbeRequest {}).await;
+        let call = ctx.rpc(ProbeRequest {}).await;
         if call.value()?.ready != Some(false) {
             return Ok(());
         }

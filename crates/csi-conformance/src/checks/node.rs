@@ -9,30 +9,16 @@ use tonic::Code;
 
 use super::controller::{self, missing_id, publish_req};
 use crate::config::SecretKind;
-use crate::suite::{Call, Ctx, Outcome, Resource, fail, rpc, skip};
+use crate::suite::{Call, Ctx, Outcome, Resource, fail, skip};
 
 pub(super) async fn capabilities(ctx: &mut Ctx) -> Outcome {
-    let call = rpc!(
-        ctx,
-        node,
-        node_get_capabilities,
-        "NodeGetCapabilities",
-        NodeGetCapabilitiesRequest {}
-    )
-    .await;
+    let call = ctx.rpc(NodeGetCapabilitiesRequest {}).await;
     call.ok().map(drop)
 }
 
 pub(super) async fn info(ctx: &mut Ctx) -> Outcome {
     ctx.need_node_service()?;
-    let call = rpc!(
-        ctx,
-        node,
-        node_get_info,
-        "NodeGetInfo",
-        NodeGetInfoRequest {}
-    )
-    .await;
+    let call = ctx.rpc(NodeGetInfoRequest {}).await;
     let r = call.value()?;
     call.ensure(!r.node_id.is_empty(), "node_id is required")?;
     call.ensure(
@@ -88,7 +74,7 @@ fn stage_req(ctx: &Ctx, v: &NodeVol, path: &str) -> NodeStageVolumeRequest {
 
 async fn stage(ctx: &mut Ctx, v: &NodeVol, path: &str) -> Call<NodeStageVolumeResponse> {
     let req = stage_req(ctx, v, path);
-    rpc!(ctx, node, node_stage_volume, "NodeStageVolume", req).await
+    ctx.rpc(req).await
 }
 
 async fn unstage(ctx: &Ctx, id: &str, path: &str) -> Call<NodeUnstageVolumeResponse> {
@@ -96,7 +82,7 @@ async fn unstage(ctx: &Ctx, id: &str, path: &str) -> Call<NodeUnstageVolumeRespo
         volume_id: id.to_string(),
         staging_target_path: path.to_string(),
     };
-    rpc!(ctx, node, node_unstage_volume, "NodeUnstageVolume", req).await
+    ctx.rpc(req).await
 }
 
 /// Creates a volume with `mode` and prepares it; `None` when the driver
@@ -107,7 +93,7 @@ async fn prepare_mode(ctx: &mut Ctx, mode: Mode, stage_it: bool) -> Outcome<Opti
     let cap = ctx.capability_with(mode);
     let mut req = ctx.create_request("node");
     req.volume_capabilities = vec![cap.clone()];
-    let probe = rpc!(ctx, controller, create_volume, "CreateVolume", req.clone()).await;
+    let probe = ctx.rpc(req.clone()).await;
     if let Ok(CreateVolumeResponse { volume: Some(v) }) = &probe.result {
         ctx.register(Resource::Volume(v.volume_id.clone()));
     } else if probe.result.as_ref().err().map(|s| s.code()) == Some(Code::InvalidArgument) {
@@ -162,7 +148,7 @@ async fn send_publish(
     req: NodePublishVolumeRequest,
 ) -> Call<NodePublishVolumeResponse> {
     let (volume, target) = (req.volume_id.clone(), req.target_path.clone());
-    let call = rpc!(ctx, node, node_publish_volume, "NodePublishVolume", req).await;
+    let call = ctx.rpc(req).await;
     if call.result.is_ok() {
         ctx.register(Resource::Published { volume, target });
     }
@@ -184,7 +170,7 @@ async fn unpublish(ctx: &Ctx, id: &str, target: &str) -> Call<NodeUnpublishVolum
         volume_id: id.to_string(),
         target_path: target.to_string(),
     };
-    rpc!(ctx, node, node_unpublish_volume, "NodeUnpublishVolume", req).await
+    ctx.rpc(req).await
 }
 
 /// The plugin, not the CO, creates the target: a directory for mount, a
@@ -248,7 +234,7 @@ pub(super) async fn stage_missing_fields(ctx: &mut Ctx) -> Outcome {
         ),
     ];
     for (field, req) in cases {
-        let call = rpc!(ctx, node, node_stage_volume, "NodeStageVolume", req).await;
+        let call = ctx.rpc(req).await;
         if call.result.is_ok() {
             ctx.register(Resource::Staged {
                 volume: v.id.clone(),
@@ -415,24 +401,13 @@ pub(super) async fn lifecycle(ctx: &mut Ctx) -> Outcome {
             node_id: ctx.node_id()?,
             secrets: ctx.secrets(SecretKind::ControllerUnpublishVolume),
         };
-        rpc!(
-            ctx,
-            controller,
-            controller_unpublish_volume,
-            "ControllerUnpublishVolume",
-            req
-        )
-        .await
-        .ok()?;
+        ctx.rpc(req).await.ok()?;
     }
     let req = DeleteVolumeRequest {
         volume_id: v.id.clone(),
         secrets: ctx.secrets(SecretKind::DeleteVolume),
     };
-    rpc!(ctx, controller, delete_volume, "DeleteVolume", req)
-        .await
-        .ok()
-        .map(drop)
+    ctx.rpc(req).await.ok().map(drop)
 }
 
 pub(super) async fn repeat_table(ctx: &mut Ctx) -> Outcome {
@@ -501,16 +476,7 @@ pub(super) async fn publish_concurrent(ctx: &mut Ctx) -> Outcome {
     });
     let n = ctx.config.concurrency.max(2);
     let req = pub_req(ctx, &v, &target, false);
-    let calls = futures::future::join_all((0..n).map(|_| {
-        rpc!(
-            ctx,
-            node,
-            node_publish_volume,
-            "NodePublishVolume",
-            req.clone()
-        )
-    }))
-    .await;
+    let calls = futures::future::join_all((0..n).map(|_| ctx.rpc(req.clone()))).await;
     let mut any_ok = false;
     for c in calls {
         any_ok |= c
@@ -545,7 +511,7 @@ pub(super) async fn stats_published(ctx: &mut Ctx) -> Outcome {
     let target = ctx.target_path()?;
     publish(ctx, &v, &target, false).await.ok()?;
     let req = stats_req(&v.id, &target, &v.staging);
-    let call = rpc!(ctx, node, node_get_volume_stats, "NodeGetVolumeStats", req).await;
+    let call = ctx.rpc(req).await;
     let r = call.value()?;
     call.ensure(!r.usage.is_empty(), "a published volume must report usage")?;
     for u in &r.usage {
@@ -570,7 +536,7 @@ pub(super) async fn stats_missing_path(ctx: &mut Ctx) -> Outcome {
     let parent = ctx.config.target_dir.clone();
     let dir = ctx.fresh_dir(&parent, "not-published")?;
     let req = stats_req(&vol.volume_id, &dir.to_string_lossy(), "");
-    rpc!(ctx, node, node_get_volume_stats, "NodeGetVolumeStats", req)
+    ctx.rpc(req)
         .await
         .code(Code::NotFound, "the volume is not published at volume_path")
         .map(drop)
@@ -583,17 +549,12 @@ pub(super) async fn stats_relative_path(ctx: &mut Ctx) -> Outcome {
     let why = "a relative volume_path names no volume";
     let id = missing_id(ctx, "vol");
     let req = stats_req(&id, RELATIVE_PATH, "");
-    rpc!(ctx, node, node_get_volume_stats, "NodeGetVolumeStats", req)
-        .await
-        .code(Code::NotFound, why)?;
+    ctx.rpc(req).await.code(Code::NotFound, why)?;
     let v = prepare(ctx).await?;
     let target = ctx.target_path()?;
     publish(ctx, &v, &target, false).await.ok()?;
     let req = stats_req(&v.id, RELATIVE_PATH, "");
-    rpc!(ctx, node, node_get_volume_stats, "NodeGetVolumeStats", req)
-        .await
-        .code(Code::NotFound, why)
-        .map(drop)
+    ctx.rpc(req).await.code(Code::NotFound, why).map(drop)
 }
 
 pub(super) async fn stats_empty_id(ctx: &mut Ctx) -> Outcome {
@@ -601,7 +562,7 @@ pub(super) async fn stats_empty_id(ctx: &mut Ctx) -> Outcome {
     let parent = ctx.config.target_dir.clone();
     let dir = ctx.fresh_dir(&parent, "stats")?;
     let req = stats_req("", &dir.to_string_lossy(), "");
-    rpc!(ctx, node, node_get_volume_stats, "NodeGetVolumeStats", req)
+    ctx.rpc(req)
         .await
         .code(Code::InvalidArgument, "volume_id is a required field")
         .map(drop)
@@ -637,14 +598,7 @@ pub(super) async fn expand(ctx: &mut Ctx) -> Outcome {
             secrets: ctx.secrets(SecretKind::ControllerExpandVolume),
             volume_capability: Some(v.cap.clone()),
         };
-        let call = rpc!(
-            ctx,
-            controller,
-            controller_expand_volume,
-            "ControllerExpandVolume",
-            req
-        )
-        .await;
+        let call = ctx.rpc(req).await;
         // An OFFLINE-only plugin may refuse a published volume.
         if call
             .code_in(
@@ -657,10 +611,7 @@ pub(super) async fn expand(ctx: &mut Ctx) -> Outcome {
         }
     }
     let req = node_expand_req(ctx, &v.id, &target, &v.staging, bytes);
-    rpc!(ctx, node, node_expand_volume, "NodeExpandVolume", req)
-        .await
-        .ok()
-        .map(drop)
+    ctx.rpc(req).await.ok().map(drop)
 }
 
 pub(super) async fn expand_relative_path(ctx: &mut Ctx) -> Outcome {
@@ -670,7 +621,7 @@ pub(super) async fn expand_relative_path(ctx: &mut Ctx) -> Outcome {
         volume_path: RELATIVE_PATH.to_string(),
         ..Default::default()
     };
-    rpc!(ctx, node, node_expand_volume, "NodeExpandVolume", req)
+    ctx.rpc(req)
         .await
         .code(Code::NotFound, "a relative volume_path names no volume")
         .map(drop)
@@ -682,7 +633,7 @@ pub(super) async fn expand_missing(ctx: &mut Ctx) -> Outcome {
     let dir = ctx.fresh_dir(&parent, "expand")?;
     let id = missing_id(ctx, "vol");
     let req = node_expand_req(ctx, &id, &dir.to_string_lossy(), "", ctx.config.volume_size);
-    rpc!(ctx, node, node_expand_volume, "NodeExpandVolume", req)
+    ctx.rpc(req)
         .await
         .code(Code::NotFound, "the volume does not exist")
         .map(drop)

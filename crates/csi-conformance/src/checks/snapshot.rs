@@ -6,7 +6,7 @@ use tonic::Code;
 
 use super::controller::missing_id;
 use crate::config::SecretKind;
-use crate::suite::{Ctx, Outcome, Resource, fail, rpc};
+use crate::suite::{Ctx, Outcome, Resource, fail};
 
 fn snap_req(ctx: &Ctx, name: &str, source: &str) -> CreateSnapshotRequest {
     CreateSnapshotRequest {
@@ -22,7 +22,7 @@ async fn send(
     ctx: &mut Ctx,
     req: CreateSnapshotRequest,
 ) -> crate::suite::Call<CreateSnapshotResponse> {
-    let call = rpc!(ctx, controller, create_snapshot, "CreateSnapshot", req).await;
+    let call = ctx.rpc(req).await;
     if let Ok(CreateSnapshotResponse { snapshot: Some(s) }) = &call.result {
         ctx.register(Resource::Snapshot(s.snapshot_id.clone()));
     }
@@ -116,17 +116,15 @@ pub(super) async fn delete_missing(ctx: &mut Ctx) -> Outcome {
         snapshot_id: missing_id(ctx, "snap"),
         secrets: ctx.secrets(SecretKind::DeleteSnapshot),
     };
-    rpc!(ctx, controller, delete_snapshot, "DeleteSnapshot", req)
-        .await
-        .expect(
-            &[Code::Ok],
-            "deleting a snapshot that does not exist must be OK",
-        )?;
+    ctx.rpc(req).await.expect(
+        &[Code::Ok],
+        "deleting a snapshot that does not exist must be OK",
+    )?;
     let req = DeleteSnapshotRequest {
         snapshot_id: String::new(),
         secrets: ctx.secrets(SecretKind::DeleteSnapshot),
     };
-    rpc!(ctx, controller, delete_snapshot, "DeleteSnapshot", req)
+    ctx.rpc(req)
         .await
         .code(Code::InvalidArgument, "snapshot_id is a required field")
         .map(drop)
@@ -144,14 +142,7 @@ async fn list_all(ctx: &Ctx, mut req: ListSnapshotsRequest) -> Outcome<Vec<Strin
     let mut ids = Vec::new();
     let mut tokens = HashSet::new();
     loop {
-        let call = rpc!(
-            ctx,
-            controller,
-            list_snapshots,
-            "ListSnapshots",
-            req.clone()
-        )
-        .await;
+        let call = ctx.rpc(req.clone()).await;
         let r = call.value()?;
         if req.max_entries > 0 {
             call.ensure(
@@ -264,7 +255,7 @@ pub(super) async fn list_paging(ctx: &mut Ctx) -> Outcome {
         starting_token: token,
         ..list_req(ctx)
     };
-    rpc!(ctx, controller, list_snapshots, "ListSnapshots", req)
+    ctx.rpc(req)
         .await
         .code(Code::Aborted, "the starting_token was never handed out")
         .map(drop)
@@ -280,7 +271,7 @@ pub(super) async fn get_existing(ctx: &mut Ctx) -> Outcome {
         snapshot_id: snap.snapshot_id.clone(),
         secrets: ctx.secrets(SecretKind::GetSnapshot),
     };
-    let call = rpc!(ctx, controller, get_snapshot, "GetSnapshot", req).await;
+    let call = ctx.rpc(req).await;
     let got = call.value()?.snapshot.clone().unwrap_or_default();
     call.ensure(
         got.snapshot_id == snap.snapshot_id && got.source_volume_id == vol.volume_id,
@@ -294,7 +285,7 @@ pub(super) async fn get_missing(ctx: &mut Ctx) -> Outcome {
         snapshot_id: missing_id(ctx, "snap"),
         secrets: ctx.secrets(SecretKind::GetSnapshot),
     };
-    rpc!(ctx, controller, get_snapshot, "GetSnapshot", req)
+    ctx.rpc(req)
         .await
         .code(Code::NotFound, "the snapshot does not exist")
         .map(drop)
@@ -328,7 +319,7 @@ pub(super) async fn restore(ctx: &mut Ctx) -> Outcome {
     let mut req = ctx.create_request("restore-missing");
     let missing = missing_id(ctx, "snap");
     req.volume_content_source = Some(snapshot_source(&missing));
-    let call = rpc!(ctx, controller, create_volume, "CreateVolume", req).await;
+    let call = ctx.rpc(req).await;
     if let Ok(CreateVolumeResponse { volume: Some(v) }) = &call.result {
         ctx.register(Resource::Volume(v.volume_id.clone()));
     }
@@ -345,7 +336,7 @@ pub(super) async fn delete_source(ctx: &mut Ctx) -> Outcome {
         volume_id: vol.volume_id.clone(),
         secrets: ctx.secrets(SecretKind::DeleteVolume),
     };
-    let call = rpc!(ctx, controller, delete_volume, "DeleteVolume", req).await;
+    let call = ctx.rpc(req).await;
     match call.code_in(
         &[Code::Ok, Code::FailedPrecondition],
         "a volume with snapshots is deleted, or refused with FAILED_PRECONDITION",
@@ -374,17 +365,10 @@ pub(super) async fn delete_source(ctx: &mut Ctx) -> Outcome {
                 volume_capabilities: vec![ctx.capability()],
                 parameters: ctx.config.parameters.clone(),
                 volume_context: vol.volume_context.clone(),
-                secrets: ctx.secrets(SecretKind::ControllerValidateVolumeCapabilities),
+                secrets: ctx.secrets(SecretKind::ValidateVolumeCapabilities),
                 ..Default::default()
             };
-            let call = rpc!(
-                ctx,
-                controller,
-                validate_volume_capabilities,
-                "ValidateVolumeCapabilities",
-                req
-            )
-            .await;
+            let call = ctx.rpc(req).await;
             let r = call.value()?;
             call.ensure(
                 r.confirmed.is_some(),

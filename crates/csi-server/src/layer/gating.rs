@@ -11,12 +11,16 @@
 //! and [`GatingLayer::fields`] after it.
 
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
-use futures::future::{self, BoxFuture};
+use futures::TryFutureExt;
+use futures::future::{Either, ErrInto, Ready, ready};
+use tower::{Layer, Service};
 
-use super::{Call, CallResult, Layer, Next};
+use super::CsiCall;
 use crate::capabilities::Capabilities;
 use crate::error::CsiError;
+use crate::request::CsiRequest;
 
 /// Capability gating against the declared [`Capabilities`].
 #[derive(Debug, Clone)]
@@ -53,41 +57,62 @@ impl GatingLayer {
         }
     }
 
-    /// The decision for one call, without running it.
-    pub fn check(&self, call: &Call) -> Result<(), CsiError> {
+    /// The decision for one request, without running it.
+    pub fn check<Req: CsiRequest>(&self, request: &Req) -> Result<(), CsiError> {
         if self.rpcs {
-            if let Some(req) = call.method.requirement() {
+            if let Some(req) = Req::METHOD.requirement() {
                 if !self.capabilities.satisfies(req) {
                     return Err(CsiError::Unimplemented(format!(
                         "{} is not supported: the plugin does not declare {}",
-                        call.method,
-                        requirement_name(req)
+                        Req::METHOD,
+                        req.as_str_name()
                     )));
                 }
             }
         }
         if self.fields {
-            call.request().check_capabilities(&self.capabilities)?;
+            request.check_capabilities(&self.capabilities)?;
         }
         Ok(())
     }
 }
 
-fn requirement_name(req: crate::method::Requirement) -> &'static str {
-    use crate::method::Requirement as R;
-    match req {
-        R::Controller(r) => r.as_str_name(),
-        R::Node(r) => r.as_str_name(),
-        R::GroupController(r) => r.as_str_name(),
-        R::Plugin(s) => s.as_str_name(),
+impl<S> Layer<S> for GatingLayer {
+    type Service = Gating<S>;
+
+    fn layer(&self, inner: S) -> Gating<S> {
+        Gating {
+            layer: self.clone(),
+            inner,
+        }
     }
 }
 
-impl Layer for GatingLayer {
-    fn call<'a>(&'a self, call: Call, next: Next<'a>) -> BoxFuture<'a, CallResult> {
-        match self.check(&call) {
-            Ok(()) => next.run(call),
-            Err(e) => Box::pin(future::ready(Err(e))),
+/// The service of [`GatingLayer`].
+#[derive(Debug, Clone)]
+pub struct Gating<S> {
+    layer: GatingLayer,
+    inner: S,
+}
+
+impl<S, Req> Service<CsiCall<Req>> for Gating<S>
+where
+    Req: CsiRequest,
+    S: Service<CsiCall<Req>, Response = Req::Output>,
+    S::Error: Into<CsiError>,
+{
+    type Response = Req::Output;
+    type Error = CsiError;
+    type Future = Either<ErrInto<S::Future, CsiError>, Ready<Result<Req::Output, CsiError>>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), CsiError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, call: CsiCall<Req>) -> Self::Future {
+        match self.layer.check(&call.request) {
+            Ok(()) => Either::Left(self.inner.call(call).err_into()),
+            Err(e) => Either::Right(ready(Err(e))),
         }
     }
 }

@@ -1,25 +1,39 @@
-//! Per-resource locking: one call at a time per volume id, name, snapshot
-//! id or target path. A second call gets ABORTED at once, or after waiting
-//! up to a configured time. Locks are RAII guards, so they are released on
-//! success, error, panic and cancellation (the call's future dropped), and
-//! a released key leaves no entry behind.
+//! Per-resource locking: one operation at a time per volume id, name,
+//! snapshot id or node path, including the source of a snapshot or clone
+//! (the keys come from the method table, see
+//! [`RpcRequest::lock_keys`](csi_proto::methods::RpcRequest::lock_keys)). A
+//! second call gets ABORTED at once, or after waiting up to a configured
+//! time.
+//!
+//! The lock covers the work, not the request: the call below the layer runs
+//! in a task of its own that owns the lock guard. When the client gives up
+//! (deadline, cancellation) the work still finishes under the lock in the
+//! background, and a retry meanwhile gets ABORTED instead of running a
+//! second copy of the work concurrently. Guards are RAII, so keys are
+//! released on success, error and panic, and a released key leaves no entry
+//! behind.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
-use futures::future::BoxFuture;
+use futures::TryFutureExt;
 use tokio::sync::Notify;
 use tokio::time::Instant;
+use tower::{Layer, Service};
+use tracing::Instrument;
 
-use super::{Call, CallResult, Layer, Next};
+use super::{CsiCall, CsiFuture};
 use crate::error::CsiError;
-use crate::request::LockKey;
+use crate::request::{CsiRequest, LockKey};
 
 /// The set of resources currently operated on.
 #[derive(Debug, Default)]
 pub struct LockMap {
     held: Mutex<HashMap<LockKey, Arc<Notify>>>,
+    /// Signalled whenever keys are released.
+    released: Notify,
 }
 
 /// Holds keys of a [`LockMap`] until dropped.
@@ -37,6 +51,8 @@ impl Drop for LockGuard {
                 notify.notify_waiters();
             }
         }
+        drop(held);
+        self.map.released.notify_waiters();
     }
 }
 
@@ -54,6 +70,20 @@ impl LockMap {
     /// Whether no key is held.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Waits until no key is held (every operation, including those whose
+    /// caller went away, has finished).
+    pub async fn idle(&self) {
+        loop {
+            let released = self.released.notified();
+            tokio::pin!(released);
+            released.as_mut().enable();
+            if self.is_empty() {
+                return;
+            }
+            released.await;
+        }
     }
 
     fn held(&self) -> MutexGuard<'_, HashMap<LockKey, Arc<Notify>>> {
@@ -115,7 +145,7 @@ fn in_progress(key: &LockKey) -> CsiError {
     CsiError::Aborted(format!("an operation for {key} is already in progress"))
 }
 
-/// Locks a call's resources for its whole duration.
+/// Locks a call's resources for the whole of its work.
 #[derive(Debug, Clone)]
 pub struct LockingLayer {
     map: Arc<LockMap>,
@@ -151,15 +181,68 @@ impl Default for LockingLayer {
     }
 }
 
-impl Layer for LockingLayer {
-    fn call<'a>(&'a self, call: Call, next: Next<'a>) -> BoxFuture<'a, CallResult> {
-        let keys = call.request().lock_keys();
-        if keys.is_empty() {
-            return next.run(call);
+impl<S> Layer<S> for LockingLayer {
+    type Service = Locking<S>;
+
+    fn layer(&self, inner: S) -> Locking<S> {
+        Locking {
+            layer: self.clone(),
+            inner,
         }
+    }
+}
+
+/// The service of [`LockingLayer`].
+#[derive(Debug, Clone)]
+pub struct Locking<S> {
+    layer: LockingLayer,
+    inner: S,
+}
+
+impl<S, Req> Service<CsiCall<Req>> for Locking<S>
+where
+    Req: CsiRequest,
+    S: Service<CsiCall<Req>, Response = Req::Output> + Clone + Send + 'static,
+    S::Error: Into<CsiError>,
+    S::Future: Send + 'static,
+{
+    type Response = Req::Output;
+    type Error = CsiError;
+    type Future = CsiFuture<Req::Output>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), CsiError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, call: CsiCall<Req>) -> Self::Future {
+        let keys = call.request.lock_keys();
+        if keys.is_empty() {
+            return Box::pin(self.inner.call(call).err_into());
+        }
+        // Take the service that was driven ready; leave a clone in its place.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let map = self.layer.map.clone();
+        let wait = self.layer.wait;
         Box::pin(async move {
-            let _guard = self.map.lock(keys, self.wait).await?;
-            next.run(call).await
+            let guard = map.lock(keys, wait).await?;
+            // The task owns the guard: dropping this future (the client went
+            // away) leaves the work running, and its resources locked, until
+            // it ends.
+            let work = tokio::spawn(
+                async move {
+                    let result = inner.call(call).await;
+                    drop(guard);
+                    result.map_err(Into::into)
+                }
+                .in_current_span(),
+            );
+            match work.await {
+                Ok(result) => result,
+                // Re-raised so the panic layer reports it like any other.
+                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                Err(_) => Err(CsiError::Unavailable("the plugin is shutting down".into())),
+            }
         })
     }
 }

@@ -1,21 +1,28 @@
 //! Prometheus metrics (feature `metrics`): a latency histogram per method
-//! and gRPC code, exposed in text format on an optional HTTP address.
+//! and gRPC code, exposed in text format on an optional HTTP address served
+//! by hyper.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
 use futures::FutureExt;
-use futures::future::BoxFuture;
+use http_body_util::Full;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tonic::Code;
+use tower::{Layer, Service};
 
-use super::{Call, CallResult, Layer, Next};
+use super::{CsiCall, CsiFuture};
+use crate::error::CsiError;
+use crate::request::CsiRequest;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct Labels {
@@ -73,50 +80,67 @@ impl MetricsLayer {
         out
     }
 
-    /// Serves `GET /metrics` on `addr` until the returned task is dropped
-    /// or aborted.
+    /// Serves `GET /metrics` on `addr` (HTTP/1.1, hyper) until the returned
+    /// task is dropped or aborted.
     pub async fn serve(&self, addr: SocketAddr) -> std::io::Result<MetricsTask> {
         let listener = TcpListener::bind(addr).await?;
         let local = listener.local_addr()?;
         let layer = self.clone();
         let task = tokio::spawn(async move {
-            while let Ok((mut conn, _)) = listener.accept().await {
+            loop {
+                let stream = match listener.accept().await {
+                    Ok((stream, _)) => stream,
+                    Err(e) => {
+                        // EMFILE and friends: back off instead of spinning.
+                        tracing::warn!(error = %e, "metrics endpoint: accept failed");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                };
                 let layer = layer.clone();
                 tokio::spawn(async move {
-                    let _ = tokio::time::timeout(Duration::from_secs(10), async {
-                        let head = read_head(&mut conn).await?;
-                        let response = if head.starts_with("GET /metrics ") {
-                            let body = layer.encode();
-                            format!(
-                                "HTTP/1.1 200 OK\r\nContent-Type: application/openmetrics-text; version=1.0.0; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                                body.len()
-                            )
-                        } else {
-                            "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".to_owned()
-                        };
-                        conn.write_all(response.as_bytes()).await?;
-                        conn.shutdown().await
-                    })
-                    .await;
+                    let service = hyper::service::service_fn(move |req| {
+                        let layer = layer.clone();
+                        async move { Ok::<_, std::convert::Infallible>(layer.answer(&req)) }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .timer(TokioTimer::new())
+                        .header_read_timeout(Duration::from_secs(10))
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
                 });
             }
         });
         Ok(MetricsTask { task, addr: local })
     }
-}
 
-/// Reads an HTTP request head (up to 8 KiB).
-async fn read_head(conn: &mut tokio::net::TcpStream) -> std::io::Result<String> {
-    let mut buf = Vec::with_capacity(1024);
-    let mut chunk = [0u8; 1024];
-    while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 8192 {
-        let n = conn.read(&mut chunk).await?;
-        if n == 0 {
-            break;
-        }
-        buf.extend_from_slice(&chunk[..n]);
+    /// The answer to one HTTP request.
+    fn answer<B>(&self, req: &hyper::Request<B>) -> hyper::Response<Full<Bytes>> {
+        let (status, content_type, body) = match (req.method(), req.uri().path()) {
+            (&hyper::Method::GET, "/metrics") => (
+                hyper::StatusCode::OK,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                self.encode(),
+            ),
+            (_, "/metrics") => (
+                hyper::StatusCode::METHOD_NOT_ALLOWED,
+                "text/plain",
+                "only GET is allowed\n".to_owned(),
+            ),
+            _ => (
+                hyper::StatusCode::NOT_FOUND,
+                "text/plain",
+                "metrics are at /metrics\n".to_owned(),
+            ),
+        };
+        let mut response = hyper::Response::new(Full::new(Bytes::from(body)));
+        *response.status_mut() = status;
+        response.headers_mut().insert(
+            hyper::header::CONTENT_TYPE,
+            hyper::header::HeaderValue::from_static(content_type),
+        );
+        response
     }
-    Ok(String::from_utf8_lossy(&buf).into_owned())
 }
 
 /// The running metrics endpoint; aborted when dropped.
@@ -161,13 +185,55 @@ fn code_name(code: Code) -> &'static str {
     }
 }
 
-impl Layer for MetricsLayer {
-    fn call<'a>(&'a self, call: Call, next: Next<'a>) -> BoxFuture<'a, CallResult> {
-        let method = call.method.name();
+impl<S> Layer<S> for MetricsLayer {
+    type Service = Metrics<S>;
+
+    fn layer(&self, inner: S) -> Metrics<S> {
+        Metrics {
+            durations: self.durations.clone(),
+            inner,
+        }
+    }
+}
+
+/// The service of [`MetricsLayer`].
+#[derive(Clone)]
+pub struct Metrics<S> {
+    durations: Durations,
+    inner: S,
+}
+
+impl<S: std::fmt::Debug> std::fmt::Debug for Metrics<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, Req> Service<CsiCall<Req>> for Metrics<S>
+where
+    Req: CsiRequest,
+    S: Service<CsiCall<Req>, Response = Req::Output>,
+    S::Error: Into<CsiError>,
+    S::Future: Send + 'static,
+{
+    type Response = Req::Output;
+    type Error = CsiError;
+    type Future = CsiFuture<Req::Output>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), CsiError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, call: CsiCall<Req>) -> Self::Future {
+        let method = Req::METHOD.name();
         let start = Instant::now();
-        Box::pin(next.run(call).map(move |result| {
+        let durations = self.durations.clone();
+        Box::pin(self.inner.call(call).map(move |result| {
+            let result = result.map_err(Into::into);
             let code = result.as_ref().map_or_else(|e| e.code(), |_| Code::Ok);
-            self.durations
+            durations
                 .get_or_create(&Labels {
                     method,
                     code: code_name(code),
@@ -181,24 +247,25 @@ impl Layer for MetricsLayer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::CsiError;
-    use crate::layer::Stack;
     use csi_proto::v1::{DeleteVolumeRequest, DeleteVolumeResponse, ProbeRequest, ProbeResponse};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tower::ServiceExt;
 
     #[tokio::test]
     async fn records_per_method_and_code_and_serves_text() {
         let layer = MetricsLayer::new();
-        let stack = Stack::new().push(layer.clone());
-        stack
-            .call(1, ProbeRequest {}, |_| async {
-                Ok(ProbeResponse::default())
-            })
+        layer
+            .layer(tower::service_fn(|_: CsiCall<ProbeRequest>| async {
+                Ok::<_, CsiError>(ProbeResponse::default())
+            }))
+            .oneshot(CsiCall::new(1, ProbeRequest {}))
             .await
             .unwrap();
-        let _ = stack
-            .call(2, DeleteVolumeRequest::default(), |_| async {
+        let _ = layer
+            .layer(tower::service_fn(|_: CsiCall<DeleteVolumeRequest>| async {
                 Err::<DeleteVolumeResponse, _>(CsiError::NotFound("v".into()))
-            })
+            }))
+            .oneshot(CsiCall::new(2, DeleteVolumeRequest::default()))
             .await;
         let text = layer.encode();
         assert!(
@@ -214,12 +281,22 @@ mod tests {
         let mut conn = tokio::net::TcpStream::connect(task.local_addr())
             .await
             .unwrap();
-        conn.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        conn.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
             .await
             .unwrap();
         let mut body = String::new();
         conn.read_to_string(&mut body).await.unwrap();
         assert!(body.starts_with("HTTP/1.1 200 OK"), "{body}");
         assert!(body.contains("csi_operations_seconds_bucket"), "{body}");
+
+        let mut conn = tokio::net::TcpStream::connect(task.local_addr())
+            .await
+            .unwrap();
+        conn.write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut body = String::new();
+        conn.read_to_string(&mut body).await.unwrap();
+        assert!(body.starts_with("HTTP/1.1 404 Not Found"), "{body}");
     }
 }

@@ -1,21 +1,65 @@
-//! Middleware as layers around the driver. Every RPC goes through one
-//! generic dispatch that wraps the request in a type-erased [`Call`] and runs
-//! the [`Stack`]; each layer sees the call, may answer or fail it, or pass
-//! it on with [`Next::run`].
+//! Middleware as [`tower`] layers over a typed call. Every RPC becomes a
+//! [`CsiCall<Req>`] (the request and its [`CallContext`]) sent to a
+//! [`tower::Service`] whose response is the driver's answer
+//! ([`CsiRequest::Output`]) and whose error is a [`CsiError`]. Each built-in
+//! layer is a `tower::Layer` generic over the request type, bounded by
+//! [`CsiRequest`], so it reads the request's method, lock keys and rules
+//! without downcasts; any other tower layer (a timeout, a concurrency
+//! limit, your own) composes with them, at any position
+//! ([`ServerBuilder::layer_at`](crate::ServerBuilder::layer_at)).
 //!
 //! The default order, outermost first: tracing, metrics, panic catching,
 //! RPC capability gating, validation, field-level capability rules,
 //! readiness (Probe only), locking, driver.
+//!
+//! A layer of your own is an ordinary tower layer:
+//!
+//! ```
+//! use std::task::{Context, Poll};
+//! use csi_server::layer::CsiCall;
+//! use csi_server::{CsiError, CsiRequest};
+//!
+//! /// Refuses every call while maintenance is on.
+//! #[derive(Clone)]
+//! struct Maintenance<S>(S);
+//!
+//! impl<S, Req> tower::Service<CsiCall<Req>> for Maintenance<S>
+//! where
+//!     Req: CsiRequest,
+//!     S: tower::Service<CsiCall<Req>, Response = Req::Output, Error = CsiError>,
+//! {
+//!     type Response = Req::Output;
+//!     type Error = CsiError;
+//!     type Future = futures::future::Either<
+//!         S::Future,
+//!         futures::future::Ready<Result<Req::Output, CsiError>>,
+//!     >;
+//!
+//!     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), CsiError>> {
+//!         self.0.poll_ready(cx)
+//!     }
+//!
+//!     fn call(&mut self, call: CsiCall<Req>) -> Self::Future {
+//!         if Req::METHOD.name().starts_with("Create") {
+//!             let busy = CsiError::Unavailable("maintenance".into());
+//!             return futures::future::Either::Right(futures::future::ready(Err(busy)));
+//!         }
+//!         futures::future::Either::Left(self.0.call(call))
+//!     }
+//! }
+//! // Added with `ServerBuilder::layer(tower::layer::layer_fn(Maintenance))`.
+//! ```
 
-use std::any::Any;
 use std::fmt;
-use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 
 use futures::future::BoxFuture;
+use tower::util::BoxCloneService;
+use tower::{Service, ServiceExt};
 
+use crate::driver::CallContext;
 use crate::error::CsiError;
-use crate::method::Method;
 use crate::request::CsiRequest;
 
 mod gating;
@@ -27,190 +71,169 @@ mod readiness;
 mod tracing;
 mod validation;
 
-pub use gating::GatingLayer;
-pub use locking::{LockMap, LockingLayer};
+pub use gating::{Gating, GatingLayer};
+pub use locking::{LockGuard, LockMap, Locking, LockingLayer};
 #[cfg(feature = "metrics")]
-pub use metrics::{MetricsLayer, MetricsTask};
-pub use panic::CatchPanicLayer;
-pub use readiness::{Readiness, ReadinessLayer, ReadinessState};
-pub use tracing::TracingLayer;
-pub use validation::ValidationLayer;
+pub use metrics::{Metrics, MetricsLayer, MetricsTask};
+pub use panic::{CatchPanic, CatchPanicLayer};
+pub use readiness::{Readiness, ReadinessLayer, ReadinessService, ReadinessState};
+pub use tracing::{Tracing, TracingLayer};
+pub use validation::{Validation, ValidationLayer};
 
-/// One call on its way to the driver.
-pub struct Call {
-    /// A per-server counter.
-    pub request_id: u64,
-    /// The RPC.
-    pub method: Method,
-    request: Box<dyn CsiRequest>,
+/// One call on its way to the driver: the request and what the driver
+/// method will be given besides it.
+pub struct CsiCall<Req> {
+    /// The call's context (request id, method, declaration).
+    pub ctx: CallContext,
+    /// The request; its `Debug` redacts secrets.
+    pub request: Req,
 }
 
-impl Call {
-    /// Wraps a request.
-    pub fn new(request_id: u64, request: impl CsiRequest) -> Self {
+impl<Req: CsiRequest> CsiCall<Req> {
+    /// A call with an empty declaration, for running layers outside a server.
+    pub fn new(request_id: u64, request: Req) -> Self {
         Self {
-            request_id,
-            method: request.method(),
-            request: Box::new(request),
+            ctx: CallContext::detached(request_id, Req::METHOD),
+            request,
         }
     }
 
-    /// The request, for inspection (its `Debug` redacts secrets).
-    pub fn request(&self) -> &dyn CsiRequest {
-        &*self.request
-    }
-
-    fn into_request<T: CsiRequest>(self) -> Result<T, CsiError> {
-        self.request
-            .into_any()
-            .downcast::<T>()
-            .map(|b| *b)
-            .map_err(|_| CsiError::Internal("request type does not match the method".into()))
+    /// A call with the given context.
+    pub fn with_context(ctx: CallContext, request: Req) -> Self {
+        Self { ctx, request }
     }
 }
 
-impl fmt::Debug for Call {
+impl<Req: fmt::Debug> fmt::Debug for CsiCall<Req> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Call")
-            .field("request_id", &self.request_id)
-            .field("method", &self.method)
+        f.debug_struct("CsiCall")
+            .field("request_id", &self.ctx.request_id)
+            .field("method", &self.ctx.method)
             .field("request", &self.request)
             .finish()
     }
 }
 
-trait AnyDebug: Any + fmt::Debug + Send {
-    fn into_any(self: Box<Self>) -> Box<dyn Any + Send>;
-}
+/// What a call through the stack returns.
+pub type CsiFuture<T> = BoxFuture<'static, Result<T, CsiError>>;
 
-impl<T: Any + fmt::Debug + Send> AnyDebug for T {
-    fn into_any(self: Box<Self>) -> Box<dyn Any + Send> {
-        self
-    }
-}
+/// A type-erased service for one request type.
+#[doc(hidden)]
+pub type Slot<Req> = Mutex<BoxCloneService<CsiCall<Req>, <Req as CsiRequest>::Output, CsiError>>;
 
-/// A driver response, type-erased while it travels back through the layers.
-pub struct BoxResponse(Box<dyn AnyDebug>);
-
-impl BoxResponse {
-    /// Wraps a response.
-    pub fn new<T: Any + fmt::Debug + Send>(response: T) -> Self {
-        Self(Box::new(response))
-    }
-
-    /// The concrete response, or `None` if it is another type.
-    pub fn downcast<T: Any>(self) -> Option<T> {
-        self.0.into_any().downcast::<T>().ok().map(|b| *b)
-    }
-}
-
-impl fmt::Debug for BoxResponse {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
-    }
-}
-
-/// What a layer returns.
-pub type CallResult = Result<BoxResponse, CsiError>;
-
-type Endpoint<'a> = Box<dyn FnOnce(Call) -> BoxFuture<'static, CallResult> + Send + 'a>;
-
-/// The rest of the stack below a layer.
-pub struct Next<'a> {
-    layers: &'a [Arc<dyn Layer>],
-    endpoint: Endpoint<'a>,
-}
-
-impl<'a> Next<'a> {
-    /// Passes the call to the next layer, or to the driver.
-    pub fn run(self, call: Call) -> BoxFuture<'a, CallResult> {
-        match self.layers.split_first() {
-            Some((layer, rest)) => layer.call(
-                call,
-                Next {
-                    layers: rest,
-                    endpoint: self.endpoint,
-                },
-            ),
-            None => (self.endpoint)(call),
+macro_rules! erased {
+    (() $($svc:ident {
+        unary: [$($m:ident { rust: $fn:ident, request: $req:ident, response: $resp:ident, doc: $doc:literal, })*],
+        server_streaming: [$($sm:ident { rust: $sfn:ident, request: $sreq:ident, response: $sresp:ident, stream: $stream:ident, doc: $smdoc:literal, })*],
+        $($_k:ident: $_v:tt,)*
+    })*) => {
+        /// A service that serves every CSI request type: what a stack of
+        /// layers over the driver is. Implemented by every service that is
+        /// a `tower::Service<CsiCall<Req>>` for each request type `Req`
+        /// (answering `Req::Output`, failing with an error that converts
+        /// into [`CsiError`]), is `Clone + Send + 'static`, and whose
+        /// futures are `Send + 'static`.
+        pub trait CsiService: Clone + Send + 'static
+            $($( + Service<CsiCall<csi_proto::v1::$req>, Response = <csi_proto::v1::$req as CsiRequest>::Output, Error: Into<CsiError>, Future: Send + 'static> )*
+              $( + Service<CsiCall<csi_proto::v1::$sreq>, Response = <csi_proto::v1::$sreq as CsiRequest>::Output, Error: Into<CsiError>, Future: Send + 'static> )*)*
+        {
         }
-    }
+
+        impl<S> CsiService for S where S: Clone + Send + 'static
+            $($( + Service<CsiCall<csi_proto::v1::$req>, Response = <csi_proto::v1::$req as CsiRequest>::Output, Error: Into<CsiError>, Future: Send + 'static> )*
+              $( + Service<CsiCall<csi_proto::v1::$sreq>, Response = <csi_proto::v1::$sreq as CsiRequest>::Output, Error: Into<CsiError>, Future: Send + 'static> )*)*
+        {
+        }
+
+        /// One boxed service per request type.
+        #[doc(hidden)]
+        pub struct Slots {
+            $($( $fn: Slot<csi_proto::v1::$req>, )* $( $sfn: Slot<csi_proto::v1::$sreq>, )*)*
+        }
+
+        impl BoxCsiService {
+            /// Boxes `service` once per request type.
+            pub fn new<S: CsiService>(service: S) -> Self {
+                Self(Arc::new(Slots {
+                    $($(
+                        $fn: Mutex::new(BoxCloneService::new(
+                            <S as ServiceExt<CsiCall<csi_proto::v1::$req>>>::map_err(service.clone(), Into::into),
+                        )),
+                    )* $(
+                        $sfn: Mutex::new(BoxCloneService::new(
+                            <S as ServiceExt<CsiCall<csi_proto::v1::$sreq>>>::map_err(service.clone(), Into::into),
+                        )),
+                    )*)*
+                }))
+            }
+        }
+
+        $($(
+            impl ErasedRequest for csi_proto::v1::$req {
+                fn slot(slots: &Slots) -> &Slot<Self> {
+                    &slots.$fn
+                }
+            }
+        )* $(
+            impl ErasedRequest for csi_proto::v1::$sreq {
+                fn slot(slots: &Slots) -> &Slot<Self> {
+                    &slots.$sfn
+                }
+            }
+        )*)*
+    };
 }
 
-/// A middleware layer.
-pub trait Layer: Send + Sync + 'static {
-    /// Handles `call`, usually by doing something around `next.run(call)`.
-    fn call<'a>(&'a self, call: Call, next: Next<'a>) -> BoxFuture<'a, CallResult>;
+csi_proto::for_each_method!(erased);
+
+/// A request type [`BoxCsiService`] has a slot for: every CSI request.
+#[doc(hidden)]
+pub trait ErasedRequest: CsiRequest {
+    /// This type's boxed service.
+    fn slot(slots: &Slots) -> &Slot<Self>;
 }
 
-/// An ordered list of layers, outermost first.
-#[derive(Clone, Default)]
-pub struct Stack {
-    layers: Vec<Arc<dyn Layer>>,
-}
+/// A [`CsiService`] behind one box per request type: cheap to clone,
+/// `Send + Sync`, and a `CsiService` itself, so any layer can wrap it.
+/// Each call clones the boxed service for its request type and drives it
+/// to readiness before calling it.
+#[derive(Clone)]
+pub struct BoxCsiService(Arc<Slots>);
 
-impl fmt::Debug for Stack {
+impl fmt::Debug for BoxCsiService {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Stack")
-            .field("layers", &self.layers.len())
-            .finish()
+        f.write_str("BoxCsiService")
     }
 }
 
-impl Stack {
-    /// An empty stack: calls go straight to the driver.
-    pub fn new() -> Self {
-        Self::default()
+impl BoxCsiService {
+    /// Sends one call through the stack (readiness included).
+    pub fn call_one<Req: ErasedRequest>(&self, call: CsiCall<Req>) -> OneCall<Req> {
+        let service = Req::slot(&self.0)
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        service.oneshot(call)
+    }
+}
+
+/// The future of one call through a [`BoxCsiService`].
+pub type OneCall<Req> = tower::util::Oneshot<
+    BoxCloneService<CsiCall<Req>, <Req as CsiRequest>::Output, CsiError>,
+    CsiCall<Req>,
+>;
+
+impl<Req: ErasedRequest> Service<CsiCall<Req>> for BoxCsiService {
+    type Response = Req::Output;
+    type Error = CsiError;
+    type Future = OneCall<Req>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), CsiError>> {
+        // Readiness is that of the clone each call makes (see `call_one`).
+        Poll::Ready(Ok(()))
     }
 
-    /// Adds a layer inside the ones already pushed.
-    pub fn push(mut self, layer: impl Layer) -> Self {
-        self.layers.push(Arc::new(layer));
-        self
-    }
-
-    /// Adds a shared layer inside the ones already pushed.
-    pub fn push_arc(mut self, layer: Arc<dyn Layer>) -> Self {
-        self.layers.push(layer);
-        self
-    }
-
-    /// The number of layers.
-    pub fn len(&self) -> usize {
-        self.layers.len()
-    }
-
-    /// Whether the stack has no layers.
-    pub fn is_empty(&self) -> bool {
-        self.layers.is_empty()
-    }
-
-    /// Runs `request` through the layers and then `handler`.
-    pub async fn call<Req, Resp, F, Fut>(
-        &self,
-        request_id: u64,
-        request: Req,
-        handler: F,
-    ) -> Result<Resp, CsiError>
-    where
-        Req: CsiRequest,
-        Resp: Any + fmt::Debug + Send,
-        F: FnOnce(Req) -> Fut + Send + 'static,
-        Fut: Future<Output = Result<Resp, CsiError>> + Send + 'static,
-    {
-        let endpoint: Endpoint<'_> = Box::new(move |call: Call| {
-            Box::pin(async move {
-                let req = call.into_request::<Req>()?;
-                handler(req).await.map(BoxResponse::new)
-            })
-        });
-        let next = Next {
-            layers: &self.layers,
-            endpoint,
-        };
-        let response = next.run(Call::new(request_id, request)).await?;
-        response.downcast::<Resp>().ok_or_else(|| {
-            CsiError::Internal("a layer answered with the wrong response type".into())
-        })
+    fn call(&mut self, call: CsiCall<Req>) -> Self::Future {
+        self.call_one(call)
     }
 }

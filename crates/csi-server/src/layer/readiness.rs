@@ -5,12 +5,15 @@
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
-use csi_proto::v1::ProbeResponse;
-use futures::future::{self, BoxFuture};
+use std::task::{Context, Poll};
 
-use super::{BoxResponse, Call, CallResult, Layer, Next};
+use futures::TryFutureExt;
+use futures::future::{Either, ErrInto, Ready, ready};
+use tower::{Layer, Service};
+
+use super::CsiCall;
 use crate::error::CsiError;
-use crate::method::Method;
+use crate::request::CsiRequest;
 
 const NOT_READY: u8 = 0;
 const READY: u8 = 1;
@@ -102,14 +105,46 @@ impl ReadinessLayer {
     }
 }
 
-impl Layer for ReadinessLayer {
-    fn call<'a>(&'a self, call: Call, next: Next<'a>) -> BoxFuture<'a, CallResult> {
-        if call.method != Method::Probe {
-            return next.run(call);
+impl<S> Layer<S> for ReadinessLayer {
+    type Service = ReadinessService<S>;
+
+    fn layer(&self, inner: S) -> ReadinessService<S> {
+        ReadinessService {
+            readiness: self.readiness.clone(),
+            inner,
         }
+    }
+}
+
+/// The service of [`ReadinessLayer`].
+#[derive(Debug, Clone)]
+pub struct ReadinessService<S> {
+    readiness: Readiness,
+    inner: S,
+}
+
+impl<S, Req> Service<CsiCall<Req>> for ReadinessService<S>
+where
+    Req: CsiRequest,
+    S: Service<CsiCall<Req>, Response = Req::Output>,
+    S::Error: Into<CsiError>,
+{
+    type Response = Req::Output;
+    type Error = CsiError;
+    type Future = Either<ErrInto<S::Future, CsiError>, Ready<Result<Req::Output, CsiError>>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), CsiError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, call: CsiCall<Req>) -> Self::Future {
+        // Only requests with a not-ready answer (Probe) are affected.
+        let Some(not_ready) = Req::not_ready_response() else {
+            return Either::Left(self.inner.call(call).err_into());
+        };
         let answer = match self.readiness.state() {
-            ReadinessState::Ready => return next.run(call),
-            ReadinessState::NotReady => Ok(BoxResponse::new(ProbeResponse { ready: Some(false) })),
+            ReadinessState::Ready => return Either::Left(self.inner.call(call).err_into()),
+            ReadinessState::NotReady => Ok(not_ready),
             ReadinessState::Unhealthy(reason) => {
                 Err(CsiError::FailedPrecondition(if reason.is_empty() {
                     "the plugin is not healthy".into()
@@ -118,6 +153,6 @@ impl Layer for ReadinessLayer {
                 }))
             }
         };
-        Box::pin(future::ready(answer))
+        Either::Right(ready(answer))
     }
 }

@@ -3,38 +3,73 @@
 //! when the level is enabled, and `Debug` of every request hides secrets
 //! and mount flags (csi-proto's redaction).
 
+use std::task::{Context, Poll};
 use std::time::Instant;
 
-use futures::future::BoxFuture;
 use tonic::Code;
+use tower::{Layer, Service};
 use tracing::field::Empty;
 use tracing::{Instrument, Level};
 
-use super::{Call, CallResult, Layer, Next};
+use super::{CsiCall, CsiFuture};
+use crate::error::CsiError;
+use crate::request::CsiRequest;
 
 /// Traces every call.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct TracingLayer;
 
-impl Layer for TracingLayer {
-    fn call<'a>(&'a self, call: Call, next: Next<'a>) -> BoxFuture<'a, CallResult> {
+impl<S> Layer<S> for TracingLayer {
+    type Service = Tracing<S>;
+
+    fn layer(&self, inner: S) -> Tracing<S> {
+        Tracing { inner }
+    }
+}
+
+/// The service of [`TracingLayer`].
+#[derive(Debug, Clone)]
+pub struct Tracing<S> {
+    inner: S,
+}
+
+impl<S, Req> Service<CsiCall<Req>> for Tracing<S>
+where
+    Req: CsiRequest,
+    S: Service<CsiCall<Req>, Response = Req::Output>,
+    S::Error: Into<CsiError>,
+    S::Future: Send + 'static,
+{
+    type Response = Req::Output;
+    type Error = CsiError;
+    type Future = CsiFuture<Req::Output>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), CsiError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, call: CsiCall<Req>) -> Self::Future {
         let span = tracing::info_span!(
             "csi",
-            request_id = call.request_id,
-            method = call.method.name(),
+            request_id = call.ctx.request_id,
+            method = Req::METHOD.name(),
             volume_id = Empty,
             code = Empty,
             duration_us = Empty,
         );
         if !span.is_disabled() {
-            if let Some(v) = call.request().volume_id() {
+            if let Some(v) = call.request.volume_id() {
                 span.record("volume_id", v);
             }
         }
-        tracing::debug!(parent: &span, request = ?call.request(), "request");
+        tracing::debug!(parent: &span, request = ?call.request, "request");
         let start = Instant::now();
+        let future = {
+            let _entered = span.enter();
+            self.inner.call(call)
+        };
         Box::pin(async move {
-            let result = next.run(call).instrument(span.clone()).await;
+            let result = future.instrument(span.clone()).await.map_err(Into::into);
             let code = result.as_ref().map_or_else(|e| e.code(), |_| Code::Ok);
             span.record("code", tracing::field::debug(code));
             span.record("duration_us", start.elapsed().as_micros() as u64);

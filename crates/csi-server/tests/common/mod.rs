@@ -6,11 +6,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use csi_client::{ClientOptions, CsiClient};
 use csi_proto::v1::*;
 use csi_server::layer::LockMap;
 use csi_server::{
-    CallContext, Capabilities, ClientOptions, Controller, CsiClient, CsiError, CsiResult, Endpoint,
-    Node, PluginInfo, Server, ServerBuilder, ServerError,
+    CallContext, Capabilities, Controller, CsiError, CsiResult, Endpoint, Node, PluginInfo, Server,
+    ServerBuilder, ServerError,
 };
 use tokio::sync::{Notify, oneshot};
 
@@ -85,6 +86,22 @@ impl Controller for TestDriver {
             return Err(CsiError::NotFound(req.volume_id));
         }
         Ok(DeleteVolumeResponse {})
+    }
+
+    async fn create_snapshot(
+        &self,
+        _: &CallContext,
+        req: CreateSnapshotRequest,
+    ) -> CsiResult<CreateSnapshotResponse> {
+        self.run(&req.name).await?;
+        Ok(CreateSnapshotResponse {
+            snapshot: Some(Snapshot {
+                snapshot_id: format!("snap-{}", req.name),
+                source_volume_id: req.source_volume_id,
+                ready_to_use: true,
+                ..Default::default()
+            }),
+        })
     }
 
     async fn controller_modify_volume(

@@ -123,6 +123,113 @@ impl CsiError {
     }
 }
 
+/// The code an OS error has in CSI: RESOURCE_EXHAUSTED for a full disk or
+/// quota, DEADLINE_EXCEEDED for a timeout, INTERNAL otherwise (a driver that
+/// means NOT_FOUND or FAILED_PRECONDITION says so itself).
+fn from_errno(errno: Option<nix::errno::Errno>, message: String) -> CsiError {
+    use nix::errno::Errno;
+    match errno {
+        Some(Errno::ENOSPC | Errno::EDQUOT) => CsiError::ResourceExhausted(message),
+        Some(Errno::ETIMEDOUT) => CsiError::DeadlineExceeded(message),
+        _ => CsiError::Internal(message),
+    }
+}
+
+impl From<std::io::Error> for CsiError {
+    /// RESOURCE_EXHAUSTED for a full disk or quota, DEADLINE_EXCEEDED for a
+    /// timeout, INTERNAL otherwise; the message is the error's.
+    fn from(e: std::io::Error) -> Self {
+        use std::io::ErrorKind;
+        match e.kind() {
+            ErrorKind::StorageFull | ErrorKind::QuotaExceeded => {
+                Self::ResourceExhausted(e.to_string())
+            }
+            ErrorKind::TimedOut => Self::DeadlineExceeded(e.to_string()),
+            _ => from_errno(
+                e.raw_os_error().map(nix::errno::Errno::from_raw),
+                e.to_string(),
+            ),
+        }
+    }
+}
+
+impl From<mount_utils::MountError> for CsiError {
+    /// By the kernel's errno (see [`From<std::io::Error>`](#impl-From<Error>-for-CsiError));
+    /// mount-utils' messages never hold mount options that may be secret.
+    fn from(e: mount_utils::MountError) -> Self {
+        from_errno(e.errno(), e.to_string())
+    }
+}
+
+impl From<mount_utils::FormatError> for CsiError {
+    /// A device holding another filesystem or a partition table, or an
+    /// unformatted device mounted read-only, is FAILED_PRECONDITION; an
+    /// unsupported filesystem type INVALID_ARGUMENT; mount errors by errno;
+    /// anything else INTERNAL.
+    fn from(e: mount_utils::FormatError) -> Self {
+        use mount_utils::FormatError as F;
+        match e {
+            F::Mount(m) => m.into(),
+            F::FilesystemMismatch { .. }
+            | F::UnformattedReadOnly { .. }
+            | F::HasPartitionTable { .. } => Self::FailedPrecondition(e.to_string()),
+            F::UnsupportedFilesystem { .. } => {
+                Self::invalid("volume_capability.mount.fs_type", e.to_string())
+            }
+            _ => Self::Internal(e.to_string()),
+        }
+    }
+}
+
+impl From<mount_utils::ResizeError> for CsiError {
+    /// Probe failures as [`FormatError`](mount_utils::FormatError)s, anything
+    /// else INTERNAL.
+    fn from(e: mount_utils::ResizeError) -> Self {
+        match e {
+            mount_utils::ResizeError::Probe(f) => f.into(),
+            other => Self::Internal(other.to_string()),
+        }
+    }
+}
+
+impl From<mount_utils::LoopError> for CsiError {
+    /// No free loop device is RESOURCE_EXHAUSTED; anything else INTERNAL
+    /// (RESOURCE_EXHAUSTED for ENOSPC).
+    fn from(e: mount_utils::LoopError) -> Self {
+        match &e {
+            mount_utils::LoopError::NoFreeDevice { .. } => Self::ResourceExhausted(e.to_string()),
+            _ => from_errno(e.errno(), e.to_string()),
+        }
+    }
+}
+
+impl From<mount_utils::ExecError> for CsiError {
+    /// INTERNAL: a tool the driver runs failed.
+    fn from(e: mount_utils::ExecError) -> Self {
+        Self::Internal(e.to_string())
+    }
+}
+
+impl From<tower::BoxError> for CsiError {
+    /// The error of a tower layer (e.g. `tower::timeout`) below or around
+    /// the built-in ones: a `CsiError` stays itself, a timeout becomes
+    /// DEADLINE_EXCEEDED, an overloaded service UNAVAILABLE, anything else
+    /// INTERNAL with its message.
+    fn from(e: tower::BoxError) -> Self {
+        let e = match e.downcast::<CsiError>() {
+            Ok(e) => return *e,
+            Err(e) => e,
+        };
+        if e.is::<tower::timeout::error::Elapsed>() {
+            Self::DeadlineExceeded("the call did not finish within the plugin's time limit".into())
+        } else if e.is::<tower::load_shed::error::Overloaded>() {
+            Self::Unavailable("the plugin is overloaded; retry later".into())
+        } else {
+            Self::Internal(e.to_string())
+        }
+    }
+}
+
 impl From<CsiError> for Status {
     fn from(e: CsiError) -> Self {
         // Status::new leaves details empty, as the spec requires.
@@ -176,6 +283,42 @@ mod tests {
             assert!(!status.message().is_empty());
             assert_eq!(CsiError::from_status(&status).code(), code);
         }
+    }
+
+    #[test]
+    fn os_errors_map_to_the_codes_csi_gives_them() {
+        use std::io::{Error, ErrorKind};
+        let full = CsiError::from(Error::from_raw_os_error(libc_enospc()));
+        assert_eq!(full.code(), Code::ResourceExhausted);
+        assert_eq!(
+            CsiError::from(Error::from(ErrorKind::TimedOut)).code(),
+            Code::DeadlineExceeded
+        );
+        assert_eq!(
+            CsiError::from(Error::from(ErrorKind::NotFound)).code(),
+            Code::Internal
+        );
+        let mount = mount_utils::MountError::Unmount {
+            target: "/mnt/x".into(),
+            errno: nix::errno::Errno::EBUSY,
+        };
+        let e = CsiError::from(mount);
+        assert_eq!(e.code(), Code::Internal);
+        assert!(e.to_string().contains("/mnt/x"), "{e}");
+        let e = CsiError::from(mount_utils::LoopError::NoFreeDevice { attempts: 3 });
+        assert_eq!(e.code(), Code::ResourceExhausted);
+    }
+
+    fn libc_enospc() -> i32 {
+        nix::errno::Errno::ENOSPC as i32
+    }
+
+    #[test]
+    fn tower_errors_keep_csi_errors_and_name_timeouts() {
+        let boxed: tower::BoxError = Box::new(CsiError::NotFound("v".into()));
+        assert_eq!(CsiError::from(boxed), CsiError::NotFound("v".into()));
+        let boxed: tower::BoxError = Box::new(tower::timeout::error::Elapsed::new());
+        assert_eq!(CsiError::from(boxed).code(), Code::DeadlineExceeded);
     }
 
     #[test]

@@ -1,14 +1,20 @@
 //! A typed CSI client for tools and tests: one connection to an endpoint,
 //! with a connect timeout, a per-call timeout and transparent reconnects
-//! (tonic re-dials a broken channel on the next call).
+//! (tonic re-dials a broken channel on the next call). It has a method per
+//! RPC (generated from the method table) and [`CsiClient::call`], generic
+//! over the request type.
 
 use std::time::Duration;
 
+use csi_proto::methods::RpcRequest;
+use csi_proto::v1 as csi;
 use csi_proto::v1::controller_client::ControllerClient;
 use csi_proto::v1::group_controller_client::GroupControllerClient;
 use csi_proto::v1::identity_client::IdentityClient;
 use csi_proto::v1::node_client::NodeClient;
 use csi_proto::v1::snapshot_metadata_client::SnapshotMetadataClient;
+use futures::future::BoxFuture;
+use tonic::Status;
 use tonic::transport::Channel;
 
 use crate::endpoint::{Endpoint, EndpointError};
@@ -168,3 +174,61 @@ impl CsiClient {
         SnapshotMetadataClient::new(self.channel.clone())
     }
 }
+
+/// A unary CSI request: every request type but the streaming ones, so
+/// [`CsiClient::call`] can send any of them.
+pub trait UnaryRequest: RpcRequest {
+    /// Sends the request on `client`'s connection.
+    fn send(
+        client: &CsiClient,
+        request: Self,
+    ) -> BoxFuture<'static, Result<Self::Response, Status>>;
+}
+
+impl CsiClient {
+    /// Sends any unary request, e.g. `client.call(ProbeRequest {})`.
+    pub async fn call<Req: UnaryRequest>(&self, request: Req) -> Result<Req::Response, Status> {
+        Req::send(self, request).await
+    }
+}
+
+macro_rules! client_methods {
+    (() $($svc:ident {
+        unary: [$($m:ident { rust: $fn:ident, request: $req:ident, response: $resp:ident, doc: $doc:literal, })*],
+        server_streaming: [$($sm:ident { rust: $sfn:ident, request: $sreq:ident, response: $sresp:ident, stream: $stream:ident, doc: $smdoc:literal, })*],
+        rust: $srust:ident, server_mod: $smod:ident, server_trait: $strait:ident, server: $server:ident,
+        client_mod: $cmod:ident, client: $client:ident,
+        doc: $sdoc:literal,
+    })*) => {
+        impl CsiClient {
+            $($(
+                #[doc = $doc]
+                pub async fn $fn(&self, request: csi::$req) -> Result<csi::$resp, Status> {
+                    csi::$cmod::$client::new(self.channel.clone())
+                        .$fn(request)
+                        .await
+                        .map(tonic::Response::into_inner)
+                }
+            )* $(
+                #[doc = $smdoc]
+                pub async fn $sfn(&self, request: csi::$sreq) -> Result<tonic::Streaming<csi::$sresp>, Status> {
+                    csi::$cmod::$client::new(self.channel.clone())
+                        .$sfn(request)
+                        .await
+                        .map(tonic::Response::into_inner)
+                }
+            )*)*
+        }
+
+        $($(
+            impl UnaryRequest for csi::$req {
+                fn send(client: &CsiClient, request: Self) -> BoxFuture<'static, Result<csi::$resp, Status>> {
+                    let client = client.clone();
+                    Box::pin(async move { client.$fn(request).await })
+                }
+            }
+        )*)*
+    };
+}
+
+csi_proto::for_each_method!(client_methods);

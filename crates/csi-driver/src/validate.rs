@@ -1,10 +1,13 @@
 //! Spec validation of requests (RULES.md §4): pure functions, one
-//! [`Validate`] impl per request type. Every failure is INVALID_ARGUMENT
-//! with a message that starts with the offending field's path, except two
-//! the spec's error tables assign otherwise: OUT_OF_RANGE for a negative
-//! snapshot-metadata offset, and NOT_FOUND for a relative `volume_path`
-//! (it names no volume), answered only after every other field rule so a
-//! request that also lacks a required field still gets INVALID_ARGUMENT.
+//! [`Validate`] impl per request type that has field rules (a request
+//! without any, e.g. Probe, needs none: see
+//! [`CsiRequest::validate`](crate::CsiRequest::validate)). Every failure is
+//! INVALID_ARGUMENT with a message that starts with the offending field's
+//! path, except two the spec's error tables assign otherwise: OUT_OF_RANGE
+//! for a negative snapshot-metadata offset, and NOT_FOUND for a relative
+//! `volume_path` (it names no volume), answered only after every other field
+//! rule so a request that also lacks a required field still gets
+//! INVALID_ARGUMENT.
 //!
 //! # Required repeated and map fields
 //!
@@ -40,6 +43,8 @@ pub const MAX_PATH: usize = 4096;
 pub const MAX_MOUNT_FLAGS: usize = 4096;
 
 /// A request that can check itself against the spec's field rules.
+///
+/// [`CsiRequest::validate`]: crate::CsiRequest::validate
 pub trait Validate {
     /// `Ok` when every field rule holds.
     fn validate(&self) -> Result<(), CsiError>;
@@ -372,25 +377,6 @@ fn content_source(field: &str, s: Option<&VolumeContentSource>) -> Res {
         }
     }
 }
-
-/// Requests with no fields are always valid.
-macro_rules! always_valid {
-    ($($t:ty),*) => {$(
-        impl Validate for $t {
-            fn validate(&self) -> Res { Ok(()) }
-        }
-    )*};
-}
-
-always_valid!(
-    GetPluginInfoRequest,
-    GetPluginCapabilitiesRequest,
-    ProbeRequest,
-    ControllerGetCapabilitiesRequest,
-    NodeGetCapabilitiesRequest,
-    NodeGetInfoRequest,
-    GroupControllerGetCapabilitiesRequest
-);
 
 impl Validate for CreateVolumeRequest {
     fn validate(&self) -> Res {

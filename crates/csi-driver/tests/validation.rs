@@ -1,10 +1,10 @@
 //! One table per validation rule: (case, request, expected field prefix or
 //! `None` for valid).
 
+use csi_driver::{CsiError, Validate};
 use csi_proto::v1::volume_capability::access_mode::Mode;
 use csi_proto::v1::volume_capability::{AccessMode, AccessType};
 use csi_proto::v1::*;
-use csi_server::{CsiError, Validate};
 use tonic::Code;
 
 fn cap() -> VolumeCapability {

@@ -10,7 +10,7 @@
 //!
 //! ```
 //! use std::collections::{BTreeSet, HashMap};
-//! use csi_server::helpers::mutable::{check_accepted, parse};
+//! use csi_driver::helpers::mutable::{check_accepted, parse};
 //!
 //! let accepted: BTreeSet<String> = ["iops".to_string()].into();
 //! let mut params = HashMap::from([("iops".to_string(), "3000".to_string())]);

@@ -17,7 +17,7 @@ use csi_proto::v1::{
 };
 
 use crate::error::CsiError;
-use crate::method::Requirement;
+use csi_proto::methods::Requirement;
 
 /// The plugin's name and version, as GetPluginInfo reports them.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -231,8 +231,9 @@ impl Capabilities {
         Ok(())
     }
 
-    /// Sets a derived plugin service capability on or off.
-    pub(crate) fn set_plugin(&mut self, service: PluginService, on: bool) {
+    /// Sets a plugin service capability on or off (the server derives the
+    /// service capabilities from what it serves).
+    pub fn set_plugin(&mut self, service: PluginService, on: bool) {
         if on {
             self.plugin.insert(service);
         } else {

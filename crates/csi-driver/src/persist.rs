@@ -60,7 +60,7 @@ pub fn write_atomic(path: &Path, contents: &[u8]) -> Result<(), PersistError> {
 /// A JSON state file holding one value of type `T`.
 ///
 /// ```
-/// use csi_server::persist::JsonStateFile;
+/// use csi_driver::persist::JsonStateFile;
 /// use std::collections::BTreeMap;
 ///
 /// let dir = tempfile::tempdir().unwrap();
