@@ -4,10 +4,12 @@
 // Each example uses a different subset of these helpers.
 #![allow(dead_code)]
 
+pub mod state;
+
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{self, OpenOptions};
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::path::Path;
+use std::sync::Arc;
 
 use csi_proto::v1::{
     ControllerUnpublishVolumeRequest, CreateVolumeGroupSnapshotRequest,
@@ -17,10 +19,8 @@ use csi_proto::v1::{
     VolumeUsage, validate_volume_capabilities_response, volume_content_source, volume_usage,
 };
 use csi_server::helpers::paging::{Page, paginate};
-use csi_server::persist::{JsonStateFile, PersistError};
 use csi_server::{CsiError, CsiResult};
-use mount_utils::{Exec, Mounter, SystemExec};
-use serde::de::DeserializeOwned;
+use mount_utils::Mounter;
 use serde::{Deserialize, Serialize};
 
 /// Runs blocking file and mount work off the async runtime.
@@ -35,6 +35,25 @@ pub async fn blocking<T: Send + 'static>(
 /// An INTERNAL error naming the path it happened on.
 pub fn internal(what: &str, path: &Path, e: impl std::fmt::Display) -> CsiError {
     CsiError::Internal(format!("{what} {}: {e}", path.display()))
+}
+
+/// An I/O failure on `path`: RESOURCE_EXHAUSTED when the filesystem (or a
+/// quota) is full, so the CO backs off instead of retrying at once;
+/// INTERNAL otherwise.
+pub fn io_failure(what: &str, path: &Path, e: std::io::Error) -> CsiError {
+    if matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT)) {
+        return CsiError::ResourceExhausted(format!("{what} {}: {e}", path.display()));
+    }
+    internal(what, path, e)
+}
+
+/// A failed copy, as [`io_failure`] classifies it.
+pub fn copy_failure(e: tree_copy::CopyError) -> CsiError {
+    if e.is_no_space() {
+        CsiError::ResourceExhausted(e.to_string())
+    } else {
+        CsiError::Internal(e.to_string())
+    }
 }
 
 /// Sets up logging to stderr; `RUST_LOG` wins over `default_filter`.
@@ -226,50 +245,6 @@ impl IdKind {
     }
 }
 
-/// A JSON state file plus its in-memory copy. Short critical sections only:
-/// slow I/O (copies, mounts) happens outside the lock.
-pub struct Store<S> {
-    state: Mutex<S>,
-    file: JsonStateFile<S>,
-}
-
-impl<S: Serialize + DeserializeOwned + Default + Clone> Store<S> {
-    /// Loads `dir/state.json` (empty when absent).
-    pub fn open(dir: &Path) -> Result<Self, PersistError> {
-        Self::with_file(dir.join("state.json"))
-    }
-
-    /// Loads the state file at `path` (empty when absent).
-    pub fn with_file(path: PathBuf) -> Result<Self, PersistError> {
-        let file = JsonStateFile::new(path);
-        let state = file.load()?;
-        Ok(Self {
-            state: Mutex::new(state),
-            file,
-        })
-    }
-
-    /// Reads the state.
-    pub fn read<T>(&self, f: impl FnOnce(&S) -> T) -> T {
-        f(&self.state.lock().unwrap_or_else(|e| e.into_inner()))
-    }
-
-    /// Changes the state and saves it before returning. The change is made
-    /// on a copy that replaces the state only once it is saved: an error from
-    /// `f` or from saving leaves memory as it was, so memory never runs
-    /// ahead of disk.
-    pub fn update<T>(&self, f: impl FnOnce(&mut S) -> Result<T, CsiError>) -> Result<T, CsiError> {
-        let mut guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let mut next = guard.clone();
-        let out = f(&mut next)?;
-        self.file
-            .save(&next)
-            .map_err(|e| CsiError::Internal(format!("saving state: {e}")))?;
-        *guard = next;
-        Ok(out)
-    }
-}
-
 /// Creates (or keeps) a sparse file of `size` bytes, synced.
 pub fn create_sparse(path: &Path, size: i64) -> CsiResult<()> {
     let f = OpenOptions::new()
@@ -277,10 +252,10 @@ pub fn create_sparse(path: &Path, size: i64) -> CsiResult<()> {
         .create(true)
         .truncate(false)
         .open(path)
-        .map_err(|e| internal("creating", path, e))?;
+        .map_err(|e| io_failure("creating", path, e))?;
     f.set_len(size as u64)
-        .map_err(|e| internal("sizing", path, e))?;
-    f.sync_all().map_err(|e| internal("syncing", path, e))
+        .map_err(|e| io_failure("sizing", path, e))?;
+    f.sync_all().map_err(|e| io_failure("syncing", path, e))
 }
 
 /// Grows a file to `size` bytes (never shrinks it).
@@ -295,8 +270,8 @@ pub fn grow_file(path: &Path, size: i64) -> CsiResult<()> {
         .len();
     if (size as u64) > current {
         f.set_len(size as u64)
-            .map_err(|e| internal("growing", path, e))?;
-        f.sync_all().map_err(|e| internal("syncing", path, e))?;
+            .map_err(|e| io_failure("growing", path, e))?;
+        f.sync_all().map_err(|e| io_failure("syncing", path, e))?;
     }
     Ok(())
 }
@@ -309,17 +284,13 @@ pub fn remove_file_if_present(path: &Path) -> CsiResult<()> {
     }
 }
 
-/// `cp --sparse=always --reflink=auto`: keeps holes and shares extents where
-/// the filesystem supports it, which std::fs::copy does not promise.
+/// Copies an image to a new file, sharing extents where the filesystem can
+/// and keeping holes otherwise (std::fs::copy promises neither), synced.
+/// Nothing is left at `dst` on error.
 pub fn copy_sparse(src: &Path, dst: &Path) -> CsiResult<()> {
-    let (s, d) = (src.to_string_lossy(), dst.to_string_lossy());
-    let out = SystemExec::new()
-        .run("cp", &["--sparse=always", "--reflink=auto", &s, &d])
-        .map_err(|e| internal("copying", src, e))?;
-    if !out.success() {
-        return Err(internal("copying", src, out.stderr.trim()));
-    }
-    Ok(())
+    tree_copy::copy_file(src, dst)
+        .map(drop)
+        .map_err(copy_failure)
 }
 
 /// Records a ControllerPublish of a volume to `node` in its attachment map
@@ -382,7 +353,7 @@ pub fn free_space(dir: &Path) -> i64 {
 }
 
 /// A group snapshot: member snapshots cut at one point in time.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GroupSnapshotRecord {
     pub id: String,
     pub name: String,
@@ -438,17 +409,20 @@ impl GroupSnapshotRecord {
 
 /// A group and its members' messages, from a driver's records.
 pub fn group_with_members<S>(
-    groups: &BTreeMap<String, GroupSnapshotRecord>,
-    snapshots: &BTreeMap<String, S>,
+    groups: &state::Records<GroupSnapshotRecord>,
+    snapshots: &state::Records<S>,
     id: &str,
     message: impl Fn(&S) -> Snapshot,
-) -> Option<(GroupSnapshotRecord, Vec<Snapshot>)> {
-    let g = groups.get(id)?.clone();
+) -> Option<(GroupSnapshotRecord, Vec<Snapshot>)>
+where
+    S: Clone + PartialEq + Serialize + serde::de::DeserializeOwned + Send + Sync + 'static,
+{
+    let g = groups.get(id)?;
     let members = g
         .snapshot_ids
         .iter()
         .filter_map(|sid| snapshots.get(sid))
-        .map(message)
+        .map(|s| message(&s))
         .collect();
     Some((g, members))
 }
@@ -471,25 +445,91 @@ pub fn get_group_snapshot(
     })
 }
 
-/// DeleteVolumeGroupSnapshot's change to the records: the group and its
-/// members go (returned, so their data can be removed after the save); an
-/// unknown group is nothing to do.
+/// Saves a new group snapshot: its members first, then the group, so a
+/// crash in between leaves members without a group, which
+/// [`settle_groups`] removes at the next start.
+pub fn save_group<S>(
+    groups: &state::Records<GroupSnapshotRecord>,
+    snapshots: &state::Records<S>,
+    group: &GroupSnapshotRecord,
+    members: &[(String, S)],
+) -> CsiResult<()>
+where
+    S: Clone + PartialEq + Serialize + serde::de::DeserializeOwned + Send + Sync + 'static,
+{
+    for (id, snap) in members {
+        snapshots.put(id, snap.clone())?;
+    }
+    groups.put(&group.id, group.clone())?;
+    Ok(())
+}
+
+/// DeleteVolumeGroupSnapshot's change to the records: the members go
+/// first, then the group (a crash in between leaves a group missing
+/// members, which [`settle_groups`] finishes removing), returned so their
+/// data can be removed after. An unknown group is nothing to do.
 pub fn remove_group<S>(
-    groups: &mut BTreeMap<String, GroupSnapshotRecord>,
-    snapshots: &mut BTreeMap<String, S>,
+    groups: &state::Records<GroupSnapshotRecord>,
+    snapshots: &state::Records<S>,
     req: &DeleteVolumeGroupSnapshotRequest,
-) -> CsiResult<Vec<S>> {
+) -> CsiResult<Vec<S>>
+where
+    S: Clone + PartialEq + Serialize + serde::de::DeserializeOwned + Send + Sync + 'static,
+{
     let Some(g) = groups.get(&req.group_snapshot_id) else {
         return Ok(Vec::new());
     };
     g.check_members(&req.snapshot_ids)?;
-    let members = g
-        .snapshot_ids
-        .iter()
-        .filter_map(|id| snapshots.remove(id))
-        .collect();
-    groups.remove(&req.group_snapshot_id);
-    Ok(members)
+    let mut removed = Vec::new();
+    for id in &g.snapshot_ids {
+        removed.extend(snapshots.remove(id)?);
+    }
+    groups.remove(&g.id)?;
+    Ok(removed)
+}
+
+/// Startup check after a crash in the middle of saving or removing a group
+/// snapshot: a group missing a member (none of them quarantined) and member
+/// snapshots of a group that does not exist are removed. Returns the
+/// removed snapshots, whose data goes too.
+pub fn settle_groups<S>(
+    groups: &state::Records<GroupSnapshotRecord>,
+    snapshots: &state::Records<S>,
+    group_of: fn(&S) -> Option<&str>,
+    quarantined_snapshots: &std::collections::BTreeSet<String>,
+) -> CsiResult<Vec<S>>
+where
+    S: Clone + PartialEq + Serialize + serde::de::DeserializeOwned + Send + Sync + 'static,
+{
+    let broken: Vec<GroupSnapshotRecord> = groups.read(|all| {
+        all.values()
+            .filter(|g| {
+                g.snapshot_ids
+                    .iter()
+                    .any(|id| !snapshots.contains(id) && !quarantined_snapshots.contains(id))
+            })
+            .cloned()
+            .collect()
+    });
+    let mut removed = Vec::new();
+    for g in broken {
+        tracing::warn!(group = %g.id, "group snapshot left half saved or half removed by a crash; removing it");
+        for id in &g.snapshot_ids {
+            removed.extend(snapshots.remove(id)?);
+        }
+        groups.remove(&g.id)?;
+    }
+    let strays: Vec<String> = snapshots.read(|all| {
+        all.iter()
+            .filter(|(_, s)| group_of(s).is_some_and(|g| !groups.contains(g)))
+            .map(|(id, _)| id.clone())
+            .collect()
+    });
+    for id in strays {
+        tracing::warn!(snapshot = %id, "member of a group snapshot that was never saved; removing it");
+        removed.extend(snapshots.remove(&id)?);
+    }
+    Ok(removed)
 }
 
 /// The node side's records live here, under the state directory, in
@@ -701,49 +741,6 @@ mod tests {
         ] {
             assert!(!IdKind::Volume.is_valid(bad), "{bad:?}");
         }
-    }
-
-    #[test]
-    fn failed_saves_roll_back_memory() {
-        let dir = tempfile::tempdir().unwrap();
-        let store: Store<BTreeMap<String, String>> = Store::open(dir.path()).unwrap();
-        store
-            .update(|s| {
-                s.insert("a".into(), "1".into());
-                Ok(())
-            })
-            .unwrap();
-        // Replace the state's directory with a file: every save fails.
-        let blocked = dir.path().join("blocked");
-        fs::create_dir(&blocked).unwrap();
-        let store2: Store<BTreeMap<String, String>> = Store::open(&blocked).unwrap();
-        fs::remove_dir(&blocked).unwrap();
-        fs::write(&blocked, b"").unwrap();
-        let err = store2.update(|s| {
-            s.insert("x".into(), "y".into());
-            Ok(())
-        });
-        assert!(err.is_err());
-        assert!(store2.read(|s| s.is_empty()), "memory rolled back");
-        let reopened: Store<BTreeMap<String, String>> = Store::open(dir.path()).unwrap();
-        assert_eq!(reopened.read(|s| s.get("a").cloned()), Some("1".into()));
-    }
-
-    #[test]
-    fn a_failed_change_leaves_memory_untouched() {
-        let dir = tempfile::tempdir().unwrap();
-        let store: Store<BTreeMap<String, String>> = Store::open(dir.path()).unwrap();
-        let err = store.update(|s| {
-            s.insert("half".into(), "done".into());
-            Err::<(), _>(CsiError::FailedPrecondition(
-                "refused after a change".into(),
-            ))
-        });
-        assert!(matches!(err, Err(CsiError::FailedPrecondition(_))));
-        assert!(
-            store.read(|s| s.is_empty()),
-            "the partial change was discarded"
-        );
     }
 
     #[test]

@@ -9,10 +9,8 @@ use csi_server::helpers::idempotency::{compare_snapshot, compare_volume};
 use csi_server::{CallContext, Controller, CsiError, CsiResult};
 use prost::Message;
 
-use crate::common::{
-    access_of, confirmed, forget_attachment, free_space, now_nanos, page, record_attachment,
-    sorted, timestamp, to_map,
-};
+use crate::common::state::{Res, Reservation};
+use crate::common::{access_of, confirmed, free_space, now_nanos, page, sorted, timestamp, to_map};
 use crate::config::TOPOLOGY_KEY;
 use crate::driver::{HostPath, blocking};
 use crate::store::{Access, IdKind, SnapshotRecord, Source, VolumeRecord};
@@ -55,21 +53,84 @@ impl HostPath {
         [(TOPOLOGY_KEY.to_owned(), self.node_id.clone())].into()
     }
 
-    /// Bytes promised to existing volumes.
-    fn allocated(&self) -> i64 {
-        self.store
-            .read(|s| s.volumes.values().map(|v| v.capacity_bytes).sum())
-    }
-
-    /// Free capacity: the configured total minus what is allocated, or the
-    /// free space of the state directory's filesystem. Never negative.
+    /// Free capacity: the configured total minus what is promised to
+    /// volumes (and to creates in progress), or the free space of the state
+    /// directory's filesystem. Never negative.
     pub(crate) fn available_capacity(&self) -> i64 {
         let free = if self.config.capacity > 0 {
-            self.config.capacity - self.allocated()
+            self.config.capacity - self.ledger.used()
         } else {
             free_space(self.backend.root())
         };
         free.max(0)
+    }
+
+    /// Reserves `bytes` of `--capacity` (checked and taken in one step), or
+    /// RESOURCE_EXHAUSTED.
+    fn reserve(&self, bytes: i64, what: &str) -> CsiResult<Reservation> {
+        self.ledger
+            .reserve(bytes, self.config.capacity)
+            .ok_or_else(|| {
+                CsiError::ResourceExhausted(format!(
+                    "not enough capacity {what}: {} left",
+                    csi_proto::size::format_bytes(self.available_capacity())
+                ))
+            })
+    }
+
+    /// Makes a new volume's data, then saves its record; if either fails,
+    /// removes what was made (so a full disk leaves nothing behind and the
+    /// CO's retry starts clean). Runs in a blocking task holding the
+    /// volume's claims, to the end even if the call is cancelled.
+    fn make_volume(&self, record: VolumeRecord, reservation: Reservation) -> CsiResult<()> {
+        let (id, access, size) = (record.id.as_str(), record.access, record.capacity_bytes);
+        let made = match &record.source {
+            None => self.backend.create_volume(id, access, size),
+            Some(Source::Snapshot(snap)) => self.backend.restore(snap, id, access, size),
+            Some(Source::Volume(src)) => self.backend.clone_volume(src, id, access, size),
+        };
+        made?;
+        if let Err(e) = self.store.volumes.put(id, record.clone()) {
+            if let Err(undo) = self.backend.delete_volume(id, access) {
+                tracing::error!(volume = %id, error = %undo, "removing the data of a volume whose record could not be saved");
+            }
+            return Err(e.into());
+        }
+        reservation.keep();
+        Ok(())
+    }
+
+    /// DeleteVolume's work, under the volume's claim: the record goes first
+    /// (refused while the volume is in use), then the data. With no record,
+    /// data an unacknowledged create or a half-done delete left is removed.
+    fn remove_volume(&self, id: &str) -> CsiResult<()> {
+        let removed = self.store.volumes.update(id, |slot| {
+            if slot.is_none() {
+                return Ok(None);
+            }
+            if self.in_use_on_node(id) {
+                return Err(CsiError::FailedPrecondition(format!(
+                    "volume {id} is in use on this node"
+                )));
+            }
+            if let Some(why) = self.store.in_use(id) {
+                return Err(CsiError::FailedPrecondition(format!("volume {id} {why}")));
+            }
+            Ok(slot.take())
+        })?;
+        match removed {
+            Some(v) => {
+                self.ledger.release(v.capacity_bytes);
+                self.backend.delete_volume(id, v.access)?;
+                tracing::info!(volume = %id, "deleted volume");
+            }
+            None => {
+                if self.backend.delete_volume_data(id)? {
+                    tracing::warn!(volume = %id, "removed data of a volume with no record");
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Whether a topology requirement admits this node.
@@ -111,7 +172,11 @@ impl Controller for HostPath {
     ) -> CsiResult<CreateVolumeResponse> {
         let access = access_of(&req.volume_capabilities)?;
         let source = Source::of(req.volume_content_source.as_ref());
-        if let Some(existing) = self.store.read(|s| s.volume_by_name(&req.name).cloned()) {
+        // One CreateVolume per name at a time, however long its copy runs.
+        let mut claim = self
+            .in_flight
+            .claim("CreateVolume", &[(Res::VolumeName, &req.name)])?;
+        if let Some(existing) = self.store.volumes.by_name(&req.name) {
             let original = CreateVolumeRequest::decode(existing.request.as_slice())
                 .map_err(|e| CsiError::Internal(format!("state of volume {}: {e}", existing.id)))?;
             let volume = self.volume_message(&existing);
@@ -127,12 +192,15 @@ impl Controller for HostPath {
             )));
         }
         let size = self.volume_size(req.capacity_range.as_ref(), access)?;
-        // The source must exist, have the same access type, and fit.
+        // The source must exist, have the same access type, fit, and stay
+        // while it is copied (its claim makes a DeleteVolume/DeleteSnapshot
+        // of it ABORTED meanwhile).
         let source_size = match &source {
             Some(Source::Snapshot(id)) => {
+                claim.also(&[(Res::Snapshot, id)])?;
                 let snap = IdKind::Snapshot
                     .is_valid(id)
-                    .then(|| self.store.read(|s| s.snapshots.get(id).cloned()))
+                    .then(|| self.store.snapshots.get(id))
                     .flatten()
                     .ok_or_else(|| CsiError::NotFound(format!("snapshot {id:?} does not exist")))?;
                 if snap.access != access {
@@ -141,11 +209,11 @@ impl Controller for HostPath {
                         "snapshot access type differs from the requested one",
                     ));
                 }
-                let vol_size = self.store.read(|s| {
-                    s.volumes
-                        .get(&snap.source_volume_id)
-                        .map(|v| v.capacity_bytes)
-                });
+                let vol_size = self
+                    .store
+                    .volumes
+                    .get(&snap.source_volume_id)
+                    .map(|v| v.capacity_bytes);
                 vol_size
                     .unwrap_or(snap.size_bytes)
                     .max(if access == Access::Block {
@@ -155,6 +223,7 @@ impl Controller for HostPath {
                     })
             }
             Some(Source::Volume(id)) => {
+                claim.also(&[(Res::Volume, id)])?;
                 let vol = self.known_volume(id).map_err(|_| {
                     CsiError::NotFound(format!("source volume {id:?} does not exist"))
                 })?;
@@ -173,18 +242,16 @@ impl Controller for HostPath {
                 "requested {size} bytes is smaller than the source's {source_size} bytes"
             )));
         }
-        if self.config.capacity > 0 && size > self.available_capacity() {
-            return Err(CsiError::ResourceExhausted(format!(
-                "not enough capacity for {}",
-                csi_proto::size::format_bytes(size)
-            )));
-        }
+        let reservation = self.reserve(
+            size,
+            &format!("for {}", csi_proto::size::format_bytes(size)),
+        )?;
         let record = VolumeRecord {
             id: IdKind::Volume.generate(),
             name: req.name.clone(),
             capacity_bytes: size,
             access,
-            source: source.clone(),
+            source,
             parameters: sorted(&req.parameters),
             mutable_parameters: sorted(&req.mutable_parameters),
             topology: if self.config.enable_topology {
@@ -197,20 +264,16 @@ impl Controller for HostPath {
                 ..req.clone()
             }
             .encode_to_vec(),
-            published_nodes: BTreeMap::new(),
             ephemeral: false,
         };
-        let (backend, id) = (self.backend.clone(), record.id.clone());
-        blocking(move || match source {
-            None => backend.create_volume(&id, access, size),
-            Some(Source::Snapshot(snap)) => backend.restore(&snap, &id, access, size),
-            Some(Source::Volume(src)) => backend.clone_volume(&src, &id, access, size),
+        claim.also(&[(Res::Volume, &record.id)])?;
+        let this = self.clone();
+        let made = record.clone();
+        blocking(move || {
+            let _claim = claim;
+            this.make_volume(made, reservation)
         })
         .await?;
-        self.store.update(|s| {
-            s.volumes.insert(record.id.clone(), record.clone());
-            Ok(())
-        })?;
         tracing::info!(volume = %record.id, name = %record.name, size, "created volume");
         Ok(CreateVolumeResponse {
             volume: Some(self.volume_message(&record)),
@@ -225,29 +288,15 @@ impl Controller for HostPath {
         if !IdKind::Volume.is_valid(&req.volume_id) {
             return Ok(DeleteVolumeResponse {});
         }
-        let id = req.volume_id.clone();
-        let on_node = self.in_use_on_node(&id);
-        let removed = self.store.update(|s| {
-            let Some(v) = s.volumes.get(&id) else {
-                return Ok(None);
-            };
-            if !v.published_nodes.is_empty() || on_node {
-                return Err(CsiError::FailedPrecondition(format!(
-                    "volume {id} is in use"
-                )));
-            }
-            if s.snapshots.values().any(|snap| snap.source_volume_id == id) {
-                return Err(CsiError::FailedPrecondition(format!(
-                    "volume {id} has snapshots; delete them first"
-                )));
-            }
-            Ok(s.volumes.remove(&id))
-        })?;
-        if let Some(v) = removed {
-            let backend = self.backend.clone();
-            blocking(move || backend.delete_volume(&v.id, v.access)).await?;
-            tracing::info!(volume = %req.volume_id, "deleted volume");
-        }
+        let claim = self
+            .in_flight
+            .claim("DeleteVolume", &[(Res::Volume, &req.volume_id)])?;
+        let (this, id) = (self.clone(), req.volume_id);
+        blocking(move || {
+            let _claim = claim;
+            this.remove_volume(&id)
+        })
+        .await?;
         Ok(DeleteVolumeResponse {})
     }
 
@@ -270,30 +319,13 @@ impl Controller for HostPath {
             format!("{:?}", volume.access).to_lowercase(),
         )]
         .into();
-        self.store.update(|s| {
-            let attached_here = s
-                .volumes
-                .values()
-                .filter(|v| v.published_nodes.contains_key(&req.node_id))
-                .count() as i64;
-            let v = s.volumes.get_mut(&req.volume_id).ok_or_else(|| {
-                CsiError::NotFound(format!("volume {} does not exist", req.volume_id))
-            })?;
-            let new_here = !v.published_nodes.contains_key(&req.node_id);
-            if new_here && limit > 0 && attached_here >= limit {
-                return Err(CsiError::ResourceExhausted(format!(
-                    "node {} has reached its limit of {limit} attached volumes",
-                    req.node_id
-                )));
-            }
-            record_attachment(
-                &v.id,
-                &mut v.published_nodes,
-                &req.node_id,
-                req.readonly,
-                cap.access_mode().is_multi_node(),
-            )
-        })?;
+        self.store.attach(
+            &req.volume_id,
+            &req.node_id,
+            req.readonly,
+            cap.access_mode().is_multi_node(),
+            limit,
+        )?;
         Ok(ControllerPublishVolumeResponse {
             publish_context: context,
         })
@@ -305,12 +337,9 @@ impl Controller for HostPath {
         req: ControllerUnpublishVolumeRequest,
     ) -> CsiResult<ControllerUnpublishVolumeResponse> {
         // A missing volume or node counts as unpublished (the spec's SHOULD).
-        self.store.update(|s| {
-            if let Some(v) = s.volumes.get_mut(&req.volume_id) {
-                forget_attachment(&mut v.published_nodes, &req);
-            }
-            Ok(())
-        })?;
+        if IdKind::Volume.is_valid(&req.volume_id) {
+            self.store.detach(&req)?;
+        }
         Ok(ControllerUnpublishVolumeResponse {})
     }
 
@@ -342,13 +371,13 @@ impl Controller for HostPath {
         _ctx: &CallContext,
         req: ListVolumesRequest,
     ) -> CsiResult<ListVolumesResponse> {
-        let (entries, next_token) = self.store.read(|s| {
-            let all: Vec<&VolumeRecord> = s.volumes.values().filter(|v| !v.ephemeral).collect();
+        let (entries, next_token) = self.store.volumes.read(|all| {
+            let all: Vec<&VolumeRecord> = all.values().filter(|v| !v.ephemeral).collect();
             page(all, req.max_entries, &req.starting_token, |v| {
                 list_volumes_response::Entry {
                     volume: Some(self.volume_message(v)),
                     status: Some(list_volumes_response::VolumeStatus {
-                        published_node_ids: v.published_nodes.keys().cloned().collect(),
+                        published_node_ids: self.store.attached_nodes(&v.id),
                         volume_condition: Some(self.volume_condition(v)),
                     }),
                 }
@@ -387,7 +416,10 @@ impl Controller for HostPath {
         _ctx: &CallContext,
         req: CreateSnapshotRequest,
     ) -> CsiResult<CreateSnapshotResponse> {
-        if let Some(existing) = self.store.read(|s| s.snapshot_by_name(&req.name).cloned()) {
+        let mut claim = self
+            .in_flight
+            .claim("CreateSnapshot", &[(Res::SnapshotName, &req.name)])?;
+        if let Some(existing) = self.store.snapshots.by_name(&req.name) {
             compare_snapshot(
                 &Self::snapshot_message(&existing),
                 &to_map(&existing.parameters),
@@ -397,13 +429,26 @@ impl Controller for HostPath {
                 snapshot: Some(Self::snapshot_message(&existing)),
             });
         }
+        // The source stays while it is copied: DeleteVolume of it is ABORTED.
+        claim.also(&[(Res::Volume, &req.source_volume_id)])?;
         let volume = self.known_volume(&req.source_volume_id)?;
-        let mut record = self.cut_snapshot(&volume, &req.name, None).await?;
+        let mut record = Self::new_snapshot_record(&volume, &req.name, None);
         record.parameters = sorted(&req.parameters);
-        self.store.update(|s| {
-            s.snapshots.insert(record.id.clone(), record.clone());
+        claim.also(&[(Res::Snapshot, &record.id)])?;
+        let (this, saved) = (self.clone(), record.clone());
+        blocking(move || {
+            let _claim = claim;
+            let (id, access) = (saved.id.clone(), saved.access);
+            this.backend
+                .snapshot(&saved.source_volume_id, &id, access)?;
+            if let Err(e) = this.store.snapshots.put(&id, saved) {
+                let _ = this.backend.delete_snapshot(&id, access);
+                return Err(e.into());
+            }
             Ok(())
-        })?;
+        })
+        .await?;
+        tracing::info!(snapshot = %record.id, volume = %volume.id, "created snapshot");
         Ok(CreateSnapshotResponse {
             snapshot: Some(Self::snapshot_message(&record)),
         })
@@ -417,20 +462,26 @@ impl Controller for HostPath {
         if !IdKind::Snapshot.is_valid(&req.snapshot_id) {
             return Ok(DeleteSnapshotResponse {});
         }
-        let removed = self
-            .store
-            .update(|s| match s.snapshots.get(&req.snapshot_id) {
+        // ABORTED while a volume is being restored from it.
+        let claim = self
+            .in_flight
+            .claim("DeleteSnapshot", &[(Res::Snapshot, &req.snapshot_id)])?;
+        let (this, id) = (self.clone(), req.snapshot_id);
+        blocking(move || {
+            let _claim = claim;
+            let removed = this.store.snapshots.update(&id, |slot| match slot {
                 Some(snap) if snap.group_snapshot_id.is_some() => Err(CsiError::invalid(
                     "snapshot_id",
                     "the snapshot belongs to a group snapshot; delete the group instead",
                 )),
-                Some(_) => Ok(s.snapshots.remove(&req.snapshot_id)),
-                None => Ok(None),
+                _ => Ok(slot.take()),
             })?;
-        if let Some(snap) = removed {
-            let backend = self.backend.clone();
-            blocking(move || backend.delete_snapshot(&snap.id, snap.access)).await?;
-        }
+            match removed {
+                Some(snap) => this.backend.delete_snapshot(&snap.id, snap.access),
+                None => this.backend.delete_snapshot_data(&id).map(drop),
+            }
+        })
+        .await?;
         Ok(DeleteSnapshotResponse {})
     }
 
@@ -439,9 +490,8 @@ impl Controller for HostPath {
         _ctx: &CallContext,
         req: ListSnapshotsRequest,
     ) -> CsiResult<ListSnapshotsResponse> {
-        let (entries, next_token) = self.store.read(|s| {
-            let all: Vec<&SnapshotRecord> = s
-                .snapshots
+        let (entries, next_token) = self.store.snapshots.read(|all| {
+            let all: Vec<&SnapshotRecord> = all
                 .values()
                 .filter(|snap| req.snapshot_id.is_empty() || snap.id == req.snapshot_id)
                 .filter(|snap| {
@@ -467,10 +517,7 @@ impl Controller for HostPath {
     ) -> CsiResult<GetSnapshotResponse> {
         let snap = IdKind::Snapshot
             .is_valid(&req.snapshot_id)
-            .then(|| {
-                self.store
-                    .read(|s| s.snapshots.get(&req.snapshot_id).cloned())
-            })
+            .then(|| self.store.snapshots.get(&req.snapshot_id))
             .flatten()
             .ok_or_else(|| {
                 CsiError::NotFound(format!("snapshot {:?} does not exist", req.snapshot_id))
@@ -485,6 +532,9 @@ impl Controller for HostPath {
         _ctx: &CallContext,
         req: ControllerExpandVolumeRequest,
     ) -> CsiResult<ControllerExpandVolumeResponse> {
+        let claim = self
+            .in_flight
+            .claim("ControllerExpandVolume", &[(Res::Volume, &req.volume_id)])?;
         let volume = self.known_volume(&req.volume_id)?;
         let size = self.volume_size(req.capacity_range.as_ref(), volume.access)?;
         if size <= volume.capacity_bytes {
@@ -493,25 +543,28 @@ impl Controller for HostPath {
                 node_expansion_required: false,
             });
         }
-        if self.config.capacity > 0 && size - volume.capacity_bytes > self.available_capacity() {
-            return Err(CsiError::ResourceExhausted(format!(
-                "not enough capacity to grow to {}",
-                csi_proto::size::format_bytes(size)
-            )));
-        }
+        let reservation = self.reserve(
+            size - volume.capacity_bytes,
+            &format!("to grow to {}", csi_proto::size::format_bytes(size)),
+        )?;
         // Block: grow the backing file; directory: raise its quota (if any).
-        let (backend, id, access) = (self.backend.clone(), volume.id.clone(), volume.access);
-        blocking(move || match access {
-            Access::Block => backend.grow_block(&id, size),
-            Access::Mount => backend.grow_mount(&id, size),
+        let (this, id, access) = (self.clone(), volume.id.clone(), volume.access);
+        blocking(move || {
+            let _claim = claim;
+            match access {
+                Access::Block => this.backend.grow_block(&id, size)?,
+                Access::Mount => this.backend.grow_mount(&id, size)?,
+            }
+            this.store.volumes.update(&id, |slot| {
+                if let Some(v) = slot {
+                    v.capacity_bytes = size;
+                }
+                Ok(())
+            })?;
+            reservation.keep();
+            Ok(())
         })
         .await?;
-        self.store.update(|s| {
-            if let Some(v) = s.volumes.get_mut(&volume.id) {
-                v.capacity_bytes = size;
-            }
-            Ok(())
-        })?;
         Ok(ControllerExpandVolumeResponse {
             capacity_bytes: size,
             node_expansion_required: volume.access == Access::Block,
@@ -527,7 +580,7 @@ impl Controller for HostPath {
         Ok(ControllerGetVolumeResponse {
             volume: Some(self.volume_message(&volume)),
             status: Some(controller_get_volume_response::VolumeStatus {
-                published_node_ids: volume.published_nodes.keys().cloned().collect(),
+                published_node_ids: self.store.attached_nodes(&volume.id),
                 volume_condition: Some(self.volume_condition(&volume)),
             }),
         })
@@ -541,8 +594,8 @@ impl Controller for HostPath {
         // Only accepted keys get here (declared in the capabilities); an
         // empty map is a no-op on an existing volume.
         self.known_volume(&req.volume_id)?;
-        self.store.update(|s| {
-            let v = s.volumes.get_mut(&req.volume_id).ok_or_else(|| {
+        self.store.volumes.update(&req.volume_id, |slot| {
+            let v = slot.as_mut().ok_or_else(|| {
                 CsiError::NotFound(format!("volume {} does not exist", req.volume_id))
             })?;
             v.mutable_parameters.extend(req.mutable_parameters.clone());
@@ -567,24 +620,6 @@ impl HostPath {
                 message: format!("volume data {} is missing", path.display()),
             }
         }
-    }
-
-    /// Copies a volume into a new snapshot (blocking I/O off the runtime).
-    pub(crate) async fn cut_snapshot(
-        &self,
-        volume: &VolumeRecord,
-        name: &str,
-        group: Option<&str>,
-    ) -> CsiResult<SnapshotRecord> {
-        let record = Self::new_snapshot_record(volume, name, group);
-        let (backend, vol, snap, access) = (
-            self.backend.clone(),
-            volume.id.clone(),
-            record.id.clone(),
-            volume.access,
-        );
-        blocking(move || backend.snapshot(&vol, &snap, access)).await?;
-        Ok(record)
     }
 
     /// The record of a snapshot about to be cut from `volume`.

@@ -1,12 +1,13 @@
-//! The driver value shared by every service, and small shared helpers.
+//! The driver value shared by every service, and startup reconciliation.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use csi_server::CsiError;
 use mount_utils::{LoopDevices, Mounter};
 
 use crate::backend::Backend;
+use crate::common::state::{InFlight, Ledger, open_state};
 use crate::common::{open_node, restore_node};
 use crate::config::Config;
 use crate::store::{Access, Store};
@@ -22,10 +23,15 @@ pub struct HostPath {
     pub loops: Arc<dyn LoopDevices>,
     /// What this node staged and published (csi-node's record).
     pub node: csi_node::NodeVolumes,
+    /// Volumes, snapshots and names with work running on them.
+    pub in_flight: Arc<InFlight>,
+    /// Bytes promised to volumes, against `--capacity`.
+    pub ledger: Arc<Ledger>,
 }
 
 impl HostPath {
-    /// Opens (or creates) the state directory.
+    /// Opens (or creates) the state directory and locks it for the life of
+    /// the process: a second instance on it gets an error naming the first.
     pub fn open(config: Config, mounter: Arc<dyn Mounter>) -> Result<Self, String> {
         Self::open_with(
             config,
@@ -40,18 +46,22 @@ impl HostPath {
         mounter: Arc<dyn Mounter>,
         loops: Arc<dyn LoopDevices>,
     ) -> Result<Self, String> {
-        // A crash during a group snapshot can leave the state filesystem
-        // frozen; thaw it before anything below writes to it.
-        let dedicated = csi_kit::mount::freeze::same_filesystem(&config.statedir, Path::new("/"))
-            .is_ok_and(|on_root| !on_root);
-        if dedicated && csi_kit::mount::freeze::thaw(&config.statedir).unwrap_or(false) {
-            tracing::warn!(statedir = %config.statedir.display(), "thawed a filesystem left frozen by a crash");
-        }
+        let statedir = config.statedir.clone();
+        let files = open_state(&statedir, || {
+            // A crash during a group snapshot can leave the state filesystem
+            // frozen; thaw it before anything below writes to it.
+            let dedicated = csi_kit::mount::freeze::same_filesystem(&statedir, Path::new("/"))
+                .is_ok_and(|on_root| !on_root);
+            if dedicated && csi_kit::mount::freeze::thaw(&statedir).unwrap_or(false) {
+                tracing::warn!(statedir = %statedir.display(), "thawed a filesystem left frozen by a crash");
+            }
+        })?;
         let backend = Backend::new(&config.statedir, config.snapshotdir.as_deref())
             .map_err(|e| format!("preparing {}: {e}", config.statedir.display()))?;
-        let store = Store::open(&config.statedir).map_err(|e| e.to_string())?;
-        let node_id = config.node_id();
-        let store = Arc::new(store);
+        let store = Arc::new(Store::open(files)?);
+        let used = store
+            .volumes
+            .read(|all| all.values().map(|v| v.capacity_bytes).sum());
         let locator = Arc::new(Locator {
             store: store.clone(),
             backend: backend.clone(),
@@ -59,26 +69,59 @@ impl HostPath {
         let node = open_node(&config.statedir, mounter, loops.clone(), locator, None)?;
         Ok(Self {
             node,
+            node_id: config.node_id(),
             config: Arc::new(config),
-            node_id,
             store,
             backend,
             loops,
+            in_flight: InFlight::new(),
+            ledger: Ledger::new(used),
         })
     }
 
-    /// Startup reconciliation: puts back what the node record says is
-    /// staged and published (a volume that cannot be restored is reported
-    /// abnormal) and returns volume data no record owns.
-    pub fn reconcile_on_start(&self) -> Result<Vec<PathBuf>, CsiError> {
+    /// Startup reconciliation, before serving: puts back what the node
+    /// record says is staged and published (a volume that cannot be
+    /// restored is reported abnormal), finishes group snapshots a crash
+    /// left half saved or half removed, and removes data no record owns
+    /// (unacknowledged creates, half-done deletes), logging each; the data
+    /// of records that were set aside as unreadable is kept.
+    pub fn reconcile_on_start(&self) -> Result<(), CsiError> {
         restore_node(&self.node);
-        let known = self.store.read(|s| {
-            s.volumes
-                .keys()
-                .cloned()
-                .collect::<std::collections::BTreeSet<_>>()
-        });
-        Ok(self.backend.orphans(|id| known.contains(id)))
+        let cut = crate::common::settle_groups(
+            &self.store.groups,
+            &self.store.snapshots,
+            |s| s.group_snapshot_id.as_deref(),
+            &self.store.quarantined_snapshots,
+        )?;
+        for snap in cut {
+            self.backend.delete_snapshot(&snap.id, snap.access)?;
+        }
+        self.sweep()
+    }
+
+    /// Removes data with no record (see [`Self::reconcile_on_start`]).
+    fn sweep(&self) -> Result<(), CsiError> {
+        let (volumes, snapshots, foreign) = self.backend.data();
+        for (id, path) in volumes {
+            if self.store.volumes.contains(&id) || self.store.quarantined_volumes.contains(&id) {
+                continue;
+            }
+            tracing::warn!(path = %path.display(), "volume data with no record (left by a crash); removing it");
+            self.backend.delete_volume_data(&id)?;
+        }
+        for (id, path) in snapshots {
+            if self.store.snapshots.contains(&id) || self.store.quarantined_snapshots.contains(&id)
+            {
+                continue;
+            }
+            tracing::warn!(path = %path.display(), "snapshot data with no record (left by a crash); removing it");
+            crate::common::state::remove_path(&path)
+                .map_err(|e| crate::common::internal("removing", &path, e))?;
+        }
+        for path in foreign {
+            tracing::warn!(path = %path.display(), "not this driver's data; not touched");
+        }
+        Ok(())
     }
 }
 
@@ -91,10 +134,9 @@ struct Locator {
 
 impl csi_node::VolumeLocator for Locator {
     fn source(&self, volume_id: &str) -> Option<csi_node::Source> {
-        let volume = self.store.read(|s| {
-            s.volumes.get(volume_id).cloned().or_else(|| {
-                s.volumes
-                    .values()
+        let volume = self.store.volumes.get(volume_id).or_else(|| {
+            self.store.volumes.read(|all| {
+                all.values()
                     .find(|v| v.ephemeral && v.name == volume_id)
                     .cloned()
             })

@@ -14,22 +14,26 @@ use csi_server::{CallContext, CsiError, CsiResult, GroupController};
 use csi_kit::mount::freeze::FrozenFilesystem;
 
 use crate::backend::Backend;
-use crate::common::{get_group_snapshot, group_with_members, remove_group};
+use crate::common::state::Res;
+use crate::common::{get_group_snapshot, group_with_members, remove_group, save_group};
 use crate::driver::{HostPath, blocking};
 use crate::store::{GroupSnapshotRecord, IdKind, SnapshotRecord};
 
 impl HostPath {
     fn group_with_members(&self, id: &str) -> Option<(GroupSnapshotRecord, Vec<Snapshot>)> {
-        self.store.read(|s| {
-            group_with_members(&s.group_snapshots, &s.snapshots, id, Self::snapshot_message)
-        })
+        group_with_members(
+            &self.store.groups,
+            &self.store.snapshots,
+            id,
+            Self::snapshot_message,
+        )
     }
 }
 
 /// Copies every member while the volumes' filesystem is frozen: writes from
 /// pods block for the duration, so the copies are one point in time. Nothing
-/// here may write to the frozen filesystem (the state file is saved after
-/// the thaw; copies go to the snapshot directory on another filesystem).
+/// here may write to the frozen filesystem (records are saved after the
+/// thaw; copies go to the snapshot directory on another filesystem).
 fn cut_consistently(backend: &Backend, plan: &[SnapshotRecord]) -> CsiResult<()> {
     let frozen = FrozenFilesystem::freeze(backend.root()).map_err(|e| {
         CsiError::FailedPrecondition(format!("cannot freeze the volumes' filesystem: {e}"))
@@ -59,20 +63,26 @@ impl GroupController for HostPath {
         req: CreateVolumeGroupSnapshotRequest,
     ) -> CsiResult<CreateVolumeGroupSnapshotResponse> {
         let params: std::collections::BTreeMap<_, _> = req.parameters.clone().into_iter().collect();
-        if let Some(existing) = self.store.read(|s| {
-            s.group_snapshots
-                .values()
-                .find(|g| g.name == req.name)
-                .cloned()
-        }) {
+        let mut claim = self.in_flight.claim(
+            "CreateVolumeGroupSnapshot",
+            &[(Res::GroupSnapshotName, &req.name)],
+        )?;
+        if let Some(existing) = self.store.groups.by_name(&req.name) {
             existing.check_repeat(&req)?;
-            let (g, snaps) = self
-                .group_with_members(&existing.id)
-                .expect("group just read");
+            let (g, snaps) = self.group_with_members(&existing.id).ok_or_else(|| {
+                CsiError::Aborted(format!("group snapshot {} is changing", existing.id))
+            })?;
             return Ok(CreateVolumeGroupSnapshotResponse {
                 group_snapshot: Some(g.message(snaps)),
             });
         }
+        // The members stay while they are copied.
+        let sources: Vec<(Res, &str)> = req
+            .source_volume_ids
+            .iter()
+            .map(|id| (Res::Volume, id.as_str()))
+            .collect();
+        claim.also(&sources)?;
         let mut volumes = Vec::new();
         for id in &req.source_volume_ids {
             volumes.push(self.known_volume(id)?);
@@ -84,8 +94,8 @@ impl GroupController for HostPath {
                 Self::new_snapshot_record(v, &format!("{}-{}", req.name, v.id), Some(&group_id))
             })
             .collect();
-        let (backend, plan) = (self.backend.clone(), cut.clone());
-        blocking(move || cut_consistently(&backend, &plan)).await?;
+        let ids: Vec<(Res, &str)> = cut.iter().map(|s| (Res::Snapshot, s.id.as_str())).collect();
+        claim.also(&ids)?;
         let record = GroupSnapshotRecord {
             id: group_id.clone(),
             name: req.name.clone(),
@@ -97,13 +107,22 @@ impl GroupController for HostPath {
                 .map(|s| s.created_unix_nanos)
                 .unwrap_or_default(),
         };
-        self.store.update(|s| {
-            for snap in &cut {
-                s.snapshots.insert(snap.id.clone(), snap.clone());
+        let (this, plan, saved) = (self.clone(), cut.clone(), record.clone());
+        blocking(move || {
+            let _claim = claim;
+            cut_consistently(&this.backend, &plan)?;
+            let members: Vec<_> = plan.iter().map(|s| (s.id.clone(), s.clone())).collect();
+            if let Err(e) = save_group(&this.store.groups, &this.store.snapshots, &saved, &members)
+            {
+                for s in &plan {
+                    let _ = this.store.snapshots.remove(&s.id);
+                    let _ = this.backend.delete_snapshot(&s.id, s.access);
+                }
+                return Err(e);
             }
-            s.group_snapshots.insert(group_id.clone(), record.clone());
             Ok(())
-        })?;
+        })
+        .await?;
         let snaps = cut.iter().map(Self::snapshot_message).collect();
         Ok(CreateVolumeGroupSnapshotResponse {
             group_snapshot: Some(record.message(snaps)),
@@ -118,12 +137,31 @@ impl GroupController for HostPath {
         if !IdKind::GroupSnapshot.is_valid(&req.group_snapshot_id) {
             return Ok(DeleteVolumeGroupSnapshotResponse {});
         }
-        let removed = self
-            .store
-            .update(|s| remove_group(&mut s.group_snapshots, &mut s.snapshots, &req))?;
-        for snap in removed {
-            self.backend.delete_snapshot(&snap.id, snap.access)?;
+        let mut claim = self.in_flight.claim(
+            "DeleteVolumeGroupSnapshot",
+            &[(Res::GroupSnapshot, &req.group_snapshot_id)],
+        )?;
+        // ABORTED while a volume is being restored from a member.
+        if let Some(g) = self.store.groups.get(&req.group_snapshot_id) {
+            let members: Vec<(Res, &str)> = g
+                .snapshot_ids
+                .iter()
+                .map(|id| (Res::Snapshot, id.as_str()))
+                .collect();
+            claim.also(&members)?;
         }
+        let this = self.clone();
+        blocking(move || {
+            let _claim = claim;
+            // Records first, then data: a crash in between leaves data the
+            // next start sweeps.
+            let removed = remove_group(&this.store.groups, &this.store.snapshots, &req)?;
+            for snap in removed {
+                this.backend.delete_snapshot(&snap.id, snap.access)?;
+            }
+            Ok(())
+        })
+        .await?;
         Ok(DeleteVolumeGroupSnapshotResponse {})
     }
 

@@ -46,15 +46,15 @@ impl HostPath {
             return Err(CsiError::NotFound(format!("volume {id:?} does not exist")));
         }
         self.store
-            .read(|s| s.volumes.get(id).cloned())
+            .volumes
+            .get(id)
             .ok_or_else(|| CsiError::NotFound(format!("volume {id} does not exist")))
     }
 
     /// The inline ephemeral volume named `name`, if it exists.
     fn ephemeral_named(&self, name: &str) -> Option<VolumeRecord> {
-        self.store.read(|s| {
-            s.volumes
-                .values()
+        self.store.volumes.read(|all| {
+            all.values()
                 .find(|v| v.ephemeral && v.name == name)
                 .cloned()
         })
@@ -76,26 +76,30 @@ impl HostPath {
             mutable_parameters: Default::default(),
             topology: Default::default(),
             request: Vec::new(),
-            published_nodes: Default::default(),
             ephemeral: true,
         };
         self.backend
             .create_volume(&record.id, Access::Mount, record.capacity_bytes)?;
-        self.store.update(|s| {
-            s.volumes.insert(record.id.clone(), record.clone());
-            Ok(())
-        })?;
+        if let Err(e) = self.store.volumes.put(&record.id, record.clone()) {
+            let _ = self.backend.delete_volume(&record.id, Access::Mount);
+            return Err(e.into());
+        }
+        if let Some(r) = self.ledger.reserve(record.capacity_bytes, 0) {
+            r.keep();
+        }
         Ok((record, true))
     }
 
     /// Removes an inline ephemeral volume: its record, then its data.
     fn remove_ephemeral(&self, volume: &VolumeRecord) -> CsiResult<()> {
-        self.store.update(|s| {
-            s.volumes.remove(&volume.id);
-            s.retire_ephemeral(&volume.name);
-            Ok(())
-        })?;
-        self.backend.delete_volume(&volume.id, Access::Mount)
+        self.store.volumes.remove(&volume.id)?;
+        self.ledger.release(volume.capacity_bytes);
+        self.backend.delete_volume(&volume.id, Access::Mount)?;
+        // Best effort: on a full disk a repeated unpublish gets NOT_FOUND.
+        if let Err(e) = self.store.retire_ephemeral(&volume.name) {
+            tracing::warn!(volume = %volume.id, error = %e, "could not remember a removed ephemeral volume");
+        }
+        Ok(())
     }
 
     /// Whether the node record holds anything of volume `id` (the
@@ -158,10 +162,8 @@ impl Node for HostPath {
         req: NodeUnpublishVolumeRequest,
     ) -> CsiResult<NodeUnpublishVolumeResponse> {
         let ephemeral = self.ephemeral_named(&req.volume_id);
-        let retired = ephemeral.is_none()
-            && self
-                .store
-                .read(|s| s.retired_ephemeral.contains(&req.volume_id));
+        let retired =
+            ephemeral.is_none() && self.store.retired_ephemeral.contains_key(&req.volume_id);
         let target = PathBuf::from(&req.target_path);
         let id = req.volume_id.clone();
         let outcome = on_node(&self.node, move |node| node.unpublish(&req)).await;
@@ -280,15 +282,9 @@ mod tests {
             mutable_parameters: Default::default(),
             topology: Default::default(),
             request: Vec::new(),
-            published_nodes: Default::default(),
             ephemeral: false,
         };
-        d.store
-            .update(|s| {
-                s.volumes.insert(id.into(), record);
-                Ok(())
-            })
-            .unwrap();
+        d.store.volumes.put(id, record).unwrap();
         id.into()
     }
 
@@ -511,12 +507,9 @@ mod tests {
         req.volume_context
             .insert(EPHEMERAL_CONTEXT_KEY.into(), "true".into());
         assert!(d.node_publish_volume(&ctx(), req).await.is_err());
-        assert!(d.store.read(|s| s.volumes.is_empty()), "no volume record");
+        assert_eq!(d.store.volumes.len(), 0, "no volume record");
         assert!(d.node.records().is_empty(), "no node record");
-        assert!(
-            d.backend.orphans(|_| false).is_empty(),
-            "no volume data left"
-        );
+        assert!(d.backend.data().0.is_empty(), "no volume data left");
     }
 
     #[tokio::test]

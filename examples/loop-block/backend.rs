@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 
 use csi_server::CsiResult;
 
+use crate::common::state::data_by_id;
 use crate::common::{IdKind, copy_sparse, create_sparse, grow_file, remove_file_if_present};
 
 /// The directory layout of one driver instance.
@@ -56,9 +57,14 @@ impl Backend {
         self.root.join("snapshots").join(format!("{id}.img"))
     }
 
-    /// Creates an empty (sparse) disk of `size` bytes.
+    /// Creates an empty (sparse) disk of `size` bytes; nothing is left on
+    /// error.
     pub fn create(&self, id: &str, size: i64) -> CsiResult<()> {
-        create_sparse(&self.volume_path(id), size)
+        let made = create_sparse(&self.volume_path(id), size);
+        if made.is_err() {
+            let _ = self.delete(id);
+        }
+        made
     }
 
     /// Removes a disk's backing file; an absent one is fine.
@@ -71,7 +77,7 @@ impl Backend {
         grow_file(&self.volume_path(id), size)
     }
 
-    /// Copies a disk into a snapshot.
+    /// Copies a disk into a snapshot (nothing is left on error).
     pub fn snapshot(&self, volume_id: &str, snapshot_id: &str) -> CsiResult<()> {
         copy_sparse(
             &self.volume_path(volume_id),
@@ -79,11 +85,15 @@ impl Backend {
         )
     }
 
-    /// Fills a new disk from a snapshot or another disk, then grows it to `size`.
+    /// Fills a new disk from a snapshot or another disk, then grows it to
+    /// `size`; nothing is left on error.
     pub fn copy_into(&self, src: &Path, volume_id: &str, size: i64) -> CsiResult<()> {
         let dst = self.volume_path(volume_id);
-        copy_sparse(src, &dst)?;
-        grow_file(&dst, size)
+        let made = copy_sparse(src, &dst).and_then(|()| grow_file(&dst, size));
+        if made.is_err() {
+            let _ = self.delete(volume_id);
+        }
+        made
     }
 
     /// Removes a snapshot's copy; an absent one is fine.
@@ -102,16 +112,14 @@ impl Backend {
         IdKind::Volume.is_valid(id).then(|| id.to_owned())
     }
 
-    /// Backing files no record knows about (left by a crash).
-    pub fn orphans(&self, known: impl Fn(&str) -> bool) -> Vec<PathBuf> {
-        let Ok(entries) = fs::read_dir(self.volumes_dir()) else {
-            return Vec::new();
-        };
-        entries
-            .flatten()
-            .map(|e| e.path())
-            .filter(|p| !self.volume_of(p).is_some_and(|id| known(&id)))
-            .collect()
+    /// Backing files and snapshot copies by id, and entries that are not
+    /// this driver's: (disks, snapshots, other).
+    pub fn data(&self) -> (Vec<(String, PathBuf)>, Vec<(String, PathBuf)>, Vec<PathBuf>) {
+        let (disks, mut other) = data_by_id(&self.volumes_dir(), IdKind::Volume, &[".img"]);
+        let (snapshots, other_snaps) =
+            data_by_id(&self.root.join("snapshots"), IdKind::Snapshot, &[".img"]);
+        other.extend(other_snaps);
+        (disks, snapshots, other)
     }
 }
 
@@ -147,11 +155,15 @@ mod tests {
         ] {
             assert_eq!(b.volume_of(&bad), None, "{}", bad.display());
         }
-        assert_eq!(
-            b.orphans(|id| id == v1),
-            vec![b.volume_path(&v2)],
-            "v2 has no record"
-        );
+        let (disks, snapshots, other) = b.data();
+        let mut want = vec![
+            (v1.clone(), b.volume_path(&v1)),
+            (v2.clone(), b.volume_path(&v2)),
+        ];
+        want.sort();
+        assert_eq!(disks, want);
+        assert_eq!(snapshots, vec![(s1.clone(), b.snapshot_path(&s1))]);
+        assert!(other.is_empty(), "{other:?}");
         b.delete(&v2).unwrap();
         b.delete(&v2).unwrap();
         b.delete_snapshot(&s1).unwrap();

@@ -2,17 +2,15 @@
 //! bookkeeping (the cloud API's attach step), snapshots as sparse copies,
 //! clones, expansion, paging and capacity.
 
-use std::collections::BTreeMap;
-
 use csi_proto::v1::*;
 use csi_server::helpers::capacity::{CapacityPolicy, resolve_capacity};
 use csi_server::helpers::idempotency::{compare_snapshot, compare_volume};
 use csi_server::{CallContext, Controller, CsiError, CsiResult};
 use prost::Message;
 
+use crate::common::state::Res;
 use crate::common::{
-    IdKind, blocking, check_attach_limit, confirmed, forget_attachment, free_space, now_nanos,
-    page, record_attachment, sorted, timestamp, to_map,
+    IdKind, blocking, confirmed, free_space, now_nanos, page, sorted, timestamp, to_map,
 };
 use crate::driver::LoopBlock;
 use crate::store::{Access, SnapshotRecord, Source, VolumeRecord};
@@ -83,7 +81,7 @@ impl LoopBlock {
     fn known_snapshot(&self, id: &str) -> CsiResult<SnapshotRecord> {
         IdKind::Snapshot
             .is_valid(id)
-            .then(|| self.store.read(|s| s.snapshots.get(id).cloned()))
+            .then(|| self.store.snapshots.get(id))
             .flatten()
             .ok_or_else(|| CsiError::NotFound(format!("snapshot {id:?} does not exist")))
     }
@@ -126,7 +124,11 @@ impl Controller for LoopBlock {
     ) -> CsiResult<CreateVolumeResponse> {
         let access = access_of(&req.volume_capabilities)?;
         let tuning = Tuning::default().with(&req.mutable_parameters, self.direct_io_supported)?;
-        if let Some(existing) = self.store.read(|s| s.volume_by_name(&req.name).cloned()) {
+        // One CreateVolume per name at a time, however long its copy runs.
+        let mut claim = self
+            .in_flight
+            .claim("CreateVolume", &[(Res::VolumeName, &req.name)])?;
+        if let Some(existing) = self.store.volumes.by_name(&req.name) {
             let original = CreateVolumeRequest::decode(existing.request.as_slice())
                 .map_err(|e| CsiError::Internal(format!("state of volume {}: {e}", existing.id)))?;
             let volume = Self::volume_message(&existing);
@@ -139,6 +141,11 @@ impl Controller for LoopBlock {
         let source = Source::of(req.volume_content_source.as_ref());
         let copy_from = match &source {
             Some(src) => {
+                // The source stays while it is copied: deleting it is ABORTED.
+                claim.also(&[match src {
+                    Source::Snapshot(id) => (Res::Snapshot, id.as_str()),
+                    Source::Volume(id) => (Res::Volume, id.as_str()),
+                }])?;
                 let (path, source_size) = self.content_source(src, access)?;
                 if size < source_size {
                     return Err(CsiError::OutOfRange(format!(
@@ -169,19 +176,25 @@ impl Controller for LoopBlock {
                 ..req.clone()
             }
             .encode_to_vec(),
-            attached: BTreeMap::new(),
             tuning,
         };
-        let (backend, id) = (self.backend.clone(), record.id.clone());
-        blocking(move || match copy_from {
-            None => backend.create(&id, size),
-            Some(src) => backend.copy_into(&src, &id, size),
+        claim.also(&[(Res::Volume, &record.id)])?;
+        let (this, saved) = (self.clone(), record.clone());
+        // Data, then record; a failure of either (a full disk) leaves nothing.
+        blocking(move || {
+            let _claim = claim;
+            let id = saved.id.clone();
+            match copy_from {
+                None => this.backend.create(&id, size)?,
+                Some(src) => this.backend.copy_into(&src, &id, size)?,
+            }
+            if let Err(e) = this.store.volumes.put(&id, saved) {
+                let _ = this.backend.delete(&id);
+                return Err(e.into());
+            }
+            Ok(())
         })
         .await?;
-        self.store.update(|s| {
-            s.volumes.insert(record.id.clone(), record.clone());
-            Ok(())
-        })?;
         tracing::info!(volume = %record.id, name = %record.name, size, "created volume");
         Ok(CreateVolumeResponse {
             volume: Some(Self::volume_message(&record)),
@@ -196,30 +209,43 @@ impl Controller for LoopBlock {
         if !IdKind::Volume.is_valid(&req.volume_id) {
             return Ok(DeleteVolumeResponse {});
         }
-        let id = req.volume_id.clone();
-        let on_node = self.in_use_on_node(&id);
-        let removed = self.store.update(|s| {
-            let Some(v) = s.volumes.get(&id) else {
-                return Ok(None);
-            };
-            if let Some(node) = v.attached.keys().next() {
-                return Err(CsiError::FailedPrecondition(format!(
-                    "volume {id} is attached to node {node}"
-                )));
+        let claim = self
+            .in_flight
+            .claim("DeleteVolume", &[(Res::Volume, &req.volume_id)])?;
+        let (this, id) = (self.clone(), req.volume_id);
+        blocking(move || {
+            let _claim = claim;
+            let removed = this.store.volumes.update(&id, |slot| {
+                if slot.is_none() {
+                    return Ok(None);
+                }
+                if let Some(node) = this.store.attached_nodes(&id).first() {
+                    return Err(CsiError::FailedPrecondition(format!(
+                        "volume {id} is attached to node {node}"
+                    )));
+                }
+                if this.in_use_on_node(&id) {
+                    return Err(CsiError::FailedPrecondition(format!(
+                        "volume {id} is in use on this node"
+                    )));
+                }
+                Ok(slot.take())
+            })?;
+            // Record first, then data: a crash in between leaves a file the
+            // next start removes. Without a record, a file left by an
+            // unacknowledged create or a half-done delete goes now.
+            let had_data = this.backend.volume_path(&id).exists();
+            this.backend.delete(&id)?;
+            match removed {
+                Some(_) => tracing::info!(volume = %id, "deleted volume"),
+                None if had_data => {
+                    tracing::warn!(volume = %id, "removed the backing file of a volume with no record")
+                }
+                None => {}
             }
-            if on_node {
-                return Err(CsiError::FailedPrecondition(format!(
-                    "volume {id} is in use on this node"
-                )));
-            }
-            Ok(s.volumes.remove(&id))
-        })?;
-        // Record first, then data: a crash in between leaves an orphan file.
-        if removed.is_some() {
-            let backend = self.backend.clone();
-            blocking(move || backend.delete(&id)).await?;
-            tracing::info!(volume = %req.volume_id, "deleted volume");
-        }
+            Ok(())
+        })
+        .await?;
         Ok(DeleteVolumeResponse {})
     }
 
@@ -243,21 +269,13 @@ impl Controller for LoopBlock {
             ));
         }
         let limit = self.config.attach_limit;
-        self.store.update(|s| {
-            let attached_here = s.attached_to(&req.node_id);
-            let v = s.volumes.get_mut(&req.volume_id).ok_or_else(|| {
-                CsiError::NotFound(format!("volume {} does not exist", req.volume_id))
-            })?;
-            let new_here = !v.attached.contains_key(&req.node_id);
-            check_attach_limit(&req.node_id, attached_here, new_here, limit)?;
-            record_attachment(
-                &v.id,
-                &mut v.attached,
-                &req.node_id,
-                req.readonly,
-                cap.access_mode().is_multi_node(),
-            )
-        })?;
+        self.store.attach(
+            &req.volume_id,
+            &req.node_id,
+            req.readonly,
+            cap.access_mode().is_multi_node(),
+            limit,
+        )?;
         let backing = self.backend.volume_path(&volume.id);
         Ok(ControllerPublishVolumeResponse {
             publish_context: [(
@@ -274,12 +292,9 @@ impl Controller for LoopBlock {
         req: ControllerUnpublishVolumeRequest,
     ) -> CsiResult<ControllerUnpublishVolumeResponse> {
         // A missing volume or node counts as detached (the spec's SHOULD).
-        self.store.update(|s| {
-            if let Some(v) = s.volumes.get_mut(&req.volume_id) {
-                forget_attachment(&mut v.attached, &req);
-            }
-            Ok(())
-        })?;
+        if IdKind::Volume.is_valid(&req.volume_id) {
+            self.store.detach(&req)?;
+        }
         Ok(ControllerUnpublishVolumeResponse {})
     }
 
@@ -314,13 +329,13 @@ impl Controller for LoopBlock {
         _ctx: &CallContext,
         req: ListVolumesRequest,
     ) -> CsiResult<ListVolumesResponse> {
-        let (entries, next_token) = self.store.read(|s| {
-            let all: Vec<&VolumeRecord> = s.volumes.values().collect();
+        let (entries, next_token) = self.store.volumes.read(|all| {
+            let all: Vec<&VolumeRecord> = all.values().collect();
             page(all, req.max_entries, &req.starting_token, |v| {
                 list_volumes_response::Entry {
                     volume: Some(Self::volume_message(v)),
                     status: Some(list_volumes_response::VolumeStatus {
-                        published_node_ids: v.attached.keys().cloned().collect(),
+                        published_node_ids: self.store.attached_nodes(&v.id),
                         volume_condition: None,
                     }),
                 }
@@ -349,13 +364,18 @@ impl Controller for LoopBlock {
         _ctx: &CallContext,
         req: CreateSnapshotRequest,
     ) -> CsiResult<CreateSnapshotResponse> {
-        if let Some(existing) = self.store.read(|s| s.snapshot_by_name(&req.name).cloned()) {
+        let mut claim = self
+            .in_flight
+            .claim("CreateSnapshot", &[(Res::SnapshotName, &req.name)])?;
+        if let Some(existing) = self.store.snapshots.by_name(&req.name) {
             let snapshot = Self::snapshot_message(&existing);
             compare_snapshot(&snapshot, &to_map(&existing.parameters), &req)?;
             return Ok(CreateSnapshotResponse {
                 snapshot: Some(snapshot),
             });
         }
+        // The source stays while it is copied: DeleteVolume of it is ABORTED.
+        claim.also(&[(Res::Volume, &req.source_volume_id)])?;
         let volume = self.known_volume(&req.source_volume_id)?;
         let record = SnapshotRecord {
             id: IdKind::Snapshot.generate(),
@@ -367,12 +387,19 @@ impl Controller for LoopBlock {
             parameters: sorted(&req.parameters),
             group_snapshot_id: None,
         };
-        let (backend, vol, snap) = (self.backend.clone(), volume.id.clone(), record.id.clone());
-        blocking(move || backend.snapshot(&vol, &snap)).await?;
-        self.store.update(|s| {
-            s.snapshots.insert(record.id.clone(), record.clone());
+        claim.also(&[(Res::Snapshot, &record.id)])?;
+        let (this, saved) = (self.clone(), record.clone());
+        blocking(move || {
+            let _claim = claim;
+            let id = saved.id.clone();
+            this.backend.snapshot(&saved.source_volume_id, &id)?;
+            if let Err(e) = this.store.snapshots.put(&id, saved) {
+                let _ = this.backend.delete_snapshot(&id);
+                return Err(e.into());
+            }
             Ok(())
-        })?;
+        })
+        .await?;
         tracing::info!(snapshot = %record.id, volume = %volume.id, "created snapshot");
         Ok(CreateSnapshotResponse {
             snapshot: Some(Self::snapshot_message(&record)),
@@ -387,22 +414,24 @@ impl Controller for LoopBlock {
         if !IdKind::Snapshot.is_valid(&req.snapshot_id) {
             return Ok(DeleteSnapshotResponse {});
         }
-        let removed = self
-            .store
-            .update(|s| match s.snapshots.get(&req.snapshot_id) {
+        // ABORTED while a disk is being restored from it.
+        let claim = self
+            .in_flight
+            .claim("DeleteSnapshot", &[(Res::Snapshot, &req.snapshot_id)])?;
+        let (this, id) = (self.clone(), req.snapshot_id);
+        blocking(move || {
+            let _claim = claim;
+            this.store.snapshots.update(&id, |slot| match slot {
                 Some(snap) if snap.group_snapshot_id.is_some() => Err(CsiError::invalid(
                     "snapshot_id",
-                    format!(
-                        "snapshot {} belongs to a group snapshot; delete the group instead",
-                        req.snapshot_id
-                    ),
+                    format!("snapshot {id} belongs to a group snapshot; delete the group instead"),
                 )),
-                _ => Ok(s.snapshots.remove(&req.snapshot_id)),
+                _ => Ok(slot.take()),
             })?;
-        if let Some(snap) = removed {
-            let backend = self.backend.clone();
-            blocking(move || backend.delete_snapshot(&snap.id)).await?;
-        }
+            // With or without a record: a copy left by a crash goes too.
+            this.backend.delete_snapshot(&id)
+        })
+        .await?;
         Ok(DeleteSnapshotResponse {})
     }
 
@@ -411,9 +440,8 @@ impl Controller for LoopBlock {
         _ctx: &CallContext,
         req: ListSnapshotsRequest,
     ) -> CsiResult<ListSnapshotsResponse> {
-        let (entries, next_token) = self.store.read(|s| {
-            let all: Vec<&SnapshotRecord> = s
-                .snapshots
+        let (entries, next_token) = self.store.snapshots.read(|all| {
+            let all: Vec<&SnapshotRecord> = all
                 .values()
                 .filter(|snap| req.snapshot_id.is_empty() || snap.id == req.snapshot_id)
                 .filter(|snap| {
@@ -448,6 +476,9 @@ impl Controller for LoopBlock {
         _ctx: &CallContext,
         req: ControllerExpandVolumeRequest,
     ) -> CsiResult<ControllerExpandVolumeResponse> {
+        let claim = self
+            .in_flight
+            .claim("ControllerExpandVolume", &[(Res::Volume, &req.volume_id)])?;
         let volume = self.known_volume(&req.volume_id)?;
         let size = self.volume_size(req.capacity_range.as_ref())?;
         // The node must always act: the loop device does not see the file
@@ -465,14 +496,18 @@ impl Controller for LoopBlock {
                 csi_proto::size::format_bytes(size)
             )));
         }
-        let (backend, id) = (self.backend.clone(), volume.id.clone());
-        blocking(move || backend.grow(&id, size)).await?;
-        self.store.update(|s| {
-            if let Some(v) = s.volumes.get_mut(&volume.id) {
-                v.capacity_bytes = size;
-            }
-            Ok(())
-        })?;
+        let (this, id) = (self.clone(), volume.id.clone());
+        blocking(move || {
+            let _claim = claim;
+            this.backend.grow(&id, size)?;
+            this.store.volumes.update(&id, |slot| {
+                if let Some(v) = slot {
+                    v.capacity_bytes = size;
+                }
+                Ok(())
+            })
+        })
+        .await?;
         tracing::info!(volume = %volume.id, size, "grew volume");
         Ok(ControllerExpandVolumeResponse {
             capacity_bytes: size,
@@ -489,7 +524,7 @@ impl Controller for LoopBlock {
         Ok(ControllerGetVolumeResponse {
             volume: Some(Self::volume_message(&volume)),
             status: Some(controller_get_volume_response::VolumeStatus {
-                published_node_ids: volume.attached.keys().cloned().collect(),
+                published_node_ids: self.store.attached_nodes(&volume.id),
                 volume_condition: None,
             }),
         })
@@ -521,8 +556,8 @@ impl Controller for LoopBlock {
             Ok(devices)
         })
         .await?;
-        self.store.update(|s| {
-            let v = s.volumes.get_mut(&volume.id).ok_or_else(|| {
+        self.store.volumes.update(&volume.id, |slot| {
+            let v = slot.as_mut().ok_or_else(|| {
                 CsiError::NotFound(format!("volume {} does not exist", volume.id))
             })?;
             v.tuning = tuning;
@@ -642,7 +677,7 @@ mod tests {
         // CreateVolume with an unknown mutable parameter creates nothing.
         let err = create(&d, "pvc-2", &[("XXX_FakeKey", "XXX_FakeValue")]).await;
         assert_eq!(field(err.unwrap_err()), "mutable_parameters[XXX_FakeKey]");
-        assert!(d.store.read(|s| s.volume_by_name("pvc-2").is_none()));
+        assert!(d.store.volumes.by_name("pvc-2").is_none());
         let files = std::fs::read_dir(d.backend.volumes_dir()).unwrap().count();
         assert_eq!(files, 1, "no backing file for the refused volume");
     }

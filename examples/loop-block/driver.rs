@@ -1,6 +1,5 @@
 //! The driver value shared by every service, and startup reconciliation.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use csi_server::{CsiError, CsiResult};
@@ -9,7 +8,8 @@ use mount_utils::{
 };
 
 use crate::backend::Backend;
-use crate::common::{IdKind, open_node, restore_node};
+use crate::common::state::{InFlight, open_state, remove_path};
+use crate::common::{IdKind, internal, open_node, restore_node};
 use crate::config::Config;
 use crate::store::{Store, VolumeRecord};
 use crate::tuning::Tuning;
@@ -34,10 +34,13 @@ pub struct LoopBlock {
     /// snapshot is cut or a modification is applied, so neither sees a disk
     /// half attached.
     pub attachments: Arc<tokio::sync::RwLock<()>>,
+    /// Disks, snapshots and names with work running on them.
+    pub in_flight: Arc<InFlight>,
 }
 
 impl LoopBlock {
-    /// Opens (or creates) the state directory.
+    /// Opens (or creates) the state directory and locks it for the life of
+    /// the process: a second instance on it gets an error naming the first.
     pub fn open(config: Config, mounter: Arc<dyn Mounter>) -> Result<Self, String> {
         let exec: Arc<dyn Exec> = Arc::new(SystemExec::new());
         Self::open_with(config, mounter, Arc::new(LinuxLoopDevices::new()), exec)
@@ -51,9 +54,10 @@ impl LoopBlock {
         loops: Arc<dyn LoopDevices>,
         exec: Arc<dyn Exec>,
     ) -> Result<Self, String> {
+        let files = open_state(&config.statedir, || {})?;
         let backend = Backend::new(&config.statedir)
             .map_err(|e| format!("preparing {}: {e}", config.statedir.display()))?;
-        let store = Arc::new(Store::open(&config.statedir).map_err(|e| e.to_string())?);
+        let store = Arc::new(crate::store::open(&files)?);
         let direct_io_supported = crate::tuning::direct_io_supported(&backend.volumes_dir());
         // mkfs is I/O heavy: a burst of first-time stages formats two at a
         // time. A disk formatted before is never formatted again.
@@ -73,6 +77,7 @@ impl LoopBlock {
         Ok(Self {
             direct_io_supported,
             attachments: Arc::new(tokio::sync::RwLock::new(())),
+            in_flight: InFlight::new(),
             node_id: config.node_id(),
             config: Arc::new(config),
             store,
@@ -91,25 +96,53 @@ impl LoopBlock {
             return Err(CsiError::NotFound(format!("volume {id:?} does not exist")));
         }
         self.store
-            .read(|s| s.volumes.get(id).cloned())
+            .volumes
+            .get(id)
             .ok_or_else(|| CsiError::NotFound(format!("volume {id} does not exist")))
     }
 
-    /// Startup reconciliation: thaws filesystems a crash left frozen, then
-    /// puts back what the node record says is staged and published (a
-    /// volume that cannot be restored, e.g. its image is gone or its first
-    /// blocks are damaged, is reported abnormal, never formatted). Returns
-    /// backing files no record owns.
-    pub fn reconcile_on_start(&self) -> CsiResult<Vec<PathBuf>> {
+    /// Startup reconciliation, before serving: thaws filesystems a crash
+    /// left frozen, then puts back what the node record says is staged and
+    /// published (a volume that cannot be restored, e.g. its image is gone
+    /// or its first blocks are damaged, is reported abnormal, never
+    /// formatted); finishes group snapshots a crash left half saved or half
+    /// removed; removes backing files and snapshot copies no record owns
+    /// (unacknowledged creates, half-done deletes), each logged, except
+    /// those of records set aside as unreadable.
+    pub fn reconcile_on_start(&self) -> CsiResult<()> {
         self.thaw_after_crash();
         restore_node(&self.node);
-        let known = self.store.read(|s| {
-            s.volumes
-                .keys()
-                .cloned()
-                .collect::<std::collections::BTreeSet<_>>()
-        });
-        Ok(self.backend.orphans(|id| known.contains(id)))
+        let cut = crate::common::settle_groups(
+            &self.store.groups,
+            &self.store.snapshots,
+            |s| s.group_snapshot_id.as_deref(),
+            &self.store.quarantined_snapshots,
+        )?;
+        for snap in cut {
+            self.backend.delete_snapshot(&snap.id)?;
+        }
+        self.sweep()
+    }
+
+    /// Removes data with no record (see [`Self::reconcile_on_start`]).
+    fn sweep(&self) -> CsiResult<()> {
+        let (disks, snapshots, foreign) = self.backend.data();
+        let unowned = disks
+            .into_iter()
+            .filter(|(id, _)| {
+                !self.store.volumes.contains(id) && !self.store.quarantined_volumes.contains(id)
+            })
+            .chain(snapshots.into_iter().filter(|(id, _)| {
+                !self.store.snapshots.contains(id) && !self.store.quarantined_snapshots.contains(id)
+            }));
+        for (_, path) in unowned {
+            tracing::warn!(path = %path.display(), "data with no record (left by a crash); removing it");
+            remove_path(&path).map_err(|e| internal("removing", &path, e))?;
+        }
+        for path in foreign {
+            tracing::warn!(path = %path.display(), "not this driver's data; not touched");
+        }
+        Ok(())
     }
 
     /// A crash during a group snapshot can leave members frozen, and every
@@ -145,9 +178,7 @@ impl csi_node::VolumeLocator for Locator {
         if !IdKind::Volume.is_valid(volume_id) {
             return None;
         }
-        self.store
-            .read(|s| s.volumes.contains_key(volume_id))
-            .then_some(())?;
+        self.store.volumes.contains(volume_id).then_some(())?;
         let image = self.backend.volume_path(volume_id);
         Some(csi_node::Source::Image(image))
     }
@@ -159,7 +190,9 @@ impl csi_node::VolumeLocator for Locator {
     ) -> Result<(), csi_node::NodeError> {
         let tuning: Tuning = self
             .store
-            .read(|s| s.volumes.get(volume_id).map(|v| v.tuning))
+            .volumes
+            .get(volume_id)
+            .map(|v| v.tuning)
             .unwrap_or_default();
         tuning
             .apply(&device.path)

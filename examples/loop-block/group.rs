@@ -19,9 +19,10 @@ use csi_server::{CallContext, CsiError, CsiResult, GroupController};
 use mount_utils::freeze::FrozenFilesystem;
 
 use crate::backend::Backend;
+use crate::common::state::Res;
 use crate::common::{
     GroupSnapshotRecord, IdKind, blocking, get_group_snapshot, group_with_members, now_nanos,
-    remove_group, sorted,
+    remove_group, save_group, sorted,
 };
 use crate::driver::LoopBlock;
 use crate::store::{SnapshotRecord, VolumeRecord};
@@ -36,9 +37,12 @@ enum Writer {
 
 impl LoopBlock {
     fn group_with_members(&self, id: &str) -> Option<(GroupSnapshotRecord, Vec<Snapshot>)> {
-        self.store.read(|s| {
-            group_with_members(&s.group_snapshots, &s.snapshots, id, Self::snapshot_message)
-        })
+        group_with_members(
+            &self.store.groups,
+            &self.store.snapshots,
+            id,
+            Self::snapshot_message,
+        )
     }
 
     /// Who writes to `volume` and how to stop them, or why nobody can be
@@ -118,9 +122,11 @@ impl GroupController for LoopBlock {
         _ctx: &CallContext,
         req: CreateVolumeGroupSnapshotRequest,
     ) -> CsiResult<CreateVolumeGroupSnapshotResponse> {
-        let existing = self
-            .store
-            .read(|s| s.group_by_name(&req.name).map(|g| g.id.clone()));
+        let mut claim = self.in_flight.claim(
+            "CreateVolumeGroupSnapshot",
+            &[(Res::GroupSnapshotName, &req.name)],
+        )?;
+        let existing = self.store.groups.by_name(&req.name).map(|g| g.id);
         if let Some((g, members)) = existing.and_then(|id| self.group_with_members(&id)) {
             g.check_repeat(&req)?;
             return Ok(CreateVolumeGroupSnapshotResponse {
@@ -135,6 +141,8 @@ impl GroupController for LoopBlock {
                     format!("volume {id} is listed twice"),
                 ));
             }
+            // The members stay while they are copied.
+            claim.also(&[(Res::Volume, id)])?;
             volumes.push(self.known_volume(id)?);
         }
         let group_id = IdKind::GroupSnapshot.generate();
@@ -152,16 +160,11 @@ impl GroupController for LoopBlock {
                 group_snapshot_id: Some(group_id.clone()),
             })
             .collect();
-        {
-            // No member gets attached or detached while the cut is planned and made.
-            let _exclusive = self.attachments.write().await;
-            let mut plan = Vec::new();
-            for (snap, volume) in members.iter().zip(&volumes) {
-                plan.push((snap.clone(), self.writer_of(volume)?));
-            }
-            let backend = self.backend.clone();
-            blocking(move || cut_consistently(&backend, &plan)).await?;
-        }
+        let ids: Vec<(Res, &str)> = members
+            .iter()
+            .map(|s| (Res::Snapshot, s.id.as_str()))
+            .collect();
+        claim.also(&ids)?;
         let record = GroupSnapshotRecord {
             id: group_id,
             name: req.name.clone(),
@@ -170,13 +173,34 @@ impl GroupController for LoopBlock {
             parameters: sorted(&req.parameters),
             created_unix_nanos: created,
         };
-        self.store.update(|s| {
-            for snap in &members {
-                s.snapshots.insert(snap.id.clone(), snap.clone());
+        {
+            // No member gets attached or detached while the cut is planned and made.
+            let _exclusive = self.attachments.write().await;
+            let mut plan = Vec::new();
+            for (snap, volume) in members.iter().zip(&volumes) {
+                plan.push((snap.clone(), self.writer_of(volume)?));
             }
-            s.group_snapshots.insert(record.id.clone(), record.clone());
-            Ok(())
-        })?;
+            let (this, saved) = (self.clone(), record.clone());
+            blocking(move || {
+                let _claim = claim;
+                cut_consistently(&this.backend, &plan)?;
+                let members: Vec<_> = plan
+                    .iter()
+                    .map(|(s, _)| (s.id.clone(), s.clone()))
+                    .collect();
+                if let Err(e) =
+                    save_group(&this.store.groups, &this.store.snapshots, &saved, &members)
+                {
+                    for (s, _) in &plan {
+                        let _ = this.store.snapshots.remove(&s.id);
+                        let _ = this.backend.delete_snapshot(&s.id);
+                    }
+                    return Err(e);
+                }
+                Ok(())
+            })
+            .await?;
+        }
         tracing::info!(group = %record.id, volumes = ?record.source_volume_ids, "cut group snapshot");
         let messages = members.iter().map(Self::snapshot_message).collect();
         Ok(CreateVolumeGroupSnapshotResponse {
@@ -192,15 +216,28 @@ impl GroupController for LoopBlock {
         if !IdKind::GroupSnapshot.is_valid(&req.group_snapshot_id) {
             return Ok(DeleteVolumeGroupSnapshotResponse {});
         }
-        // Records first, then data: a crash in between leaves orphan copies.
-        let removed = self
-            .store
-            .update(|s| remove_group(&mut s.group_snapshots, &mut s.snapshots, &req))?;
-        let backend = self.backend.clone();
+        let mut claim = self.in_flight.claim(
+            "DeleteVolumeGroupSnapshot",
+            &[(Res::GroupSnapshot, &req.group_snapshot_id)],
+        )?;
+        // ABORTED while a disk is being restored from a member.
+        if let Some(g) = self.store.groups.get(&req.group_snapshot_id) {
+            let members: Vec<(Res, &str)> = g
+                .snapshot_ids
+                .iter()
+                .map(|id| (Res::Snapshot, id.as_str()))
+                .collect();
+            claim.also(&members)?;
+        }
+        let this = self.clone();
         blocking(move || {
+            let _claim = claim;
+            // Records first, then data: a crash in between leaves copies the
+            // next start removes.
+            let removed = remove_group(&this.store.groups, &this.store.snapshots, &req)?;
             removed
                 .iter()
-                .try_for_each(|snap| backend.delete_snapshot(&snap.id))
+                .try_for_each(|snap| this.backend.delete_snapshot(&snap.id))
         })
         .await?;
         Ok(DeleteVolumeGroupSnapshotResponse {})

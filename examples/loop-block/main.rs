@@ -135,12 +135,9 @@ async fn run(config: Config) -> Result<(), String> {
         }
     );
     // Before serving: a staged volume must have its disk back first.
-    let orphans = driver
+    driver
         .reconcile_on_start()
         .map_err(|e| format!("reconciling state: {e}"))?;
-    for path in orphans {
-        tracing::warn!(path = %path.display(), "backing file with no record (left by a crash); not touched");
-    }
     readiness.set_ready();
     server.serve().await.map_err(|e| e.to_string())
 }

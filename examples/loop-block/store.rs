@@ -1,20 +1,24 @@
-//! The driver's records, persisted in one JSON state file replaced
-//! atomically on every change ([`crate::common::Store`]).
+//! The driver's records, one crash-safe file each in csi-store tables under
+//! the state directory, which the process locks for its life
+//! ([`crate::common::state`]).
 //!
 //! Ordering rule that keeps crashes harmless: a backing file is created
 //! before its record is saved, and a record is removed before its file. A
-//! crash can leave an orphan file (reported at start), never a record
-//! without data.
+//! crash can leave a file with no record, which the next start removes
+//! (logged), never a record without data.
 
 use std::collections::BTreeMap;
 
+use csi_store::FileStore;
 use serde::{Deserialize, Serialize};
 
-pub use crate::common::{Access, GroupSnapshotRecord, Source};
+use crate::common::state::Tables;
+
+pub use crate::common::{Access, Source};
 use crate::tuning::Tuning;
 
 /// A volume (a disk) the controller created.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct VolumeRecord {
     pub id: String,
     pub name: String,
@@ -25,15 +29,13 @@ pub struct VolumeRecord {
     /// The CreateVolume request without its secrets (encoded protobuf), for
     /// the idempotency comparison of a repeated CreateVolume.
     pub request: Vec<u8>,
-    /// Nodes the disk is attached to (ControllerPublish), with the read-only flag.
-    pub attached: BTreeMap<String, bool>,
     /// Its mutable parameters (CreateVolume, ControllerModifyVolume).
     #[serde(default)]
     pub tuning: Tuning,
 }
 
 /// A snapshot: a sparse copy of a disk's backing file.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SnapshotRecord {
     pub id: String,
     pub name: String,
@@ -49,42 +51,15 @@ pub struct SnapshotRecord {
     pub group_snapshot_id: Option<String>,
 }
 
-/// Everything the driver remembers.
-#[derive(Debug, Default, Clone, Serialize, Deserialize)]
-pub struct State {
-    pub volumes: BTreeMap<String, VolumeRecord>,
-    pub snapshots: BTreeMap<String, SnapshotRecord>,
-    #[serde(default)]
-    pub group_snapshots: BTreeMap<String, GroupSnapshotRecord>,
+/// Everything the driver remembers: one table per kind of record.
+pub type Store = Tables<VolumeRecord, SnapshotRecord>;
+
+/// Opens the tables in the locked state directory `files`.
+pub fn open(files: &FileStore) -> Result<Store, String> {
+    Tables::open(
+        files,
+        |v: &VolumeRecord| Some(v.name.as_str()),
+        // Group members have names of their own.
+        |s: &SnapshotRecord| s.group_snapshot_id.is_none().then_some(s.name.as_str()),
+    )
 }
-
-impl State {
-    /// The volume created under `name`, if any.
-    pub fn volume_by_name(&self, name: &str) -> Option<&VolumeRecord> {
-        self.volumes.values().find(|v| v.name == name)
-    }
-
-    /// The snapshot created under `name` by CreateSnapshot, if any (group
-    /// members have names of their own).
-    pub fn snapshot_by_name(&self, name: &str) -> Option<&SnapshotRecord> {
-        self.snapshots
-            .values()
-            .find(|s| s.group_snapshot_id.is_none() && s.name == name)
-    }
-
-    /// The group snapshot created under `name`, if any.
-    pub fn group_by_name(&self, name: &str) -> Option<&GroupSnapshotRecord> {
-        self.group_snapshots.values().find(|g| g.name == name)
-    }
-
-    /// Volumes attached to `node` (ControllerPublish).
-    pub fn attached_to(&self, node: &str) -> usize {
-        self.volumes
-            .values()
-            .filter(|v| v.attached.contains_key(node))
-            .count()
-    }
-}
-
-/// The state file plus the in-memory copy.
-pub type Store = crate::common::Store<State>;
