@@ -615,13 +615,16 @@ impl Drop for Reservation {
     }
 }
 
+/// Data by id: (id, path) pairs.
+pub type DataById = Vec<(String, PathBuf)>;
+
+/// What a driver's data directories hold: (volume data, snapshot data,
+/// entries that are not this driver's).
+pub type DataOnDisk = (DataById, DataById, Vec<PathBuf>);
+
 /// What a driver's data directory holds: entries named `<id><suffix>` for
 /// an id of `kind` (with the id), and every other entry.
-pub fn data_by_id(
-    dir: &Path,
-    kind: IdKind,
-    suffixes: &[&str],
-) -> (Vec<(String, PathBuf)>, Vec<PathBuf>) {
+pub fn data_by_id(dir: &Path, kind: IdKind, suffixes: &[&str]) -> (DataById, Vec<PathBuf>) {
     let (mut ours, mut other) = (Vec::new(), Vec::new());
     let Ok(entries) = fs::read_dir(dir) else {
         return (ours, other);

@@ -297,7 +297,7 @@ impl Backend {
     /// snapshot ids with data, entries that are not this driver's).
     /// Leftovers of interrupted copies of earlier versions count as
     /// snapshot data of no id (empty string).
-    pub fn data(&self) -> (Vec<(String, PathBuf)>, Vec<(String, PathBuf)>, Vec<PathBuf>) {
+    pub fn data(&self) -> crate::common::state::DataOnDisk {
         let (volumes, mut other) = data_by_id(&self.volumes_dir(), IdKind::Volume, &["", ".img"]);
         let (mut snapshots, other_snaps) =
             data_by_id(&self.snapshots, IdKind::Snapshot, &["", ".img", ".tar"]);

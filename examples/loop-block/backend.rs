@@ -114,7 +114,7 @@ impl Backend {
 
     /// Backing files and snapshot copies by id, and entries that are not
     /// this driver's: (disks, snapshots, other).
-    pub fn data(&self) -> (Vec<(String, PathBuf)>, Vec<(String, PathBuf)>, Vec<PathBuf>) {
+    pub fn data(&self) -> crate::common::state::DataOnDisk {
         let (disks, mut other) = data_by_id(&self.volumes_dir(), IdKind::Volume, &[".img"]);
         let (snapshots, other_snaps) =
             data_by_id(&self.root.join("snapshots"), IdKind::Snapshot, &[".img"]);
