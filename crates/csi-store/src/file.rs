@@ -2,16 +2,23 @@
 //!
 //! ```text
 //! DIR/LOCK                          flock held for the store's life (pid inside)
+//! DIR/journal                       write-ahead journal (see crate::journal)
 //! DIR/tables/<table>/<name>         one record per file (see crate::key for names)
 //! DIR/tables/<table>/.tmp-<pid>-<n> a write in progress; removed on open
 //! DIR/quarantine/<table>/<t>-<n>-<name>   records that could not be read
 //! ```
 //!
-//! A put writes a temporary file, `fdatasync`s it, renames it over the
-//! record's name and syncs the directory (shared with concurrent writers,
-//! see [`crate::group`]). A delete unlinks and syncs the directory. Neither
+//! A put writes a temporary file and renames it over the record's name; a
+//! delete unlinks. On a disk, each change is also appended to the journal,
+//! and returns once an `fdatasync` of the journal covers it: one flush,
+//! shared with every concurrent writer (group commit), instead of a flush
+//! of the record file plus one of its directory. Replay at open and
+//! checkpoints keep the record files in step with the journal. Neither
 //! reads or rewrites any other record, so their cost does not depend on how
-//! many records exist, and an unlink needs no free space.
+//! many records exist; a delete needs no free space (the journal's blocks
+//! are written when it is created). Without room to create a journal, or
+//! for records too big for it, a put `fdatasync`s the file and syncs the
+//! directory itself (the directory sync shared, see [`crate::group`]).
 
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
@@ -27,6 +34,7 @@ use crate::codec::CodecId;
 use crate::error::{StoreError, is_full};
 use crate::format;
 use crate::group::GroupSync;
+use crate::journal::{self, Change, CommitError, Journal};
 use crate::key::{self, NameKind, TMP_PREFIX, check_key, check_table, file_name, shorten};
 use crate::lock::DirLock;
 use crate::store::{MAX_RECORD_LEN, Quarantined, RawRecord, RawScan, RecordStore, check_put};
@@ -69,6 +77,9 @@ struct Inner {
     deletes: AtomicU64,
     quarantined: AtomicU64,
     temps_removed: u64,
+    /// `None` on tmpfs/ramfs, or when there was no room to create it.
+    journal: Option<Journal>,
+    journal_replayed: u64,
     /// False on tmpfs/ramfs, where fsync is a no-op: skipping it there
     /// saves the group commit's coordination, not durability.
     syncs: bool,
@@ -100,9 +111,16 @@ pub struct Stats {
     pub puts: u64,
     /// Deletes (of present or absent records).
     pub deletes: u64,
-    /// Directory fsyncs run; fewer than puts + deletes when concurrent
-    /// writers shared them.
+    /// Directory fsyncs run (by checkpoints, or for changes made without
+    /// the journal: shared by concurrent writers).
     pub dir_syncs: u64,
+    /// Flushes of the journal run for puts and deletes; fewer than puts +
+    /// deletes when concurrent writers shared them.
+    pub journal_syncs: u64,
+    /// Checkpoints of the journal (the one at open included).
+    pub checkpoints: u64,
+    /// Journal entries replayed by `open`.
+    pub journal_replayed_at_open: u64,
     /// Records moved to quarantine.
     pub quarantined: u64,
     /// Temporary files of interrupted writes removed by `open`.
@@ -126,6 +144,38 @@ impl FileStore {
         if temps_removed > 0 {
             tracing::info!(dir = %dir.display(), files = temps_removed, "removed temporary files of interrupted writes");
         }
+        let (journal, journal_replayed) = if syncs {
+            match Journal::open(&dir, &tables_dir) {
+                Ok(Some((j, r))) => {
+                    if r.files_fixed > 0 {
+                        tracing::info!(dir = %dir.display(), entries = r.entries, files = r.files_fixed,
+                            "journal replayed onto record files");
+                    }
+                    (Some(j), r.entries)
+                }
+                Ok(None) => {
+                    tracing::warn!(dir = %dir.display(),
+                        "no room to create the journal; every write flushes its own file and directory");
+                    (None, 0)
+                }
+                Err(e) if is_full(&e) => {
+                    return Err(StoreError::NoSpace {
+                        dir: dir.clone(),
+                        table: String::new(),
+                        key: "(journal replay)".into(),
+                    });
+                }
+                Err(e) => {
+                    return Err(StoreError::io(
+                        "replaying journal",
+                        dir.join(journal::JOURNAL_FILE),
+                        e,
+                    ));
+                }
+            }
+        } else {
+            (None, 0)
+        };
         Ok(FileStore {
             inner: Arc::new(Inner {
                 dir,
@@ -139,6 +189,8 @@ impl FileStore {
                 deletes: AtomicU64::new(0),
                 quarantined: AtomicU64::new(0),
                 temps_removed,
+                journal,
+                journal_replayed,
                 syncs,
                 _lock: lock,
             }),
@@ -165,17 +217,21 @@ impl FileStore {
     /// Counters since open.
     pub fn stats(&self) -> Stats {
         let i = &self.inner;
-        let dir_syncs = i
+        let dir_syncs: u64 = i
             .tables
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .values()
             .map(|t| t.sync.syncs())
             .sum();
+        let j = i.journal.as_ref();
         Stats {
             puts: i.puts.load(Ordering::Relaxed),
             deletes: i.deletes.load(Ordering::Relaxed),
-            dir_syncs,
+            dir_syncs: dir_syncs + j.map_or(0, Journal::dir_syncs),
+            journal_syncs: j.map_or(0, Journal::syncs),
+            checkpoints: j.map_or(0, Journal::checkpoints),
+            journal_replayed_at_open: i.journal_replayed,
             quarantined: i.quarantined.load(Ordering::Relaxed),
             temps_removed_at_open: i.temps_removed,
         }
@@ -265,7 +321,17 @@ impl FileStore {
             let mut dest_name = OsString::from(format!("{nanos:x}-{seq:x}-"));
             dest_name.push(truncate(name, 255 - dest_name.len()));
             let dest = qdir.join(dest_name);
-            fs::rename(&src, &dest)?;
+            match &self.inner.journal {
+                // Journaled, so no older entry brings the record back.
+                Some(j) => j
+                    .commit(&td.path, &name.to_owned(), table, Change::Delete, || {
+                        fs::rename(&src, &dest)
+                    })
+                    .map_err(|e| match e {
+                        CommitError::Apply(e) | CommitError::Flush(e) => e,
+                    })?,
+                None => fs::rename(&src, &dest)?,
+            }
             td.handle.sync_all()?;
             open_dir(&qdir)?.sync_all()?;
             Ok(dest)
@@ -324,15 +390,34 @@ impl RecordStore for FileStore {
         let tmp_path = tmp.0.as_deref().expect("set above");
         file.write_all(&contents)
             .map_err(|e| err("writing", tmp_path, e))?;
-        if self.inner.syncs {
+        let name = OsString::from(file_name(key));
+        let journal = self.inner.journal.as_ref();
+        let journaled = journal.is_some() && journal::journaled(table, &name, contents.len());
+        if self.inner.syncs && !journaled {
             file.sync_data().map_err(|e| err("syncing", tmp_path, e))?;
         }
         drop(file);
-        let dest = td.path.join(file_name(key));
-        fs::rename(tmp_path, &dest).map_err(|e| err("renaming", &dest, e))?;
+        let dest = td.path.join(&name);
+        let Some(j) = journal else {
+            fs::rename(tmp_path, &dest).map_err(|e| err("renaming", &dest, e))?;
+            tmp.0 = None; // renamed: nothing to remove
+            self.inner.puts.fetch_add(1, Ordering::Relaxed);
+            return td.sync(self.inner.syncs);
+        };
+        let result = j.commit(&td.path, &name, table, Change::Put(&contents), || {
+            fs::rename(tmp_path, &dest)
+        });
+        match result {
+            Ok(()) => {}
+            Err(CommitError::Apply(e)) => return Err(err("renaming", &dest, e)),
+            Err(CommitError::Flush(e)) => {
+                tmp.0 = None;
+                return Err(StoreError::io("syncing journal", self.inner.dir.clone(), e));
+            }
+        }
         tmp.0 = None; // renamed: nothing to remove
         self.inner.puts.fetch_add(1, Ordering::Relaxed);
-        td.sync(self.inner.syncs)
+        Ok(())
     }
 
     fn get(&self, table: &str, key: &str) -> Result<Option<RawRecord>, StoreError> {
@@ -388,12 +473,27 @@ impl RecordStore for FileStore {
         let Some(td) = self.table_dir(table, None)? else {
             return Ok(false);
         };
-        let path = td.path.join(file_name(key));
-        let existed = match fs::remove_file(&path) {
-            Ok(()) => true,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => false,
-            Err(e) => return Err(StoreError::io("removing", &path, e)),
+        let name = OsString::from(file_name(key));
+        let path = td.path.join(&name);
+        let unlink = || match fs::remove_file(&path) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(e),
         };
+        if let Some(j) = &self.inner.journal {
+            // Journaled also when absent: a concurrent delete's entry may
+            // not be flushed yet.
+            let existed = match j.commit(&td.path, &name, table, Change::Delete, unlink) {
+                Ok(existed) => existed,
+                Err(CommitError::Apply(e)) => return Err(StoreError::io("removing", &path, e)),
+                Err(CommitError::Flush(e)) => {
+                    return Err(StoreError::io("syncing journal", self.inner.dir.clone(), e));
+                }
+            };
+            self.inner.deletes.fetch_add(1, Ordering::Relaxed);
+            return Ok(existed);
+        }
+        let existed = unlink().map_err(|e| StoreError::io("removing", &path, e))?;
         self.inner.deletes.fetch_add(1, Ordering::Relaxed);
         // Also when absent: a concurrent delete's unlink may not be durable yet.
         td.sync(self.inner.syncs)?;

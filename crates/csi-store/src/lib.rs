@@ -3,9 +3,10 @@
 //! crash-safe file per record, in a state directory that one process at a
 //! time owns.
 //!
-//! - [`FileStore`] writes each record with temp file, `fdatasync`, rename
-//!   and directory fsync, the last shared by concurrent writers (group
-//!   commit). A put or delete touches only its own record, so its cost does
+//! - [`FileStore`] writes each record with temp file and rename, and on a
+//!   disk appends the change to a write-ahead journal whose `fdatasync` is
+//!   shared by concurrent writers (group commit): one flush per batch of
+//!   writes, and replay at open after a crash. A put or delete touches only its own record, so its cost does
 //!   not grow with the number of records; a delete is an unlink, which
 //!   works on a full filesystem. Opening it takes an exclusive lock on the
 //!   directory ([`StoreError::Locked`] for a second instance) and removes
@@ -72,6 +73,7 @@ mod error;
 mod file;
 mod format;
 mod group;
+mod journal;
 mod key;
 mod lock;
 mod mem;

@@ -47,7 +47,11 @@ fn layout_modes_and_readable_names() {
     // Nothing outside the table directory, whatever the keys said.
     for f in &files {
         assert!(
-            f == "LOCK" || f == "tables" || f == "quarantine" || f.starts_with("tables/volumes"),
+            f == "LOCK"
+                || f == "journal"
+                || f == "tables"
+                || f == "quarantine"
+                || f.starts_with("tables/volumes"),
             "unexpected path {f}"
         );
     }
@@ -225,10 +229,11 @@ fn stats_count_puts_deletes_and_directory_syncs() {
     t.delete("zz").unwrap();
     let s = store.stats();
     assert_eq!((s.puts, s.deletes), (2, 2));
-    // One writer: nothing to share, one directory sync per change (none
-    // where fsync is a no-op).
+    // One writer: nothing to share, one journal flush per change and no
+    // directory sync (none at all where fsync is a no-op).
     let expected = if store.syncs_to_disk() { 4 } else { 0 };
-    assert_eq!(s.dir_syncs, expected);
+    assert_eq!(s.journal_syncs, expected);
+    assert_eq!(s.dir_syncs, 0);
 }
 
 #[test]
