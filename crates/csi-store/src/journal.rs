@@ -26,7 +26,7 @@
 //! their directories are fsynced, then a new epoch is written to the
 //! header, which empties it. Every step needs no free space.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsString;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
@@ -87,8 +87,10 @@ struct State {
     epoch: u64,
     seq: u64,
     head: u64,
-    /// Record files changed since the last checkpoint, by directory.
-    dirty: HashMap<PathBuf, HashSet<OsString>>,
+    /// Record files changed since the last checkpoint, by directory, and
+    /// whether the last change wrote them (a removed one needs only its
+    /// directory synced).
+    dirty: HashMap<PathBuf, HashMap<OsString, bool>>,
 }
 
 /// What `open` found and redid.
@@ -122,7 +124,11 @@ impl Journal {
             },
             Err(e) => return Err(e),
         };
-        let (epoch, entries) = read_entries(&file)?;
+        // Only the last change of each file is kept while reading.
+        let mut last: BTreeMap<(String, OsString), Option<Vec<u8>>> = BTreeMap::new();
+        let (epoch, entries) = read_entries(&file, |e| {
+            last.insert((e.table, e.name), e.contents);
+        })?;
         let journal = Journal {
             path,
             file,
@@ -137,20 +143,19 @@ impl Journal {
             dir_syncs: AtomicU64::new(0),
         };
         let mut replayed = Replayed {
-            entries: entries.len() as u64,
+            entries,
             files_fixed: 0,
         };
-        let mut last: BTreeMap<(String, OsString), Option<Vec<u8>>> = BTreeMap::new();
-        for e in entries {
-            last.insert((e.table, e.name), e.contents);
-        }
         let mut st = journal.lock();
         for ((table, name), contents) in last {
             let table_dir = tables_dir.join(&table);
             if replay_one(&table_dir, &name, contents.as_deref())? {
                 replayed.files_fixed += 1;
             }
-            st.dirty.entry(table_dir).or_default().insert(name);
+            st.dirty
+                .entry(table_dir)
+                .or_default()
+                .insert(name, contents.is_some());
         }
         journal.checkpoint_locked(&mut st)?;
         drop(st);
@@ -194,7 +199,7 @@ impl Journal {
         st.dirty
             .entry(dir.to_owned())
             .or_default()
-            .insert(name.clone());
+            .insert(name.clone(), matches!(change, Change::Put(_)));
         match self.file.write_all_at(&entry, st.head) {
             Ok(()) => {
                 st.head += entry.len() as u64;
@@ -243,17 +248,22 @@ impl Journal {
 
     /// Makes every file the journal covers durable, then empties it.
     fn checkpoint_locked(&self, st: &mut State) -> io::Result<()> {
-        let files: usize = st.dirty.values().map(HashSet::len).sum();
-        if files > SYNCFS_ABOVE {
+        let live = || {
+            st.dirty.iter().flat_map(|(dir, names)| {
+                names
+                    .iter()
+                    .filter(|(_, written)| **written)
+                    .map(move |(name, _)| dir.join(name))
+            })
+        };
+        if live().count() > SYNCFS_ABOVE {
             // SAFETY: syncfs on an open descriptor.
             if unsafe { libc::syncfs(self.file.as_raw_fd()) } != 0 {
                 return Err(io::Error::last_os_error());
             }
         } else {
-            for (dir, names) in &st.dirty {
-                for name in names {
-                    sync_file(&dir.join(name))?;
-                }
+            for path in live() {
+                sync_file(&path)?;
             }
             for dir in st.dirty.keys() {
                 match self.sync_dir(dir) {
@@ -324,9 +334,10 @@ pub(crate) struct Entry {
     pub contents: Option<Vec<u8>>,
 }
 
-/// The header's epoch (a fresh one if the header is unreadable) and the
-/// entries that count, read in pieces so opening costs little memory.
-fn read_entries(file: &File) -> io::Result<(u64, Vec<Entry>)> {
+/// The header's epoch (a fresh one if the header is unreadable) and how
+/// many entries count, each passed to `each`: read one at a time so
+/// opening costs little memory.
+fn read_entries(file: &File, mut each: impl FnMut(Entry)) -> io::Result<(u64, u64)> {
     let mut h = [0u8; 20];
     file.read_exact_at(&mut h, 0)?;
     let epoch = u64::from_le_bytes(h[8..16].try_into().expect("8 bytes"));
@@ -336,9 +347,9 @@ fn read_entries(file: &File) -> io::Result<(u64, Vec<Entry>)> {
         let nanos = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(1, |d| d.as_nanos() as u64);
-        return Ok((nanos, Vec::new()));
+        return Ok((nanos, 0));
     }
-    let mut entries = Vec::new();
+    let mut entries = 0;
     let mut at = START;
     let mut fixed = [0u8; FIXED];
     while at + FIXED as u64 <= LEN {
@@ -349,10 +360,11 @@ fn read_entries(file: &File) -> io::Result<(u64, Vec<Entry>)> {
         }
         let mut e = vec![0u8; len];
         file.read_exact_at(&mut e, at)?;
-        match decode(&e, epoch, entries.len() as u64) {
-            Some(entry) => entries.push(entry),
+        match decode(&e, epoch, entries) {
+            Some(entry) => each(entry),
             None => break,
         }
+        entries += 1;
         at += len as u64;
     }
     Ok((epoch, entries))
