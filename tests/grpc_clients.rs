@@ -127,9 +127,12 @@ fn node_grpc_js_with_default_settings_calls_both_drivers() {
     });
 }
 
+/// A test: its name, why it cannot run here (if it cannot), its body.
+type ClientTest = (&'static str, fn() -> Option<String>, fn());
+
 fn main() -> std::process::ExitCode {
     let args = libtest_mimic::Arguments::from_args();
-    let tests: [(&str, fn() -> Option<String>, fn()); 2] = [
+    let tests: [ClientTest; 2] = [
         (
             "python_grpcio_with_default_settings_calls_both_drivers",
             python_missing,
