@@ -21,8 +21,8 @@ use crate::driver::{
 use crate::endpoint::{Endpoint, EndpointError};
 use crate::error::CsiError;
 use crate::layer::{
-    BoxCsiService, CatchPanic, CsiService, GatingLayer, LockMap, LockingLayer, Readiness,
-    ReadinessLayer, Tracing, Validation,
+    BoxCsiService, CatchPanic, CsiService, GatingLayer, LockMap, LockingLayer, Precheck, Readiness,
+    ReadinessLayer, Tracing, ValidationLayer,
 };
 use crate::socket::{self, SocketError};
 
@@ -118,11 +118,11 @@ impl From<CsiError> for ServerError {
 /// ([`ServerBuilder::layer_at`]). In the default order, outermost first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Builtin {
-    /// [`TracingLayer`].
+    /// [`TracingLayer`](crate::layer::TracingLayer).
     Tracing,
     /// The metrics layer (feature `metrics`).
     Metrics,
-    /// [`CatchPanicLayer`].
+    /// [`CatchPanicLayer`](crate::layer::CatchPanicLayer).
     CatchPanic,
     /// [`GatingLayer`]: UNIMPLEMENTED for an undeclared RPC (and, with
     /// validation off, the field-level capability rules too).
@@ -201,7 +201,7 @@ impl Builtins {
             .field_rules
             .0
             .switched(s, self.field_rules.1 && has(Builtin::FieldRules));
-        let s = Validation::switched(s, self.validation && has(Builtin::Validation));
+        let s = ValidationLayer.switched(s, self.validation && has(Builtin::Validation));
         let s = self
             .gating
             .0

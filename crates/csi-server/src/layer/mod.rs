@@ -67,6 +67,7 @@ mod locking;
 #[cfg(feature = "metrics")]
 mod metrics;
 mod panic;
+mod precheck;
 mod readiness;
 mod tracing;
 mod validation;
@@ -76,6 +77,7 @@ pub use locking::{LockGuard, LockMap, Locking, LockingLayer};
 #[cfg(feature = "metrics")]
 pub use metrics::{Metrics, MetricsLayer, MetricsTask};
 pub use panic::{CatchPanic, CatchPanicLayer};
+pub use precheck::{Precheck, Prechecked};
 pub use readiness::{Readiness, ReadinessLayer, ReadinessService, ReadinessState};
 pub use tracing::{Tracing, TracingLayer};
 pub use validation::{Validation, ValidationLayer};
