@@ -21,8 +21,8 @@ use crate::driver::{
 use crate::endpoint::{Endpoint, EndpointError};
 use crate::error::CsiError;
 use crate::layer::{
-    BoxCsiService, CatchPanic, CsiService, GatingLayer, LockMap, LockingLayer, Precheck, Readiness,
-    ReadinessLayer, Tracing, ValidationLayer,
+    BoxCsiService, CatchPanicLayer, CsiService, GatingLayer, LockMap, LockingLayer, Precheck,
+    Readiness, ReadinessLayer, TracingLayer, ValidationLayer, Wrap,
 };
 use crate::socket::{self, SocketError};
 
@@ -118,11 +118,11 @@ impl From<CsiError> for ServerError {
 /// ([`ServerBuilder::layer_at`]). In the default order, outermost first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Builtin {
-    /// [`TracingLayer`](crate::layer::TracingLayer).
+    /// [`TracingLayer`].
     Tracing,
     /// The metrics layer (feature `metrics`).
     Metrics,
-    /// [`CatchPanicLayer`](crate::layer::CatchPanicLayer).
+    /// [`CatchPanicLayer`].
     CatchPanic,
     /// [`GatingLayer`]: UNIMPLEMENTED for an undeclared RPC (and, with
     /// validation off, the field-level capability rules too).
@@ -206,10 +206,10 @@ impl Builtins {
             .gating
             .0
             .switched(s, self.gating.1 && has(Builtin::Gating));
-        let s = CatchPanic::switched(s, self.catch_panics && has(Builtin::CatchPanic));
+        let s = CatchPanicLayer.switched(s, self.catch_panics && has(Builtin::CatchPanic));
         #[cfg(feature = "metrics")]
         let s = self.metrics.switched(s, has(Builtin::Metrics));
-        BoxCsiService::new(Tracing::switched(s, self.tracing && has(Builtin::Tracing)))
+        BoxCsiService::new(TracingLayer.switched(s, self.tracing && has(Builtin::Tracing)))
     }
 }
 

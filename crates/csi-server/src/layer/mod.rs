@@ -71,6 +71,7 @@ mod precheck;
 mod readiness;
 mod tracing;
 mod validation;
+mod wrap;
 
 pub use gating::{Gating, GatingLayer};
 pub use locking::{LockGuard, LockMap, Locking, LockingLayer};
@@ -81,6 +82,7 @@ pub use precheck::{Precheck, Prechecked};
 pub use readiness::{Readiness, ReadinessLayer, ReadinessService, ReadinessState};
 pub use tracing::{Tracing, TracingLayer};
 pub use validation::{Validation, ValidationLayer};
+pub use wrap::{Wrap, Wrapped};
 
 /// One call on its way to the driver: the request and what the driver
 /// method will be given besides it.
