@@ -355,7 +355,7 @@ fn read_entries(file: &File, mut each: impl FnMut(Entry)) -> io::Result<(u64, u6
     while at + FIXED as u64 <= LEN {
         file.read_exact_at(&mut fixed, at)?;
         let len = u32::from_le_bytes(fixed[4..8].try_into().expect("4 bytes")) as usize;
-        if &fixed[..4] != MAGIC || len < FIXED || len > MAX_ENTRY || at + len as u64 > LEN {
+        if &fixed[..4] != MAGIC || !(FIXED..=MAX_ENTRY).contains(&len) || at + len as u64 > LEN {
             break;
         }
         let mut e = vec![0u8; len];
@@ -551,7 +551,7 @@ mod tests {
         for i in 0..e.len() {
             let mut b = e.clone();
             b[i] ^= 0x10;
-            if i >= 4 && i < 8 {
+            if (4..8).contains(&i) {
                 continue; // the length: caught before decode
             }
             assert!(decode(&b, 7, 3).is_none(), "flip in byte {i}");
