@@ -26,7 +26,7 @@
 //! their directories are fsynced, then a new epoch is written to the
 //! header, which empties it. Every step needs no free space.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::OsString;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
@@ -87,10 +87,22 @@ struct State {
     epoch: u64,
     seq: u64,
     head: u64,
-    /// Record files changed since the last checkpoint, by directory, and
-    /// whether the last change wrote them (a removed one needs only its
-    /// directory synced).
-    dirty: HashMap<PathBuf, HashMap<OsString, bool>>,
+    /// Directories changed since the last checkpoint, with the record
+    /// files written there since and still present (a removed one needs
+    /// only its directory synced, so it is dropped: the set stays small
+    /// under churn).
+    dirty: HashMap<PathBuf, HashSet<OsString>>,
+}
+
+impl State {
+    fn mark(&mut self, dir: PathBuf, name: OsString, written: bool) {
+        let names = self.dirty.entry(dir).or_default();
+        if written {
+            names.insert(name);
+        } else {
+            names.remove(&name);
+        }
+    }
 }
 
 /// What `open` found and redid.
@@ -152,10 +164,7 @@ impl Journal {
             if replay_one(&table_dir, &name, contents.as_deref())? {
                 replayed.files_fixed += 1;
             }
-            st.dirty
-                .entry(table_dir)
-                .or_default()
-                .insert(name, contents.is_some());
+            st.mark(table_dir, name, contents.is_some());
         }
         journal.checkpoint_locked(&mut st)?;
         drop(st);
@@ -196,10 +205,11 @@ impl Journal {
         }
         let out = apply().map_err(CommitError::Apply)?;
         let entry = encode(st.epoch, st.seq, table, name, change);
-        st.dirty
-            .entry(dir.to_owned())
-            .or_default()
-            .insert(name.clone(), matches!(change, Change::Put(_)));
+        st.mark(
+            dir.to_owned(),
+            name.clone(),
+            matches!(change, Change::Put(_)),
+        );
         match self.file.write_all_at(&entry, st.head) {
             Ok(()) => {
                 st.head += entry.len() as u64;
@@ -249,12 +259,9 @@ impl Journal {
     /// Makes every file the journal covers durable, then empties it.
     fn checkpoint_locked(&self, st: &mut State) -> io::Result<()> {
         let live = || {
-            st.dirty.iter().flat_map(|(dir, names)| {
-                names
-                    .iter()
-                    .filter(|(_, written)| **written)
-                    .map(move |(name, _)| dir.join(name))
-            })
+            st.dirty
+                .iter()
+                .flat_map(|(dir, names)| names.iter().map(move |name| dir.join(name)))
         };
         if live().count() > SYNCFS_ABOVE {
             // SAFETY: syncfs on an open descriptor.
