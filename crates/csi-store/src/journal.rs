@@ -192,8 +192,9 @@ impl Journal {
         if !journaled(table, name, contents) {
             // Too big to journal: make everything journaled durable first,
             // so no older entry for this name can be replayed over it.
+            // (A failure here comes before the change: it was not made.)
             self.checkpoint_locked(&mut st)
-                .map_err(CommitError::Flush)?;
+                .map_err(CommitError::Apply)?;
             // (The caller flushed a put's file before `apply` renamed it.)
             let out = apply().map_err(CommitError::Apply)?;
             self.sync_dir(dir).map_err(CommitError::Flush)?;
@@ -201,7 +202,7 @@ impl Journal {
         }
         if st.head + entry_len as u64 > LEN {
             self.checkpoint_locked(&mut st)
-                .map_err(CommitError::Flush)?;
+                .map_err(CommitError::Apply)?;
         }
         let out = apply().map_err(CommitError::Apply)?;
         let entry = encode(st.epoch, st.seq, table, name, change);

@@ -52,7 +52,8 @@ pub struct RawScan {
 /// Contract, which both implementations follow:
 /// - `put` and `delete` return once the change is durable; an error means
 ///   the change did not happen, except an I/O error after the write reached
-///   its final name (a failed directory sync), whose outcome is unknown.
+///   its final name (a failed journal flush or directory sync), whose outcome is
+///   unknown.
 /// - [`StoreError::NoSpace`] from `put` leaves nothing behind, and `delete`
 ///   works on a full filesystem.
 /// - A record that cannot be read is moved aside and reported, never
