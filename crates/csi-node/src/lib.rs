@@ -41,7 +41,7 @@
 //! use csi_node::{NodeVolumes, Source};
 //! use csi_store::RecordStore;
 //! use csi_proto::v1::*;
-//! use csi_server::{CallContext, CsiError, CsiResult, Node};
+//! use csi_driver::{CallContext, CsiError, CsiResult, Node};
 //! use mount_utils::Mounter;
 //!
 //! struct ExampleNode {
@@ -76,7 +76,7 @@
 //!     }
 //! }
 //!
-//! #[csi_server::async_trait]
+//! #[csi_driver::async_trait]
 //! impl Node for ExampleNode {
 //!     async fn node_stage_volume(&self, _: &CallContext, req: NodeStageVolumeRequest) -> CsiResult<NodeStageVolumeResponse> {
 //!         self.blocking(move |v| v.stage(&req)).await?;
@@ -153,6 +153,7 @@ pub mod observe;
 mod record;
 pub mod rules;
 mod seams;
+mod service;
 pub mod testing;
 mod volumes;
 
@@ -162,6 +163,7 @@ pub use record::{
     StageState, VolumeRecord,
 };
 pub use seams::{FilesystemMount, PlainMount, VolumeLocator};
+pub use service::{Ephemeral, NodeDriver, NodeInfo, NodeService, NodeServiceBuilder, VolumeInfo};
 pub use volumes::{
     NodeVolumes, NodeVolumesBuilder, Outcome, PUBLISHED_TABLE, RestoreReport, STAGED_TABLE,
 };

@@ -11,9 +11,9 @@
 
 use std::path::{Path, PathBuf};
 
+use csi_driver::helpers::publish::{Publication, PublishDecision as Repeat, check_publish};
+use csi_driver::helpers::stage::{Staging, check_stage};
 use csi_proto::v1::{NodePublishVolumeRequest, NodeStageVolumeRequest};
-use csi_server::helpers::publish::{Publication, PublishDecision as Repeat, check_publish};
-use csi_server::helpers::stage::{Staging, check_stage};
 use mount_utils::MountOptions;
 
 use crate::error::NodeError;
@@ -253,7 +253,7 @@ pub struct PublishFacts<'a> {
     pub single_node_multi_writer: bool,
 }
 
-/// NodePublish: the spec's repeat table (csi-server's
+/// NodePublish: the spec's repeat table (csi-driver's
 /// [`check_publish`]), made safe: OK only when the target shows exactly
 /// this volume; another volume at the target is ALREADY_EXISTS; a symlink
 /// is never followed; a block volume is never mounted over a non-empty
@@ -485,7 +485,7 @@ mod tests {
     }
 
     fn code<T: std::fmt::Debug>(r: Result<T, NodeError>) -> Result<T, Code> {
-        r.map_err(|e| csi_server::CsiError::from(e).code())
+        r.map_err(|e| csi_driver::CsiError::from(e).code())
     }
 
     #[test]

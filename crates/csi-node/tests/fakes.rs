@@ -8,13 +8,13 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Arc, Mutex};
 
+use csi_driver::CsiError;
 use csi_node::testing::FakeHost;
 use csi_node::{
     Device, FilesystemMount, NodeError, NodeVolumes, Outcome, PUBLISHED_TABLE, PublishState,
     STAGED_TABLE, Source, StageState, VolumeLocator,
 };
 use csi_proto::v1::volume_capability::access_mode::Mode;
-use csi_server::CsiError;
 use csi_store::{CodecId, MemStore, RawRecord, RecordStore};
 use mount_utils::{
     DeviceNumber, Errno, ExecOutput, FakeAction, FakeExec, FakeOp, FsUsage, LoopOptions,
