@@ -8,9 +8,9 @@ use mount_utils::{LoopDevices, Mounter};
 
 use crate::backend::Backend;
 use crate::common::state::{InFlight, Ledger, open_state};
-use crate::common::{open_node, restore_node};
 use crate::config::Config;
-use crate::store::{Access, Store};
+use crate::node::{NodeSide, open_node};
+use crate::store::Store;
 
 /// The hostpath driver: cheap to clone (everything shared is behind `Arc`).
 #[derive(Clone)]
@@ -19,10 +19,8 @@ pub struct HostPath {
     pub node_id: String,
     pub store: Arc<Store>,
     pub backend: Backend,
-    /// Loop devices (NodeExpand refreshes a block volume's size).
-    pub loops: Arc<dyn LoopDevices>,
-    /// What this node staged and published (csi-node's record).
-    pub node: csi_node::NodeVolumes,
+    /// The node service (csi-node's, over what this node staged and published).
+    pub node: Arc<csi_node::NodeService<NodeSide>>,
     /// Volumes, snapshots and names with work running on them.
     pub in_flight: Arc<InFlight>,
     /// Bytes promised to volumes, against `--capacity`.
@@ -62,20 +60,21 @@ impl HostPath {
         let used = store
             .volumes
             .read(|all| all.values().map(|v| v.capacity_bytes).sum());
-        let locator = Arc::new(Locator {
+        let ledger = Ledger::new(used);
+        let side = NodeSide {
             store: store.clone(),
             backend: backend.clone(),
-        });
-        let node = open_node(&config.statedir, mounter, loops.clone(), locator, None)?;
+            ledger: ledger.clone(),
+        };
+        let node = open_node(&config, side, mounter, loops)?;
         Ok(Self {
             node,
             node_id: config.node_id(),
             config: Arc::new(config),
             store,
             backend,
-            loops,
             in_flight: InFlight::new(),
-            ledger: Ledger::new(used),
+            ledger,
         })
     }
 
@@ -86,7 +85,7 @@ impl HostPath {
     /// (unacknowledged creates, half-done deletes), logging each; the data
     /// of records that were set aside as unreadable is kept.
     pub fn reconcile_on_start(&self) -> Result<(), CsiError> {
-        restore_node(&self.node);
+        self.node.restore();
         let cut = crate::common::settle_groups(
             &self.store.groups,
             &self.store.snapshots,
@@ -122,30 +121,6 @@ impl HostPath {
             tracing::warn!(path = %path.display(), "not this driver's data; not touched");
         }
         Ok(())
-    }
-}
-
-/// Where a volume's data is, for csi-node: only ids the controller
-/// recorded (an inline ephemeral volume by the name the CO gave it).
-struct Locator {
-    store: Arc<Store>,
-    backend: Backend,
-}
-
-impl csi_node::VolumeLocator for Locator {
-    fn source(&self, volume_id: &str) -> Option<csi_node::Source> {
-        let volume = self.store.volumes.get(volume_id).or_else(|| {
-            self.store.volumes.read(|all| {
-                all.values()
-                    .find(|v| v.ephemeral && v.name == volume_id)
-                    .cloned()
-            })
-        })?;
-        let path = self.backend.volume_path(&volume.id, volume.access);
-        Some(match volume.access {
-            Access::Mount => csi_node::Source::Directory(path),
-            Access::Block => csi_node::Source::Image(path),
-        })
     }
 }
 

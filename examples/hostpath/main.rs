@@ -117,7 +117,7 @@ async fn run(config: Config) -> Result<(), String> {
         .endpoint(endpoint)
         .identity(driver.clone())
         .controller(driver.clone())
-        .node(driver.clone())
+        .node(driver.node.clone())
         .readiness(readiness.clone());
     if group_snapshots {
         builder = builder.group_controller(driver.clone());

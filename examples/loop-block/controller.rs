@@ -697,6 +697,7 @@ mod tests {
         ]);
         let d = LoopBlock::open(config, Arc::new(mount_utils::FakeMounter::new())).unwrap();
         let info = d
+            .node
             .node_get_info(&ctx(Method::NodeGetInfo), NodeGetInfoRequest {})
             .await
             .unwrap();

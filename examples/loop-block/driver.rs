@@ -3,16 +3,14 @@
 use std::sync::Arc;
 
 use csi_server::{CsiError, CsiResult};
-use mount_utils::{
-    Exec, LinuxLoopDevices, LoopDevices, Mounter, ResizeFs, SafeFormatAndMount, SystemExec,
-};
+use mount_utils::{Exec, LinuxLoopDevices, LoopDevices, Mounter, SystemExec};
 
 use crate::backend::Backend;
 use crate::common::state::{InFlight, open_state, remove_path};
-use crate::common::{IdKind, internal, open_node, restore_node};
+use crate::common::{IdKind, internal};
 use crate::config::Config;
+use crate::node::{NodeSide, open_node};
 use crate::store::{Store, VolumeRecord};
-use crate::tuning::Tuning;
 
 /// The loop-block driver: cheap to clone (everything shared is behind `Arc`).
 #[derive(Clone)]
@@ -22,11 +20,8 @@ pub struct LoopBlock {
     pub store: Arc<Store>,
     pub backend: Backend,
     pub mounter: Arc<dyn Mounter>,
-    /// Loop devices (NodeExpand refreshes a disk's size through them).
-    pub loops: Arc<dyn LoopDevices>,
-    pub resizer: ResizeFs,
-    /// What this node staged and published (csi-node's record).
-    pub node: csi_node::NodeVolumes,
+    /// The node service (csi-node's, over what this node staged and published).
+    pub node: Arc<csi_node::NodeService<NodeSide>>,
     /// Whether the backing files' filesystem takes O_DIRECT (the
     /// `directIO` mutable parameter needs it).
     pub direct_io_supported: bool,
@@ -59,32 +54,22 @@ impl LoopBlock {
             .map_err(|e| format!("preparing {}: {e}", config.statedir.display()))?;
         let store = Arc::new(crate::store::open(&files)?);
         let direct_io_supported = crate::tuning::direct_io_supported(&backend.volumes_dir());
-        // mkfs is I/O heavy: a burst of first-time stages formats two at a
-        // time. A disk formatted before is never formatted again.
-        let formatter =
-            SafeFormatAndMount::new(mounter.clone(), exec.clone()).with_max_concurrent_formats(2);
-        let locator = Arc::new(Locator {
+        let attachments = Arc::new(tokio::sync::RwLock::new(()));
+        let side = NodeSide {
             store: store.clone(),
             backend: backend.clone(),
-        });
-        let node = open_node(
-            &config.statedir,
-            mounter.clone(),
-            loops.clone(),
-            locator,
-            Some(Arc::new(formatter)),
-        )?;
+            attachments: attachments.clone(),
+        };
+        let node = open_node(&config, side, mounter.clone(), loops, exec)?;
         Ok(Self {
             direct_io_supported,
-            attachments: Arc::new(tokio::sync::RwLock::new(())),
+            attachments,
             in_flight: InFlight::new(),
             node_id: config.node_id(),
             config: Arc::new(config),
             store,
             backend,
-            resizer: ResizeFs::new(exec),
             mounter,
-            loops,
             node,
         })
     }
@@ -111,7 +96,7 @@ impl LoopBlock {
     /// those of records set aside as unreadable.
     pub fn reconcile_on_start(&self) -> CsiResult<()> {
         self.thaw_after_crash();
-        restore_node(&self.node);
+        self.node.restore();
         let cut = crate::common::settle_groups(
             &self.store.groups,
             &self.store.snapshots,
@@ -148,7 +133,7 @@ impl LoopBlock {
     /// A crash during a group snapshot can leave members frozen, and every
     /// writer in their pods blocked: thaw them before anything else.
     fn thaw_after_crash(&self) {
-        for (id, record) in self.node.records() {
+        for (id, record) in self.node.volumes().records() {
             let Some(stage) = record.stage.filter(|s| !s.capability.is_block()) else {
                 continue;
             };
@@ -163,40 +148,6 @@ impl LoopBlock {
                 Err(e) => tracing::error!(volume = %id, error = %e, "thawing after a crash"),
             }
         }
-    }
-}
-
-/// Where a disk's data is, for csi-node: the backing file of a volume the
-/// controller recorded; its tuning is applied to each device it gets.
-struct Locator {
-    store: Arc<Store>,
-    backend: Backend,
-}
-
-impl csi_node::VolumeLocator for Locator {
-    fn source(&self, volume_id: &str) -> Option<csi_node::Source> {
-        if !IdKind::Volume.is_valid(volume_id) {
-            return None;
-        }
-        self.store.volumes.contains(volume_id).then_some(())?;
-        let image = self.backend.volume_path(volume_id);
-        Some(csi_node::Source::Image(image))
-    }
-
-    fn prepare_device(
-        &self,
-        volume_id: &str,
-        device: &csi_node::Device,
-    ) -> Result<(), csi_node::NodeError> {
-        let tuning: Tuning = self
-            .store
-            .volumes
-            .get(volume_id)
-            .map(|v| v.tuning)
-            .unwrap_or_default();
-        tuning
-            .apply(&device.path)
-            .map_err(|e| csi_node::NodeError::Csi(e.into()))
     }
 }
 

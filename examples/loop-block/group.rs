@@ -54,7 +54,7 @@ impl LoopBlock {
         let Some(device) = devices.first() else {
             return Ok(Writer::Nobody);
         };
-        let stage = self.node.record(&volume.id).and_then(|r| r.stage);
+        let stage = self.node.volumes().record(&volume.id).and_then(|r| r.stage);
         let Some(staged) = stage.filter(|s| !s.capability.is_block()) else {
             return Err(CsiError::FailedPrecondition(format!(
                 "volume {} is attached as a raw block device, which cannot be frozen: \

@@ -104,7 +104,7 @@ async fn run(config: Config) -> Result<(), String> {
         .identity(driver.clone())
         .controller(driver.clone())
         .group_controller(driver.clone())
-        .node(driver.clone())
+        .node(driver.node.clone())
         .readiness(readiness.clone())
         .build()
         .map_err(|e| e.to_string())?;
