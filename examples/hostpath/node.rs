@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use csi_node::{Ephemeral, NodeDriver, NodeInfo, NodeService, Source, VolumeInfo, VolumeLocator};
+use csi_node::{NodeDriver, NodeInfo, NodeService, Source, VolumeInfo, VolumeLocator};
 use csi_proto::v1::NodePublishVolumeRequest;
 use csi_server::{CsiError, CsiResult};
 use mount_utils::{LoopDevices, Mounter};
@@ -76,22 +76,17 @@ impl VolumeLocator for NodeSide {
 impl NodeDriver for NodeSide {
     fn volume(&self, volume_id: &str) -> Option<VolumeInfo> {
         let v = self.find(volume_id)?;
-        Some(VolumeInfo {
-            block: v.access == Access::Block,
-            capacity_bytes: v.capacity_bytes,
-        })
+        Some(VolumeInfo::new(v.access == Access::Block, v.capacity_bytes))
     }
 
-    fn ephemeral_volume(&self, name: &str, _: &NodePublishVolumeRequest) -> CsiResult<Ephemeral> {
-        let volume = VolumeInfo {
-            block: false,
-            capacity_bytes: crate::controller::DEFAULT_VOLUME_SIZE,
-        };
+    fn ephemeral_volume(
+        &self,
+        name: &str,
+        _: &NodePublishVolumeRequest,
+    ) -> CsiResult<(VolumeInfo, bool)> {
+        let volume = VolumeInfo::new(false, crate::controller::DEFAULT_VOLUME_SIZE);
         if self.ephemeral_named(name).is_some() {
-            return Ok(Ephemeral {
-                volume,
-                created: false,
-            });
+            return Ok((volume, false));
         }
         let record = VolumeRecord {
             id: IdKind::Volume.generate(),
@@ -114,10 +109,7 @@ impl NodeDriver for NodeSide {
         if let Some(r) = self.ledger.reserve(record.capacity_bytes, 0) {
             r.keep();
         }
-        Ok(Ephemeral {
-            volume,
-            created: true,
-        })
+        Ok((volume, true))
     }
 
     fn is_ephemeral(&self, name: &str) -> bool {
@@ -184,39 +176,31 @@ mod tests {
         let d = HostPath::open_with(config, host.mounter(), host.loops()).unwrap();
         let info = PluginInfo::new("hostpath.csi.csi-kit.dev", "test").unwrap();
         let ctx = CallContext::for_test(Method::NodePublishVolume, info, Capabilities::new());
-        let publish = |target: &Path| {
-            let c = cap(false, Mode::SingleNodeWriter, &[]);
-            let mut req = publish_req("inline-1", Path::new(""), target, c);
-            req.volume_context
-                .insert(EPHEMERAL_CONTEXT_KEY.into(), "true".into());
-            req
+        let publish = |target: &Path| NodePublishVolumeRequest {
+            volume_context: [(EPHEMERAL_CONTEXT_KEY.into(), "true".into())].into(),
+            ..publish_req(
+                "inline-1",
+                Path::new(""),
+                target,
+                cap(false, Mode::SingleNodeWriter, &[]),
+            )
         };
-        let target = dir.path().join("pod");
+        let (target, file) = (dir.path().join("pod"), dir.path().join("user-file"));
         d.node
             .node_publish_volume(&ctx, publish(&target))
             .await
             .unwrap();
-        assert_eq!(d.store.volumes.len(), 1);
-        assert_eq!(d.backend.data().0.len(), 1);
+        assert_eq!((d.store.volumes.len(), d.backend.data().0.len()), (1, 1));
         for _ in 0..2 {
             // The second time: a repeat after it was removed.
             let req = unpublish_req("inline-1", &target);
             d.node.node_unpublish_volume(&ctx, req).await.unwrap();
-            assert_eq!(d.store.volumes.len(), 0);
-            assert!(d.backend.data().0.is_empty(), "its data is removed");
+            assert_eq!((d.store.volumes.len(), d.backend.data().0.len()), (0, 0));
         }
-
         // A publish refused (the target is a user's file) leaves nothing.
-        let file = dir.path().join("user-file");
         std::fs::write(&file, b"not a directory").unwrap();
-        assert!(
-            d.node
-                .node_publish_volume(&ctx, publish(&file))
-                .await
-                .is_err()
-        );
-        assert_eq!(d.store.volumes.len(), 0, "no volume record");
-        assert!(d.node.volumes().records().is_empty(), "no node record");
-        assert!(d.backend.data().0.is_empty(), "no volume data left");
+        let refused = d.node.node_publish_volume(&ctx, publish(&file)).await;
+        assert!(refused.is_err() && d.node.volumes().records().is_empty());
+        assert_eq!((d.store.volumes.len(), d.backend.data().0.len()), (0, 0));
     }
 }

@@ -67,23 +67,16 @@ impl csi_node::VolumeLocator for NodeSide {
     }
 
     fn prepare_device(&self, volume_id: &str, device: &Device) -> Result<(), NodeError> {
-        let tuning: Tuning = self
-            .recorded(volume_id)
-            .map(|v| v.tuning)
-            .unwrap_or_default();
-        tuning
-            .apply(&device.path)
-            .map_err(|e| NodeError::Csi(e.into()))
+        let tuning: Option<Tuning> = self.recorded(volume_id).map(|v| v.tuning);
+        let apply = tuning.unwrap_or_default().apply(&device.path);
+        apply.map_err(|e| NodeError::Csi(e.into()))
     }
 }
 
 impl NodeDriver for NodeSide {
     fn volume(&self, volume_id: &str) -> Option<VolumeInfo> {
         let v = self.recorded(volume_id)?;
-        Some(VolumeInfo {
-            block: v.access == Access::Block,
-            capacity_bytes: v.capacity_bytes,
-        })
+        Some(VolumeInfo::new(v.access == Access::Block, v.capacity_bytes))
     }
 
     /// The backing file named by the publish context must be this volume's.
@@ -97,13 +90,9 @@ impl NodeDriver for NodeSide {
             let why = format!("not the backing file of volume {}", req.volume_id);
             return Err(CsiError::invalid(field, why));
         }
-        if !path.is_file() {
-            let id = &req.volume_id;
-            return Err(CsiError::NotFound(format!(
-                "backing file of volume {id} is missing"
-            )));
-        }
-        Ok(())
+        let missing =
+            || CsiError::NotFound(format!("volume {} has no backing file", req.volume_id));
+        path.is_file().then_some(()).ok_or_else(missing)
     }
 
     fn stage_lock(&self) -> Option<&tokio::sync::RwLock<()>> {
@@ -123,6 +112,8 @@ impl LoopBlock {
 mod tests {
     //! loop-block's own node bits on a fake host; the record's rules are
     //! csi-node's and tested there.
+    use std::path::Path;
+
     use clap::Parser;
     use csi_node::testing::{FakeHost, requests::*};
     use csi_proto::v1::volume_capability::access_mode::Mode;
@@ -142,72 +133,64 @@ mod tests {
         let (dir, host, exec) = (
             tempfile::tempdir().unwrap(),
             FakeHost::new(),
-            FakeExec::new(),
+            Arc::new(FakeExec::new()),
         );
-        let exec = Arc::new(exec);
         let statedir = dir.path().join("state").to_string_lossy().into_owned();
         let config = Config::parse_from(["loop-block", "--statedir", &statedir, "--nodeid", "n1"]);
         let d = LoopBlock::open_with(config, host.mounter(), host.loops(), exec.clone()).unwrap();
-        let c = cap(false, Mode::SingleNodeWriter, &[]);
-        let mut ids = Vec::new();
+        let (c, mut files) = (cap(false, Mode::SingleNodeWriter, &[]), Vec::new());
         for name in ["d1", "d2"] {
             let req = CreateVolumeRequest {
                 name: name.into(),
-                capacity_range: Some(CapacityRange::at_least(1 << 20)),
                 volume_capabilities: vec![c.clone()],
                 ..Default::default()
             };
-            let r = d
+            let v = d
                 .create_volume(&ctx(Method::CreateVolume), req)
                 .await
+                .unwrap()
+                .volume
                 .unwrap();
-            ids.push(r.volume.unwrap().volume_id);
+            files.push((v.volume_id.clone(), d.backend.volume_path(&v.volume_id)));
         }
-        let staging = dir.path().join("staging");
-        let stage = |id: &str, file: &str| NodeStageVolumeRequest {
-            publish_context: [(BACKING_FILE_KEY.to_owned(), file.to_owned())].into(),
-            ..stage_req(id, &staging, c.clone())
+        let (id, staging) = (files[0].0.clone(), dir.path().join("staging"));
+        let stage = |file: &Path| NodeStageVolumeRequest {
+            publish_context: [(BACKING_FILE_KEY.into(), file.to_string_lossy().into())].into(),
+            ..stage_req(&id, &staging, c.clone())
         };
-        let other = d
-            .backend
-            .volume_path(&ids[1])
-            .to_string_lossy()
-            .into_owned();
-        let ours = d
-            .backend
-            .volume_path(&ids[0])
-            .to_string_lossy()
-            .into_owned();
-        for (file, code) in [
-            ("", tonic::Code::InvalidArgument),
-            (&other, tonic::Code::InvalidArgument),
-        ] {
+        for file in [Path::new(""), &files[1].1] {
             let e = d
                 .node
-                .node_stage_volume(&ctx(Method::NodeStageVolume), stage(&ids[0], file))
+                .node_stage_volume(&ctx(Method::NodeStageVolume), stage(file))
                 .await;
-            assert_eq!(e.unwrap_err().code(), code, "{file:?}");
+            assert_eq!(
+                e.unwrap_err().code(),
+                tonic::Code::InvalidArgument,
+                "{file:?}"
+            );
         }
         assert_eq!(host.attached(), 0);
 
         exec.expect("blkid", ExecOutput::exit(2, ""));
         exec.expect("mkfs.ext4", ExecOutput::ok(""));
-        let req = stage(&ids[0], &ours);
+        let req = stage(&files[0].1);
         d.node
             .node_stage_volume(&ctx(Method::NodeStageVolume), req)
             .await
             .unwrap();
-        assert_eq!(host.mounts_at(&staging).len(), 1);
-        assert_eq!(exec.pending(), 0, "formatted on first use");
+        assert_eq!(
+            (host.mounts_at(&staging).len(), exec.pending()),
+            (1, 0),
+            "formatted on first use"
+        );
         let delete = DeleteVolumeRequest {
-            volume_id: ids[0].clone(),
+            volume_id: id.clone(),
             ..Default::default()
         };
-        let e = d.delete_volume(&ctx(Method::DeleteVolume), delete).await;
-        assert_eq!(
-            e.unwrap_err().code(),
-            tonic::Code::FailedPrecondition,
-            "still staged"
-        );
+        let e = d
+            .delete_volume(&ctx(Method::DeleteVolume), delete)
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::FailedPrecondition, "still staged");
     }
 }

@@ -27,13 +27,14 @@ pub struct VolumeInfo {
     pub capacity_bytes: i64,
 }
 
-/// An inline ephemeral volume NodePublishVolume found or created.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Ephemeral {
-    /// The volume.
-    pub volume: VolumeInfo,
-    /// Created by this call: removed again if the publish fails.
-    pub created: bool,
+impl VolumeInfo {
+    /// A block (`block`) or mount volume of `capacity_bytes`.
+    pub fn new(block: bool, capacity_bytes: i64) -> Self {
+        VolumeInfo {
+            block,
+            capacity_bytes,
+        }
+    }
 }
 
 /// What is the driver's own on the node side; everything else is
@@ -58,9 +59,14 @@ pub trait NodeDriver: VolumeLocator + 'static {
     }
 
     /// The inline ephemeral volume named `name` (NodePublishVolume with
-    /// the ephemeral volume context), created on its first publish.
-    /// INVALID_ARGUMENT by default: not supported.
-    fn ephemeral_volume(&self, name: &str, req: &NodePublishVolumeRequest) -> CsiResult<Ephemeral> {
+    /// the ephemeral volume context), created on its first publish, and
+    /// whether this call created it (it is removed again if the publish
+    /// fails). INVALID_ARGUMENT by default: not supported.
+    fn ephemeral_volume(
+        &self,
+        name: &str,
+        req: &NodePublishVolumeRequest,
+    ) -> CsiResult<(VolumeInfo, bool)> {
         let _ = (name, req);
         Err(CsiError::invalid(
             "volume_context",
@@ -385,8 +391,7 @@ impl<D: NodeDriver> Node for NodeService<D> {
         self.run(move |driver, volumes| {
             let id = &req.volume_id;
             let (volume, created) = if ephemeral {
-                let e = driver.ephemeral_volume(id, &req)?;
-                (e.volume, e.created)
+                driver.ephemeral_volume(id, &req)?
             } else {
                 (known(driver, id)?, false)
             };

@@ -12,7 +12,7 @@ use csi_driver::request::EPHEMERAL_CONTEXT_KEY;
 use csi_driver::{CallContext, Capabilities, CsiError, CsiResult, Method, Node, PluginInfo};
 use csi_node::testing::FakeHost;
 use csi_node::testing::requests::*;
-use csi_node::{Ephemeral, NodeDriver, NodeInfo, NodeService, Source, VolumeInfo, VolumeLocator};
+use csi_node::{NodeDriver, NodeInfo, NodeService, Source, VolumeInfo, VolumeLocator};
 use csi_proto::v1::volume_capability::access_mode::Mode;
 use csi_proto::v1::*;
 use csi_store::MemStore;
@@ -38,10 +38,7 @@ impl Fake {
         } else {
             std::fs::create_dir(self.base.join(id)).unwrap();
         }
-        let info = VolumeInfo {
-            block,
-            capacity_bytes: MIB,
-        };
+        let info = VolumeInfo::new(block, MIB);
         self.volumes.lock().unwrap().insert(id.into(), info);
         id.into()
     }
@@ -78,15 +75,16 @@ impl NodeDriver for Fake {
         Some(&self.lock)
     }
 
-    fn ephemeral_volume(&self, name: &str, _: &NodePublishVolumeRequest) -> CsiResult<Ephemeral> {
+    fn ephemeral_volume(
+        &self,
+        name: &str,
+        _: &NodePublishVolumeRequest,
+    ) -> CsiResult<(VolumeInfo, bool)> {
         let created = self.volume(name).is_none();
         if created {
             self.add(name, false);
         }
-        Ok(Ephemeral {
-            volume: self.volume(name).unwrap(),
-            created,
-        })
+        Ok((self.volume(name).unwrap(), created))
     }
 
     fn is_ephemeral(&self, name: &str) -> bool {
