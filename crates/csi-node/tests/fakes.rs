@@ -660,58 +660,32 @@ fn crashes(f: impl FnOnce()) {
 }
 
 #[test]
-fn case7_a_crash_between_publish_mount_and_save_is_cleaned_up_by_unpublish() {
-    let node = Node::new();
-    let vol = node.dir_volume("dir-1");
-    let target = node.path("pods/t");
-    let req = publish(
-        &vol,
-        None,
-        &target,
-        mount_cap(Mode::SingleNodeWriter),
-        false,
-    );
-    crashes(|| {
-        let _ = twisted(&node, Twist::CrashAfterMount).publish(&req);
-    });
-    assert_eq!(node.mounted(&target).len(), 1, "mounted, then crashed");
-
-    let restarted = node.restart();
-    let p = restarted.record(&vol).unwrap().publications[0].clone();
-    assert_eq!(
-        p.state,
-        PublishState::Publishing,
-        "the intent was saved first"
-    );
-    restarted.unpublish(&unpublish(&vol, &target)).unwrap();
-    assert!(node.mounted(&target).is_empty());
-    assert!(!target.exists());
-    assert!(keys(&node.store).is_empty());
-}
-
-#[test]
-fn case7_a_retried_publish_after_a_crash_completes_it() {
-    let node = Node::new();
-    let vol = node.dir_volume("dir-1");
-    let target = node.path("pods/t");
-    let req = publish(
-        &vol,
-        None,
-        &target,
-        mount_cap(Mode::SingleNodeWriter),
-        false,
-    );
-    crashes(|| {
-        let _ = twisted(&node, Twist::CrashAfterMount).publish(&req);
-    });
-    let restarted = node.restart();
-    assert_eq!(restarted.publish(&req).unwrap(), Outcome::Changed);
-    assert_eq!(node.mounted(&target).len(), 1, "not mounted twice");
-    assert_eq!(
-        restarted.record(&vol).unwrap().publications[0].state,
-        PublishState::Published
-    );
-    assert_eq!(restarted.publish(&req).unwrap(), Outcome::Unchanged);
+fn case7_a_crash_between_publish_mount_and_save_is_completed_by_a_retry_or_undone_by_unpublish() {
+    for retry in [true, false] {
+        let node = Node::new();
+        let vol = node.dir_volume("dir-1");
+        let target = node.path("pods/t");
+        let cap = mount_cap(Mode::SingleNodeWriter);
+        let req = publish(&vol, None, &target, cap, false);
+        crashes(|| {
+            let _ = twisted(&node, Twist::CrashAfterMount).publish(&req);
+        });
+        assert_eq!(node.mounted(&target).len(), 1, "mounted, then crashed");
+        let restarted = node.restart();
+        let state = |r: &NodeVolumes| r.record(&vol).unwrap().publications[0].state.clone();
+        let saved_first = state(&restarted);
+        assert_eq!(saved_first, PublishState::Publishing, "the intent first");
+        if retry {
+            assert_eq!(restarted.publish(&req).unwrap(), Outcome::Changed);
+            assert_eq!(node.mounted(&target).len(), 1, "not mounted twice");
+            assert_eq!(state(&restarted), PublishState::Published);
+            assert_eq!(restarted.publish(&req).unwrap(), Outcome::Unchanged);
+        } else {
+            restarted.unpublish(&unpublish(&vol, &target)).unwrap();
+            assert!(node.mounted(&target).is_empty() && !target.exists());
+            assert!(keys(&node.store).is_empty());
+        }
+    }
 }
 
 #[test]
