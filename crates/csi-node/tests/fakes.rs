@@ -155,69 +155,50 @@ fn mount_published(node: &Node, vol: &str) -> (PathBuf, PathBuf) {
 }
 
 #[test]
-fn case1_unstage_of_a_published_block_volume_is_refused_and_keeps_its_device() {
-    let node = Node::new();
-    let vol = node.image_volume("img-1");
-    let (staging, target) = block_published(&node, &vol);
-    assert_eq!(node.attached(), 1);
-    node.host.fake().clear_actions();
+fn case1_unstage_of_a_published_volume_is_refused_and_keeps_its_device() {
+    for block in [true, false] {
+        let node = Node::new();
+        let vol = node.image_volume("img-1");
+        let (staging, target) = if block {
+            block_published(&node, &vol)
+        } else {
+            mount_published(&node, &vol)
+        };
+        node.host.fake().clear_actions();
+        let refused = |v: &NodeVolumes| code(v.unstage(&unstage(&vol, &staging)));
+        assert_eq!(refused(&node.volumes), Code::FailedPrecondition);
+        assert_eq!(
+            node.attached(),
+            1,
+            "the device stays with the published volume"
+        );
+        assert!(node.host.detached().is_empty());
+        assert_eq!(node.mounted(&target).len(), 1);
+        assert!(node.host.fake().actions().is_empty(), "nothing was touched");
 
-    assert_eq!(
-        code(node.volumes.unstage(&unstage(&vol, &staging))),
-        Code::FailedPrecondition
-    );
-    assert_eq!(
-        node.attached(),
-        1,
-        "the device stays with the published volume"
-    );
-    assert!(node.host.detached().is_empty());
-    assert_eq!(node.mounted(&target).len(), 1);
-    assert!(node.host.fake().actions().is_empty(), "nothing was touched");
+        // Also when the records are lost: the mount table shows the device in use.
+        let forgetful = open(
+            node.base(),
+            node.host.mounter(),
+            &node.host,
+            &MemStore::new(),
+            None,
+        );
+        assert_eq!(refused(&forgetful), Code::FailedPrecondition);
+        assert_eq!(node.attached(), 1);
 
-    // Also when the records are lost: the mount table shows the device in use.
-    let forgetful = open(
-        node.base(),
-        node.host.mounter(),
-        &node.host,
-        &MemStore::new(),
-        None,
-    );
-    assert_eq!(
-        code(forgetful.unstage(&unstage(&vol, &staging))),
-        Code::FailedPrecondition
-    );
-    assert_eq!(node.attached(), 1);
-
-    node.volumes.unpublish(&unpublish(&vol, &target)).unwrap();
-    assert_eq!(
-        node.volumes.unstage(&unstage(&vol, &staging)).unwrap(),
-        Outcome::Changed
-    );
-    assert_eq!(node.attached(), 0);
-    assert!(!target.exists(), "the target file NodePublish made is gone");
-    assert_eq!(
-        node.volumes.unstage(&unstage(&vol, &staging)).unwrap(),
-        Outcome::Unchanged
-    );
-    assert!(node.volumes.records().is_empty());
-}
-
-#[test]
-fn case1_unstage_of_a_published_filesystem_volume_is_refused() {
-    let node = Node::new();
-    let vol = node.image_volume("img-1");
-    let (staging, target) = mount_published(&node, &vol);
-    assert_eq!(
-        code(node.volumes.unstage(&unstage(&vol, &staging))),
-        Code::FailedPrecondition
-    );
-    assert_eq!(node.mounted(&staging).len(), 1);
-    assert_eq!(node.attached(), 1);
-    node.volumes.unpublish(&unpublish(&vol, &target)).unwrap();
-    node.volumes.unstage(&unstage(&vol, &staging)).unwrap();
-    assert!(node.mounted(&staging).is_empty());
-    assert_eq!(node.attached(), 0);
+        node.volumes.unpublish(&unpublish(&vol, &target)).unwrap();
+        for outcome in [Outcome::Changed, Outcome::Unchanged] {
+            assert_eq!(
+                node.volumes.unstage(&unstage(&vol, &staging)).unwrap(),
+                outcome
+            );
+        }
+        assert_eq!(node.attached(), 0);
+        assert!(node.mounted(&staging).is_empty());
+        assert!(!target.exists(), "the target NodePublish made is gone");
+        assert!(node.volumes.records().is_empty());
+    }
 }
 
 #[test]
