@@ -67,6 +67,17 @@ impl Node {
         self.volumes.clone()
     }
 
+    /// The same node with its records lost.
+    fn forgetful(&self) -> NodeVolumes {
+        open(
+            self.base(),
+            self.host.mounter(),
+            &self.host,
+            &MemStore::new(),
+            None,
+        )
+    }
+
     fn base(&self) -> &Path {
         self.dir.path()
     }
@@ -177,13 +188,7 @@ fn case1_unstage_of_a_published_volume_is_refused_and_keeps_its_device() {
         assert!(node.host.fake().actions().is_empty(), "nothing was touched");
 
         // Also when the records are lost: the mount table shows the device in use.
-        let forgetful = open(
-            node.base(),
-            node.host.mounter(),
-            &node.host,
-            &MemStore::new(),
-            None,
-        );
+        let forgetful = node.forgetful();
         assert_eq!(refused(&forgetful), Code::FailedPrecondition);
         assert_eq!(node.attached(), 1);
 
@@ -693,37 +698,25 @@ fn case7_a_crash_while_staging_leaves_a_record_unstage_cleans_up() {
 }
 
 #[test]
-fn case7_unstage_without_a_record_detaches_the_device_found_by_backing_file() {
+fn case7_a_lost_record_neither_leaks_a_mount_or_device_nor_frees_someone_elses() {
     let node = Node::new();
     let vol = node.image_volume("img-1");
     let staging = node.path("staging");
-    // Attached, then the plugin died before saving (or the record was lost).
-    node.host
-        .loops()
-        .attach_existing(node.image(&vol), &LoopOptions::default());
-    assert_eq!(
-        node.volumes.unstage(&unstage(&vol, &staging)).unwrap(),
-        Outcome::Changed
-    );
-    assert_eq!(node.attached(), 0);
+    // Attached, then the plugin died before saving: found by backing file.
+    let attach = || {
+        node.host
+            .loops()
+            .attach_existing(node.image(&vol), &LoopOptions::default())
+    };
+    attach();
+    let outcome = node.volumes.unstage(&unstage(&vol, &staging)).unwrap();
+    assert_eq!(outcome, Outcome::Changed);
     assert_eq!(node.host.detached(), [PathBuf::from("/dev/loop0")]);
-}
 
-#[test]
-fn case7_a_lost_record_neither_leaks_a_mount_nor_frees_someone_elses() {
-    let node = Node::new();
-    let vol = node.image_volume("img-1");
-    let staging = node.path("staging");
     node.volumes
         .stage(&stage(&vol, &staging, mount_cap(Mode::SingleNodeWriter)))
         .unwrap();
-    let forgetful = open(
-        node.base(),
-        node.host.mounter(),
-        &node.host,
-        &MemStore::new(),
-        None,
-    );
+    let forgetful = node.forgetful();
     // Verifiably this volume (its device number in mountinfo): cleaned up.
     forgetful.unstage(&unstage(&vol, &staging)).unwrap();
     assert!(node.mounted(&staging).is_empty());
@@ -732,9 +725,7 @@ fn case7_a_lost_record_neither_leaks_a_mount_nor_frees_someone_elses() {
     // Someone else's filesystem at the path: not this volume, not touched
     // (and the device stays: it may be theirs to use).
     node.host.fake().add_mount("tmpfs", &staging, "tmpfs");
-    node.host
-        .loops()
-        .attach_existing(node.image(&vol), &LoopOptions::default());
+    attach();
     assert_eq!(
         code(forgetful.unstage(&unstage(&vol, &staging))),
         Code::NotFound
