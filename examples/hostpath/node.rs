@@ -36,8 +36,7 @@ pub fn open_node(
         info = info.topology(TOPOLOGY_KEY, config.node_id());
     }
     let service = NodeService::builder(Arc::new(side), info, mounter)
-        .loop_devices(loops)
-        .single_node_multi_writer(true)
+        .volumes(|v| v.loop_devices(loops).single_node_multi_writer(true))
         .open_in(&config.statedir.join("node"))
         .map_err(|e| e.to_string())?;
     Ok(Arc::new(service))

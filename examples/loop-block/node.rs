@@ -42,10 +42,12 @@ pub fn open_node(
     // mkfs is I/O heavy: a burst of first-time stages formats two at a time.
     let formatter = SafeFormatAndMount::new(mounter.clone(), exec.clone());
     let service = NodeService::builder(Arc::new(side), info, mounter)
-        .loop_devices(loops)
-        .filesystem_mount(Arc::new(formatter.with_max_concurrent_formats(2)))
+        .volumes(|v| {
+            v.loop_devices(loops)
+                .filesystem_mount(Arc::new(formatter.with_max_concurrent_formats(2)))
+                .single_node_multi_writer(true)
+        })
         .resize_filesystems(ResizeFs::new(exec))
-        .single_node_multi_writer(true)
         .open_in(&config.statedir.join("node"))
         .map_err(|e| e.to_string())?;
     Ok(Arc::new(service))

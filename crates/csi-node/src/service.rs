@@ -10,12 +10,12 @@ use csi_driver::request::EPHEMERAL_CONTEXT_KEY;
 use csi_driver::v1::*;
 use csi_driver::{CallContext, CsiError, CsiResult, Node, blocking};
 use csi_store::{FileStore, RecordStore};
-use mount_utils::{FsUsage, LinuxLoopDevices, LoopDevices, Mounter, ResizeFs};
+use mount_utils::{FsUsage, Mounter, ResizeFs};
 
 use crate::error::NodeError;
 use crate::record::{Source, StageRecord};
-use crate::seams::{FilesystemMount, VolumeLocator};
-use crate::volumes::{NodeVolumes, RestoreReport};
+use crate::seams::VolumeLocator;
+use crate::volumes::{NodeVolumes, NodeVolumesBuilder, RestoreReport};
 
 /// What the node service needs to know of one of the driver's volumes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -148,8 +148,6 @@ pub struct NodeService<D> {
     driver: Arc<D>,
     volumes: NodeVolumes,
     info: NodeInfo,
-    mounter: Arc<dyn Mounter>,
-    loops: Arc<dyn LoopDevices>,
     resizer: Option<ResizeFs>,
 }
 
@@ -157,24 +155,15 @@ pub struct NodeService<D> {
 pub struct NodeServiceBuilder<D> {
     driver: Arc<D>,
     info: NodeInfo,
-    mounter: Arc<dyn Mounter>,
-    loops: Option<Arc<dyn LoopDevices>>,
-    filesystems: Option<Arc<dyn FilesystemMount>>,
+    volumes: NodeVolumesBuilder,
     resizer: Option<ResizeFs>,
-    single_node_multi_writer: bool,
 }
 
 impl<D: NodeDriver> NodeServiceBuilder<D> {
-    /// Loop devices (default mount-utils' `LinuxLoopDevices`).
-    pub fn loop_devices(mut self, loops: Arc<dyn LoopDevices>) -> Self {
-        self.loops = Some(loops);
-        self
-    }
-
-    /// How a filesystem is put on a device (see
-    /// [`NodeVolumesBuilder::filesystem_mount`](crate::NodeVolumesBuilder::filesystem_mount)).
-    pub fn filesystem_mount(mut self, filesystems: Arc<dyn FilesystemMount>) -> Self {
-        self.filesystems = Some(filesystems);
+    /// Sets up the record (loop devices, how filesystems are mounted,
+    /// SINGLE_NODE_MULTI_WRITER): see [`NodeVolumesBuilder`].
+    pub fn volumes(mut self, f: impl FnOnce(NodeVolumesBuilder) -> NodeVolumesBuilder) -> Self {
+        self.volumes = f(self.volumes);
         self
     }
 
@@ -182,12 +171,6 @@ impl<D: NodeDriver> NodeServiceBuilder<D> {
     /// with `resizer` (by default only the device's size is refreshed).
     pub fn resize_filesystems(mut self, resizer: ResizeFs) -> Self {
         self.resizer = Some(resizer);
-        self
-    }
-
-    /// Whether the plugin declares SINGLE_NODE_MULTI_WRITER.
-    pub fn single_node_multi_writer(mut self, declared: bool) -> Self {
-        self.single_node_multi_writer = declared;
         self
     }
 
@@ -202,22 +185,10 @@ impl<D: NodeDriver> NodeServiceBuilder<D> {
 
     /// Opens the record in `store`.
     pub fn open(self, store: Arc<dyn RecordStore>) -> Result<NodeService<D>, NodeError> {
-        let loops = self
-            .loops
-            .unwrap_or_else(|| Arc::new(LinuxLoopDevices::new()));
-        let locator: Arc<dyn VolumeLocator> = self.driver.clone();
-        let mut builder = NodeVolumes::builder(self.mounter.clone(), store, locator)
-            .loop_devices(loops.clone())
-            .single_node_multi_writer(self.single_node_multi_writer);
-        if let Some(f) = self.filesystems {
-            builder = builder.filesystem_mount(f);
-        }
         Ok(NodeService {
-            volumes: builder.open()?,
+            volumes: self.volumes.store(store).open()?,
             driver: self.driver,
             info: self.info,
-            mounter: self.mounter,
-            loops,
             resizer: self.resizer,
         })
     }
@@ -230,14 +201,12 @@ impl<D: NodeDriver> NodeService<D> {
         info: NodeInfo,
         mounter: Arc<dyn Mounter>,
     ) -> NodeServiceBuilder<D> {
+        let locator: Arc<dyn VolumeLocator> = driver.clone();
         NodeServiceBuilder {
+            volumes: NodeVolumes::builder_without_store(mounter, locator),
             driver,
             info,
-            mounter,
-            loops: None,
-            filesystems: None,
             resizer: None,
-            single_node_multi_writer: false,
         }
     }
 
@@ -434,7 +403,7 @@ impl<D: NodeDriver> Node for NodeService<D> {
         _ctx: &CallContext,
         req: NodeGetVolumeStatsRequest,
     ) -> CsiResult<NodeGetVolumeStatsResponse> {
-        let mounter = self.mounter.clone();
+        let mounter = self.volumes.mounter().clone();
         self.run(move |driver, volumes| {
             let (id, path) = (&req.volume_id, &req.volume_path);
             known(driver, id)?;
@@ -465,7 +434,8 @@ impl<D: NodeDriver> Node for NodeService<D> {
         _ctx: &CallContext,
         req: NodeExpandVolumeRequest,
     ) -> CsiResult<NodeExpandVolumeResponse> {
-        let (loops, resizer) = (self.loops.clone(), self.resizer.clone());
+        let loops = self.volumes.loop_devices().clone();
+        let resizer = self.resizer.clone();
         self.run(move |driver, volumes| {
             let id = &req.volume_id;
             let volume = known(driver, id)?;
