@@ -183,10 +183,9 @@ pub mod requests {
         }
     }
 
-    /// Sends every event of this process, at every level, to the returned
-    /// buffer. Once per test binary: it is the global subscriber, so the
-    /// blocking pool's threads are captured too.
-    pub fn capture_all_logs() -> Arc<Mutex<Vec<u8>>> {
+    /// A subscriber that writes every event at every level, without
+    /// colours, to the returned buffer (for `tracing::subscriber::with_default`).
+    pub fn log_capture() -> (Arc<Mutex<Vec<u8>>>, impl tracing::Subscriber + Send + Sync) {
         #[derive(Clone)]
         struct Buffer(Arc<Mutex<Vec<u8>>>);
         impl std::io::Write for Buffer {
@@ -206,7 +205,15 @@ pub mod requests {
             .with_ansi(false)
             .with_writer(move || writer.clone())
             .finish();
+        (buffer.0, subscriber)
+    }
+
+    /// Sends every event of this process, at every level, to the returned
+    /// buffer. Once per test binary: it is the global subscriber, so the
+    /// blocking pool's threads are captured too.
+    pub fn capture_all_logs() -> Arc<Mutex<Vec<u8>>> {
+        let (buffer, subscriber) = log_capture();
         tracing::subscriber::set_global_default(subscriber).expect("one capture per binary");
-        buffer.0
+        buffer
     }
 }

@@ -3,7 +3,6 @@
 //! temporary directories for the paths. Test names start with the case
 //! number.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Arc, Mutex};
@@ -394,28 +393,9 @@ fn case2_a_mount_that_did_not_become_read_only_is_undone() {
     }
 }
 
-/// Collects every log line at every level.
-#[derive(Clone, Default)]
-struct Logs(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Logs {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 #[test]
 fn case3_flag_values_reach_no_error_record_debug_or_log_line() {
-    let logs = Logs::default();
-    let writer = logs.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::TRACE)
-        .with_writer(move || writer.clone())
-        .finish();
+    let (logs, subscriber) = csi_node::testing::requests::log_capture();
     let mut seen = Vec::new();
     tracing::subscriber::with_default(subscriber, || {
         let node = Node::new();
@@ -450,7 +430,7 @@ fn case3_flag_values_reach_no_error_record_debug_or_log_line() {
         seen.push(format!("{:?}", node.restart().restore()));
         node.volumes.unpublish(&unpublish(&vol, &target)).unwrap();
     });
-    seen.push(String::from_utf8(logs.0.lock().unwrap().clone()).unwrap());
+    seen.push(String::from_utf8(logs.lock().unwrap().clone()).unwrap());
     assert!(seen[2].contains("publishing at"), "{}", seen[2]);
     assert!(seen.last().unwrap().contains("published"), "logging works");
     for text in seen {

@@ -16,7 +16,7 @@ use csi_node::{NodeDriver, NodeInfo, NodeService, Source, VolumeInfo, VolumeLoca
 use csi_proto::v1::volume_capability::access_mode::Mode;
 use csi_proto::v1::*;
 use csi_store::MemStore;
-use mount_utils::{ExecOutput, FakeExec, FsUsage, Mounter, ResizeFs};
+use mount_utils::{Errno, ExecOutput, FakeExec, FakeOp, FsUsage, Mounter, ResizeFs};
 use tonic::Code;
 
 const MIB: i64 = 1 << 20;
@@ -476,4 +476,41 @@ async fn stage_waits_while_the_driver_holds_its_stage_lock() {
     drop(held);
     stage.await.unwrap();
     assert_eq!(e.host.attached(), 1);
+}
+
+#[tokio::test]
+async fn mount_flag_values_reach_no_answer_or_log_line_at_any_level() {
+    // The global subscriber: the blocking pool's threads log too.
+    let logs = capture_all_logs();
+    let e = env();
+    let id = e.fake.add("m", false);
+    let (staging, target) = (e.path("s"), e.path("t"));
+    let c = cap(false, Mode::SingleNodeWriter, &["password=SECRET"]);
+    let (mut answers, cx) = (Vec::new(), ctx());
+    for op in [FakeOp::Mount, FakeOp::BindMount] {
+        e.host.fake().inject_error(op, &staging, Errno::EINVAL);
+    }
+    let stage = || {
+        e.node
+            .node_stage_volume(&cx, stage_req(&id, &staging, c.clone()))
+    };
+    let publish = || {
+        e.node
+            .node_publish_volume(&cx, publish_req(&id, &staging, &target, c.clone()))
+    };
+    answers.push(format!("{:?}", stage().await));
+    e.host.fake().clear_errors();
+    stage().await.unwrap();
+    for op in [FakeOp::Mount, FakeOp::BindMount] {
+        e.host.fake().inject_error(op, &target, Errno::EINVAL);
+    }
+    answers.push(format!("{:?}", publish().await));
+    e.host.fake().clear_errors();
+    publish().await.unwrap();
+    let text = String::from_utf8_lossy(&logs.lock().unwrap()).into_owned();
+    assert!(text.contains("published"), "events are captured: {text}");
+    assert!(answers.iter().all(|a| a.contains("Err")), "{answers:?}");
+    for text in answers.iter().chain([&text]) {
+        assert!(!text.contains("SECRET"), "{text}");
+    }
 }
