@@ -638,7 +638,7 @@ fn case7_a_crash_between_publish_mount_and_save_is_completed_by_a_retry_or_undon
         });
         assert_eq!(node.mounted(&target).len(), 1, "mounted, then crashed");
         let restarted = node.restart();
-        let state = |r: &NodeVolumes| r.record(&vol).unwrap().publications[0].state.clone();
+        let state = |r: &NodeVolumes| r.record(&vol).unwrap().publications[0].state;
         let saved_first = state(&restarted);
         assert_eq!(saved_first, PublishState::Publishing, "the intent first");
         if retry {
