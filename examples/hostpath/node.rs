@@ -163,7 +163,7 @@ mod tests {
     use csi_node::testing::{FakeHost, requests::*};
     use csi_proto::v1::volume_capability::access_mode::Mode;
     use csi_server::request::EPHEMERAL_CONTEXT_KEY;
-    use csi_server::{CallContext, Capabilities, Method, Node, PluginInfo};
+    use csi_server::{CallContext, Method, Node};
 
     use super::*;
 
@@ -173,8 +173,7 @@ mod tests {
         let statedir = dir.path().join("state").to_string_lossy().into_owned();
         let config = Config::parse_from(["hostpath", "--statedir", &statedir, "--nodeid", "n1"]);
         let d = HostPath::open_with(config, host.mounter(), host.loops()).unwrap();
-        let info = PluginInfo::new("hostpath.csi.csi-kit.dev", "test").unwrap();
-        let ctx = CallContext::for_test(Method::NodePublishVolume, info, Capabilities::new());
+        let ctx = CallContext::detached(0, Method::NodePublishVolume);
         let publish = |target: &Path| NodePublishVolumeRequest {
             volume_context: [(EPHEMERAL_CONTEXT_KEY.into(), "true".into())].into(),
             ..publish_req(

@@ -120,15 +120,10 @@ mod tests {
     use csi_node::testing::{FakeHost, requests::*};
     use csi_proto::v1::volume_capability::access_mode::Mode;
     use csi_proto::v1::*;
-    use csi_server::{CallContext, Controller, Method, Node, PluginInfo};
+    use csi_server::{CallContext, Controller, Method, Node};
     use mount_utils::{ExecOutput, FakeExec};
 
     use super::*;
-
-    fn ctx(method: Method) -> CallContext {
-        let info = PluginInfo::new("loop-block.csi.csi-kit.dev", "test").unwrap();
-        CallContext::for_test(method, info, crate::capabilities())
-    }
 
     #[tokio::test]
     async fn a_disk_is_staged_from_its_own_backing_file_formatted_once_and_kept_while_staged() {
@@ -140,6 +135,7 @@ mod tests {
         let statedir = dir.path().join("state").to_string_lossy().into_owned();
         let config = Config::parse_from(["loop-block", "--statedir", &statedir, "--nodeid", "n1"]);
         let d = LoopBlock::open_with(config, host.mounter(), host.loops(), exec.clone()).unwrap();
+        let ctx = CallContext::detached(0, Method::NodeStageVolume);
         let (c, mut files) = (cap(false, Mode::SingleNodeWriter, &[]), Vec::new());
         for name in ["d1", "d2"] {
             let req = CreateVolumeRequest {
@@ -147,12 +143,7 @@ mod tests {
                 volume_capabilities: vec![c.clone()],
                 ..Default::default()
             };
-            let v = d
-                .create_volume(&ctx(Method::CreateVolume), req)
-                .await
-                .unwrap()
-                .volume
-                .unwrap();
+            let v = d.create_volume(&ctx, req).await.unwrap().volume.unwrap();
             files.push((v.volume_id.clone(), d.backend.volume_path(&v.volume_id)));
         }
         let (id, staging) = (files[0].0.clone(), dir.path().join("staging"));
@@ -161,10 +152,7 @@ mod tests {
             ..stage_req(&id, &staging, c.clone())
         };
         for file in [Path::new(""), &files[1].1] {
-            let e = d
-                .node
-                .node_stage_volume(&ctx(Method::NodeStageVolume), stage(file))
-                .await;
+            let e = d.node.node_stage_volume(&ctx, stage(file)).await;
             assert_eq!(
                 e.unwrap_err().code(),
                 tonic::Code::InvalidArgument,
@@ -176,10 +164,7 @@ mod tests {
         exec.expect("blkid", ExecOutput::exit(2, ""));
         exec.expect("mkfs.ext4", ExecOutput::ok(""));
         let req = stage(&files[0].1);
-        d.node
-            .node_stage_volume(&ctx(Method::NodeStageVolume), req)
-            .await
-            .unwrap();
+        d.node.node_stage_volume(&ctx, req).await.unwrap();
         assert_eq!(
             (host.mounts_at(&staging).len(), exec.pending()),
             (1, 0),
@@ -189,10 +174,7 @@ mod tests {
             volume_id: id.clone(),
             ..Default::default()
         };
-        let e = d
-            .delete_volume(&ctx(Method::DeleteVolume), delete)
-            .await
-            .unwrap_err();
+        let e = d.delete_volume(&ctx, delete).await.unwrap_err();
         assert_eq!(e.code(), tonic::Code::FailedPrecondition, "still staged");
     }
 }
