@@ -16,10 +16,12 @@ use csi_proto::v1::*;
 use csi_server::request::EPHEMERAL_CONTEXT_KEY;
 use csi_server::{CallContext, CsiError, CsiResult, Node};
 
-use crate::common::{blocking, internal, node_stats, on_node};
+use csi_controller::{Access, VolumeRecord, internal};
+use csi_server::blocking;
+
+use crate::common::{node_stats, on_node};
 use crate::config::TOPOLOGY_KEY;
 use crate::driver::HostPath;
-use crate::store::{Access, IdKind, VolumeRecord};
 
 /// Whether the capability fits a volume of the given access type.
 fn check_access(volume: &VolumeRecord, cap: Option<&VolumeCapability>) -> CsiResult<()> {
@@ -42,70 +44,7 @@ fn check_access(volume: &VolumeRecord, cap: Option<&VolumeCapability>) -> CsiRes
 impl HostPath {
     /// The record of a volume this node may use, or NOT_FOUND.
     pub(crate) fn known_volume(&self, id: &str) -> CsiResult<VolumeRecord> {
-        if !IdKind::Volume.is_valid(id) {
-            return Err(CsiError::NotFound(format!("volume {id:?} does not exist")));
-        }
-        self.store
-            .volumes
-            .get(id)
-            .ok_or_else(|| CsiError::NotFound(format!("volume {id} does not exist")))
-    }
-
-    /// The inline ephemeral volume named `name`, if it exists.
-    fn ephemeral_named(&self, name: &str) -> Option<VolumeRecord> {
-        self.store.volumes.read(|all| {
-            all.values()
-                .find(|v| v.ephemeral && v.name == name)
-                .cloned()
-        })
-    }
-
-    /// Creates the backing volume of an inline ephemeral volume on first
-    /// publish; returns it and whether it was created now.
-    fn ephemeral_volume(&self, name: &str) -> CsiResult<(VolumeRecord, bool)> {
-        if let Some(v) = self.ephemeral_named(name) {
-            return Ok((v, false));
-        }
-        let record = VolumeRecord {
-            id: IdKind::Volume.generate(),
-            name: name.to_owned(),
-            capacity_bytes: crate::controller::DEFAULT_VOLUME_SIZE,
-            access: Access::Mount,
-            source: None,
-            parameters: Default::default(),
-            mutable_parameters: Default::default(),
-            topology: Default::default(),
-            request: Vec::new(),
-            ephemeral: true,
-        };
-        self.backend
-            .create_volume(&record.id, Access::Mount, record.capacity_bytes)?;
-        if let Err(e) = self.store.volumes.put(&record.id, record.clone()) {
-            let _ = self.backend.delete_volume(&record.id, Access::Mount);
-            return Err(e.into());
-        }
-        if let Some(r) = self.ledger.reserve(record.capacity_bytes, 0) {
-            r.keep();
-        }
-        Ok((record, true))
-    }
-
-    /// Removes an inline ephemeral volume: its record, then its data.
-    fn remove_ephemeral(&self, volume: &VolumeRecord) -> CsiResult<()> {
-        self.store.volumes.remove(&volume.id)?;
-        self.ledger.release(volume.capacity_bytes);
-        self.backend.delete_volume(&volume.id, Access::Mount)?;
-        // Best effort: on a full disk a repeated unpublish gets NOT_FOUND.
-        if let Err(e) = self.store.retire_ephemeral(&volume.name) {
-            tracing::warn!(volume = %volume.id, error = %e, "could not remember a removed ephemeral volume");
-        }
-        Ok(())
-    }
-
-    /// Whether the node record holds anything of volume `id` (the
-    /// controller refuses to delete it then).
-    pub fn in_use_on_node(&self, id: &str) -> bool {
-        self.node.record(id).is_some()
+        self.engine.known_volume(id)
     }
 }
 
@@ -141,7 +80,7 @@ impl Node for HostPath {
             .get(EPHEMERAL_CONTEXT_KEY)
             .is_some_and(|v| v == "true");
         let (volume, created) = if ephemeral {
-            self.ephemeral_volume(&req.volume_id)?
+            self.engine.create_ephemeral(&req.volume_id)?
         } else {
             (self.known_volume(&req.volume_id)?, false)
         };
@@ -150,7 +89,7 @@ impl Node for HostPath {
         if let (Err(e), true) = (&result, created) {
             // Nothing references a volume created for a publish that failed.
             tracing::debug!(volume = %volume.id, code = ?e.code(), "removing the ephemeral volume of a failed publish");
-            self.remove_ephemeral(&volume)?;
+            self.engine.remove_ephemeral(&volume)?;
         }
         result?;
         Ok(NodePublishVolumeResponse {})
@@ -161,9 +100,8 @@ impl Node for HostPath {
         _ctx: &CallContext,
         req: NodeUnpublishVolumeRequest,
     ) -> CsiResult<NodeUnpublishVolumeResponse> {
-        let ephemeral = self.ephemeral_named(&req.volume_id);
-        let retired =
-            ephemeral.is_none() && self.store.retired_ephemeral.contains_key(&req.volume_id);
+        let ephemeral = self.engine.ephemeral_named(&req.volume_id);
+        let retired = ephemeral.is_none() && self.engine.was_retired(&req.volume_id);
         let target = PathBuf::from(&req.target_path);
         let id = req.volume_id.clone();
         let outcome = on_node(&self.node, move |node| node.unpublish(&req)).await;
@@ -176,7 +114,7 @@ impl Node for HostPath {
         if let Some(v) = ephemeral {
             let still = self.node.record(&id).is_some();
             if !still {
-                self.remove_ephemeral(&v)?;
+                self.engine.remove_ephemeral(&v)?;
             } else {
                 tracing::debug!(volume = %v.id, target = %target.display(), "ephemeral volume still published elsewhere");
             }
@@ -284,7 +222,7 @@ mod tests {
             request: Vec::new(),
             ephemeral: false,
         };
-        d.store.volumes.put(id, record).unwrap();
+        d.engine.tables().volumes.put(id, record).unwrap();
         id.into()
     }
 
@@ -507,9 +445,9 @@ mod tests {
         req.volume_context
             .insert(EPHEMERAL_CONTEXT_KEY.into(), "true".into());
         assert!(d.node_publish_volume(&ctx(), req).await.is_err());
-        assert_eq!(d.store.volumes.len(), 0, "no volume record");
+        assert_eq!(d.engine.tables().volumes.len(), 0, "no volume record");
         assert!(d.node.records().is_empty(), "no node record");
-        assert!(d.backend.data().0.is_empty(), "no volume data left");
+        assert!(d.backend.data().volumes.is_empty(), "no volume data left");
     }
 
     #[tokio::test]

@@ -2,24 +2,23 @@
 
 use std::sync::Arc;
 
-use csi_server::{CsiError, CsiResult};
+use csi_controller::{Engine, VolumeRecord, open_state};
+use csi_server::CsiResult;
 use mount_utils::{
     Exec, LinuxLoopDevices, LoopDevices, Mounter, ResizeFs, SafeFormatAndMount, SystemExec,
 };
 
 use crate::backend::Backend;
-use crate::common::state::{InFlight, open_state, remove_path};
-use crate::common::{IdKind, internal, open_node, restore_node};
+use crate::common::{open_node, restore_node};
 use crate::config::Config;
-use crate::store::{Store, VolumeRecord};
-use crate::tuning::Tuning;
 
 /// The loop-block driver: cheap to clone (everything shared is behind `Arc`).
 #[derive(Clone)]
 pub struct LoopBlock {
     pub config: Arc<Config>,
     pub node_id: String,
-    pub store: Arc<Store>,
+    /// The Controller and GroupController, and the records.
+    pub engine: Engine<Backend>,
     pub backend: Backend,
     pub mounter: Arc<dyn Mounter>,
     /// Loop devices (NodeExpand refreshes a disk's size through them).
@@ -27,15 +26,26 @@ pub struct LoopBlock {
     pub resizer: ResizeFs,
     /// What this node staged and published (csi-node's record).
     pub node: csi_node::NodeVolumes,
-    /// Whether the backing files' filesystem takes O_DIRECT (the
-    /// `directIO` mutable parameter needs it).
+    /// Whether the backing files' filesystem takes O_DIRECT.
     pub direct_io_supported: bool,
-    /// Held shared by NodeStage/NodeUnstage and exclusively while a group
-    /// snapshot is cut or a modification is applied, so neither sees a disk
-    /// half attached.
+    /// The backend's attach lock (see [`Backend::attachments`]).
     pub attachments: Arc<tokio::sync::RwLock<()>>,
-    /// Disks, snapshots and names with work running on them.
-    pub in_flight: Arc<InFlight>,
+}
+
+/// The engine's configuration from the flags: disks are whole MiB (loop
+/// devices want whole sectors, filesystems whole blocks), never more than
+/// the free space (sparse files could overcommit), attached to this node.
+pub fn engine_config(config: &Config) -> csi_controller::Config {
+    csi_controller::Config {
+        refuse_beyond_free_space: true,
+        min_size: 1 << 20,
+        max_size: config.max_volume_size,
+        mount_unit: 1 << 20,
+        attach: true,
+        attach_limit: config.attach_limit,
+        group_snapshots: true,
+        ..csi_controller::Config::new(config.node_id())
+    }
 }
 
 impl LoopBlock {
@@ -57,16 +67,12 @@ impl LoopBlock {
         let files = open_state(&config.statedir, || {})?;
         let backend = Backend::new(&config.statedir)
             .map_err(|e| format!("preparing {}: {e}", config.statedir.display()))?;
-        let store = Arc::new(crate::store::open(&files)?);
-        let direct_io_supported = crate::tuning::direct_io_supported(&backend.volumes_dir());
+        let engine = Engine::open(files, engine_config(&config), backend.clone())?;
         // mkfs is I/O heavy: a burst of first-time stages formats two at a
         // time. A disk formatted before is never formatted again.
         let formatter =
             SafeFormatAndMount::new(mounter.clone(), exec.clone()).with_max_concurrent_formats(2);
-        let locator = Arc::new(Locator {
-            store: store.clone(),
-            backend: backend.clone(),
-        });
+        let locator = Arc::new(Locator(engine.clone()));
         let node = open_node(
             &config.statedir,
             mounter.clone(),
@@ -74,13 +80,13 @@ impl LoopBlock {
             locator,
             Some(Arc::new(formatter)),
         )?;
+        let _ = backend.node.set(node.clone());
         Ok(Self {
-            direct_io_supported,
-            attachments: Arc::new(tokio::sync::RwLock::new(())),
-            in_flight: InFlight::new(),
+            direct_io_supported: backend.direct_io_supported,
+            attachments: backend.attachments.clone(),
             node_id: config.node_id(),
             config: Arc::new(config),
-            store,
+            engine,
             backend,
             resizer: ResizeFs::new(exec),
             mounter,
@@ -92,13 +98,7 @@ impl LoopBlock {
     /// The record of a volume, or NOT_FOUND (ids this driver could not have
     /// generated never reach the filesystem).
     pub fn known_volume(&self, id: &str) -> CsiResult<VolumeRecord> {
-        if !IdKind::Volume.is_valid(id) {
-            return Err(CsiError::NotFound(format!("volume {id:?} does not exist")));
-        }
-        self.store
-            .volumes
-            .get(id)
-            .ok_or_else(|| CsiError::NotFound(format!("volume {id} does not exist")))
+        self.engine.known_volume(id)
     }
 
     /// Startup reconciliation, before serving: thaws filesystems a crash
@@ -112,37 +112,7 @@ impl LoopBlock {
     pub fn reconcile_on_start(&self) -> CsiResult<()> {
         self.thaw_after_crash();
         restore_node(&self.node);
-        let cut = crate::common::settle_groups(
-            &self.store.groups,
-            &self.store.snapshots,
-            |s| s.group_snapshot_id.as_deref(),
-            &self.store.quarantined_snapshots,
-        )?;
-        for snap in cut {
-            self.backend.delete_snapshot(&snap.id)?;
-        }
-        self.sweep()
-    }
-
-    /// Removes data with no record (see [`Self::reconcile_on_start`]).
-    fn sweep(&self) -> CsiResult<()> {
-        let (disks, snapshots, foreign) = self.backend.data();
-        let unowned = disks
-            .into_iter()
-            .filter(|(id, _)| {
-                !self.store.volumes.contains(id) && !self.store.quarantined_volumes.contains(id)
-            })
-            .chain(snapshots.into_iter().filter(|(id, _)| {
-                !self.store.snapshots.contains(id) && !self.store.quarantined_snapshots.contains(id)
-            }));
-        for (_, path) in unowned {
-            tracing::warn!(path = %path.display(), "data with no record (left by a crash); removing it");
-            remove_path(&path).map_err(|e| internal("removing", &path, e))?;
-        }
-        for path in foreign {
-            tracing::warn!(path = %path.display(), "not this driver's data; not touched");
-        }
-        Ok(())
+        self.engine.reconcile()
     }
 
     /// A crash during a group snapshot can leave members frozen, and every
@@ -168,18 +138,12 @@ impl LoopBlock {
 
 /// Where a disk's data is, for csi-node: the backing file of a volume the
 /// controller recorded; its tuning is applied to each device it gets.
-struct Locator {
-    store: Arc<Store>,
-    backend: Backend,
-}
+struct Locator(Engine<Backend>);
 
 impl csi_node::VolumeLocator for Locator {
     fn source(&self, volume_id: &str) -> Option<csi_node::Source> {
-        if !IdKind::Volume.is_valid(volume_id) {
-            return None;
-        }
-        self.store.volumes.contains(volume_id).then_some(())?;
-        let image = self.backend.volume_path(volume_id);
+        self.0.known_volume(volume_id).ok()?;
+        let image = self.0.backend().volume_path(volume_id);
         Some(csi_node::Source::Image(image))
     }
 
@@ -188,12 +152,9 @@ impl csi_node::VolumeLocator for Locator {
         volume_id: &str,
         device: &csi_node::Device,
     ) -> Result<(), csi_node::NodeError> {
-        let tuning: Tuning = self
-            .store
-            .volumes
-            .get(volume_id)
-            .map(|v| v.tuning)
-            .unwrap_or_default();
+        let volume = self.0.known_volume(volume_id).ok();
+        let params = volume.map(|v| v.mutable_parameters).unwrap_or_default();
+        let tuning = self.0.backend().tuning(&params)?;
         tuning
             .apply(&device.path)
             .map_err(|e| csi_node::NodeError::Csi(e.into()))

@@ -17,10 +17,12 @@ use std::path::PathBuf;
 use csi_proto::v1::*;
 use csi_server::{CallContext, CsiError, CsiResult, Node};
 
-use crate::common::{blocking, internal, node_stats, on_node};
-use crate::controller::BACKING_FILE_KEY;
+use csi_controller::{Access, VolumeRecord, internal};
+use csi_server::blocking;
+
+use crate::backend::BACKING_FILE_KEY;
+use crate::common::{node_stats, on_node};
 use crate::driver::LoopBlock;
-use crate::store::{Access, VolumeRecord};
 
 /// Whether the capability fits a volume of the given access type.
 fn check_access(volume: &VolumeRecord, cap: Option<&VolumeCapability>) -> CsiResult<()> {
@@ -60,12 +62,6 @@ impl LoopBlock {
             )));
         }
         Ok(())
-    }
-
-    /// Whether the node record holds anything of volume `id` (the
-    /// controller refuses to delete it then).
-    pub fn in_use_on_node(&self, id: &str) -> bool {
-        self.node.record(id).is_some()
     }
 
     /// Refreshes the loop device's size and grows the filesystem on it;
@@ -225,7 +221,11 @@ mod tests {
 
     fn ctx(method: Method) -> CallContext {
         let info = PluginInfo::new("loop-block.csi.csi-kit.dev", "test").unwrap();
-        CallContext::for_test(method, info, crate::capabilities())
+        CallContext::for_test(
+            method,
+            info,
+            crate::capabilities(&Config::parse_from(["loop-block"])),
+        )
     }
 
     /// A disk created and ControllerPublished to this node; its id and
@@ -237,7 +237,7 @@ mod tests {
             volume_capabilities: vec![cap(block, Mode::SingleNodeWriter, &[])],
             ..Default::default()
         };
-        let id = d
+        let id = (d.engine)
             .create_volume(&ctx(Method::CreateVolume), req)
             .await
             .unwrap()
@@ -250,7 +250,7 @@ mod tests {
             volume_capability: Some(cap(block, Mode::SingleNodeWriter, &[])),
             ..Default::default()
         };
-        let context = d
+        let context = (d.engine)
             .controller_publish_volume(&ctx(Method::ControllerPublishVolume), req)
             .await
             .unwrap()
@@ -305,7 +305,7 @@ mod tests {
         assert_eq!(e.code(), tonic::Code::FailedPrecondition);
         assert_eq!(host.attached(), 1, "the device stays attached");
         // Nor can the controller delete it meanwhile.
-        let e = d
+        let e = (d.engine)
             .delete_volume(
                 &ctx(Method::DeleteVolume),
                 DeleteVolumeRequest {
