@@ -2,6 +2,8 @@
 //! loop-block), included from each `main.rs` with
 //! `#[path = "../common/mod.rs"] mod common;`. The controller side is
 //! csi-controller's.
+// Each example uses a different subset of these helpers.
+#![allow(dead_code)]
 
 use std::path::Path;
 use std::sync::Arc;

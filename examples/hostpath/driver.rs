@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use csi_controller::{Access, Engine, open_state};
+use csi_controller::{Access, Engine, WeakEngine, open_state};
 use csi_server::CsiError;
 use mount_utils::{LoopDevices, Mounter};
 
@@ -69,7 +69,7 @@ impl HostPath {
             .map_err(|e| format!("preparing {}: {e}", config.statedir.display()))?;
         let group = backend.consistent_group_snapshots();
         let engine = Engine::open(files, engine_config(&config, group), backend.clone())?;
-        let locator = Arc::new(Locator(engine.clone()));
+        let locator = Arc::new(Locator(engine.downgrade()));
         let node = open_node(&config.statedir, mounter, loops.clone(), locator, None)?;
         let _ = backend.node.set(node.clone());
         Ok(Self {
@@ -93,14 +93,16 @@ impl HostPath {
 }
 
 /// Where a volume's data is, for csi-node: only ids the controller
-/// recorded (an inline ephemeral volume by the name the CO gave it).
-struct Locator(Engine<Backend>);
+/// recorded (an inline ephemeral volume by the name the CO gave it). Weak:
+/// the engine's backend holds the node side.
+struct Locator(WeakEngine<Backend>);
 
 impl csi_node::VolumeLocator for Locator {
     fn source(&self, volume_id: &str) -> Option<csi_node::Source> {
-        let volume = (self.0.tables().volumes.get(volume_id))
-            .or_else(|| self.0.ephemeral_named(volume_id))?;
-        let path = self.0.backend().volume_path(&volume.id, volume.access);
+        let engine = self.0.upgrade()?;
+        let volume = (engine.tables().volumes.get(volume_id))
+            .or_else(|| engine.ephemeral_named(volume_id))?;
+        let path = engine.backend().volume_path(&volume.id, volume.access);
         Some(match volume.access {
             Access::Mount => csi_node::Source::Directory(path),
             Access::Block => csi_node::Source::Image(path),

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use csi_controller::{Engine, VolumeRecord, open_state};
+use csi_controller::{Engine, VolumeRecord, WeakEngine, open_state};
 use csi_server::CsiResult;
 use mount_utils::{
     Exec, LinuxLoopDevices, LoopDevices, Mounter, ResizeFs, SafeFormatAndMount, SystemExec,
@@ -72,7 +72,7 @@ impl LoopBlock {
         // time. A disk formatted before is never formatted again.
         let formatter =
             SafeFormatAndMount::new(mounter.clone(), exec.clone()).with_max_concurrent_formats(2);
-        let locator = Arc::new(Locator(engine.clone()));
+        let locator = Arc::new(Locator(engine.downgrade()));
         let node = open_node(
             &config.statedir,
             mounter.clone(),
@@ -138,12 +138,14 @@ impl LoopBlock {
 
 /// Where a disk's data is, for csi-node: the backing file of a volume the
 /// controller recorded; its tuning is applied to each device it gets.
-struct Locator(Engine<Backend>);
+/// Weak: the engine's backend holds the node side.
+struct Locator(WeakEngine<Backend>);
 
 impl csi_node::VolumeLocator for Locator {
     fn source(&self, volume_id: &str) -> Option<csi_node::Source> {
-        self.0.known_volume(volume_id).ok()?;
-        let image = self.0.backend().volume_path(volume_id);
+        let engine = self.0.upgrade()?;
+        engine.known_volume(volume_id).ok()?;
+        let image = engine.backend().volume_path(volume_id);
         Some(csi_node::Source::Image(image))
     }
 
@@ -152,9 +154,11 @@ impl csi_node::VolumeLocator for Locator {
         volume_id: &str,
         device: &csi_node::Device,
     ) -> Result<(), csi_node::NodeError> {
-        let volume = self.0.known_volume(volume_id).ok();
+        let engine = self.0.upgrade();
+        let volume = engine.as_ref().and_then(|e| e.known_volume(volume_id).ok());
         let params = volume.map(|v| v.mutable_parameters).unwrap_or_default();
-        let tuning = self.0.backend().tuning(&params)?;
+        let tuning =
+            (engine.as_ref()).map_or(Ok(Default::default()), |e| e.backend().tuning(&params))?;
         tuning
             .apply(&device.path)
             .map_err(|e| csi_node::NodeError::Csi(e.into()))

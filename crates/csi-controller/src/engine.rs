@@ -274,6 +274,29 @@ impl<B> Clone for Engine<B> {
     }
 }
 
+/// An [`Engine`] that does not keep it alive: for what the engine's own
+/// backend holds (a node side whose volume locator reads the records), so
+/// no reference cycle keeps the state directory locked.
+pub struct WeakEngine<B> {
+    inner: std::sync::Weak<Inner<B>>,
+}
+
+impl<B> WeakEngine<B> {
+    /// The engine, while it lives.
+    pub fn upgrade(&self) -> Option<Engine<B>> {
+        self.inner.upgrade().map(|inner| Engine { inner })
+    }
+}
+
+impl<B> Engine<B> {
+    /// A handle that does not keep the engine alive.
+    pub fn downgrade(&self) -> WeakEngine<B> {
+        WeakEngine {
+            inner: Arc::downgrade(&self.inner),
+        }
+    }
+}
+
 fn not_found(what: &str, id: &str) -> CsiError {
     CsiError::NotFound(format!("{what} {id:?} does not exist"))
 }

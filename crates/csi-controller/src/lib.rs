@@ -62,7 +62,7 @@ mod records;
 mod state;
 mod util;
 
-pub use engine::{Config, Engine, VolumeBackend};
+pub use engine::{Config, Engine, VolumeBackend, WeakEngine};
 pub use fake::{Data as MemData, MemBackend};
 pub use records::{
     Attached, GroupSnapshotRecord, LEGACY_STATE, SnapshotRecord, Tables, VolumeRecord,
