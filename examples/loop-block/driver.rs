@@ -166,3 +166,84 @@ impl csi_node::VolumeLocator for Locator {
 }
 
 impl csi_server::Identity for LoopBlock {}
+
+#[cfg(test)]
+mod tests {
+    //! The engine with this backend, on a FakeMounter: what the tuning
+    //! keys do to CreateVolume and ControllerModifyVolume.
+    use std::collections::HashMap;
+
+    use clap::Parser;
+    use csi_server::v1::*;
+    use csi_server::{CallContext, Controller, CsiError, Method};
+
+    use super::*;
+    use crate::tuning::{DIRECT_IO_KEY, READ_AHEAD_KEY};
+
+    fn params(kv: &[(&str, &str)]) -> HashMap<String, String> {
+        kv.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn create(name: &str, kv: &[(&str, &str)]) -> CreateVolumeRequest {
+        CreateVolumeRequest {
+            name: name.into(),
+            capacity_range: Some(CapacityRange::at_least(1 << 20)),
+            volume_capabilities: vec![VolumeCapability::block()],
+            mutable_parameters: params(kv),
+            ..Default::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn mutable_parameters_are_checked_kept_and_merged() {
+        let dir = tempfile::tempdir().unwrap();
+        let statedir = dir.path().to_string_lossy().into_owned();
+        let config = Config::parse_from(["loop-block", "--statedir", &statedir, "--nodeid", "n1"]);
+        let d = LoopBlock::open(config, Arc::new(mount_utils::FakeMounter::new())).unwrap();
+        let ctx = CallContext::detached(0, Method::CreateVolume);
+        let created = d
+            .engine
+            .create_volume(&ctx, create("pvc-1", &[(READ_AHEAD_KEY, "512")]));
+        let id = created.await.unwrap().volume.unwrap().volume_id;
+        let tuning = || {
+            let params = d.known_volume(&id).unwrap().mutable_parameters;
+            d.backend.tuning(&params).unwrap()
+        };
+        assert_eq!(tuning().read_ahead_kib, Some(512));
+        let modify = |kv: &[(&str, &str)]| ControllerModifyVolumeRequest {
+            volume_id: id.clone(),
+            mutable_parameters: params(kv),
+            ..Default::default()
+        };
+        // An unknown key next to a good one: INVALID_ARGUMENT naming it, nothing applied.
+        let bad = modify(&[(READ_AHEAD_KEY, "8"), ("XXX_FakeKey", "x")]);
+        let err = d
+            .engine
+            .controller_modify_volume(&ctx, bad)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, CsiError::InvalidArgument { field, .. } if field == "mutable_parameters[XXX_FakeKey]"),
+            "{err:?}"
+        );
+        assert_eq!(tuning().read_ahead_kib, Some(512));
+        // Keys not sent keep their values.
+        let good = modify(&[(DIRECT_IO_KEY, "false")]);
+        d.engine.controller_modify_volume(&ctx, good).await.unwrap();
+        assert_eq!(
+            (tuning().read_ahead_kib, tuning().direct_io),
+            (Some(512), Some(false))
+        );
+        // CreateVolume with an unknown key creates nothing.
+        let refused = d
+            .engine
+            .create_volume(&ctx, create("pvc-2", &[("XXX_FakeKey", "x")]));
+        assert!(refused.await.is_err());
+        assert_eq!(
+            std::fs::read_dir(d.backend.volumes_dir()).unwrap().count(),
+            1
+        );
+    }
+}
