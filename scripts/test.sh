@@ -23,18 +23,18 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
 fi
 
 # gRPC clients in other languages for tests/grpc_clients.rs, best effort:
-# without them those tests print why they are skipped.
+# without them those tests are reported as ignored, saying why.
 if command -v python3 >/dev/null && ! python3 -c 'import grpc' 2>/dev/null; then
   log "installing grpcio (best effort)"
   timeout 300 python3 -m pip install -q grpcio protobuf >/dev/null 2>&1 ||
-    echo "could not install grpcio; the Python client test will say it is skipped"
+    echo "could not install grpcio; the Python client test will be reported as ignored"
 fi
 node_clients=target/grpc-clients/node
 if command -v npm >/dev/null && [ ! -d "$node_clients/node_modules/@grpc/proto-loader" ]; then
   log "installing @grpc/grpc-js and @grpc/proto-loader into $node_clients (best effort)"
   mkdir -p "$node_clients"
   (cd "$node_clients" && timeout 300 npm install --no-audit --no-fund --silent @grpc/grpc-js @grpc/proto-loader >/dev/null 2>&1) ||
-    echo "could not install grpc-js; the Node client test will say it is skipped"
+    echo "could not install grpc-js; the Node client test will be reported as ignored"
 fi
 
 # Leak accounting: nothing the tests do may stay mounted or attached.

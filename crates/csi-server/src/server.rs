@@ -21,8 +21,8 @@ use crate::driver::{
 use crate::endpoint::{Endpoint, EndpointError};
 use crate::error::CsiError;
 use crate::layer::{
-    BoxCsiService, CatchPanic, CsiService, GatingLayer, LockMap, LockingLayer, Readiness,
-    ReadinessLayer, Tracing, Validation,
+    BoxCsiService, CatchPanicLayer, CsiService, GatingLayer, LockMap, LockingLayer, Precheck,
+    Readiness, ReadinessLayer, TracingLayer, ValidationLayer, Wrap,
 };
 use crate::socket::{self, SocketError};
 
@@ -201,15 +201,15 @@ impl Builtins {
             .field_rules
             .0
             .switched(s, self.field_rules.1 && has(Builtin::FieldRules));
-        let s = Validation::switched(s, self.validation && has(Builtin::Validation));
+        let s = ValidationLayer.switched(s, self.validation && has(Builtin::Validation));
         let s = self
             .gating
             .0
             .switched(s, self.gating.1 && has(Builtin::Gating));
-        let s = CatchPanic::switched(s, self.catch_panics && has(Builtin::CatchPanic));
+        let s = CatchPanicLayer.switched(s, self.catch_panics && has(Builtin::CatchPanic));
         #[cfg(feature = "metrics")]
         let s = self.metrics.switched(s, has(Builtin::Metrics));
-        BoxCsiService::new(Tracing::switched(s, self.tracing && has(Builtin::Tracing)))
+        BoxCsiService::new(TracingLayer.switched(s, self.tracing && has(Builtin::Tracing)))
     }
 }
 

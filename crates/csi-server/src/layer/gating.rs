@@ -11,13 +11,11 @@
 //! and [`GatingLayer::fields`] after it.
 
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
-use futures::TryFutureExt;
-use futures::future::{Either, ErrInto, Ready, ready};
-use tower::{Layer, Service};
+use tower::Layer;
 
 use super::CsiCall;
+use super::precheck::{Precheck, Prechecked};
 use crate::capabilities::Capabilities;
 use crate::error::CsiError;
 use crate::request::CsiRequest;
@@ -77,14 +75,12 @@ impl GatingLayer {
     }
 }
 
-impl GatingLayer {
-    /// Around `inner`, or passing calls straight through when `on` is false.
-    pub(crate) fn switched<S>(&self, inner: S, on: bool) -> Gating<S> {
-        Gating {
-            layer: self.clone(),
-            inner,
-            on,
-        }
+impl Precheck for GatingLayer {
+    fn answer<Req: CsiRequest>(
+        &self,
+        call: &CsiCall<Req>,
+    ) -> Option<Result<Req::Output, CsiError>> {
+        self.check(&call.request).err().map(Err)
     }
 }
 
@@ -92,43 +88,9 @@ impl<S> Layer<S> for GatingLayer {
     type Service = Gating<S>;
 
     fn layer(&self, inner: S) -> Gating<S> {
-        Gating {
-            layer: self.clone(),
-            inner,
-            on: true,
-        }
+        self.switched(inner, true)
     }
 }
 
 /// The service of [`GatingLayer`].
-#[derive(Debug, Clone)]
-pub struct Gating<S> {
-    layer: GatingLayer,
-    inner: S,
-    on: bool,
-}
-
-impl<S, Req> Service<CsiCall<Req>> for Gating<S>
-where
-    Req: CsiRequest,
-    S: Service<CsiCall<Req>, Response = Req::Output>,
-    S::Error: Into<CsiError>,
-{
-    type Response = Req::Output;
-    type Error = CsiError;
-    type Future = Either<ErrInto<S::Future, CsiError>, Ready<Result<Req::Output, CsiError>>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), CsiError>> {
-        self.inner.poll_ready(cx).map_err(Into::into)
-    }
-
-    fn call(&mut self, call: CsiCall<Req>) -> Self::Future {
-        if !self.on {
-            return Either::Left(self.inner.call(call).err_into());
-        }
-        match self.layer.check(&call.request) {
-            Ok(()) => Either::Left(self.inner.call(call).err_into()),
-            Err(e) => Either::Right(ready(Err(e))),
-        }
-    }
-}
+pub type Gating<S> = Prechecked<GatingLayer, S>;

@@ -6,11 +6,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use std::task::{Context, Poll};
-
 use bytes::Bytes;
-use futures::future::{Either, ErrInto};
-use futures::{FutureExt, TryFutureExt};
+use futures::FutureExt;
 use http_body_util::Full;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::encoding::EncodeLabelSet;
@@ -21,6 +18,7 @@ use tokio::net::TcpListener;
 use tonic::Code;
 use tower::{Layer, Service};
 
+use super::wrap::{Wrap, Wrapped};
 use super::{CsiCall, CsiFuture};
 use crate::error::CsiError;
 use crate::request::CsiRequest;
@@ -186,68 +184,29 @@ fn code_name(code: Code) -> &'static str {
     }
 }
 
-impl MetricsLayer {
-    /// Around `inner`, or passing calls straight through when `on` is false.
-    pub(crate) fn switched<S>(&self, inner: S, on: bool) -> Metrics<S> {
-        Metrics {
-            durations: self.durations.clone(),
-            inner,
-            on,
-        }
-    }
-}
-
 impl<S> Layer<S> for MetricsLayer {
     type Service = Metrics<S>;
 
     fn layer(&self, inner: S) -> Metrics<S> {
-        Metrics {
-            durations: self.durations.clone(),
-            inner,
-            on: true,
-        }
+        self.switched(inner, true)
     }
 }
 
 /// The service of [`MetricsLayer`].
-#[derive(Clone)]
-pub struct Metrics<S> {
-    durations: Durations,
-    inner: S,
-    on: bool,
-}
+pub type Metrics<S> = Wrapped<MetricsLayer, S>;
 
-impl<S: std::fmt::Debug> std::fmt::Debug for Metrics<S> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Metrics")
-            .field("inner", &self.inner)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<S, Req> Service<CsiCall<Req>> for Metrics<S>
-where
-    Req: CsiRequest,
-    S: Service<CsiCall<Req>, Response = Req::Output>,
-    S::Error: Into<CsiError>,
-    S::Future: Send + 'static,
-{
-    type Response = Req::Output;
-    type Error = CsiError;
-    type Future = Either<ErrInto<S::Future, CsiError>, CsiFuture<Req::Output>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), CsiError>> {
-        self.inner.poll_ready(cx).map_err(Into::into)
-    }
-
-    fn call(&mut self, call: CsiCall<Req>) -> Self::Future {
-        if !self.on {
-            return Either::Left(self.inner.call(call).err_into());
-        }
+impl Wrap for MetricsLayer {
+    fn around<Req, S>(&self, inner: &mut S, call: CsiCall<Req>) -> CsiFuture<Req::Output>
+    where
+        Req: CsiRequest,
+        S: Service<CsiCall<Req>, Response = Req::Output>,
+        S::Error: Into<CsiError>,
+        S::Future: Send + 'static,
+    {
         let method = Req::METHOD.name();
         let start = Instant::now();
         let durations = self.durations.clone();
-        Either::Right(Box::pin(self.inner.call(call).map(move |result| {
+        Box::pin(inner.call(call).map(move |result| {
             let result = result.map_err(Into::into);
             let code = result.as_ref().map_or_else(|e| e.code(), |_| Code::Ok);
             durations
@@ -257,7 +216,7 @@ where
                 })
                 .observe(start.elapsed().as_secs_f64());
             result
-        })))
+        }))
     }
 }
 

@@ -67,18 +67,22 @@ mod locking;
 #[cfg(feature = "metrics")]
 mod metrics;
 mod panic;
+mod precheck;
 mod readiness;
 mod tracing;
 mod validation;
+mod wrap;
 
 pub use gating::{Gating, GatingLayer};
 pub use locking::{LockGuard, LockMap, Locking, LockingLayer};
 #[cfg(feature = "metrics")]
 pub use metrics::{Metrics, MetricsLayer, MetricsTask};
 pub use panic::{CatchPanic, CatchPanicLayer};
+pub use precheck::{Precheck, Prechecked};
 pub use readiness::{Readiness, ReadinessLayer, ReadinessService, ReadinessState};
 pub use tracing::{Tracing, TracingLayer};
 pub use validation::{Validation, ValidationLayer};
+pub use wrap::{Wrap, Wrapped};
 
 /// One call on its way to the driver: the request and what the driver
 /// method will be given besides it.

@@ -3,12 +3,11 @@
 
 use std::any::Any;
 use std::panic::AssertUnwindSafe;
-use std::task::{Context, Poll};
 
-use futures::future::{Either, ErrInto};
-use futures::{FutureExt, TryFutureExt};
+use futures::FutureExt;
 use tower::{Layer, Service};
 
+use super::wrap::{Wrap, Wrapped};
 use super::{CsiCall, CsiFuture};
 use crate::error::CsiError;
 use crate::request::CsiRequest;
@@ -16,28 +15,6 @@ use crate::request::CsiRequest;
 /// Catches panics below it, in `call` and in the future it returns.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct CatchPanicLayer;
-
-impl<S> Layer<S> for CatchPanicLayer {
-    type Service = CatchPanic<S>;
-
-    fn layer(&self, inner: S) -> CatchPanic<S> {
-        CatchPanic { inner, on: true }
-    }
-}
-
-/// The service of [`CatchPanicLayer`].
-#[derive(Debug, Clone)]
-pub struct CatchPanic<S> {
-    inner: S,
-    on: bool,
-}
-
-impl<S> CatchPanic<S> {
-    /// Around `inner`, or passing calls straight through when `on` is false.
-    pub(crate) fn switched(inner: S, on: bool) -> Self {
-        Self { inner, on }
-    }
-}
 
 fn internal(
     method: csi_proto::methods::Method,
@@ -53,41 +30,43 @@ fn internal(
     CsiError::Internal(format!("internal error: {method} panicked in the driver"))
 }
 
-impl<S, Req> Service<CsiCall<Req>> for CatchPanic<S>
-where
-    Req: CsiRequest,
-    S: Service<CsiCall<Req>, Response = Req::Output>,
-    S::Error: Into<CsiError>,
-    S::Future: Send + 'static,
-{
-    type Response = Req::Output;
-    type Error = CsiError;
-    type Future = Either<ErrInto<S::Future, CsiError>, CsiFuture<Req::Output>>;
+impl<S> Layer<S> for CatchPanicLayer {
+    type Service = CatchPanic<S>;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), CsiError>> {
-        self.inner.poll_ready(cx).map_err(Into::into)
+    fn layer(&self, inner: S) -> CatchPanic<S> {
+        self.switched(inner, true)
     }
+}
 
-    fn call(&mut self, call: CsiCall<Req>) -> Self::Future {
-        if !self.on {
-            return Either::Left(self.inner.call(call).err_into());
-        }
+/// The service of [`CatchPanicLayer`].
+pub type CatchPanic<S> = Wrapped<CatchPanicLayer, S>;
+
+impl Wrap for CatchPanicLayer {
+    fn around<Req, S>(&self, inner: &mut S, call: CsiCall<Req>) -> CsiFuture<Req::Output>
+    where
+        Req: CsiRequest,
+        S: Service<CsiCall<Req>, Response = Req::Output>,
+        S::Error: Into<CsiError>,
+        S::Future: Send + 'static,
+    {
         let method = Req::METHOD;
         let request_id = call.ctx.request_id;
         // AssertUnwindSafe: after a panic the call's state is dropped, and
         // shared state is only reachable through locks that tolerate poison.
-        let future = match std::panic::catch_unwind(AssertUnwindSafe(|| self.inner.call(call))) {
+        let future = match std::panic::catch_unwind(AssertUnwindSafe(|| inner.call(call))) {
             Ok(future) => future,
             Err(payload) => {
                 let err = internal(method, request_id, &*payload);
-                return Either::Right(Box::pin(futures::future::ready(Err(err))));
+                return Box::pin(futures::future::ready(Err(err)));
             }
         };
-        Either::Right(Box::pin(AssertUnwindSafe(future).catch_unwind().map(
-            move |outcome| match outcome {
-                Ok(result) => result.map_err(Into::into),
-                Err(payload) => Err(internal(method, request_id, &*payload)),
-            },
-        )))
+        Box::pin(
+            AssertUnwindSafe(future)
+                .catch_unwind()
+                .map(move |outcome| match outcome {
+                    Ok(result) => result.map_err(Into::into),
+                    Err(payload) => Err(internal(method, request_id, &*payload)),
+                }),
+        )
     }
 }

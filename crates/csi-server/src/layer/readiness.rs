@@ -5,13 +5,10 @@
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
-use std::task::{Context, Poll};
-
-use futures::TryFutureExt;
-use futures::future::{Either, ErrInto, Ready, ready};
-use tower::{Layer, Service};
+use tower::Layer;
 
 use super::CsiCall;
+use super::precheck::{Precheck, Prechecked};
 use crate::error::CsiError;
 use crate::request::CsiRequest;
 
@@ -105,13 +102,23 @@ impl ReadinessLayer {
     }
 }
 
-impl ReadinessLayer {
-    /// Around `inner`, or passing calls straight through when `on` is false.
-    pub(crate) fn switched<S>(&self, inner: S, on: bool) -> ReadinessService<S> {
-        ReadinessService {
-            readiness: self.readiness.clone(),
-            inner,
-            on,
+impl Precheck for ReadinessLayer {
+    fn answer<Req: CsiRequest>(
+        &self,
+        _call: &CsiCall<Req>,
+    ) -> Option<Result<Req::Output, CsiError>> {
+        // Only requests with a not-ready answer (Probe) are affected.
+        let not_ready = Req::not_ready_response()?;
+        match self.readiness.state() {
+            ReadinessState::Ready => None,
+            ReadinessState::NotReady => Some(Ok(not_ready)),
+            ReadinessState::Unhealthy(reason) => {
+                Some(Err(CsiError::FailedPrecondition(if reason.is_empty() {
+                    "the plugin is not healthy".into()
+                } else {
+                    reason
+                })))
+            }
         }
     }
 }
@@ -120,52 +127,9 @@ impl<S> Layer<S> for ReadinessLayer {
     type Service = ReadinessService<S>;
 
     fn layer(&self, inner: S) -> ReadinessService<S> {
-        ReadinessService {
-            readiness: self.readiness.clone(),
-            inner,
-            on: true,
-        }
+        self.switched(inner, true)
     }
 }
 
 /// The service of [`ReadinessLayer`].
-#[derive(Debug, Clone)]
-pub struct ReadinessService<S> {
-    readiness: Readiness,
-    inner: S,
-    on: bool,
-}
-
-impl<S, Req> Service<CsiCall<Req>> for ReadinessService<S>
-where
-    Req: CsiRequest,
-    S: Service<CsiCall<Req>, Response = Req::Output>,
-    S::Error: Into<CsiError>,
-{
-    type Response = Req::Output;
-    type Error = CsiError;
-    type Future = Either<ErrInto<S::Future, CsiError>, Ready<Result<Req::Output, CsiError>>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), CsiError>> {
-        self.inner.poll_ready(cx).map_err(Into::into)
-    }
-
-    fn call(&mut self, call: CsiCall<Req>) -> Self::Future {
-        // Only requests with a not-ready answer (Probe) are affected.
-        let Some(not_ready) = Req::not_ready_response().filter(|_| self.on) else {
-            return Either::Left(self.inner.call(call).err_into());
-        };
-        let answer = match self.readiness.state() {
-            ReadinessState::Ready => return Either::Left(self.inner.call(call).err_into()),
-            ReadinessState::NotReady => Ok(not_ready),
-            ReadinessState::Unhealthy(reason) => {
-                Err(CsiError::FailedPrecondition(if reason.is_empty() {
-                    "the plugin is not healthy".into()
-                } else {
-                    reason
-                }))
-            }
-        };
-        Either::Right(ready(answer))
-    }
-}
+pub type ReadinessService<S> = Prechecked<ReadinessLayer, S>;

@@ -3,16 +3,14 @@
 //! when the level is enabled, and `Debug` of every request hides secrets
 //! and mount flags (csi-proto's redaction).
 
-use std::task::{Context, Poll};
 use std::time::Instant;
 
-use futures::TryFutureExt;
-use futures::future::{Either, ErrInto};
 use tonic::Code;
 use tower::{Layer, Service};
 use tracing::field::Empty;
 use tracing::{Instrument, Level};
 
+use super::wrap::{Wrap, Wrapped};
 use super::{CsiCall, CsiFuture};
 use crate::error::CsiError;
 use crate::request::CsiRequest;
@@ -25,43 +23,21 @@ impl<S> Layer<S> for TracingLayer {
     type Service = Tracing<S>;
 
     fn layer(&self, inner: S) -> Tracing<S> {
-        Tracing { inner, on: true }
+        self.switched(inner, true)
     }
 }
 
 /// The service of [`TracingLayer`].
-#[derive(Debug, Clone)]
-pub struct Tracing<S> {
-    inner: S,
-    on: bool,
-}
+pub type Tracing<S> = Wrapped<TracingLayer, S>;
 
-impl<S> Tracing<S> {
-    /// Around `inner`, or passing calls straight through when `on` is false.
-    pub(crate) fn switched(inner: S, on: bool) -> Self {
-        Self { inner, on }
-    }
-}
-
-impl<S, Req> Service<CsiCall<Req>> for Tracing<S>
-where
-    Req: CsiRequest,
-    S: Service<CsiCall<Req>, Response = Req::Output>,
-    S::Error: Into<CsiError>,
-    S::Future: Send + 'static,
-{
-    type Response = Req::Output;
-    type Error = CsiError;
-    type Future = Either<ErrInto<S::Future, CsiError>, CsiFuture<Req::Output>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), CsiError>> {
-        self.inner.poll_ready(cx).map_err(Into::into)
-    }
-
-    fn call(&mut self, call: CsiCall<Req>) -> Self::Future {
-        if !self.on {
-            return Either::Left(self.inner.call(call).err_into());
-        }
+impl Wrap for TracingLayer {
+    fn around<Req, S>(&self, inner: &mut S, call: CsiCall<Req>) -> CsiFuture<Req::Output>
+    where
+        Req: CsiRequest,
+        S: Service<CsiCall<Req>, Response = Req::Output>,
+        S::Error: Into<CsiError>,
+        S::Future: Send + 'static,
+    {
         let span = tracing::info_span!(
             "csi",
             request_id = call.ctx.request_id,
@@ -79,9 +55,9 @@ where
         let start = Instant::now();
         let future = {
             let _entered = span.enter();
-            self.inner.call(call)
+            inner.call(call)
         };
-        Either::Right(Box::pin(async move {
+        Box::pin(async move {
             let result = future.instrument(span.clone()).await.map_err(Into::into);
             let code = result.as_ref().map_or_else(|e| e.code(), |_| Code::Ok);
             span.record("code", tracing::field::debug(code));
@@ -97,6 +73,6 @@ where
                 Err(_) => {}
             }
             result
-        }))
+        })
     }
 }

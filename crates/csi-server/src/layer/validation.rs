@@ -1,13 +1,10 @@
 //! Rejects requests that break the spec's field rules before the driver (or
 //! any lookup) sees them.
 
-use std::task::{Context, Poll};
-
-use futures::TryFutureExt;
-use futures::future::{Either, ErrInto, Ready, ready};
-use tower::{Layer, Service};
+use tower::Layer;
 
 use super::CsiCall;
+use super::precheck::{Precheck, Prechecked};
 use crate::error::CsiError;
 use crate::request::CsiRequest;
 
@@ -16,49 +13,22 @@ use crate::request::CsiRequest;
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ValidationLayer;
 
+impl Precheck for ValidationLayer {
+    fn answer<Req: CsiRequest>(
+        &self,
+        call: &CsiCall<Req>,
+    ) -> Option<Result<Req::Output, CsiError>> {
+        call.request.validate().err().map(Err)
+    }
+}
+
 impl<S> Layer<S> for ValidationLayer {
     type Service = Validation<S>;
 
     fn layer(&self, inner: S) -> Validation<S> {
-        Validation { inner, on: true }
-    }
-}
-
-impl<S> Validation<S> {
-    /// Around `inner`, or passing calls straight through when `on` is false.
-    pub(crate) fn switched(inner: S, on: bool) -> Self {
-        Self { inner, on }
+        self.switched(inner, true)
     }
 }
 
 /// The service of [`ValidationLayer`].
-#[derive(Debug, Clone)]
-pub struct Validation<S> {
-    inner: S,
-    on: bool,
-}
-
-impl<S, Req> Service<CsiCall<Req>> for Validation<S>
-where
-    Req: CsiRequest,
-    S: Service<CsiCall<Req>, Response = Req::Output>,
-    S::Error: Into<CsiError>,
-{
-    type Response = Req::Output;
-    type Error = CsiError;
-    type Future = Either<ErrInto<S::Future, CsiError>, Ready<Result<Req::Output, CsiError>>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), CsiError>> {
-        self.inner.poll_ready(cx).map_err(Into::into)
-    }
-
-    fn call(&mut self, call: CsiCall<Req>) -> Self::Future {
-        if !self.on {
-            return Either::Left(self.inner.call(call).err_into());
-        }
-        match call.request.validate() {
-            Ok(()) => Either::Left(self.inner.call(call).err_into()),
-            Err(e) => Either::Right(ready(Err(e))),
-        }
-    }
-}
+pub type Validation<S> = Prechecked<ValidationLayer, S>;
