@@ -92,6 +92,31 @@ pub async fn node_stats(
     .await
 }
 
+/// Byte and inode usage of the filesystem at `path` (statvfs).
+fn fs_usage(path: &Path) -> CsiResult<Vec<VolumeUsage>> {
+    let st = nix::sys::statvfs::statvfs(path)
+        .map_err(|e| csi_controller::internal("statfs", path, e))?;
+    let frsize = st.fragment_size() as i64;
+    let total = st.blocks() as i64 * frsize;
+    let available = st.blocks_available() as i64 * frsize;
+    let used = (st.blocks() as i64 - st.blocks_free() as i64) * frsize;
+    let (inodes, inodes_free) = (st.files() as i64, st.files_free() as i64);
+    Ok(vec![
+        VolumeUsage {
+            available,
+            total,
+            used,
+            unit: volume_usage::Unit::Bytes as i32,
+        },
+        VolumeUsage {
+            available: inodes_free,
+            total: inodes,
+            used: inodes - inodes_free,
+            unit: volume_usage::Unit::Inodes as i32,
+        },
+    ])
+}
+
 /// Node requests for the examples' unit tests.
 #[cfg(test)]
 pub mod requests {
@@ -183,29 +208,4 @@ pub mod requests {
             ..Default::default()
         }
     }
-}
-
-/// Byte and inode usage of the filesystem at `path` (statvfs).
-fn fs_usage(path: &Path) -> CsiResult<Vec<VolumeUsage>> {
-    let st = nix::sys::statvfs::statvfs(path)
-        .map_err(|e| csi_controller::internal("statfs", path, e))?;
-    let frsize = st.fragment_size() as i64;
-    let total = st.blocks() as i64 * frsize;
-    let available = st.blocks_available() as i64 * frsize;
-    let used = (st.blocks() as i64 - st.blocks_free() as i64) * frsize;
-    let (inodes, inodes_free) = (st.files() as i64, st.files_free() as i64);
-    Ok(vec![
-        VolumeUsage {
-            available,
-            total,
-            used,
-            unit: volume_usage::Unit::Bytes as i32,
-        },
-        VolumeUsage {
-            available: inodes_free,
-            total: inodes,
-            used: inodes - inodes_free,
-            unit: volume_usage::Unit::Inodes as i32,
-        },
-    ])
 }

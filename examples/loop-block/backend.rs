@@ -228,7 +228,7 @@ impl VolumeBackend for Backend {
         // Exclusive: no NodeStage attaches the disk with the old values meanwhile.
         let _exclusive = self.attachments.blocking_write();
         let tuning = self.tuning(new)?;
-        let devices = mount_utils::loopdev::find_by_backing_file(&self.volume_path(&v.id))
+        let devices = mount_utils::loopdev::find_by_backing_file(self.volume_path(&v.id))
             .map_err(|e| CsiError::Internal(format!("looking up loop devices: {e}")))?;
         for d in &devices {
             tuning.apply(d).map_err(TuneError::for_modify)?;

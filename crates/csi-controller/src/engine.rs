@@ -80,7 +80,7 @@ pub trait VolumeBackend: Send + Sync + 'static {
         HashMap::new()
     }
     /// Why volume `id` must not be deleted now (e.g. the node side still
-    /// holds it): the reason, read as "volume <id> <reason>".
+    /// holds it): the reason, read as `volume <id> <reason>`.
     fn in_use(&self, _id: &str) -> Option<String> {
         None
     }
@@ -528,7 +528,9 @@ impl<B: VolumeBackend> Engine<B> {
             }
             return Err(e.into());
         }
-        reservation.map(Reservation::keep);
+        if let Some(r) = reservation {
+            r.keep();
+        }
         Ok(())
     }
 
