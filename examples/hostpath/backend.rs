@@ -173,22 +173,11 @@ impl Backend {
 
     /// Removes a volume's data; absent data is fine (idempotent delete).
     pub fn delete_volume(&self, id: &str, access: Access) -> Result<(), CsiError> {
-        let path = self.volume_path(id, access);
-        match access {
-            Access::Mount => {
-                match fs::remove_dir_all(&path) {
-                    Err(e) if e.kind() != io::ErrorKind::NotFound => {
-                        return Err(internal("removing", &path, e));
-                    }
-                    _ => {}
-                }
-                if self.quotas {
-                    let _ = csi_kit::mount::quota::clear(&self.root, project_id(id));
-                }
-                Ok(())
-            }
-            Access::Block => remove_file_if_present(&path),
+        remove_path(&self.volume_path(id, access))?;
+        if access == Access::Mount && self.quotas {
+            let _ = csi_kit::mount::quota::clear(&self.root, project_id(id));
         }
+        Ok(())
     }
 
     /// Removes whatever data volume `id` has, of either access type (its
