@@ -1,28 +1,24 @@
 //! The Node service: csi-node's `NodeService` (the record of what this
 //! node staged and published, the spec's rules, stats, expansion) with what
-//! is hostpath's own: which volumes exist, where their data is (mount
+//! is hostpath's own: which volumes exist and where their data is (mount
 //! volumes are directories, bind-mounted; block volumes are image files,
-//! attached as loop devices), and inline ephemeral volumes.
+//! attached as loop devices), and inline ephemeral volumes, all from the
+//! controller engine's records.
 
 use std::sync::Arc;
 
+use csi_controller::{Access, VolumeRecord, WeakEngine};
 use csi_node::{NodeDriver, NodeInfo, NodeService, Source, VolumeInfo, VolumeLocator};
 use csi_proto::v1::NodePublishVolumeRequest;
 use csi_server::{CsiError, CsiResult};
 use mount_utils::{LoopDevices, Mounter};
 
 use crate::backend::Backend;
-use crate::common::state::Ledger;
 use crate::config::{Config, TOPOLOGY_KEY};
-use crate::driver::HostPath;
-use crate::store::{Access, IdKind, Store, VolumeRecord};
 
-/// hostpath's half of the node service.
-pub struct NodeSide {
-    pub store: Arc<Store>,
-    pub backend: Backend,
-    pub ledger: Arc<Ledger>,
-}
+/// hostpath's half of the node service. Weak: the engine's backend holds
+/// the node side.
+pub struct NodeSide(pub WeakEngine<Backend>);
 
 /// The node service, its record under `statedir/node`.
 pub fn open_node(
@@ -46,25 +42,24 @@ impl NodeSide {
     /// A volume the controller recorded, or an inline ephemeral volume by
     /// the name the CO gave it.
     fn find(&self, id: &str) -> Option<VolumeRecord> {
-        let recorded = IdKind::Volume
-            .is_valid(id)
-            .then(|| self.store.volumes.get(id));
-        recorded.flatten().or_else(|| self.ephemeral_named(id))
+        let engine = self.0.upgrade()?;
+        let recorded = engine.known_volume(id).ok();
+        recorded.or_else(|| engine.ephemeral_named(id))
     }
+}
 
-    fn ephemeral_named(&self, name: &str) -> Option<VolumeRecord> {
-        self.store.volumes.read(|all| {
-            all.values()
-                .find(|v| v.ephemeral && v.name == name)
-                .cloned()
-        })
-    }
+fn info(v: &VolumeRecord) -> VolumeInfo {
+    VolumeInfo::new(v.access == Access::Block, v.capacity_bytes)
 }
 
 impl VolumeLocator for NodeSide {
     fn source(&self, volume_id: &str) -> Option<Source> {
         let volume = self.find(volume_id)?;
-        let path = self.backend.volume_path(&volume.id, volume.access);
+        let path = self
+            .0
+            .upgrade()?
+            .backend()
+            .volume_path(&volume.id, volume.access);
         Some(match volume.access {
             Access::Mount => Source::Directory(path),
             Access::Block => Source::Image(path),
@@ -74,8 +69,7 @@ impl VolumeLocator for NodeSide {
 
 impl NodeDriver for NodeSide {
     fn volume(&self, volume_id: &str) -> Option<VolumeInfo> {
-        let v = self.find(volume_id)?;
-        Some(VolumeInfo::new(v.access == Access::Block, v.capacity_bytes))
+        self.find(volume_id).as_ref().map(info)
     }
 
     fn ephemeral_volume(
@@ -83,74 +77,30 @@ impl NodeDriver for NodeSide {
         name: &str,
         _: &NodePublishVolumeRequest,
     ) -> CsiResult<(VolumeInfo, bool)> {
-        let volume = VolumeInfo::new(false, crate::controller::DEFAULT_VOLUME_SIZE);
-        if self.ephemeral_named(name).is_some() {
-            return Ok((volume, false));
-        }
-        let record = VolumeRecord {
-            id: IdKind::Volume.generate(),
-            name: name.to_owned(),
-            capacity_bytes: volume.capacity_bytes,
-            access: Access::Mount,
-            source: None,
-            parameters: Default::default(),
-            mutable_parameters: Default::default(),
-            topology: Default::default(),
-            request: Vec::new(),
-            ephemeral: true,
-        };
-        self.backend
-            .create_volume(&record.id, Access::Mount, record.capacity_bytes)?;
-        if let Err(e) = self.store.volumes.put(&record.id, record.clone()) {
-            let _ = self.backend.delete_volume(&record.id, Access::Mount);
-            return Err(e.into());
-        }
-        if let Some(r) = self.ledger.reserve(record.capacity_bytes, 0) {
-            r.keep();
-        }
-        Ok((volume, true))
+        let engine = self.0.upgrade().ok_or_else(stopping)?;
+        let (volume, created) = engine.create_ephemeral(name)?;
+        Ok((info(&volume), created))
     }
 
     fn is_ephemeral(&self, name: &str) -> bool {
-        self.ephemeral_named(name).is_some()
+        (self.0.upgrade()).is_some_and(|e| e.ephemeral_named(name).is_some())
     }
 
-    /// Its record, then its data.
     fn remove_ephemeral(&self, name: &str) -> CsiResult<()> {
-        let Some(volume) = self.ephemeral_named(name) else {
-            return Ok(());
-        };
-        self.store.volumes.remove(&volume.id)?;
-        self.ledger.release(volume.capacity_bytes);
-        self.backend.delete_volume(&volume.id, Access::Mount)?;
-        // Best effort: on a full disk a repeated unpublish gets NOT_FOUND.
-        if let Err(e) = self.store.retire_ephemeral(name) {
-            tracing::warn!(volume = %volume.id, error = %e, "could not remember a removed ephemeral volume");
+        let engine = self.0.upgrade().ok_or_else(stopping)?;
+        match engine.ephemeral_named(name) {
+            Some(volume) => engine.remove_ephemeral(&volume),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     fn ephemeral_retired(&self, name: &str) -> bool {
-        self.store.retired_ephemeral.contains_key(name)
+        (self.0.upgrade()).is_some_and(|e| e.was_retired(name))
     }
 }
 
-impl HostPath {
-    /// The record of a volume the controller made, or NOT_FOUND.
-    pub(crate) fn known_volume(&self, id: &str) -> CsiResult<VolumeRecord> {
-        let volume = IdKind::Volume
-            .is_valid(id)
-            .then(|| self.store.volumes.get(id));
-        volume
-            .flatten()
-            .ok_or_else(|| CsiError::NotFound(format!("volume {id:?} does not exist")))
-    }
-
-    /// Whether the node record holds anything of volume `id` (the
-    /// controller refuses to delete it then).
-    pub fn in_use_on_node(&self, id: &str) -> bool {
-        self.node.volumes().record(id).is_some()
-    }
+fn stopping() -> CsiError {
+    CsiError::Unavailable("the plugin is shutting down".into())
 }
 
 #[cfg(test)]
@@ -166,6 +116,7 @@ mod tests {
     use csi_server::{CallContext, Method, Node};
 
     use super::*;
+    use crate::driver::HostPath;
 
     #[tokio::test]
     async fn inline_ephemeral_volumes_are_created_removed_and_retired() {
@@ -183,22 +134,28 @@ mod tests {
                 cap(false, Mode::SingleNodeWriter, &[]),
             )
         };
+        let counts = || {
+            (
+                d.engine.tables().volumes.len(),
+                d.backend.data().volumes.len(),
+            )
+        };
         let (target, file) = (dir.path().join("pod"), dir.path().join("user-file"));
         d.node
             .node_publish_volume(&ctx, publish(&target))
             .await
             .unwrap();
-        assert_eq!((d.store.volumes.len(), d.backend.data().0.len()), (1, 1));
+        assert_eq!(counts(), (1, 1));
         for _ in 0..2 {
             // The second time: a repeat after it was removed.
             let req = unpublish_req("inline-1", &target);
             d.node.node_unpublish_volume(&ctx, req).await.unwrap();
-            assert_eq!((d.store.volumes.len(), d.backend.data().0.len()), (0, 0));
+            assert_eq!(counts(), (0, 0));
         }
         // A publish refused (the target is a user's file) leaves nothing.
         std::fs::write(&file, b"not a directory").unwrap();
         let refused = d.node.node_publish_volume(&ctx, publish(&file)).await;
         assert!(refused.is_err() && d.node.volumes().records().is_empty());
-        assert_eq!((d.store.volumes.len(), d.backend.data().0.len()), (0, 0));
+        assert_eq!(counts(), (0, 0));
     }
 }

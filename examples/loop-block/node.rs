@@ -9,24 +9,20 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use csi_controller::{Access, WeakEngine};
 use csi_node::{Device, NodeDriver, NodeError, NodeInfo, NodeService, Source, VolumeInfo};
 use csi_proto::v1::NodeStageVolumeRequest;
 use csi_server::{CsiError, CsiResult};
 use mount_utils::{Exec, LoopDevices, Mounter, ResizeFs, SafeFormatAndMount};
 
-use crate::backend::Backend;
-use crate::common::IdKind;
+use crate::backend::{BACKING_FILE_KEY, Backend};
 use crate::config::Config;
-use crate::controller::BACKING_FILE_KEY;
-use crate::driver::LoopBlock;
-use crate::store::{Access, Store, VolumeRecord};
-use crate::tuning::Tuning;
 
-/// loop-block's half of the node service.
+/// loop-block's half of the node service. Weak: the engine's backend
+/// holds the node side.
 pub struct NodeSide {
-    pub store: Arc<Store>,
-    pub backend: Backend,
-    /// See `LoopBlock::attachments`.
+    pub engine: WeakEngine<Backend>,
+    /// The backend's attach lock (see `Backend::attachments`).
     pub attachments: Arc<tokio::sync::RwLock<()>>,
 }
 
@@ -53,31 +49,28 @@ pub fn open_node(
     Ok(Arc::new(service))
 }
 
-impl NodeSide {
-    fn recorded(&self, id: &str) -> Option<VolumeRecord> {
-        IdKind::Volume
-            .is_valid(id)
-            .then(|| self.store.volumes.get(id))
-            .flatten()
-    }
-}
-
 impl csi_node::VolumeLocator for NodeSide {
     fn source(&self, volume_id: &str) -> Option<Source> {
-        self.recorded(volume_id)?;
-        Some(Source::Image(self.backend.volume_path(volume_id)))
+        let engine = self.engine.upgrade()?;
+        engine.known_volume(volume_id).ok()?;
+        Some(Source::Image(engine.backend().volume_path(volume_id)))
     }
 
     fn prepare_device(&self, volume_id: &str, device: &Device) -> Result<(), NodeError> {
-        let tuning: Option<Tuning> = self.recorded(volume_id).map(|v| v.tuning);
-        let apply = tuning.unwrap_or_default().apply(&device.path);
-        apply.map_err(|e| NodeError::Csi(e.into()))
+        let Some(engine) = self.engine.upgrade() else {
+            return Ok(());
+        };
+        let volume = engine.known_volume(volume_id).ok();
+        let params = volume.map(|v| v.mutable_parameters).unwrap_or_default();
+        let tuning = engine.backend().tuning(&params)?;
+        let applied = tuning.apply(&device.path);
+        applied.map_err(|e| NodeError::Csi(e.into()))
     }
 }
 
 impl NodeDriver for NodeSide {
     fn volume(&self, volume_id: &str) -> Option<VolumeInfo> {
-        let v = self.recorded(volume_id)?;
+        let v = self.engine.upgrade()?.known_volume(volume_id).ok()?;
         Some(VolumeInfo::new(v.access == Access::Block, v.capacity_bytes))
     }
 
@@ -88,7 +81,9 @@ impl NodeDriver for NodeSide {
             CsiError::invalid(&field, "required: ControllerPublishVolume returns it")
         })?;
         let path = PathBuf::from(path);
-        if self.backend.volume_of(&path).as_deref() != Some(req.volume_id.as_str()) {
+        let engine = self.engine.upgrade();
+        let owner = engine.and_then(|e| e.backend().volume_of(&path));
+        if owner.as_deref() != Some(req.volume_id.as_str()) {
             let why = format!("not the backing file of volume {}", req.volume_id);
             return Err(CsiError::invalid(field, why));
         }
@@ -99,14 +94,6 @@ impl NodeDriver for NodeSide {
 
     fn stage_lock(&self) -> Option<&tokio::sync::RwLock<()>> {
         Some(&self.attachments)
-    }
-}
-
-impl LoopBlock {
-    /// Whether the node record holds anything of volume `id` (the
-    /// controller refuses to delete it then).
-    pub fn in_use_on_node(&self, id: &str) -> bool {
-        self.node.volumes().record(id).is_some()
     }
 }
 
@@ -124,6 +111,7 @@ mod tests {
     use mount_utils::{ExecOutput, FakeExec};
 
     use super::*;
+    use crate::driver::LoopBlock;
 
     #[tokio::test]
     async fn a_disk_is_staged_from_its_own_backing_file_formatted_once_and_kept_while_staged() {
@@ -143,8 +131,9 @@ mod tests {
                 volume_capabilities: vec![c.clone()],
                 ..Default::default()
             };
-            let v = d.create_volume(&ctx, req).await.unwrap().volume.unwrap();
-            files.push((v.volume_id.clone(), d.backend.volume_path(&v.volume_id)));
+            let v = d.engine.create_volume(&ctx, req).await.unwrap().volume;
+            let id = v.unwrap().volume_id;
+            files.push((id.clone(), d.backend.volume_path(&id)));
         }
         let (id, staging) = (files[0].0.clone(), dir.path().join("staging"));
         let stage = |file: &Path| NodeStageVolumeRequest {
@@ -153,11 +142,8 @@ mod tests {
         };
         for file in [Path::new(""), &files[1].1] {
             let e = d.node.node_stage_volume(&ctx, stage(file)).await;
-            assert_eq!(
-                e.unwrap_err().code(),
-                tonic::Code::InvalidArgument,
-                "{file:?}"
-            );
+            let code = e.unwrap_err().code();
+            assert_eq!(code, tonic::Code::InvalidArgument, "{file:?}");
         }
         assert_eq!(host.attached(), 0);
 
@@ -165,16 +151,13 @@ mod tests {
         exec.expect("mkfs.ext4", ExecOutput::ok(""));
         let req = stage(&files[0].1);
         d.node.node_stage_volume(&ctx, req).await.unwrap();
-        assert_eq!(
-            (host.mounts_at(&staging).len(), exec.pending()),
-            (1, 0),
-            "formatted on first use"
-        );
+        let formatted = (host.mounts_at(&staging).len(), exec.pending());
+        assert_eq!(formatted, (1, 0), "formatted on first use");
         let delete = DeleteVolumeRequest {
             volume_id: id.clone(),
             ..Default::default()
         };
-        let e = d.delete_volume(&ctx, delete).await.unwrap_err();
+        let e = d.engine.delete_volume(&ctx, delete).await.unwrap_err();
         assert_eq!(e.code(), tonic::Code::FailedPrecondition, "still staged");
     }
 }
