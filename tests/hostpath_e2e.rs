@@ -13,6 +13,7 @@ use csi_kit::client::CsiClient;
 use csi_kit::mount::require_root;
 use csi_kit::proto::v1::volume_capability::access_mode::Mode;
 use csi_kit::proto::v1::*;
+use csi_node::testing::requests;
 use support::{Driver, assert_one_point_in_time, mounts_under, run_isolated, spawn_ordered_writer};
 use tonic::Code;
 
@@ -52,12 +53,10 @@ async fn create(
 }
 
 fn stage_req(id: &str, staging: &Path, cap: VolumeCapability) -> NodeStageVolumeRequest {
+    let secrets = secrets();
     NodeStageVolumeRequest {
-        volume_id: id.into(),
-        staging_target_path: staging.to_string_lossy().into(),
-        volume_capability: Some(cap),
-        secrets: secrets(),
-        ..Default::default()
+        secrets,
+        ..requests::stage_req(id, staging, cap)
     }
 }
 
@@ -67,13 +66,10 @@ fn publish_req(
     target: &Path,
     cap: VolumeCapability,
 ) -> NodePublishVolumeRequest {
+    let secrets = secrets();
     NodePublishVolumeRequest {
-        volume_id: id.into(),
-        staging_target_path: staging.to_string_lossy().into(),
-        target_path: target.to_string_lossy().into(),
-        volume_capability: Some(cap),
-        secrets: secrets(),
-        ..Default::default()
+        secrets,
+        ..requests::publish_req(id, staging, target, cap)
     }
 }
 

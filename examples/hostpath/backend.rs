@@ -1,6 +1,6 @@
 //! Where volume and snapshot data lives under the state directory, and the
 //! blocking file operations on it. Callers validate ids first
-//! ([`IdKind::is_valid`](crate::store::IdKind::is_valid)), so every path here
+//! ([`IdKind::is_valid`](csi_controller::IdKind::is_valid)), so every path here
 //! is `root/<kind>/<generated id>`.
 //!
 //! Directory volumes are copied (snapshots, restores, clones) with
@@ -15,22 +15,32 @@ use std::io;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use crate::common::state::{data_by_id, remove_path};
-use crate::common::{
-    IdKind, copy_failure, copy_sparse, create_sparse, grow_file, internal, io_failure,
-    remove_file_if_present,
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
+
+use csi_controller::{
+    Access, DataOnDisk, IdKind, SnapshotRecord, Source, VolumeBackend, VolumeRecord, copy_failure,
+    copy_sparse, create_sparse, data_by_id, grow_file, internal, io_failure, remove_path,
 };
-use crate::store::Access;
-use csi_server::CsiError;
+use csi_server::v1::VolumeCondition;
+use csi_server::{CsiError, CsiResult};
+
+/// Removes a file; an absent one is fine.
+fn remove_file_if_present(path: &Path) -> CsiResult<()> {
+    remove_path(path).map(drop)
+}
 
 /// The directory layout of one driver instance.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Backend {
     root: PathBuf,
     snapshots: PathBuf,
     /// The state filesystem enforces project quotas: directory volumes get
     /// their capacity as a hard limit.
     quotas: bool,
+    /// The node side's record, once opened: DeleteVolume is refused while
+    /// it holds the volume.
+    pub node: Arc<OnceLock<csi_node::NodeVolumes>>,
 }
 
 /// The quota project of a directory volume: a stable hash of its id (never
@@ -57,6 +67,7 @@ impl Backend {
             root: root.to_owned(),
             snapshots,
             quotas,
+            node: Arc::default(),
         })
     }
 
@@ -162,22 +173,11 @@ impl Backend {
 
     /// Removes a volume's data; absent data is fine (idempotent delete).
     pub fn delete_volume(&self, id: &str, access: Access) -> Result<(), CsiError> {
-        let path = self.volume_path(id, access);
-        match access {
-            Access::Mount => {
-                match fs::remove_dir_all(&path) {
-                    Err(e) if e.kind() != io::ErrorKind::NotFound => {
-                        return Err(internal("removing", &path, e));
-                    }
-                    _ => {}
-                }
-                if self.quotas {
-                    let _ = csi_kit::mount::quota::clear(&self.root, project_id(id));
-                }
-                Ok(())
-            }
-            Access::Block => remove_file_if_present(&path),
+        remove_path(&self.volume_path(id, access))?;
+        if access == Access::Mount && self.quotas {
+            let _ = csi_kit::mount::quota::clear(&self.root, project_id(id));
         }
+        Ok(())
     }
 
     /// Removes whatever data volume `id` has, of either access type (its
@@ -268,7 +268,7 @@ impl Backend {
     /// Removes a snapshot's data; absent data is fine.
     pub fn delete_snapshot(&self, id: &str, access: Access) -> Result<(), CsiError> {
         let path = self.snapshot_path(id, access);
-        remove_path(&path).map_err(|e| internal("removing", &path, e))?;
+        remove_path(&path)?;
         if access == Access::Mount {
             remove_file_if_present(&self.legacy_archive(id))?;
         }
@@ -287,7 +287,7 @@ impl Backend {
         for path in paths {
             if fs::symlink_metadata(&path).is_ok() {
                 found = true;
-                remove_path(&path).map_err(|e| internal("removing", &path, e))?;
+                remove_path(&path)?;
             }
         }
         Ok(found)
@@ -297,7 +297,7 @@ impl Backend {
     /// snapshot ids with data, entries that are not this driver's).
     /// Leftovers of interrupted copies of earlier versions count as
     /// snapshot data of no id (empty string).
-    pub fn data(&self) -> crate::common::state::DataOnDisk {
+    pub fn data(&self) -> DataOnDisk {
         let (volumes, mut other) = data_by_id(&self.volumes_dir(), IdKind::Volume, &["", ".img"]);
         let (mut snapshots, other_snaps) =
             data_by_id(&self.snapshots, IdKind::Snapshot, &["", ".img", ".tar"]);
@@ -309,7 +309,74 @@ impl Backend {
                 other.push(path);
             }
         }
-        (volumes, snapshots, other)
+        DataOnDisk {
+            volumes,
+            snapshots,
+            foreign: other,
+        }
+    }
+}
+
+impl VolumeBackend for Backend {
+    fn create_volume(&self, v: &VolumeRecord) -> CsiResult<()> {
+        let (id, access, size) = (v.id.as_str(), v.access, v.capacity_bytes);
+        match &v.source {
+            None => self.create_volume(id, access, size),
+            Some(Source::Snapshot(snap)) => self.restore(snap, id, access, size),
+            Some(Source::Volume(src)) => self.clone_volume(src, id, access, size),
+        }
+    }
+
+    fn delete_volume(&self, id: &str) -> CsiResult<bool> {
+        self.delete_volume_data(id)
+    }
+
+    fn create_snapshot(&self, s: &SnapshotRecord) -> CsiResult<()> {
+        self.snapshot(&s.source_volume_id, &s.id, s.access)
+    }
+
+    fn delete_snapshot(&self, id: &str) -> CsiResult<bool> {
+        self.delete_snapshot_data(id)
+    }
+
+    /// Block: grow the backing file; directory: raise its quota (if any).
+    fn expand_volume(&self, v: &VolumeRecord, size: i64) -> CsiResult<()> {
+        match v.access {
+            Access::Block => self.grow_block(&v.id, size),
+            Access::Mount => self.grow_mount(&v.id, size),
+        }
+    }
+
+    fn data(&self) -> DataOnDisk {
+        Backend::data(self)
+    }
+
+    fn free_space(&self) -> i64 {
+        csi_controller::free_space(&self.root)
+    }
+
+    /// A healthy volume has its data in place.
+    fn volume_condition(&self, v: &VolumeRecord) -> Option<VolumeCondition> {
+        let path = self.volume_path(&v.id, v.access);
+        let (abnormal, message) = match path.exists() {
+            true => (false, "volume data is present".to_owned()),
+            false => (true, format!("volume data {} is missing", path.display())),
+        };
+        Some(VolumeCondition { abnormal, message })
+    }
+
+    fn publish_context(&self, v: &VolumeRecord) -> HashMap<String, String> {
+        let access = format!("{:?}", v.access).to_lowercase();
+        [("hostpath.csi-kit.dev/access".to_owned(), access)].into()
+    }
+
+    fn in_use(&self, id: &str) -> Option<String> {
+        let held = self.node.get().is_some_and(|n| n.record(id).is_some());
+        held.then(|| "is in use on this node".to_owned())
+    }
+
+    fn cut_group(&self, members: &[(SnapshotRecord, VolumeRecord)]) -> CsiResult<()> {
+        crate::group::cut_consistently(self, members)
     }
 }
 
@@ -329,7 +396,6 @@ fn unpack_archive(archive: &Path, dst: &Path) -> Result<(), CsiError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::common::IdKind;
 
     #[test]
     fn mount_volumes_snapshot_restore_and_clone() {
@@ -355,7 +421,11 @@ mod tests {
             fs::read(b.volume_path(&v3, Access::Mount).join("sub/data")).unwrap(),
             b"hello"
         );
-        let (volumes, snapshots, other) = b.data();
+        let DataOnDisk {
+            volumes,
+            snapshots,
+            foreign: other,
+        } = b.data();
         let ids: Vec<&str> = volumes.iter().map(|(id, _)| id.as_str()).collect();
         let mut want = vec![v1.as_str(), v2.as_str(), v3.as_str()];
         want.sort();

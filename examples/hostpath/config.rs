@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use clap::Parser;
 
-use crate::common::parse_size;
+use csi_controller::parse_size;
 
 /// A CSI driver that keeps volumes on the local filesystem, for dev clusters and tests.
 #[derive(Debug, Clone, Parser)]
@@ -93,7 +93,7 @@ impl Config {
 
     /// The node id to report.
     pub fn node_id(&self) -> String {
-        crate::common::node_id_or_hostname(self.nodeid.as_deref())
+        csi_server::node_id_or_hostname(self.nodeid.as_deref())
     }
 }
 

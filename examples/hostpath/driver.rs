@@ -1,43 +1,49 @@
 //! The driver value shared by every service, and startup reconciliation.
+//! The controller side is csi-controller's engine over [`Backend`].
 
 use std::path::Path;
 use std::sync::Arc;
 
+use csi_controller::{Engine, open_state};
 use csi_server::CsiError;
 use mount_utils::{LoopDevices, Mounter};
 
 use crate::backend::Backend;
-use crate::common::state::{InFlight, Ledger, open_state};
-use crate::common::{open_node, restore_node};
-use crate::config::Config;
-use crate::store::{Access, Store};
+use crate::config::{Config, TOPOLOGY_KEY};
+use crate::node::{NodeSide, open_node};
 
 /// The hostpath driver: cheap to clone (everything shared is behind `Arc`).
 #[derive(Clone)]
 pub struct HostPath {
-    pub config: Arc<Config>,
     pub node_id: String,
-    pub store: Arc<Store>,
+    /// The Controller and GroupController, and the records.
+    pub engine: Engine<Backend>,
     pub backend: Backend,
-    /// Loop devices (NodeExpand refreshes a block volume's size).
-    pub loops: Arc<dyn LoopDevices>,
-    /// What this node staged and published (csi-node's record).
-    pub node: csi_node::NodeVolumes,
-    /// Volumes, snapshots and names with work running on them.
-    pub in_flight: Arc<InFlight>,
-    /// Bytes promised to volumes, against `--capacity`.
-    pub ledger: Arc<Ledger>,
+    /// The node service (csi-node's, over what this node staged and published).
+    pub node: Arc<csi_node::NodeService<NodeSide>>,
+}
+
+/// The engine's configuration from the flags.
+pub fn engine_config(config: &Config, group_snapshots: bool) -> csi_controller::Config {
+    csi_controller::Config {
+        capacity: config.capacity,
+        max_size: config.max_volume_size,
+        topology_key: config.enable_topology.then(|| TOPOLOGY_KEY.to_owned()),
+        attach: config.enable_attach,
+        attach_limit: config.attach_limit,
+        group_snapshots,
+        keep_snapshot_sources: true,
+        volume_condition: true,
+        ..csi_controller::Config::new(config.node_id())
+    }
 }
 
 impl HostPath {
     /// Opens (or creates) the state directory and locks it for the life of
     /// the process: a second instance on it gets an error naming the first.
     pub fn open(config: Config, mounter: Arc<dyn Mounter>) -> Result<Self, String> {
-        Self::open_with(
-            config,
-            mounter,
-            Arc::new(mount_utils::LinuxLoopDevices::new()),
-        )
+        let loops = Arc::new(mount_utils::LinuxLoopDevices::new());
+        Self::open_with(config, mounter, loops)
     }
 
     /// [`open`](Self::open) with the loop devices to use (a fake in tests).
@@ -58,97 +64,26 @@ impl HostPath {
         })?;
         let backend = Backend::new(&config.statedir, config.snapshotdir.as_deref())
             .map_err(|e| format!("preparing {}: {e}", config.statedir.display()))?;
-        let store = Arc::new(Store::open(files)?);
-        let used = store
-            .volumes
-            .read(|all| all.values().map(|v| v.capacity_bytes).sum());
-        let locator = Arc::new(Locator {
-            store: store.clone(),
-            backend: backend.clone(),
-        });
-        let node = open_node(&config.statedir, mounter, loops.clone(), locator, None)?;
+        let group = backend.consistent_group_snapshots();
+        let engine = Engine::open(files, engine_config(&config, group), backend.clone())?;
+        let node = open_node(&config, NodeSide(engine.downgrade()), mounter, loops)?;
+        let _ = backend.node.set(node.volumes().clone());
         Ok(Self {
             node,
             node_id: config.node_id(),
-            config: Arc::new(config),
-            store,
+            engine,
             backend,
-            loops,
-            in_flight: InFlight::new(),
-            ledger: Ledger::new(used),
         })
     }
 
     /// Startup reconciliation, before serving: puts back what the node
     /// record says is staged and published (a volume that cannot be
-    /// restored is reported abnormal), finishes group snapshots a crash
-    /// left half saved or half removed, and removes data no record owns
-    /// (unacknowledged creates, half-done deletes), logging each; the data
-    /// of records that were set aside as unreadable is kept.
+    /// restored is reported abnormal), then the engine's (group snapshots
+    /// a crash left half done, data no record owns).
     pub fn reconcile_on_start(&self) -> Result<(), CsiError> {
-        restore_node(&self.node);
-        let cut = crate::common::settle_groups(
-            &self.store.groups,
-            &self.store.snapshots,
-            |s| s.group_snapshot_id.as_deref(),
-            &self.store.quarantined_snapshots,
-        )?;
-        for snap in cut {
-            self.backend.delete_snapshot(&snap.id, snap.access)?;
-        }
-        self.sweep()
-    }
-
-    /// Removes data with no record (see [`Self::reconcile_on_start`]).
-    fn sweep(&self) -> Result<(), CsiError> {
-        let (volumes, snapshots, foreign) = self.backend.data();
-        for (id, path) in volumes {
-            if self.store.volumes.contains(&id) || self.store.quarantined_volumes.contains(&id) {
-                continue;
-            }
-            tracing::warn!(path = %path.display(), "volume data with no record (left by a crash); removing it");
-            self.backend.delete_volume_data(&id)?;
-        }
-        for (id, path) in snapshots {
-            if self.store.snapshots.contains(&id) || self.store.quarantined_snapshots.contains(&id)
-            {
-                continue;
-            }
-            tracing::warn!(path = %path.display(), "snapshot data with no record (left by a crash); removing it");
-            crate::common::state::remove_path(&path)
-                .map_err(|e| crate::common::internal("removing", &path, e))?;
-        }
-        for path in foreign {
-            tracing::warn!(path = %path.display(), "not this driver's data; not touched");
-        }
-        Ok(())
+        self.node.restore();
+        self.engine.reconcile()
     }
 }
-
-/// Where a volume's data is, for csi-node: only ids the controller
-/// recorded (an inline ephemeral volume by the name the CO gave it).
-struct Locator {
-    store: Arc<Store>,
-    backend: Backend,
-}
-
-impl csi_node::VolumeLocator for Locator {
-    fn source(&self, volume_id: &str) -> Option<csi_node::Source> {
-        let volume = self.store.volumes.get(volume_id).or_else(|| {
-            self.store.volumes.read(|all| {
-                all.values()
-                    .find(|v| v.ephemeral && v.name == volume_id)
-                    .cloned()
-            })
-        })?;
-        let path = self.backend.volume_path(&volume.id, volume.access);
-        Some(match volume.access {
-            Access::Mount => csi_node::Source::Directory(path),
-            Access::Block => csi_node::Source::Image(path),
-        })
-    }
-}
-
-pub use crate::common::blocking;
 
 impl csi_server::Identity for HostPath {}

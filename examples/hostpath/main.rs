@@ -8,56 +8,25 @@
 //! and inline ephemeral volumes are supported. See `--help` for the flags.
 
 mod backend;
-#[path = "../common/mod.rs"]
-mod common;
 mod config;
-mod controller;
 mod driver;
 mod group;
 mod node;
-mod store;
 
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Parser;
-use csi_kit::proto::v1::controller_service_capability::rpc::Type as Ctrl;
-use csi_kit::proto::v1::group_controller_service_capability::rpc::Type as Group;
 use csi_kit::proto::v1::node_service_capability::rpc::Type as NodeRpc;
-use csi_kit::proto::v1::plugin_capability::service::Type as Service;
-use csi_kit::proto::v1::plugin_capability::volume_expansion::Type as Expansion;
 use csi_kit::server::{Capabilities, PluginInfo, Readiness, ServeMode, Server};
 
 use config::{Config, Mode};
 use driver::HostPath;
 
-/// What the driver advertises, derived from its flags.
+/// What the driver advertises, derived from its flags: the node's
+/// capabilities here, the controller's from the engine's configuration.
 fn capabilities(config: &Config, group_snapshots: bool) -> Capabilities {
-    let mut controller = vec![
-        Ctrl::CreateDeleteVolume,
-        Ctrl::ListVolumes,
-        Ctrl::GetCapacity,
-        Ctrl::CreateDeleteSnapshot,
-        Ctrl::ListSnapshots,
-        Ctrl::GetSnapshot,
-        Ctrl::CloneVolume,
-        Ctrl::ExpandVolume,
-        Ctrl::GetVolume,
-        Ctrl::VolumeCondition,
-        Ctrl::SingleNodeMultiWriter,
-        Ctrl::ModifyVolume,
-    ];
-    if config.enable_attach {
-        controller.extend([
-            Ctrl::PublishUnpublishVolume,
-            Ctrl::PublishReadonly,
-            Ctrl::ListVolumesPublishedNodes,
-        ]);
-    }
-    let mut caps = Capabilities::new()
-        .plugin(Service::ControllerService)
-        .volume_expansion(Expansion::Online)
-        .controller(controller)
+    let node = Capabilities::new()
         .node([
             NodeRpc::StageUnstageVolume,
             NodeRpc::GetVolumeStats,
@@ -67,15 +36,7 @@ fn capabilities(config: &Config, group_snapshots: bool) -> Capabilities {
         ])
         // The server rejects any other key before the driver sees it.
         .mutable_parameters(config.accepted_mutable_parameter_names.iter().cloned());
-    if group_snapshots {
-        caps = caps
-            .plugin(Service::GroupControllerService)
-            .group_controller([Group::CreateDeleteGetVolumeGroupSnapshot]);
-    }
-    if config.enable_topology {
-        caps = caps.plugin(Service::VolumeAccessibilityConstraints);
-    }
-    caps
+    driver::engine_config(config, group_snapshots).capabilities(node)
 }
 
 // One thread serves gRPC; everything that blocks (mounts, copies, state
@@ -84,7 +45,7 @@ fn capabilities(config: &Config, group_snapshots: bool) -> Capabilities {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let config = Config::parse();
-    common::init_tracing(&config.log);
+    csi_server::init_tracing(&config.log);
     match run(config).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -116,11 +77,11 @@ async fn run(config: Config) -> Result<(), String> {
         .mode(mode)
         .endpoint(endpoint)
         .identity(driver.clone())
-        .controller(driver.clone())
-        .node(driver.clone())
+        .controller(Arc::new(driver.engine.clone()))
+        .node(driver.node.clone())
         .readiness(readiness.clone());
     if group_snapshots {
-        builder = builder.group_controller(driver.clone());
+        builder = builder.group_controller(Arc::new(driver.engine.clone()));
     }
     let server = builder.build().map_err(|e| e.to_string())?;
     println!(

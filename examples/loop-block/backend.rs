@@ -1,7 +1,7 @@
 //! Where the disks live: `<statedir>/volumes/<id>.img` (sparse backing
 //! files) and `<statedir>/snapshots/<id>.img` (sparse, reflinked where the
 //! filesystem can, copies). Callers validate ids first
-//! ([`IdKind::is_valid`](crate::common::IdKind::is_valid)), so every path
+//! ([`IdKind::is_valid`](csi_controller::IdKind::is_valid)), so every path
 //! here is `root/<kind>/<generated id>.img`.
 
 use std::fs;
@@ -9,15 +9,45 @@ use std::io;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use csi_server::CsiResult;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, OnceLock};
 
-use crate::common::state::data_by_id;
-use crate::common::{IdKind, copy_sparse, create_sparse, grow_file, remove_file_if_present};
+use csi_controller::{
+    Access, DataOnDisk, IdKind, SnapshotRecord, Source, VolumeBackend, VolumeRecord, copy_sparse,
+    create_sparse, data_by_id, grow_file, remove_path, to_map,
+};
+use csi_server::v1::VolumeCapability;
+use csi_server::{CsiError, CsiResult};
 
-/// The directory layout of one driver instance.
-#[derive(Debug, Clone)]
+use crate::tuning::{TuneError, Tuning};
+
+/// The publish-context key carrying the backing file to the node (what a
+/// cloud driver would return as the attached device's path or serial).
+pub const BACKING_FILE_KEY: &str = "loop-block.csi-kit.dev/backing-file";
+
+/// Filesystems NodeStage can create (SafeFormatAndMount's list).
+const SUPPORTED_FS: [&str; 4] = ["ext3", "ext4", "xfs", "btrfs"];
+
+/// The directory layout of one driver instance, and what the storage side
+/// needs of the node side.
+#[derive(Clone)]
 pub struct Backend {
     root: PathBuf,
+    /// The node side's record, once opened (DeleteVolume is refused while
+    /// it holds the disk; a group snapshot freezes what it staged).
+    pub node: Arc<OnceLock<csi_node::NodeVolumes>>,
+    /// Held shared by NodeStage/NodeUnstage and exclusively while a group
+    /// snapshot is cut or a modification is applied, so neither sees a disk
+    /// half attached.
+    pub attachments: Arc<tokio::sync::RwLock<()>>,
+    /// Whether the backing files' filesystem takes O_DIRECT (the
+    /// `directIO` mutable parameter needs it).
+    pub direct_io_supported: bool,
+}
+
+/// Removes a file; an absent one is fine (true if there was one).
+fn remove_file_if_present(path: &Path) -> CsiResult<bool> {
+    remove_path(path)
 }
 
 impl Backend {
@@ -34,12 +64,10 @@ impl Backend {
         }
         Ok(Self {
             root: root.to_owned(),
+            node: Arc::default(),
+            attachments: Arc::default(),
+            direct_io_supported: crate::tuning::direct_io_supported(&root.join("volumes")),
         })
-    }
-
-    /// The state directory.
-    pub fn root(&self) -> &Path {
-        &self.root
     }
 
     /// The directory holding the backing files.
@@ -68,7 +96,7 @@ impl Backend {
     }
 
     /// Removes a disk's backing file; an absent one is fine.
-    pub fn delete(&self, id: &str) -> CsiResult<()> {
+    pub fn delete(&self, id: &str) -> CsiResult<bool> {
         remove_file_if_present(&self.volume_path(id))
     }
 
@@ -97,7 +125,7 @@ impl Backend {
     }
 
     /// Removes a snapshot's copy; an absent one is fine.
-    pub fn delete_snapshot(&self, id: &str) -> CsiResult<()> {
+    pub fn remove_snapshot(&self, id: &str) -> CsiResult<bool> {
         remove_file_if_present(&self.snapshot_path(id))
     }
 
@@ -114,12 +142,118 @@ impl Backend {
 
     /// Backing files and snapshot copies by id, and entries that are not
     /// this driver's: (disks, snapshots, other).
-    pub fn data(&self) -> crate::common::state::DataOnDisk {
-        let (disks, mut other) = data_by_id(&self.volumes_dir(), IdKind::Volume, &[".img"]);
+    pub fn data(&self) -> DataOnDisk {
+        let (volumes, mut foreign) = data_by_id(&self.volumes_dir(), IdKind::Volume, &[".img"]);
         let (snapshots, other_snaps) =
             data_by_id(&self.root.join("snapshots"), IdKind::Snapshot, &[".img"]);
-        other.extend(other_snaps);
-        (disks, snapshots, other)
+        foreign.extend(other_snaps);
+        DataOnDisk {
+            volumes,
+            snapshots,
+            foreign,
+        }
+    }
+
+    /// The disk's tuning from its record's mutable parameters.
+    pub fn tuning(&self, params: &BTreeMap<String, String>) -> CsiResult<Tuning> {
+        Tuning::default().with(&to_map(params), self.direct_io_supported)
+    }
+}
+
+impl VolumeBackend for Backend {
+    fn create_volume(&self, v: &VolumeRecord) -> CsiResult<()> {
+        match &v.source {
+            None => self.create(&v.id, v.capacity_bytes),
+            Some(Source::Snapshot(id)) => {
+                self.copy_into(&self.snapshot_path(id), &v.id, v.capacity_bytes)
+            }
+            Some(Source::Volume(id)) => {
+                self.copy_into(&self.volume_path(id), &v.id, v.capacity_bytes)
+            }
+        }
+    }
+
+    fn delete_volume(&self, id: &str) -> CsiResult<bool> {
+        self.delete(id)
+    }
+
+    fn create_snapshot(&self, s: &SnapshotRecord) -> CsiResult<()> {
+        self.snapshot(&s.source_volume_id, &s.id)
+    }
+
+    fn delete_snapshot(&self, id: &str) -> CsiResult<bool> {
+        self.remove_snapshot(id)
+    }
+
+    fn expand_volume(&self, v: &VolumeRecord, size: i64) -> CsiResult<()> {
+        self.grow(&v.id, size)
+    }
+
+    fn data(&self) -> DataOnDisk {
+        Backend::data(self)
+    }
+
+    fn free_space(&self) -> i64 {
+        csi_controller::free_space(&self.root)
+    }
+
+    /// The filesystem must be one NodeStage can create.
+    fn check_capabilities(&self, caps: &[VolumeCapability]) -> CsiResult<()> {
+        let fs = caps
+            .iter()
+            .filter_map(|c| c.mount_volume())
+            .map(|m| m.fs_type.as_str())
+            .find(|fs| !fs.is_empty() && !SUPPORTED_FS.contains(fs));
+        match fs {
+            Some(fs) => Err(CsiError::invalid(
+                "volume_capabilities.mount.fs_type",
+                format!("{fs:?} is not supported (supported: {SUPPORTED_FS:?})"),
+            )),
+            None => Ok(()),
+        }
+    }
+
+    fn mutable_parameters(
+        &self,
+        current: &BTreeMap<String, String>,
+        requested: &HashMap<String, String>,
+    ) -> CsiResult<BTreeMap<String, String>> {
+        let tuning = self.tuning(current)?;
+        Ok(tuning.with(requested, self.direct_io_supported)?.to_map())
+    }
+
+    /// Attached on this host: the change takes effect now (a cloud disk
+    /// changes its IOPS while attached too); otherwise at the next attach.
+    fn modify_volume(&self, v: &VolumeRecord, new: &BTreeMap<String, String>) -> CsiResult<()> {
+        // Exclusive: no NodeStage attaches the disk with the old values meanwhile.
+        let _exclusive = self.attachments.blocking_write();
+        let tuning = self.tuning(new)?;
+        let devices = mount_utils::loopdev::find_by_backing_file(self.volume_path(&v.id))
+            .map_err(|e| CsiError::Internal(format!("looking up loop devices: {e}")))?;
+        for d in &devices {
+            tuning.apply(d).map_err(TuneError::for_modify)?;
+        }
+        Ok(())
+    }
+
+    /// The loop device does not see the file grow until LOOP_SET_CAPACITY,
+    /// and a filesystem must be grown too.
+    fn node_expansion_required(&self, _: Access) -> bool {
+        true
+    }
+
+    fn publish_context(&self, v: &VolumeRecord) -> HashMap<String, String> {
+        let backing = self.volume_path(&v.id).to_string_lossy().into_owned();
+        [(BACKING_FILE_KEY.to_owned(), backing)].into()
+    }
+
+    fn in_use(&self, id: &str) -> Option<String> {
+        let held = self.node.get().is_some_and(|n| n.record(id).is_some());
+        held.then(|| "is in use on this node".to_owned())
+    }
+
+    fn cut_group(&self, members: &[(SnapshotRecord, VolumeRecord)]) -> CsiResult<()> {
+        crate::group::cut_consistently(self, members)
     }
 }
 
@@ -155,7 +289,11 @@ mod tests {
         ] {
             assert_eq!(b.volume_of(&bad), None, "{}", bad.display());
         }
-        let (disks, snapshots, other) = b.data();
+        let DataOnDisk {
+            volumes: disks,
+            snapshots,
+            foreign: other,
+        } = b.data();
         let mut want = vec![
             (v1.clone(), b.volume_path(&v1)),
             (v2.clone(), b.volume_path(&v2)),
@@ -166,7 +304,7 @@ mod tests {
         assert!(other.is_empty(), "{other:?}");
         b.delete(&v2).unwrap();
         b.delete(&v2).unwrap();
-        b.delete_snapshot(&s1).unwrap();
-        b.delete_snapshot(&s1).unwrap();
+        b.remove_snapshot(&s1).unwrap();
+        b.remove_snapshot(&s1).unwrap();
     }
 }

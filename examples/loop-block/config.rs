@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use clap::Parser;
 
-use crate::common::parse_size;
+use csi_controller::parse_size;
 
 const AFTER_HELP: &str = "\
 Mutable parameters (VolumeAttributesClass / ControllerModifyVolume):
@@ -56,6 +56,6 @@ impl Config {
 
     /// The node id to report.
     pub fn node_id(&self) -> String {
-        crate::common::node_id_or_hostname(self.nodeid.as_deref())
+        csi_server::node_id_or_hostname(self.nodeid.as_deref())
     }
 }

@@ -2,40 +2,42 @@
 
 use std::sync::Arc;
 
-use csi_server::{CsiError, CsiResult};
-use mount_utils::{
-    Exec, LinuxLoopDevices, LoopDevices, Mounter, ResizeFs, SafeFormatAndMount, SystemExec,
-};
+use csi_controller::{Engine, open_state};
+use csi_server::CsiResult;
+use mount_utils::{Exec, LinuxLoopDevices, LoopDevices, Mounter, SystemExec};
 
 use crate::backend::Backend;
-use crate::common::state::{InFlight, open_state, remove_path};
-use crate::common::{IdKind, internal, open_node, restore_node};
 use crate::config::Config;
-use crate::store::{Store, VolumeRecord};
-use crate::tuning::Tuning;
+use crate::node::{NodeSide, open_node};
 
 /// The loop-block driver: cheap to clone (everything shared is behind `Arc`).
 #[derive(Clone)]
 pub struct LoopBlock {
-    pub config: Arc<Config>,
     pub node_id: String,
-    pub store: Arc<Store>,
+    /// The Controller and GroupController, and the records.
+    pub engine: Engine<Backend>,
     pub backend: Backend,
     pub mounter: Arc<dyn Mounter>,
-    /// Loop devices (NodeExpand refreshes a disk's size through them).
-    pub loops: Arc<dyn LoopDevices>,
-    pub resizer: ResizeFs,
-    /// What this node staged and published (csi-node's record).
-    pub node: csi_node::NodeVolumes,
-    /// Whether the backing files' filesystem takes O_DIRECT (the
-    /// `directIO` mutable parameter needs it).
+    /// The node service (csi-node's, over what this node staged and published).
+    pub node: Arc<csi_node::NodeService<NodeSide>>,
+    /// Whether the backing files' filesystem takes O_DIRECT.
     pub direct_io_supported: bool,
-    /// Held shared by NodeStage/NodeUnstage and exclusively while a group
-    /// snapshot is cut or a modification is applied, so neither sees a disk
-    /// half attached.
-    pub attachments: Arc<tokio::sync::RwLock<()>>,
-    /// Disks, snapshots and names with work running on them.
-    pub in_flight: Arc<InFlight>,
+}
+
+/// The engine's configuration from the flags: disks are whole MiB (loop
+/// devices want whole sectors, filesystems whole blocks), never more than
+/// the free space (sparse files could overcommit), attached to this node.
+pub fn engine_config(config: &Config) -> csi_controller::Config {
+    csi_controller::Config {
+        refuse_beyond_free_space: true,
+        min_size: 1 << 20,
+        max_size: config.max_volume_size,
+        mount_unit: 1 << 20,
+        attach: true,
+        attach_limit: config.attach_limit,
+        group_snapshots: true,
+        ..csi_controller::Config::new(config.node_id())
+    }
 }
 
 impl LoopBlock {
@@ -57,48 +59,21 @@ impl LoopBlock {
         let files = open_state(&config.statedir, || {})?;
         let backend = Backend::new(&config.statedir)
             .map_err(|e| format!("preparing {}: {e}", config.statedir.display()))?;
-        let store = Arc::new(crate::store::open(&files)?);
-        let direct_io_supported = crate::tuning::direct_io_supported(&backend.volumes_dir());
-        // mkfs is I/O heavy: a burst of first-time stages formats two at a
-        // time. A disk formatted before is never formatted again.
-        let formatter =
-            SafeFormatAndMount::new(mounter.clone(), exec.clone()).with_max_concurrent_formats(2);
-        let locator = Arc::new(Locator {
-            store: store.clone(),
-            backend: backend.clone(),
-        });
-        let node = open_node(
-            &config.statedir,
-            mounter.clone(),
-            loops.clone(),
-            locator,
-            Some(Arc::new(formatter)),
-        )?;
+        let engine = Engine::open(files, engine_config(&config), backend.clone())?;
+        let side = NodeSide {
+            engine: engine.downgrade(),
+            attachments: backend.attachments.clone(),
+        };
+        let node = open_node(&config, side, mounter.clone(), loops, exec)?;
+        let _ = backend.node.set(node.volumes().clone());
         Ok(Self {
-            direct_io_supported,
-            attachments: Arc::new(tokio::sync::RwLock::new(())),
-            in_flight: InFlight::new(),
+            direct_io_supported: backend.direct_io_supported,
             node_id: config.node_id(),
-            config: Arc::new(config),
-            store,
+            engine,
             backend,
-            resizer: ResizeFs::new(exec),
             mounter,
-            loops,
             node,
         })
-    }
-
-    /// The record of a volume, or NOT_FOUND (ids this driver could not have
-    /// generated never reach the filesystem).
-    pub fn known_volume(&self, id: &str) -> CsiResult<VolumeRecord> {
-        if !IdKind::Volume.is_valid(id) {
-            return Err(CsiError::NotFound(format!("volume {id:?} does not exist")));
-        }
-        self.store
-            .volumes
-            .get(id)
-            .ok_or_else(|| CsiError::NotFound(format!("volume {id} does not exist")))
     }
 
     /// Startup reconciliation, before serving: thaws filesystems a crash
@@ -111,44 +86,14 @@ impl LoopBlock {
     /// those of records set aside as unreadable.
     pub fn reconcile_on_start(&self) -> CsiResult<()> {
         self.thaw_after_crash();
-        restore_node(&self.node);
-        let cut = crate::common::settle_groups(
-            &self.store.groups,
-            &self.store.snapshots,
-            |s| s.group_snapshot_id.as_deref(),
-            &self.store.quarantined_snapshots,
-        )?;
-        for snap in cut {
-            self.backend.delete_snapshot(&snap.id)?;
-        }
-        self.sweep()
-    }
-
-    /// Removes data with no record (see [`Self::reconcile_on_start`]).
-    fn sweep(&self) -> CsiResult<()> {
-        let (disks, snapshots, foreign) = self.backend.data();
-        let unowned = disks
-            .into_iter()
-            .filter(|(id, _)| {
-                !self.store.volumes.contains(id) && !self.store.quarantined_volumes.contains(id)
-            })
-            .chain(snapshots.into_iter().filter(|(id, _)| {
-                !self.store.snapshots.contains(id) && !self.store.quarantined_snapshots.contains(id)
-            }));
-        for (_, path) in unowned {
-            tracing::warn!(path = %path.display(), "data with no record (left by a crash); removing it");
-            remove_path(&path).map_err(|e| internal("removing", &path, e))?;
-        }
-        for path in foreign {
-            tracing::warn!(path = %path.display(), "not this driver's data; not touched");
-        }
-        Ok(())
+        self.node.restore();
+        self.engine.reconcile()
     }
 
     /// A crash during a group snapshot can leave members frozen, and every
     /// writer in their pods blocked: thaw them before anything else.
     fn thaw_after_crash(&self) {
-        for (id, record) in self.node.records() {
+        for (id, record) in self.node.volumes().records() {
             let Some(stage) = record.stage.filter(|s| !s.capability.is_block()) else {
                 continue;
             };
@@ -166,38 +111,85 @@ impl LoopBlock {
     }
 }
 
-/// Where a disk's data is, for csi-node: the backing file of a volume the
-/// controller recorded; its tuning is applied to each device it gets.
-struct Locator {
-    store: Arc<Store>,
-    backend: Backend,
-}
-
-impl csi_node::VolumeLocator for Locator {
-    fn source(&self, volume_id: &str) -> Option<csi_node::Source> {
-        if !IdKind::Volume.is_valid(volume_id) {
-            return None;
-        }
-        self.store.volumes.contains(volume_id).then_some(())?;
-        let image = self.backend.volume_path(volume_id);
-        Some(csi_node::Source::Image(image))
-    }
-
-    fn prepare_device(
-        &self,
-        volume_id: &str,
-        device: &csi_node::Device,
-    ) -> Result<(), csi_node::NodeError> {
-        let tuning: Tuning = self
-            .store
-            .volumes
-            .get(volume_id)
-            .map(|v| v.tuning)
-            .unwrap_or_default();
-        tuning
-            .apply(&device.path)
-            .map_err(|e| csi_node::NodeError::Csi(e.into()))
-    }
-}
-
 impl csi_server::Identity for LoopBlock {}
+
+#[cfg(test)]
+mod tests {
+    //! The engine with this backend, on a FakeMounter: what the tuning
+    //! keys do to CreateVolume and ControllerModifyVolume.
+    use std::collections::HashMap;
+
+    use clap::Parser;
+    use csi_server::v1::*;
+    use csi_server::{CallContext, Controller, CsiError, Method};
+
+    use super::*;
+    use crate::tuning::{DIRECT_IO_KEY, READ_AHEAD_KEY};
+
+    fn params(kv: &[(&str, &str)]) -> HashMap<String, String> {
+        kv.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn create(name: &str, kv: &[(&str, &str)]) -> CreateVolumeRequest {
+        CreateVolumeRequest {
+            name: name.into(),
+            capacity_range: Some(CapacityRange::at_least(1 << 20)),
+            volume_capabilities: vec![VolumeCapability::block()],
+            mutable_parameters: params(kv),
+            ..Default::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn mutable_parameters_are_checked_kept_and_merged() {
+        let dir = tempfile::tempdir().unwrap();
+        let statedir = dir.path().to_string_lossy().into_owned();
+        let config = Config::parse_from(["loop-block", "--statedir", &statedir, "--nodeid", "n1"]);
+        let d = LoopBlock::open(config, Arc::new(mount_utils::FakeMounter::new())).unwrap();
+        let ctx = CallContext::detached(0, Method::CreateVolume);
+        let created = d
+            .engine
+            .create_volume(&ctx, create("pvc-1", &[(READ_AHEAD_KEY, "512")]));
+        let id = created.await.unwrap().volume.unwrap().volume_id;
+        let tuning = || {
+            let params = d.engine.known_volume(&id).unwrap().mutable_parameters;
+            d.backend.tuning(&params).unwrap()
+        };
+        assert_eq!(tuning().read_ahead_kib, Some(512));
+        let modify = |kv: &[(&str, &str)]| ControllerModifyVolumeRequest {
+            volume_id: id.clone(),
+            mutable_parameters: params(kv),
+            ..Default::default()
+        };
+        // An unknown key next to a good one: INVALID_ARGUMENT naming it, nothing applied.
+        let bad = modify(&[(READ_AHEAD_KEY, "8"), ("XXX_FakeKey", "x")]);
+        let err = d
+            .engine
+            .controller_modify_volume(&ctx, bad)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, CsiError::InvalidArgument { field, .. } if field == "mutable_parameters[XXX_FakeKey]"),
+            "{err:?}"
+        );
+        assert_eq!(tuning().read_ahead_kib, Some(512));
+        // Keys not sent keep their values.
+        let good = modify(&[(DIRECT_IO_KEY, "false")]);
+        d.engine.controller_modify_volume(&ctx, good).await.unwrap();
+        assert_eq!(
+            (tuning().read_ahead_kib, tuning().direct_io),
+            (Some(512), Some(false))
+        );
+        // CreateVolume with an unknown key creates nothing.
+        let refused = d
+            .engine
+            .create_volume(&ctx, create("pvc-2", &[("XXX_FakeKey", "x")]));
+        assert!(refused.await.is_err());
+        assert_eq!(
+            std::fs::read_dir(d.backend.volumes_dir()).unwrap().count(),
+            1
+        );
+    }
+}

@@ -1,4 +1,5 @@
-//! The GroupController service: write-order consistent group snapshots.
+//! Write-order consistent group snapshots (csi-controller's engine serves
+//! the GroupController RPCs; this is the cut).
 //!
 //! The spec requires a group snapshot to be write-order consistent or to
 //! fail. A member nobody has attached has no writer: its backing file is
@@ -14,18 +15,11 @@
 
 use std::path::PathBuf;
 
-use csi_proto::v1::*;
-use csi_server::{CallContext, CsiError, CsiResult, GroupController};
+use csi_controller::{SnapshotRecord, VolumeRecord};
+use csi_server::{CsiError, CsiResult};
 use mount_utils::freeze::FrozenFilesystem;
 
 use crate::backend::Backend;
-use crate::common::state::Res;
-use crate::common::{
-    GroupSnapshotRecord, IdKind, blocking, get_group_snapshot, group_with_members, now_nanos,
-    remove_group, save_group, sorted,
-};
-use crate::driver::LoopBlock;
-use crate::store::{SnapshotRecord, VolumeRecord};
 
 /// How a member is written to right now.
 enum Writer {
@@ -35,26 +29,17 @@ enum Writer {
     Filesystem(PathBuf),
 }
 
-impl LoopBlock {
-    fn group_with_members(&self, id: &str) -> Option<(GroupSnapshotRecord, Vec<Snapshot>)> {
-        group_with_members(
-            &self.store.groups,
-            &self.store.snapshots,
-            id,
-            Self::snapshot_message,
-        )
-    }
-
+impl Backend {
     /// Who writes to `volume` and how to stop them, or why nobody can be
     /// stopped.
     fn writer_of(&self, volume: &VolumeRecord) -> CsiResult<Writer> {
-        let image = self.backend.volume_path(&volume.id);
+        let image = self.volume_path(&volume.id);
         let devices = mount_utils::loopdev::find_by_backing_file(&image)
             .map_err(|e| CsiError::Internal(format!("looking up loop devices: {e}")))?;
         let Some(device) = devices.first() else {
             return Ok(Writer::Nobody);
         };
-        let stage = self.node.record(&volume.id).and_then(|r| r.stage);
+        let stage = (self.node.get()).and_then(|n| n.record(&volume.id)?.stage);
         let Some(staged) = stage.filter(|s| !s.capability.is_block()) else {
             return Err(CsiError::FailedPrecondition(format!(
                 "volume {} is attached as a raw block device, which cannot be frozen: \
@@ -83,14 +68,18 @@ fn mounted_from(path: &std::path::Path, device: &std::path::Path) -> bool {
     }
 }
 
-/// Freezes every member in use, copies every member, thaws. Copies go to
-/// the state directory, never to a frozen filesystem; a failure removes
-/// the copies already made.
-fn cut_consistently(backend: &Backend, plan: &[(SnapshotRecord, Writer)]) -> CsiResult<()> {
+/// Freezes every member in use, copies every member, thaws, while no
+/// member gets attached or detached. Copies go to the state directory,
+/// never to a frozen filesystem; a failure removes the copies already made.
+pub fn cut_consistently(
+    backend: &Backend,
+    members: &[(SnapshotRecord, VolumeRecord)],
+) -> CsiResult<()> {
+    let _exclusive = backend.attachments.blocking_write();
     let mut frozen = Vec::new();
-    for (snap, writer) in plan {
-        if let Writer::Filesystem(staging) = writer {
-            let f = FrozenFilesystem::freeze(staging).map_err(|e| {
+    for (snap, volume) in members {
+        if let Writer::Filesystem(staging) = backend.writer_of(volume)? {
+            let f = FrozenFilesystem::freeze(&staging).map_err(|e| {
                 CsiError::FailedPrecondition(format!(
                     "cannot freeze the filesystem of volume {}: {e}",
                     snap.source_volume_id
@@ -99,11 +88,11 @@ fn cut_consistently(backend: &Backend, plan: &[(SnapshotRecord, Writer)]) -> Csi
             frozen.push(f);
         }
     }
-    for (i, (snap, _)) in plan.iter().enumerate() {
+    for (i, (snap, _)) in members.iter().enumerate() {
         if let Err(e) = backend.snapshot(&snap.source_volume_id, &snap.id) {
             drop(frozen);
-            for (done, _) in &plan[..i] {
-                let _ = backend.delete_snapshot(&done.id);
+            for (done, _) in &members[..i] {
+                let _ = backend.remove_snapshot(&done.id);
             }
             return Err(e);
         }
@@ -113,141 +102,4 @@ fn cut_consistently(backend: &Backend, plan: &[(SnapshotRecord, Writer)]) -> Csi
             .map_err(|e| CsiError::Internal(format!("thawing a member's filesystem: {e}")))?;
     }
     Ok(())
-}
-
-#[csi_server::async_trait]
-impl GroupController for LoopBlock {
-    async fn create_volume_group_snapshot(
-        &self,
-        _ctx: &CallContext,
-        req: CreateVolumeGroupSnapshotRequest,
-    ) -> CsiResult<CreateVolumeGroupSnapshotResponse> {
-        let mut claim = self.in_flight.claim(
-            "CreateVolumeGroupSnapshot",
-            &[(Res::GroupSnapshotName, &req.name)],
-        )?;
-        let existing = self.store.groups.by_name(&req.name).map(|g| g.id);
-        if let Some((g, members)) = existing.and_then(|id| self.group_with_members(&id)) {
-            g.check_repeat(&req)?;
-            return Ok(CreateVolumeGroupSnapshotResponse {
-                group_snapshot: Some(g.message(members)),
-            });
-        }
-        let mut volumes: Vec<VolumeRecord> = Vec::new();
-        for id in &req.source_volume_ids {
-            if volumes.iter().any(|v| &v.id == id) {
-                return Err(CsiError::invalid(
-                    "source_volume_ids",
-                    format!("volume {id} is listed twice"),
-                ));
-            }
-            // The members stay while they are copied.
-            claim.also(&[(Res::Volume, id)])?;
-            volumes.push(self.known_volume(id)?);
-        }
-        let group_id = IdKind::GroupSnapshot.generate();
-        let created = now_nanos();
-        let members: Vec<SnapshotRecord> = volumes
-            .iter()
-            .map(|v| SnapshotRecord {
-                id: IdKind::Snapshot.generate(),
-                name: format!("{}/{}", req.name, v.id),
-                source_volume_id: v.id.clone(),
-                size_bytes: v.capacity_bytes,
-                access: v.access,
-                created_unix_nanos: created,
-                parameters: sorted(&req.parameters),
-                group_snapshot_id: Some(group_id.clone()),
-            })
-            .collect();
-        let ids: Vec<(Res, &str)> = members
-            .iter()
-            .map(|s| (Res::Snapshot, s.id.as_str()))
-            .collect();
-        claim.also(&ids)?;
-        let record = GroupSnapshotRecord {
-            id: group_id,
-            name: req.name.clone(),
-            source_volume_ids: req.source_volume_ids.clone(),
-            snapshot_ids: members.iter().map(|s| s.id.clone()).collect(),
-            parameters: sorted(&req.parameters),
-            created_unix_nanos: created,
-        };
-        {
-            // No member gets attached or detached while the cut is planned and made.
-            let _exclusive = self.attachments.write().await;
-            let mut plan = Vec::new();
-            for (snap, volume) in members.iter().zip(&volumes) {
-                plan.push((snap.clone(), self.writer_of(volume)?));
-            }
-            let (this, saved) = (self.clone(), record.clone());
-            blocking(move || {
-                let _claim = claim;
-                cut_consistently(&this.backend, &plan)?;
-                let members: Vec<_> = plan
-                    .iter()
-                    .map(|(s, _)| (s.id.clone(), s.clone()))
-                    .collect();
-                if let Err(e) =
-                    save_group(&this.store.groups, &this.store.snapshots, &saved, &members)
-                {
-                    for (s, _) in &plan {
-                        let _ = this.store.snapshots.remove(&s.id);
-                        let _ = this.backend.delete_snapshot(&s.id);
-                    }
-                    return Err(e);
-                }
-                Ok(())
-            })
-            .await?;
-        }
-        tracing::info!(group = %record.id, volumes = ?record.source_volume_ids, "cut group snapshot");
-        let messages = members.iter().map(Self::snapshot_message).collect();
-        Ok(CreateVolumeGroupSnapshotResponse {
-            group_snapshot: Some(record.message(messages)),
-        })
-    }
-
-    async fn delete_volume_group_snapshot(
-        &self,
-        _ctx: &CallContext,
-        req: DeleteVolumeGroupSnapshotRequest,
-    ) -> CsiResult<DeleteVolumeGroupSnapshotResponse> {
-        if !IdKind::GroupSnapshot.is_valid(&req.group_snapshot_id) {
-            return Ok(DeleteVolumeGroupSnapshotResponse {});
-        }
-        let mut claim = self.in_flight.claim(
-            "DeleteVolumeGroupSnapshot",
-            &[(Res::GroupSnapshot, &req.group_snapshot_id)],
-        )?;
-        // ABORTED while a disk is being restored from a member.
-        if let Some(g) = self.store.groups.get(&req.group_snapshot_id) {
-            let members: Vec<(Res, &str)> = g
-                .snapshot_ids
-                .iter()
-                .map(|id| (Res::Snapshot, id.as_str()))
-                .collect();
-            claim.also(&members)?;
-        }
-        let this = self.clone();
-        blocking(move || {
-            let _claim = claim;
-            // Records first, then data: a crash in between leaves copies the
-            // next start removes.
-            let removed = remove_group(&this.store.groups, &this.store.snapshots, &req)?;
-            removed
-                .iter()
-                .try_for_each(|snap| this.backend.delete_snapshot(&snap.id))
-        })
-        .await?;
-        Ok(DeleteVolumeGroupSnapshotResponse {})
-    }
-
-    async fn get_volume_group_snapshot(
-        &self,
-        _ctx: &CallContext,
-        req: GetVolumeGroupSnapshotRequest,
-    ) -> CsiResult<GetVolumeGroupSnapshotResponse> {
-        get_group_snapshot(&req, |id| self.group_with_members(id))
-    }
 }

@@ -20,65 +20,38 @@
 //! root (loop devices, mounts). See `--help` for the flags.
 
 mod backend;
-#[path = "../common/mod.rs"]
-mod common;
 mod config;
-mod controller;
 mod driver;
 mod group;
 mod node;
-mod store;
 mod tuning;
 
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Parser;
-use csi_kit::proto::v1::controller_service_capability::rpc::Type as Ctrl;
-use csi_kit::proto::v1::group_controller_service_capability::rpc::Type as Group;
 use csi_kit::proto::v1::node_service_capability::rpc::Type as NodeRpc;
-use csi_kit::proto::v1::plugin_capability::service::Type as Service;
-use csi_kit::proto::v1::plugin_capability::volume_expansion::Type as Expansion;
 use csi_kit::server::{Capabilities, PluginInfo, Readiness, Server};
 
 use config::Config;
 use driver::LoopBlock;
 
-/// What the driver advertises.
-fn capabilities() -> Capabilities {
-    Capabilities::new()
-        .plugin(Service::ControllerService)
-        .plugin(Service::GroupControllerService)
-        .volume_expansion(Expansion::Online)
-        .controller([
-            Ctrl::CreateDeleteVolume,
-            Ctrl::PublishUnpublishVolume,
-            Ctrl::ListVolumes,
-            Ctrl::GetCapacity,
-            Ctrl::CreateDeleteSnapshot,
-            Ctrl::ListSnapshots,
-            Ctrl::GetSnapshot,
-            Ctrl::CloneVolume,
-            Ctrl::PublishReadonly,
-            Ctrl::ExpandVolume,
-            Ctrl::ListVolumesPublishedNodes,
-            Ctrl::GetVolume,
-            Ctrl::SingleNodeMultiWriter,
-            Ctrl::ModifyVolume,
-        ])
-        .group_controller([Group::CreateDeleteGetVolumeGroupSnapshot])
-        .node([
-            NodeRpc::StageUnstageVolume,
-            NodeRpc::GetVolumeStats,
-            NodeRpc::ExpandVolume,
-            NodeRpc::SingleNodeMultiWriter,
-        ])
+/// What the driver advertises: the node's capabilities here, the
+/// controller's from the engine's configuration.
+fn capabilities(config: &Config) -> Capabilities {
+    let node = Capabilities::new().node([
+        NodeRpc::StageUnstageVolume,
+        NodeRpc::GetVolumeStats,
+        NodeRpc::ExpandVolume,
+        NodeRpc::SingleNodeMultiWriter,
+    ]);
+    driver::engine_config(config).capabilities(node)
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let config = Config::parse();
-    common::init_tracing(&config.log);
+    csi_server::init_tracing(&config.log);
     match run(config).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -99,12 +72,12 @@ async fn run(config: Config) -> Result<(), String> {
     let driver = Arc::new(LoopBlock::open(config.clone(), mounter)?);
     let readiness = Readiness::new();
     let server = Server::builder(info)
-        .capabilities(capabilities())
+        .capabilities(capabilities(&config))
         .endpoint(endpoint)
         .identity(driver.clone())
-        .controller(driver.clone())
-        .group_controller(driver.clone())
-        .node(driver.clone())
+        .controller(Arc::new(driver.engine.clone()))
+        .group_controller(Arc::new(driver.engine.clone()))
+        .node(driver.node.clone())
         .readiness(readiness.clone())
         .build()
         .map_err(|e| e.to_string())?;

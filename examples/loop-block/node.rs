@@ -1,552 +1,163 @@
-//! The Node service: the disk appears on the node as a loop device, on
-//! csi-node's record of what this node staged and published (the spec's
-//! repeat and ownership rules before any syscall, the intent saved before
-//! mounting, what is mounted checked in mountinfo).
-//!
-//! Mount access: NodeStage attaches the backing file (named by the publish
-//! context), formats it on first use only (a disk formatted before that now
-//! shows no filesystem is refused, never formatted again) and mounts it at
-//! the staging path; NodePublish bind-mounts the staging path at the
-//! target. Block access: NodeStage attaches the file and NodePublish
-//! bind-mounts the device node on a file at the target; NodeUnstage of a
-//! disk still published is refused, so its device is never reused under a
-//! live target.
+//! The Node service: csi-node's `NodeService` (the record of what this
+//! node staged and published, the spec's rules, stats, expansion) with what
+//! is loop-block's own: the disk appears as a loop device of the backing
+//! file ControllerPublish named, formatted on first use only (a disk
+//! formatted before that now shows no filesystem is refused, never
+//! formatted again), tuned (read-ahead, direct I/O) each time it is
+//! attached, and staged only while no group snapshot is being cut.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
-use csi_proto::v1::*;
-use csi_server::{CallContext, CsiError, CsiResult, Node};
+use csi_controller::{Access, WeakEngine};
+use csi_node::{Device, NodeDriver, NodeError, NodeInfo, NodeService, Source, VolumeInfo};
+use csi_proto::v1::NodeStageVolumeRequest;
+use csi_server::{CsiError, CsiResult};
+use mount_utils::{Exec, LoopDevices, Mounter, ResizeFs, SafeFormatAndMount};
 
-use crate::common::{blocking, internal, node_stats, on_node};
-use crate::controller::BACKING_FILE_KEY;
-use crate::driver::LoopBlock;
-use crate::store::{Access, VolumeRecord};
+use crate::backend::{BACKING_FILE_KEY, Backend};
+use crate::config::Config;
 
-/// Whether the capability fits a volume of the given access type.
-fn check_access(volume: &VolumeRecord, cap: Option<&VolumeCapability>) -> CsiResult<()> {
-    let Some(cap) = cap else {
-        return Ok(()); // csi-node names the missing field
-    };
-    if cap.is_block() == (volume.access == Access::Block) {
-        return Ok(());
-    }
-    Err(CsiError::FailedPrecondition(format!(
-        "volume {} was created for {:?} access, not {}",
-        volume.id,
-        volume.access,
-        if cap.is_block() { "block" } else { "mount" }
-    )))
+/// loop-block's half of the node service. Weak: the engine's backend
+/// holds the node side.
+pub struct NodeSide {
+    pub engine: WeakEngine<Backend>,
+    /// The backend's attach lock (see `Backend::attachments`).
+    pub attachments: Arc<tokio::sync::RwLock<()>>,
 }
 
-impl LoopBlock {
-    /// The backing file named by the publish context must be this volume's
-    /// own file (csi-node attaches the one the backend names).
-    fn check_backing_file(&self, req: &NodeStageVolumeRequest) -> CsiResult<()> {
+/// The node service, its record under `statedir/node`.
+pub fn open_node(
+    config: &Config,
+    side: NodeSide,
+    mounter: Arc<dyn Mounter>,
+    loops: Arc<dyn LoopDevices>,
+    exec: Arc<dyn Exec>,
+) -> Result<Arc<NodeService<NodeSide>>, String> {
+    let info = NodeInfo::new(config.node_id()).max_volumes(config.attach_limit);
+    // mkfs is I/O heavy: a burst of first-time stages formats two at a time.
+    let formatter = SafeFormatAndMount::new(mounter.clone(), exec.clone());
+    let service = NodeService::builder(Arc::new(side), info, mounter)
+        .volumes(|v| {
+            v.loop_devices(loops)
+                .filesystem_mount(Arc::new(formatter.with_max_concurrent_formats(2)))
+                .single_node_multi_writer(true)
+        })
+        .resize_filesystems(ResizeFs::new(exec))
+        .open_in(&config.statedir.join("node"))
+        .map_err(|e| e.to_string())?;
+    Ok(Arc::new(service))
+}
+
+impl csi_node::VolumeLocator for NodeSide {
+    fn source(&self, volume_id: &str) -> Option<Source> {
+        let engine = self.engine.upgrade()?;
+        engine.known_volume(volume_id).ok()?;
+        Some(Source::Image(engine.backend().volume_path(volume_id)))
+    }
+
+    fn prepare_device(&self, volume_id: &str, device: &Device) -> Result<(), NodeError> {
+        let Some(engine) = self.engine.upgrade() else {
+            return Ok(());
+        };
+        let volume = engine.known_volume(volume_id).ok();
+        let params = volume.map(|v| v.mutable_parameters).unwrap_or_default();
+        let tuning = engine.backend().tuning(&params)?;
+        let applied = tuning.apply(&device.path);
+        applied.map_err(|e| NodeError::Csi(e.into()))
+    }
+}
+
+impl NodeDriver for NodeSide {
+    fn volume(&self, volume_id: &str) -> Option<VolumeInfo> {
+        let v = self.engine.upgrade()?.known_volume(volume_id).ok()?;
+        Some(VolumeInfo::new(v.access == Access::Block, v.capacity_bytes))
+    }
+
+    /// The backing file named by the publish context must be this volume's.
+    fn check_stage(&self, req: &NodeStageVolumeRequest) -> CsiResult<()> {
         let field = format!("publish_context[{BACKING_FILE_KEY}]");
         let path = req.publish_context.get(BACKING_FILE_KEY).ok_or_else(|| {
             CsiError::invalid(&field, "required: ControllerPublishVolume returns it")
         })?;
         let path = PathBuf::from(path);
-        if self.backend.volume_of(&path).as_deref() != Some(req.volume_id.as_str()) {
-            return Err(CsiError::invalid(
-                field,
-                format!("not the backing file of volume {}", req.volume_id),
-            ));
+        let engine = self.engine.upgrade();
+        let owner = engine.and_then(|e| e.backend().volume_of(&path));
+        if owner.as_deref() != Some(req.volume_id.as_str()) {
+            let why = format!("not the backing file of volume {}", req.volume_id);
+            return Err(CsiError::invalid(field, why));
         }
-        if !path.is_file() {
-            return Err(CsiError::NotFound(format!(
-                "backing file of volume {} is missing",
-                req.volume_id
-            )));
-        }
-        Ok(())
+        let missing =
+            || CsiError::NotFound(format!("volume {} has no backing file", req.volume_id));
+        path.is_file().then_some(()).ok_or_else(missing)
     }
 
-    /// Whether the node record holds anything of volume `id` (the
-    /// controller refuses to delete it then).
-    pub fn in_use_on_node(&self, id: &str) -> bool {
-        self.node.record(id).is_some()
-    }
-
-    /// Refreshes the loop device's size and grows the filesystem on it;
-    /// returns the device's new size.
-    fn expand_blocking(&self, stage: &csi_node::StageRecord) -> CsiResult<i64> {
-        let dev = stage
-            .device
-            .as_ref()
-            .map(|d| d.path.clone())
-            .ok_or_else(|| {
-                CsiError::FailedPrecondition(format!(
-                    "volume {} has no loop device",
-                    stage.volume_id
-                ))
-            })?;
-        let size = self
-            .loops
-            .set_capacity(&dev)
-            .map_err(|e| internal("refreshing the size of", &dev, e))?;
-        if !stage.capability.is_block() {
-            let device = dev.to_string_lossy();
-            let grow = self
-                .resizer
-                .need_resize(&device, &stage.path)
-                .map_err(|e| internal("inspecting the filesystem on", &dev, e))?;
-            if grow {
-                self.resizer
-                    .resize(&device, &stage.path)
-                    .map_err(|e| internal("growing the filesystem on", &dev, e))?;
-            }
-        }
-        Ok(size as i64)
-    }
-}
-
-#[csi_server::async_trait]
-impl Node for LoopBlock {
-    async fn node_stage_volume(
-        &self,
-        _ctx: &CallContext,
-        req: NodeStageVolumeRequest,
-    ) -> CsiResult<NodeStageVolumeResponse> {
-        let _attaching = self.attachments.read().await;
-        let volume = self.known_volume(&req.volume_id)?;
-        check_access(&volume, req.volume_capability.as_ref())?;
-        self.check_backing_file(&req)?;
-        on_node(&self.node, move |node| node.stage(&req)).await?;
-        Ok(NodeStageVolumeResponse {})
-    }
-
-    async fn node_unstage_volume(
-        &self,
-        _ctx: &CallContext,
-        req: NodeUnstageVolumeRequest,
-    ) -> CsiResult<NodeUnstageVolumeResponse> {
-        let _detaching = self.attachments.read().await;
-        on_node(&self.node, move |node| node.unstage(&req)).await?;
-        Ok(NodeUnstageVolumeResponse {})
-    }
-
-    async fn node_publish_volume(
-        &self,
-        _ctx: &CallContext,
-        req: NodePublishVolumeRequest,
-    ) -> CsiResult<NodePublishVolumeResponse> {
-        let volume = self.known_volume(&req.volume_id)?;
-        check_access(&volume, req.volume_capability.as_ref())?;
-        on_node(&self.node, move |node| node.publish(&req)).await?;
-        Ok(NodePublishVolumeResponse {})
-    }
-
-    async fn node_unpublish_volume(
-        &self,
-        _ctx: &CallContext,
-        req: NodeUnpublishVolumeRequest,
-    ) -> CsiResult<NodeUnpublishVolumeResponse> {
-        on_node(&self.node, move |node| node.unpublish(&req)).await?;
-        Ok(NodeUnpublishVolumeResponse {})
-    }
-
-    async fn node_get_volume_stats(
-        &self,
-        _ctx: &CallContext,
-        req: NodeGetVolumeStatsRequest,
-    ) -> CsiResult<NodeGetVolumeStatsResponse> {
-        self.known_volume(&req.volume_id)?;
-        node_stats(&self.node, req.volume_id, req.volume_path, |record| {
-            let dev = record.stage.as_ref()?.device.as_ref()?;
-            mount_utils::block::device_size(&dev.path).ok()
-        })
-        .await
-    }
-
-    async fn node_expand_volume(
-        &self,
-        _ctx: &CallContext,
-        req: NodeExpandVolumeRequest,
-    ) -> CsiResult<NodeExpandVolumeResponse> {
-        let volume = self.known_volume(&req.volume_id)?;
-        let (id, path) = (req.volume_id.clone(), req.volume_path.clone());
-        let record = on_node(&self.node, move |node| node.record_at(&id, &path)).await?;
-        let Some(stage) = record.stage else {
-            return Err(CsiError::FailedPrecondition(format!(
-                "volume {} is not staged",
-                volume.id
-            )));
-        };
-        if stage.readonly {
-            return Err(CsiError::FailedPrecondition(format!(
-                "volume {} is staged read-only",
-                volume.id
-            )));
-        }
-        let this = self.clone();
-        let capacity_bytes = blocking(move || this.expand_blocking(&stage)).await?;
-        tracing::info!(volume = %volume.id, capacity_bytes, "expanded volume on the node");
-        Ok(NodeExpandVolumeResponse { capacity_bytes })
-    }
-
-    async fn node_get_info(
-        &self,
-        _ctx: &CallContext,
-        _req: NodeGetInfoRequest,
-    ) -> CsiResult<NodeGetInfoResponse> {
-        Ok(NodeGetInfoResponse {
-            node_id: self.node_id.clone(),
-            max_volumes_per_node: self.config.attach_limit,
-            accessible_topology: None,
-        })
+    fn stage_lock(&self) -> Option<&tokio::sync::RwLock<()>> {
+        Some(&self.attachments)
     }
 }
 
 #[cfg(test)]
 mod tests {
-    //! The node service on a fake host (csi-node's FakeHost: FakeMounter
-    //! and FakeLoopDevices) and a FakeExec for blkid/mkfs/fsck, without
-    //! root: one test per case of issue 13.
+    //! loop-block's own node bits on a fake host; the record's rules are
+    //! csi-node's and tested there.
     use std::path::Path;
-    use std::sync::Arc;
 
     use clap::Parser;
-    use csi_node::testing::FakeHost;
+    use csi_node::testing::{FakeHost, requests::*};
     use csi_proto::v1::volume_capability::access_mode::Mode;
-    use csi_server::Method;
-    use csi_server::{Controller, PluginInfo};
-    use mount_utils::{Errno, ExecOutput, FakeExec, FakeOp, LoopDevices, LoopOptions, Mounter};
+    use csi_proto::v1::*;
+    use csi_server::{CallContext, Controller, Method, Node};
+    use mount_utils::{ExecOutput, FakeExec};
 
     use super::*;
-    use crate::common::requests::*;
-    use crate::config::Config;
+    use crate::driver::LoopBlock;
 
-    fn driver(dir: &Path, host: &FakeHost, exec: &Arc<FakeExec>) -> LoopBlock {
-        let statedir = dir.join("state").to_string_lossy().into_owned();
+    #[tokio::test]
+    async fn a_disk_is_staged_from_its_own_backing_file_formatted_once_and_kept_while_staged() {
+        let (dir, host, exec) = (
+            tempfile::tempdir().unwrap(),
+            FakeHost::new(),
+            Arc::new(FakeExec::new()),
+        );
+        let statedir = dir.path().join("state").to_string_lossy().into_owned();
         let config = Config::parse_from(["loop-block", "--statedir", &statedir, "--nodeid", "n1"]);
-        LoopBlock::open_with(config, host.mounter(), host.loops(), exec.clone()).unwrap()
-    }
-
-    fn ctx(method: Method) -> CallContext {
-        let info = PluginInfo::new("loop-block.csi.csi-kit.dev", "test").unwrap();
-        CallContext::for_test(method, info, crate::capabilities())
-    }
-
-    /// A disk created and ControllerPublished to this node; its id and
-    /// publish context.
-    async fn disk(d: &LoopBlock, name: &str, block: bool) -> (String, Vec<(String, String)>) {
-        let req = CreateVolumeRequest {
-            name: name.into(),
-            capacity_range: Some(CapacityRange::at_least(1 << 20)),
-            volume_capabilities: vec![cap(block, Mode::SingleNodeWriter, &[])],
-            ..Default::default()
-        };
-        let id = d
-            .create_volume(&ctx(Method::CreateVolume), req)
-            .await
-            .unwrap()
-            .volume
-            .unwrap()
-            .volume_id;
-        let req = ControllerPublishVolumeRequest {
-            volume_id: id.clone(),
-            node_id: "n1".into(),
-            volume_capability: Some(cap(block, Mode::SingleNodeWriter, &[])),
-            ..Default::default()
-        };
-        let context = d
-            .controller_publish_volume(&ctx(Method::ControllerPublishVolume), req)
-            .await
-            .unwrap()
-            .publish_context;
-        (id, context.into_iter().collect())
-    }
-
-    /// NodeStage with the publish context ControllerPublish returned.
-    fn stage_req(
-        id: &str,
-        context: &[(String, String)],
-        staging: &Path,
-        cap: VolumeCapability,
-    ) -> NodeStageVolumeRequest {
-        NodeStageVolumeRequest {
-            publish_context: context.iter().cloned().collect(),
-            ..crate::common::requests::stage_req(id, staging, cap)
+        let d = LoopBlock::open_with(config, host.mounter(), host.loops(), exec.clone()).unwrap();
+        let ctx = CallContext::detached(0, Method::NodeStageVolume);
+        let (c, mut files) = (cap(false, Mode::SingleNodeWriter, &[]), Vec::new());
+        for name in ["d1", "d2"] {
+            let req = CreateVolumeRequest {
+                name: name.into(),
+                volume_capabilities: vec![c.clone()],
+                ..Default::default()
+            };
+            let v = d.engine.create_volume(&ctx, req).await.unwrap().volume;
+            let id = v.unwrap().volume_id;
+            files.push((id.clone(), d.backend.volume_path(&id)));
         }
-    }
+        let (id, staging) = (files[0].0.clone(), dir.path().join("staging"));
+        let stage = |file: &Path| NodeStageVolumeRequest {
+            publish_context: [(BACKING_FILE_KEY.into(), file.to_string_lossy().into())].into(),
+            ..stage_req(&id, &staging, c.clone())
+        };
+        for file in [Path::new(""), &files[1].1] {
+            let e = d.node.node_stage_volume(&ctx, stage(file)).await;
+            let code = e.unwrap_err().code();
+            assert_eq!(code, tonic::Code::InvalidArgument, "{file:?}");
+        }
+        assert_eq!(host.attached(), 0);
 
-    /// blkid finds nothing, mkfs succeeds: a first stage.
-    fn fresh_disk(exec: &FakeExec) {
         exec.expect("blkid", ExecOutput::exit(2, ""));
         exec.expect("mkfs.ext4", ExecOutput::ok(""));
-    }
-
-    fn node() -> Method {
-        Method::NodeStageVolume
-    }
-
-    #[tokio::test]
-    async fn unstage_of_a_published_block_disk_is_refused_and_keeps_the_device() {
-        let (dir, host, exec) = (
-            tempfile::tempdir().unwrap(),
-            FakeHost::new(),
-            Arc::new(FakeExec::new()),
-        );
-        let d = driver(dir.path(), &host, &exec);
-        let (id, context) = disk(&d, "d1", true).await;
-        let (staging, target) = (dir.path().join("staging"), dir.path().join("target"));
-        let c = cap(true, Mode::SingleNodeWriter, &[]);
-        d.node_stage_volume(&ctx(node()), stage_req(&id, &context, &staging, c.clone()))
-            .await
-            .unwrap();
-        d.node_publish_volume(&ctx(node()), publish_req(&id, &staging, &target, c))
-            .await
-            .unwrap();
-        let e = d
-            .node_unstage_volume(&ctx(node()), unstage_req(&id, &staging))
-            .await
-            .unwrap_err();
-        assert_eq!(e.code(), tonic::Code::FailedPrecondition);
-        assert_eq!(host.attached(), 1, "the device stays attached");
-        // Nor can the controller delete it meanwhile.
-        let e = d
-            .delete_volume(
-                &ctx(Method::DeleteVolume),
-                DeleteVolumeRequest {
-                    volume_id: id.clone(),
-                    ..Default::default()
-                },
-            )
-            .await
-            .unwrap_err();
-        assert_eq!(e.code(), tonic::Code::FailedPrecondition);
-    }
-
-    #[tokio::test]
-    async fn an_rw_flag_cannot_make_a_read_only_disk_writable() {
-        let (dir, host, exec) = (
-            tempfile::tempdir().unwrap(),
-            FakeHost::new(),
-            Arc::new(FakeExec::new()),
-        );
-        let d = driver(dir.path(), &host, &exec);
-        let (id, context) = disk(&d, "d1", false).await;
-        let (staging, target) = (dir.path().join("staging"), dir.path().join("target"));
-        // A disk formatted before, staged reader-only with an rw flag.
-        exec.expect("blkid", ExecOutput::ok("TYPE=ext4\n"));
-        let reader = cap(false, Mode::MultiNodeReaderOnly, &["rw"]);
-        d.node_stage_volume(
-            &ctx(node()),
-            stage_req(&id, &context, &staging, reader.clone()),
-        )
-        .await
-        .unwrap();
-        assert!(host.mounts_at(&staging)[0].is_read_only());
-        let mut req = publish_req(&id, &staging, &target, reader);
-        req.readonly = true;
-        d.node_publish_volume(&ctx(node()), req).await.unwrap();
-        assert!(host.mounts_at(&target)[0].is_read_only());
-    }
-
-    #[tokio::test]
-    async fn mount_flag_values_appear_in_no_error() {
-        let (dir, host, exec) = (
-            tempfile::tempdir().unwrap(),
-            FakeHost::new(),
-            Arc::new(FakeExec::new()),
-        );
-        let d = driver(dir.path(), &host, &exec);
-        let (id, context) = disk(&d, "d1", false).await;
-        let staging = dir.path().join("staging");
-        fresh_disk(&exec);
-        host.fake()
-            .inject_error(FakeOp::Mount, &staging, Errno::EINVAL);
-        let c = cap(false, Mode::SingleNodeWriter, &["password=SECRET"]);
-        let e = d
-            .node_stage_volume(&ctx(node()), stage_req(&id, &context, &staging, c))
-            .await
-            .unwrap_err();
-        assert!(!format!("{e} {e:?}").contains("SECRET"), "{e}");
-        assert_eq!(host.attached(), 0, "a failed first stage detaches");
-    }
-
-    #[tokio::test]
-    async fn paths_the_driver_did_not_record_are_not_touched() {
-        let (dir, host, exec) = (
-            tempfile::tempdir().unwrap(),
-            FakeHost::new(),
-            Arc::new(FakeExec::new()),
-        );
-        let d = driver(dir.path(), &host, &exec);
-        let (a, ctx_a) = disk(&d, "a", true).await;
-        let (b, _) = disk(&d, "b", true).await;
-        let (sa, ta) = (dir.path().join("sa"), dir.path().join("ta"));
-        let c = cap(true, Mode::SingleNodeWriter, &[]);
-        d.node_stage_volume(&ctx(node()), stage_req(&a, &ctx_a, &sa, c.clone()))
-            .await
-            .unwrap();
-        d.node_publish_volume(&ctx(node()), publish_req(&a, &sa, &ta, c.clone()))
-            .await
-            .unwrap();
-        let e = d
-            .node_unpublish_volume(&ctx(node()), unpublish_req(&b, &ta))
-            .await
-            .unwrap_err();
-        assert_eq!(e.code(), tonic::Code::NotFound);
-        assert_eq!(host.mounts_at(&ta).len(), 1);
-        let foreign = dir.path().join("foreign");
-        std::fs::create_dir(&foreign).unwrap();
-        host.add_mount("tmpfs", &foreign, "tmpfs");
-        let _ = d
-            .node_unpublish_volume(&ctx(node()), unpublish_req(&a, &foreign))
-            .await;
-        assert_eq!(host.mounts_at(&foreign).len(), 1, "the tmpfs stays");
-        let link = dir.path().join("link");
-        std::os::unix::fs::symlink(&foreign, &link).unwrap();
-        assert!(
-            d.node_publish_volume(&ctx(node()), publish_req(&a, &sa, &link, c))
-                .await
-                .is_err()
-        );
-        assert_eq!(host.mounts_at(&foreign).len(), 1);
-    }
-
-    #[tokio::test]
-    async fn block_publish_onto_a_non_empty_file_is_refused() {
-        let (dir, host, exec) = (
-            tempfile::tempdir().unwrap(),
-            FakeHost::new(),
-            Arc::new(FakeExec::new()),
-        );
-        let d = driver(dir.path(), &host, &exec);
-        let (id, context) = disk(&d, "d1", true).await;
-        let (staging, target) = (dir.path().join("staging"), dir.path().join("user-file"));
-        std::fs::write(&target, b"the user's data").unwrap();
-        let c = cap(true, Mode::SingleNodeWriter, &[]);
-        d.node_stage_volume(&ctx(node()), stage_req(&id, &context, &staging, c.clone()))
-            .await
-            .unwrap();
-        assert!(
-            d.node_publish_volume(&ctx(node()), publish_req(&id, &staging, &target, c))
-                .await
-                .is_err()
-        );
-        assert!(host.mounts_at(&target).is_empty());
-        assert_eq!(std::fs::read(&target).unwrap(), b"the user's data");
-    }
-
-    #[tokio::test]
-    async fn a_staged_disk_with_damaged_first_blocks_is_abnormal_never_reformatted() {
-        let (dir, host, exec) = (
-            tempfile::tempdir().unwrap(),
-            FakeHost::new(),
-            Arc::new(FakeExec::new()),
-        );
-        let (staging, s_ok) = (dir.path().join("staging"), dir.path().join("s-ok"));
-        let (id, ok) = {
-            let d = driver(dir.path(), &host, &exec);
-            let (id, context) = disk(&d, "d1", false).await;
-            let (ok, ok_ctx) = disk(&d, "d2", true).await;
-            fresh_disk(&exec);
-            let c = cap(false, Mode::SingleNodeWriter, &[]);
-            d.node_stage_volume(&ctx(node()), stage_req(&id, &context, &staging, c))
-                .await
-                .unwrap();
-            let b = cap(true, Mode::SingleNodeWriter, &[]);
-            d.node_stage_volume(&ctx(node()), stage_req(&ok, &ok_ctx, &s_ok, b))
-                .await
-                .unwrap();
-            // A reboot: mounts and devices are gone.
-            host.unmount(&staging, false).unwrap();
-            for image in [d.backend.volume_path(&id), d.backend.volume_path(&ok)] {
-                for dev in host.loops().find_by_backing_file(&image).unwrap() {
-                    host.loops().detach(&dev).unwrap();
-                }
-            }
-            (id, ok)
+        let req = stage(&files[0].1);
+        d.node.node_stage_volume(&ctx, req).await.unwrap();
+        let formatted = (host.mounts_at(&staging).len(), exec.pending());
+        assert_eq!(formatted, (1, 0), "formatted on first use");
+        let delete = DeleteVolumeRequest {
+            volume_id: id.clone(),
+            ..Default::default()
         };
-        // Its first blocks are damaged: blkid finds nothing.
-        exec.expect("blkid", ExecOutput::exit(2, ""));
-        let before = exec.calls().len();
-        let d = driver(dir.path(), &host, &exec);
-        d.reconcile_on_start().unwrap();
-        let after = &exec.calls()[before..];
-        assert!(after.iter().any(|c| c.program == "blkid"), "{after:?}");
-        assert!(
-            !after.iter().any(|c| c.program.starts_with("mkfs")),
-            "{after:?}"
-        );
-        assert!(host.mounts_at(&staging).is_empty());
-        let r = d
-            .node_get_volume_stats(&ctx(node()), stats_req(&id, &staging))
-            .await
-            .unwrap();
-        assert!(r.volume_condition.unwrap().abnormal);
-        // The other disk is served.
-        let r = d
-            .node_get_volume_stats(&ctx(node()), stats_req(&ok, &s_ok))
-            .await
-            .unwrap();
-        assert!(!r.volume_condition.unwrap().abnormal);
-    }
-
-    #[tokio::test]
-    async fn unstage_without_a_record_detaches_the_device_by_backing_file() {
-        let (dir, host, exec) = (
-            tempfile::tempdir().unwrap(),
-            FakeHost::new(),
-            Arc::new(FakeExec::new()),
-        );
-        let d = driver(dir.path(), &host, &exec);
-        let (id, _) = disk(&d, "d1", true).await;
-        host.loops()
-            .attach(&d.backend.volume_path(&id), &LoopOptions::default())
-            .unwrap()
-            .keep();
-        d.node_unstage_volume(&ctx(node()), unstage_req(&id, &dir.path().join("staging")))
-            .await
-            .unwrap();
-        assert_eq!(host.attached(), 0);
-    }
-
-    #[tokio::test]
-    async fn mount_flag_values_reach_no_log_line_at_trace_level() {
-        let logs = capture_all_logs();
-        let (dir, host, exec) = (
-            tempfile::tempdir().unwrap(),
-            FakeHost::new(),
-            Arc::new(FakeExec::new()),
-        );
-        let d = driver(dir.path(), &host, &exec);
-        let (id, context) = disk(&d, "d1", false).await;
-        let (staging, target) = (dir.path().join("staging"), dir.path().join("target"));
-        let c = cap(false, Mode::SingleNodeWriter, &["password=SECRET"]);
-        // A failing staging mount, then a good one; a failing publish, then a good one.
-        fresh_disk(&exec);
-        host.fake()
-            .inject_error(FakeOp::Mount, &staging, Errno::EINVAL);
-        let mut errors = vec![
-            d.node_stage_volume(&ctx(node()), stage_req(&id, &context, &staging, c.clone()))
-                .await
-                .unwrap_err(),
-        ];
-        host.fake().clear_errors();
-        fresh_disk(&exec);
-        d.node_stage_volume(&ctx(node()), stage_req(&id, &context, &staging, c.clone()))
-            .await
-            .unwrap();
-        host.fake()
-            .inject_error(FakeOp::Mount, &target, Errno::EINVAL);
-        errors.push(
-            d.node_publish_volume(&ctx(node()), publish_req(&id, &staging, &target, c.clone()))
-                .await
-                .unwrap_err(),
-        );
-        host.fake().clear_errors();
-        d.node_publish_volume(&ctx(node()), publish_req(&id, &staging, &target, c))
-            .await
-            .unwrap();
-        let text = String::from_utf8_lossy(&logs.lock().unwrap()).into_owned();
-        assert!(text.contains("published"), "events are captured: {text}");
-        assert!(!text.contains("SECRET"), "{text}");
-        for e in errors {
-            assert!(!format!("{e} {e:?}").contains("SECRET"), "{e}");
-        }
+        let e = d.engine.delete_volume(&ctx, delete).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::FailedPrecondition, "still staged");
     }
 }

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use csi_server::CsiError;
+use csi_driver::CsiError;
 use csi_store::StoreError;
 use mount_utils::{Errno, FormatError, LoopError, MountError};
 

@@ -32,77 +32,61 @@
 //! never formats again, and reports a volume it cannot restore abnormal
 //! ([`NodeVolumes::volume_condition`]) instead of stopping the plugin.
 //!
-//! A node service using it (the driver keeps its volumes as directories
-//! under `/var/lib/example/volumes`):
+//! Most drivers need not call [`NodeVolumes`] themselves: [`NodeService`]
+//! is a ready CSI Node service over it (stage, unstage, publish and
+//! unpublish off the async runtime with the spec's codes, the access-type
+//! check, NodeGetVolumeStats with the condition and the filesystem usage
+//! or block size, NodeExpandVolume, NodeGetInfo, restore at start). The
+//! driver implements [`NodeDriver`]: which volumes exist, their access type
+//! and size, where their data is, and optionally a stage check, a stage
+//! lock and inline ephemeral volumes. A node plugin whose volumes are
+//! directories under `/var/lib/example/volumes`:
 //!
-//! ```
-//! use std::path::PathBuf;
+//! ```no_run
+//! use std::path::{Path, PathBuf};
 //! use std::sync::Arc;
-//! use csi_node::{NodeVolumes, Source};
-//! use csi_store::RecordStore;
-//! use csi_proto::v1::*;
-//! use csi_server::{CallContext, CsiError, CsiResult, Node};
-//! use mount_utils::Mounter;
+//! use csi_driver::{Capabilities, NodeRpc};
+//! use csi_node::{NodeDriver, NodeInfo, NodeService, Source, VolumeInfo, VolumeLocator};
+//! use csi_server::{PluginInfo, Server};
 //!
-//! struct ExampleNode {
-//!     volumes: NodeVolumes,
-//! }
+//! struct Dirs(PathBuf);
 //!
-//! impl ExampleNode {
-//!     fn new(mounter: Arc<dyn Mounter>, store: Arc<dyn RecordStore>) -> Result<Self, CsiError> {
-//!         let locator = Arc::new(|id: &str| {
-//!             // Ids become paths: only ids this driver could have made.
-//!             let valid = id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
-//!             let dir = PathBuf::from("/var/lib/example/volumes").join(id);
-//!             (valid && dir.is_dir()).then_some(Source::Directory(dir))
-//!         });
-//!         let volumes = NodeVolumes::builder(mounter, store, locator).open()?;
-//!         let report = volumes.restore();
-//!         for (volume, why) in &report.abnormal {
-//!             tracing::warn!(%volume, %why, "volume is abnormal");
-//!         }
-//!         Ok(Self { volumes })
-//!     }
-//!
-//!     async fn blocking<T: Send + 'static>(
-//!         &self,
-//!         f: impl FnOnce(NodeVolumes) -> Result<T, csi_node::NodeError> + Send + 'static,
-//!     ) -> CsiResult<T> {
-//!         let volumes = self.volumes.clone();
-//!         tokio::task::spawn_blocking(move || f(volumes))
-//!             .await
-//!             .map_err(|e| CsiError::Internal(e.to_string()))?
-//!             .map_err(CsiError::from)
+//! impl VolumeLocator for Dirs {
+//!     fn source(&self, id: &str) -> Option<Source> {
+//!         // Ids become paths: only ids this driver could have made.
+//!         let valid = id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
+//!         let dir = self.0.join(id);
+//!         (valid && dir.is_dir()).then_some(Source::Directory(dir))
 //!     }
 //! }
 //!
-//! #[csi_server::async_trait]
-//! impl Node for ExampleNode {
-//!     async fn node_stage_volume(&self, _: &CallContext, req: NodeStageVolumeRequest) -> CsiResult<NodeStageVolumeResponse> {
-//!         self.blocking(move |v| v.stage(&req)).await?;
-//!         Ok(NodeStageVolumeResponse {})
-//!     }
-//!     async fn node_unstage_volume(&self, _: &CallContext, req: NodeUnstageVolumeRequest) -> CsiResult<NodeUnstageVolumeResponse> {
-//!         self.blocking(move |v| v.unstage(&req)).await?;
-//!         Ok(NodeUnstageVolumeResponse {})
-//!     }
-//!     async fn node_publish_volume(&self, _: &CallContext, req: NodePublishVolumeRequest) -> CsiResult<NodePublishVolumeResponse> {
-//!         self.blocking(move |v| v.publish(&req)).await?;
-//!         Ok(NodePublishVolumeResponse {})
-//!     }
-//!     async fn node_unpublish_volume(&self, _: &CallContext, req: NodeUnpublishVolumeRequest) -> CsiResult<NodeUnpublishVolumeResponse> {
-//!         self.blocking(move |v| v.unpublish(&req)).await?;
-//!         Ok(NodeUnpublishVolumeResponse {})
-//!     }
-//!     async fn node_get_volume_stats(&self, _: &CallContext, req: NodeGetVolumeStatsRequest) -> CsiResult<NodeGetVolumeStatsResponse> {
-//!         let condition = self.volumes.volume_condition(&req.volume_id, &req.volume_path)?;
-//!         Ok(NodeGetVolumeStatsResponse { usage: vec![], volume_condition: Some(condition) })
-//!     }
-//!     async fn node_get_info(&self, _: &CallContext, _: NodeGetInfoRequest) -> CsiResult<NodeGetInfoResponse> {
-//!         Ok(NodeGetInfoResponse { node_id: "node-1".into(), ..Default::default() })
+//! impl NodeDriver for Dirs {
+//!     fn volume(&self, id: &str) -> Option<VolumeInfo> {
+//!         self.source(id).map(|_| VolumeInfo::new(false, 0))
 //!     }
 //! }
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let driver = Arc::new(Dirs("/var/lib/example/volumes".into()));
+//! let info = NodeInfo::new(csi_driver::node_id_or_hostname(None));
+//! let mounter = Arc::new(mount_utils::LinuxMounter::new());
+//! let node = NodeService::builder(driver, info, mounter).open_in(Path::new("/var/lib/example/node"))?;
+//! node.restore(); // puts back what was staged and published; logs what cannot be
+//! let caps = Capabilities::new().node([NodeRpc::StageUnstageVolume, NodeRpc::GetVolumeStats]);
+//! Server::builder(PluginInfo::new("example.csi.dev", "1.0")?)
+//!     .capabilities(caps)
+//!     .node(Arc::new(node))
+//!     .build()?
+//!     .serve()
+//!     .await?;
+//! # Ok(())
+//! # }
 //! ```
+//!
+//! A driver that serves its controller in the same process registers its
+//! controller separately (`ServerBuilder::controller`) and keeps an `Arc`
+//! of the service to ask [`NodeService::volumes`] whether a volume is still
+//! staged or published here.
 //!
 //! The same calls with fakes ([`testing`]), as a driver's unit test would
 //! make them:
@@ -153,6 +137,7 @@ pub mod observe;
 mod record;
 pub mod rules;
 mod seams;
+mod service;
 pub mod testing;
 mod volumes;
 
@@ -162,6 +147,7 @@ pub use record::{
     StageState, VolumeRecord,
 };
 pub use seams::{FilesystemMount, PlainMount, VolumeLocator};
+pub use service::{NodeDriver, NodeInfo, NodeService, NodeServiceBuilder, VolumeInfo};
 pub use volumes::{
     NodeVolumes, NodeVolumesBuilder, Outcome, PUBLISHED_TABLE, RestoreReport, STAGED_TABLE,
 };

@@ -255,9 +255,9 @@ pub struct PublishRecord {
 }
 
 impl PublishRecord {
-    /// The call's arguments for csi-server's repeat table.
-    pub fn args(&self) -> csi_server::helpers::publish::PublishArgs {
-        csi_server::helpers::publish::PublishArgs {
+    /// The call's arguments for csi-driver's repeat table.
+    pub fn args(&self) -> csi_driver::helpers::publish::PublishArgs {
+        csi_driver::helpers::publish::PublishArgs {
             staging_target_path: self.staging_path.to_string_lossy().into_owned(),
             volume_capability: Some(self.capability.to_proto()),
             readonly: self.readonly,

@@ -113,3 +113,107 @@ impl Deref for FakeHost {
         &self.mounter
     }
 }
+
+/// Node requests for unit tests, filled as the CO would.
+pub mod requests {
+    use std::path::Path;
+    use std::sync::{Arc, Mutex};
+
+    use csi_proto::v1::volume_capability::access_mode::Mode;
+    use csi_proto::v1::*;
+
+    /// A block or mount capability with `mode` (and mount `flags`).
+    pub fn cap(block: bool, mode: Mode, flags: &[&str]) -> VolumeCapability {
+        let cap = if block {
+            VolumeCapability::block()
+        } else {
+            VolumeCapability::mount("").with_mount_flags(flags.iter().copied())
+        };
+        cap.with_access_mode(mode)
+    }
+
+    /// NodeStageVolume of `id` at `staging`.
+    pub fn stage_req(id: &str, staging: &Path, cap: VolumeCapability) -> NodeStageVolumeRequest {
+        NodeStageVolumeRequest {
+            volume_id: id.into(),
+            staging_target_path: staging.to_string_lossy().into(),
+            volume_capability: Some(cap),
+            ..Default::default()
+        }
+    }
+
+    /// NodePublishVolume of `id` from `staging` (empty: none) at `target`.
+    pub fn publish_req(
+        id: &str,
+        staging: &Path,
+        target: &Path,
+        cap: VolumeCapability,
+    ) -> NodePublishVolumeRequest {
+        NodePublishVolumeRequest {
+            volume_id: id.into(),
+            staging_target_path: staging.to_string_lossy().into(),
+            target_path: target.to_string_lossy().into(),
+            volume_capability: Some(cap),
+            ..Default::default()
+        }
+    }
+
+    /// NodeUnpublishVolume of `id` at `target`.
+    pub fn unpublish_req(id: &str, target: &Path) -> NodeUnpublishVolumeRequest {
+        NodeUnpublishVolumeRequest {
+            volume_id: id.into(),
+            target_path: target.to_string_lossy().into(),
+        }
+    }
+
+    /// NodeUnstageVolume of `id` at `staging`.
+    pub fn unstage_req(id: &str, staging: &Path) -> NodeUnstageVolumeRequest {
+        NodeUnstageVolumeRequest {
+            volume_id: id.into(),
+            staging_target_path: staging.to_string_lossy().into(),
+        }
+    }
+
+    /// NodeGetVolumeStats of `id` at `path`.
+    pub fn stats_req(id: &str, path: &Path) -> NodeGetVolumeStatsRequest {
+        NodeGetVolumeStatsRequest {
+            volume_id: id.into(),
+            volume_path: path.to_string_lossy().into(),
+            ..Default::default()
+        }
+    }
+
+    /// A subscriber that writes every event at every level, without
+    /// colours, to the returned buffer (for `tracing::subscriber::with_default`).
+    pub fn log_capture() -> (Arc<Mutex<Vec<u8>>>, impl tracing::Subscriber + Send + Sync) {
+        #[derive(Clone)]
+        struct Buffer(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Buffer {
+            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+                let mut b = self.0.lock().unwrap_or_else(|e| e.into_inner());
+                b.extend_from_slice(bytes);
+                Ok(bytes.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let buffer = Buffer(Arc::new(Mutex::new(Vec::new())));
+        let writer = buffer.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::TRACE)
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        (buffer.0, subscriber)
+    }
+
+    /// Sends every event of this process, at every level, to the returned
+    /// buffer. Once per test binary: it is the global subscriber, so the
+    /// blocking pool's threads are captured too.
+    pub fn capture_all_logs() -> Arc<Mutex<Vec<u8>>> {
+        let (buffer, subscriber) = log_capture();
+        tracing::subscriber::set_global_default(subscriber).expect("one capture per binary");
+        buffer
+    }
+}

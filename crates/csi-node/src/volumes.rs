@@ -176,7 +176,8 @@ pub struct NodeVolumes {
 /// Sets up a [`NodeVolumes`].
 pub struct NodeVolumesBuilder {
     mounter: Arc<dyn Mounter>,
-    store: Arc<dyn RecordStore>,
+    // Set later when NodeService's builder makes this one.
+    store: Option<Arc<dyn RecordStore>>,
     locator: Arc<dyn VolumeLocator>,
     loops: Option<Arc<dyn LoopDevices>>,
     filesystems: Option<Arc<dyn FilesystemMount>>,
@@ -204,13 +205,22 @@ impl NodeVolumesBuilder {
         self
     }
 
+    pub(crate) fn store(mut self, store: Arc<dyn RecordStore>) -> Self {
+        self.store = Some(store);
+        self
+    }
+
     /// Loads every record. An unreadable record does not fail this: its
     /// volume (or, for a publication, its target) is reported abnormal and
     /// served as having no record: nothing of it is touched unless
     /// verifiably its own.
     pub fn open(self) -> Result<NodeVolumes, NodeError> {
-        let staged = StoreTable::with_shared(self.store.clone(), STAGED_TABLE)?;
-        let published = StoreTable::with_shared(self.store, PUBLISHED_TABLE)?;
+        let store = self.store.ok_or_else(|| NodeError::Store {
+            reason: "no record store was given".into(),
+            full: false,
+        })?;
+        let staged = StoreTable::with_shared(store.clone(), STAGED_TABLE)?;
+        let published = StoreTable::with_shared(store, PUBLISHED_TABLE)?;
         let mut table = Table::default();
         table.load(&staged, &published)?;
         let filesystems = self
@@ -268,14 +278,29 @@ impl NodeVolumes {
         store: Arc<dyn RecordStore>,
         locator: Arc<dyn VolumeLocator>,
     ) -> NodeVolumesBuilder {
+        Self::builder_without_store(mounter, locator).store(store)
+    }
+
+    pub(crate) fn builder_without_store(
+        mounter: Arc<dyn Mounter>,
+        locator: Arc<dyn VolumeLocator>,
+    ) -> NodeVolumesBuilder {
         NodeVolumesBuilder {
             mounter,
-            store,
+            store: None,
             locator,
             loops: None,
             filesystems: None,
             single_node_multi_writer: false,
         }
+    }
+
+    pub(crate) fn mounter(&self) -> &Arc<dyn Mounter> {
+        &self.inner.mounter
+    }
+
+    pub(crate) fn loop_devices(&self) -> &Arc<dyn LoopDevices> {
+        &self.inner.loops
     }
 
     fn table(&self) -> MutexGuard<'_, Table> {

@@ -3,18 +3,17 @@
 //! temporary directories for the paths. Test names start with the case
 //! number.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Arc, Mutex};
 
+use csi_driver::CsiError;
 use csi_node::testing::FakeHost;
 use csi_node::{
     Device, FilesystemMount, NodeError, NodeVolumes, Outcome, PUBLISHED_TABLE, PublishState,
     STAGED_TABLE, Source, StageState, VolumeLocator,
 };
 use csi_proto::v1::volume_capability::access_mode::Mode;
-use csi_server::CsiError;
 use csi_store::{CodecId, MemStore, RawRecord, RecordStore};
 use mount_utils::{
     DeviceNumber, Errno, ExecOutput, FakeAction, FakeExec, FakeOp, FsUsage, LoopOptions,
@@ -65,6 +64,17 @@ impl Node {
         self.host = FakeHost::new();
         self.volumes = self.restart();
         self.volumes.clone()
+    }
+
+    /// The same node with its records lost.
+    fn forgetful(&self) -> NodeVolumes {
+        open(
+            self.base(),
+            self.host.mounter(),
+            &self.host,
+            &MemStore::new(),
+            None,
+        )
     }
 
     fn base(&self) -> &Path {
@@ -155,69 +165,44 @@ fn mount_published(node: &Node, vol: &str) -> (PathBuf, PathBuf) {
 }
 
 #[test]
-fn case1_unstage_of_a_published_block_volume_is_refused_and_keeps_its_device() {
-    let node = Node::new();
-    let vol = node.image_volume("img-1");
-    let (staging, target) = block_published(&node, &vol);
-    assert_eq!(node.attached(), 1);
-    node.host.fake().clear_actions();
+fn case1_unstage_of_a_published_volume_is_refused_and_keeps_its_device() {
+    for block in [true, false] {
+        let node = Node::new();
+        let vol = node.image_volume("img-1");
+        let (staging, target) = if block {
+            block_published(&node, &vol)
+        } else {
+            mount_published(&node, &vol)
+        };
+        node.host.fake().clear_actions();
+        let refused = |v: &NodeVolumes| code(v.unstage(&unstage(&vol, &staging)));
+        assert_eq!(refused(&node.volumes), Code::FailedPrecondition);
+        assert_eq!(
+            node.attached(),
+            1,
+            "the device stays with the published volume"
+        );
+        assert!(node.host.detached().is_empty());
+        assert_eq!(node.mounted(&target).len(), 1);
+        assert!(node.host.fake().actions().is_empty(), "nothing was touched");
 
-    assert_eq!(
-        code(node.volumes.unstage(&unstage(&vol, &staging))),
-        Code::FailedPrecondition
-    );
-    assert_eq!(
-        node.attached(),
-        1,
-        "the device stays with the published volume"
-    );
-    assert!(node.host.detached().is_empty());
-    assert_eq!(node.mounted(&target).len(), 1);
-    assert!(node.host.fake().actions().is_empty(), "nothing was touched");
+        // Also when the records are lost: the mount table shows the device in use.
+        let forgetful = node.forgetful();
+        assert_eq!(refused(&forgetful), Code::FailedPrecondition);
+        assert_eq!(node.attached(), 1);
 
-    // Also when the records are lost: the mount table shows the device in use.
-    let forgetful = open(
-        node.base(),
-        node.host.mounter(),
-        &node.host,
-        &MemStore::new(),
-        None,
-    );
-    assert_eq!(
-        code(forgetful.unstage(&unstage(&vol, &staging))),
-        Code::FailedPrecondition
-    );
-    assert_eq!(node.attached(), 1);
-
-    node.volumes.unpublish(&unpublish(&vol, &target)).unwrap();
-    assert_eq!(
-        node.volumes.unstage(&unstage(&vol, &staging)).unwrap(),
-        Outcome::Changed
-    );
-    assert_eq!(node.attached(), 0);
-    assert!(!target.exists(), "the target file NodePublish made is gone");
-    assert_eq!(
-        node.volumes.unstage(&unstage(&vol, &staging)).unwrap(),
-        Outcome::Unchanged
-    );
-    assert!(node.volumes.records().is_empty());
-}
-
-#[test]
-fn case1_unstage_of_a_published_filesystem_volume_is_refused() {
-    let node = Node::new();
-    let vol = node.image_volume("img-1");
-    let (staging, target) = mount_published(&node, &vol);
-    assert_eq!(
-        code(node.volumes.unstage(&unstage(&vol, &staging))),
-        Code::FailedPrecondition
-    );
-    assert_eq!(node.mounted(&staging).len(), 1);
-    assert_eq!(node.attached(), 1);
-    node.volumes.unpublish(&unpublish(&vol, &target)).unwrap();
-    node.volumes.unstage(&unstage(&vol, &staging)).unwrap();
-    assert!(node.mounted(&staging).is_empty());
-    assert_eq!(node.attached(), 0);
+        node.volumes.unpublish(&unpublish(&vol, &target)).unwrap();
+        for outcome in [Outcome::Changed, Outcome::Unchanged] {
+            assert_eq!(
+                node.volumes.unstage(&unstage(&vol, &staging)).unwrap(),
+                outcome
+            );
+        }
+        assert_eq!(node.attached(), 0);
+        assert!(node.mounted(&staging).is_empty());
+        assert!(!target.exists(), "the target NodePublish made is gone");
+        assert!(node.volumes.records().is_empty());
+    }
 }
 
 #[test]
@@ -408,28 +393,9 @@ fn case2_a_mount_that_did_not_become_read_only_is_undone() {
     }
 }
 
-/// Collects every log line at every level.
-#[derive(Clone, Default)]
-struct Logs(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Logs {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 #[test]
 fn case3_flag_values_reach_no_error_record_debug_or_log_line() {
-    let logs = Logs::default();
-    let writer = logs.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::TRACE)
-        .with_writer(move || writer.clone())
-        .finish();
+    let (logs, subscriber) = csi_node::testing::requests::log_capture();
     let mut seen = Vec::new();
     tracing::subscriber::with_default(subscriber, || {
         let node = Node::new();
@@ -464,7 +430,7 @@ fn case3_flag_values_reach_no_error_record_debug_or_log_line() {
         seen.push(format!("{:?}", node.restart().restore()));
         node.volumes.unpublish(&unpublish(&vol, &target)).unwrap();
     });
-    seen.push(String::from_utf8(logs.0.lock().unwrap().clone()).unwrap());
+    seen.push(String::from_utf8(logs.lock().unwrap().clone()).unwrap());
     assert!(seen[2].contains("publishing at"), "{}", seen[2]);
     assert!(seen.last().unwrap().contains("published"), "logging works");
     for text in seen {
@@ -660,58 +626,32 @@ fn crashes(f: impl FnOnce()) {
 }
 
 #[test]
-fn case7_a_crash_between_publish_mount_and_save_is_cleaned_up_by_unpublish() {
-    let node = Node::new();
-    let vol = node.dir_volume("dir-1");
-    let target = node.path("pods/t");
-    let req = publish(
-        &vol,
-        None,
-        &target,
-        mount_cap(Mode::SingleNodeWriter),
-        false,
-    );
-    crashes(|| {
-        let _ = twisted(&node, Twist::CrashAfterMount).publish(&req);
-    });
-    assert_eq!(node.mounted(&target).len(), 1, "mounted, then crashed");
-
-    let restarted = node.restart();
-    let p = restarted.record(&vol).unwrap().publications[0].clone();
-    assert_eq!(
-        p.state,
-        PublishState::Publishing,
-        "the intent was saved first"
-    );
-    restarted.unpublish(&unpublish(&vol, &target)).unwrap();
-    assert!(node.mounted(&target).is_empty());
-    assert!(!target.exists());
-    assert!(keys(&node.store).is_empty());
-}
-
-#[test]
-fn case7_a_retried_publish_after_a_crash_completes_it() {
-    let node = Node::new();
-    let vol = node.dir_volume("dir-1");
-    let target = node.path("pods/t");
-    let req = publish(
-        &vol,
-        None,
-        &target,
-        mount_cap(Mode::SingleNodeWriter),
-        false,
-    );
-    crashes(|| {
-        let _ = twisted(&node, Twist::CrashAfterMount).publish(&req);
-    });
-    let restarted = node.restart();
-    assert_eq!(restarted.publish(&req).unwrap(), Outcome::Changed);
-    assert_eq!(node.mounted(&target).len(), 1, "not mounted twice");
-    assert_eq!(
-        restarted.record(&vol).unwrap().publications[0].state,
-        PublishState::Published
-    );
-    assert_eq!(restarted.publish(&req).unwrap(), Outcome::Unchanged);
+fn case7_a_crash_between_publish_mount_and_save_is_completed_by_a_retry_or_undone_by_unpublish() {
+    for retry in [true, false] {
+        let node = Node::new();
+        let vol = node.dir_volume("dir-1");
+        let target = node.path("pods/t");
+        let cap = mount_cap(Mode::SingleNodeWriter);
+        let req = publish(&vol, None, &target, cap, false);
+        crashes(|| {
+            let _ = twisted(&node, Twist::CrashAfterMount).publish(&req);
+        });
+        assert_eq!(node.mounted(&target).len(), 1, "mounted, then crashed");
+        let restarted = node.restart();
+        let state = |r: &NodeVolumes| r.record(&vol).unwrap().publications[0].state;
+        let saved_first = state(&restarted);
+        assert_eq!(saved_first, PublishState::Publishing, "the intent first");
+        if retry {
+            assert_eq!(restarted.publish(&req).unwrap(), Outcome::Changed);
+            assert_eq!(node.mounted(&target).len(), 1, "not mounted twice");
+            assert_eq!(state(&restarted), PublishState::Published);
+            assert_eq!(restarted.publish(&req).unwrap(), Outcome::Unchanged);
+        } else {
+            restarted.unpublish(&unpublish(&vol, &target)).unwrap();
+            assert!(node.mounted(&target).is_empty() && !target.exists());
+            assert!(keys(&node.store).is_empty());
+        }
+    }
 }
 
 #[test]
@@ -738,37 +678,25 @@ fn case7_a_crash_while_staging_leaves_a_record_unstage_cleans_up() {
 }
 
 #[test]
-fn case7_unstage_without_a_record_detaches_the_device_found_by_backing_file() {
+fn case7_a_lost_record_neither_leaks_a_mount_or_device_nor_frees_someone_elses() {
     let node = Node::new();
     let vol = node.image_volume("img-1");
     let staging = node.path("staging");
-    // Attached, then the plugin died before saving (or the record was lost).
-    node.host
-        .loops()
-        .attach_existing(node.image(&vol), &LoopOptions::default());
-    assert_eq!(
-        node.volumes.unstage(&unstage(&vol, &staging)).unwrap(),
-        Outcome::Changed
-    );
-    assert_eq!(node.attached(), 0);
+    // Attached, then the plugin died before saving: found by backing file.
+    let attach = || {
+        node.host
+            .loops()
+            .attach_existing(node.image(&vol), &LoopOptions::default())
+    };
+    attach();
+    let outcome = node.volumes.unstage(&unstage(&vol, &staging)).unwrap();
+    assert_eq!(outcome, Outcome::Changed);
     assert_eq!(node.host.detached(), [PathBuf::from("/dev/loop0")]);
-}
 
-#[test]
-fn case7_a_lost_record_neither_leaks_a_mount_nor_frees_someone_elses() {
-    let node = Node::new();
-    let vol = node.image_volume("img-1");
-    let staging = node.path("staging");
     node.volumes
         .stage(&stage(&vol, &staging, mount_cap(Mode::SingleNodeWriter)))
         .unwrap();
-    let forgetful = open(
-        node.base(),
-        node.host.mounter(),
-        &node.host,
-        &MemStore::new(),
-        None,
-    );
+    let forgetful = node.forgetful();
     // Verifiably this volume (its device number in mountinfo): cleaned up.
     forgetful.unstage(&unstage(&vol, &staging)).unwrap();
     assert!(node.mounted(&staging).is_empty());
@@ -777,9 +705,7 @@ fn case7_a_lost_record_neither_leaks_a_mount_nor_frees_someone_elses() {
     // Someone else's filesystem at the path: not this volume, not touched
     // (and the device stays: it may be theirs to use).
     node.host.fake().add_mount("tmpfs", &staging, "tmpfs");
-    node.host
-        .loops()
-        .attach_existing(node.image(&vol), &LoopOptions::default());
+    attach();
     assert_eq!(
         code(forgetful.unstage(&unstage(&vol, &staging))),
         Code::NotFound

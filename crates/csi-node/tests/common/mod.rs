@@ -4,10 +4,10 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use csi_driver::CsiError;
 use csi_node::{NodeError, Source, VolumeLocator};
 use csi_proto::v1::volume_capability::access_mode::Mode;
 use csi_proto::v1::*;
-use csi_server::CsiError;
 use tonic::Code;
 
 /// Volumes under `base`: `data/<id>` directories and `images/<id>.img` files.
@@ -45,21 +45,9 @@ pub fn s(p: &Path) -> String {
     p.to_string_lossy().into_owned()
 }
 
-pub fn stage(vol: &str, path: &Path, cap: VolumeCapability) -> NodeStageVolumeRequest {
-    NodeStageVolumeRequest {
-        volume_id: vol.into(),
-        staging_target_path: s(path),
-        volume_capability: Some(cap),
-        ..Default::default()
-    }
-}
-
-pub fn unstage(vol: &str, path: &Path) -> NodeUnstageVolumeRequest {
-    NodeUnstageVolumeRequest {
-        volume_id: vol.into(),
-        staging_target_path: s(path),
-    }
-}
+pub use csi_node::testing::requests::{
+    stage_req as stage, unpublish_req as unpublish, unstage_req as unstage,
+};
 
 pub fn publish(
     vol: &str,
@@ -68,20 +56,10 @@ pub fn publish(
     cap: VolumeCapability,
     readonly: bool,
 ) -> NodePublishVolumeRequest {
+    let staging = staging.unwrap_or(Path::new(""));
     NodePublishVolumeRequest {
-        volume_id: vol.into(),
-        staging_target_path: staging.map(s).unwrap_or_default(),
-        target_path: s(target),
-        volume_capability: Some(cap),
         readonly,
-        ..Default::default()
-    }
-}
-
-pub fn unpublish(vol: &str, target: &Path) -> NodeUnpublishVolumeRequest {
-    NodeUnpublishVolumeRequest {
-        volume_id: vol.into(),
-        target_path: s(target),
+        ..csi_node::testing::requests::publish_req(vol, staging, target, cap)
     }
 }
 
