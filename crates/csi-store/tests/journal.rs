@@ -150,19 +150,15 @@ fn temporaries(dir: &Path) -> usize {
     })
 }
 
-#[test]
-#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
-fn on_a_full_ext4_disk_deletes_work_and_the_journal_survives() {
-    mount_utils::require_root!("on_a_full_ext4_disk_deletes_work_and_the_journal_survives");
-    if !mount_utils::testing::have_program(
-        "on_a_full_ext4_disk_deletes_work_and_the_journal_survives",
-        "mkfs.ext4",
-    ) {
+/// Runs `f` on a fresh 16 MiB ext4 (no reserved blocks) in a private mount
+/// namespace; says so and returns if mkfs.ext4 is missing.
+fn on_scratch_ext4(test: &str, ns: &str, f: impl FnOnce(&ScratchFilesystem) + Send + 'static) {
+    if !mount_utils::testing::have_program(test, "mkfs.ext4") {
         return;
     }
     let work = tempfile::tempdir().unwrap();
     let work_path = work.path().to_owned();
-    in_private_mount_ns("journal-full", move || {
+    in_private_mount_ns(ns, move || {
         let fs = ScratchFilesystem::with_options(
             &work_path,
             "ext4",
@@ -172,100 +168,100 @@ fn on_a_full_ext4_disk_deletes_work_and_the_journal_survives() {
             &[],
         )
         .unwrap();
-        let state = fs.path().join("state");
-        let store = FileStore::open(&state).unwrap();
-        assert!(store.syncs_to_disk());
-        let t: Table<String> = Table::new(&store, "volumes").unwrap();
-        let payload = "p".repeat(6000);
-        let mut acked = Vec::new();
-        let err = loop {
-            match t.put(&format!("vol-{}", acked.len()), &payload) {
-                Ok(()) => acked.push(format!("vol-{}", acked.len())),
-                Err(e) => break e,
-            }
-            assert!(acked.len() < 10_000, "the filesystem never filled");
-        };
-        assert!(matches!(err, StoreError::NoSpace { .. }), "{err:?}");
-        assert!(acked.len() > 100, "only {} records fit", acked.len());
-        assert!(store.stats().journal_syncs > 0, "the journal was used");
-        assert_eq!(temporaries(&state.join("tables/volumes")), 0);
-        // Deletes on the full disk, more than the journal holds between
-        // checkpoints, so checkpoints run on the full disk too.
-        let half = acked.len() / 2;
-        for key in &acked[..half] {
-            assert!(t.delete(key).unwrap(), "delete {key} on a full disk");
-        }
-        drop(t);
-        drop(store);
-        // Reopens (replay and checkpoint need no room) with every change.
-        let store = FileStore::open(&state).unwrap();
-        let t: Table<String> = Table::new(&store, "volumes").unwrap();
-        let scan = t.scan().unwrap();
-        assert!(scan.quarantined.is_empty());
-        let keys: Vec<_> = scan.records.into_iter().map(|(k, _)| k).collect();
-        let mut want = acked[half..].to_vec();
-        want.sort();
-        assert_eq!(keys, want);
-        t.put("vol-new", &payload).unwrap();
-        eprintln!(
-            "{} records filled 16 MiB of ext4; {half} deleted while full",
-            acked.len()
-        );
+        f(&fs);
     });
+}
+
+#[test]
+#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
+fn on_a_full_ext4_disk_deletes_work_and_the_journal_survives() {
+    mount_utils::require_root!("on_a_full_ext4_disk_deletes_work_and_the_journal_survives");
+    on_scratch_ext4(
+        "on_a_full_ext4_disk_deletes_work_and_the_journal_survives",
+        "journal-full",
+        |fs| {
+            let state = fs.path().join("state");
+            let store = FileStore::open(&state).unwrap();
+            assert!(store.syncs_to_disk());
+            let t: Table<String> = Table::new(&store, "volumes").unwrap();
+            let payload = "p".repeat(6000);
+            let mut acked = Vec::new();
+            let err = loop {
+                match t.put(&format!("vol-{}", acked.len()), &payload) {
+                    Ok(()) => acked.push(format!("vol-{}", acked.len())),
+                    Err(e) => break e,
+                }
+                assert!(acked.len() < 10_000, "the filesystem never filled");
+            };
+            assert!(matches!(err, StoreError::NoSpace { .. }), "{err:?}");
+            assert!(acked.len() > 100, "only {} records fit", acked.len());
+            assert!(store.stats().journal_syncs > 0, "the journal was used");
+            assert_eq!(temporaries(&state.join("tables/volumes")), 0);
+            // Deletes on the full disk, more than the journal holds between
+            // checkpoints, so checkpoints run on the full disk too.
+            let half = acked.len() / 2;
+            for key in &acked[..half] {
+                assert!(t.delete(key).unwrap(), "delete {key} on a full disk");
+            }
+            drop(t);
+            drop(store);
+            // Reopens (replay and checkpoint need no room) with every change.
+            let store = FileStore::open(&state).unwrap();
+            let t: Table<String> = Table::new(&store, "volumes").unwrap();
+            let scan = t.scan().unwrap();
+            assert!(scan.quarantined.is_empty());
+            let keys: Vec<_> = scan.records.into_iter().map(|(k, _)| k).collect();
+            let mut want = acked[half..].to_vec();
+            want.sort();
+            assert_eq!(keys, want);
+            t.put("vol-new", &payload).unwrap();
+            eprintln!(
+                "{} records filled 16 MiB of ext4; {half} deleted while full",
+                acked.len()
+            );
+        },
+    );
 }
 
 #[test]
 #[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
 fn without_room_for_a_journal_the_store_writes_directly() {
     mount_utils::require_root!("without_room_for_a_journal_the_store_writes_directly");
-    if !mount_utils::testing::have_program(
+    on_scratch_ext4(
         "without_room_for_a_journal_the_store_writes_directly",
-        "mkfs.ext4",
-    ) {
-        return;
-    }
-    let work = tempfile::tempdir().unwrap();
-    let work_path = work.path().to_owned();
-    in_private_mount_ns("journal-no-room", move || {
-        let fs = ScratchFilesystem::with_options(
-            &work_path,
-            "ext4",
-            16 << 20,
-            "ext4",
-            &["-m", "0"],
-            &[],
-        )
-        .unwrap();
-        let state = fs.path().join("state");
-        fs::create_dir_all(state.join("tables/volumes")).unwrap();
-        fs::create_dir_all(state.join("quarantine")).unwrap();
-        let filler = fs.path().join("filler");
-        let fill = || {
-            use std::io::Write;
-            let mut f = fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(&filler)
-                .unwrap();
-            for size in [64 << 10, 4096, 512, 1] {
-                let chunk = vec![1u8; size];
-                while f.write_all(&chunk).is_ok() {}
-            }
-            let _ = f.sync_all();
-        };
-        fill();
-        let store = FileStore::open(&state).unwrap();
-        assert!(!state.join("journal").exists());
-        assert!(!state.join("journal.new").exists(), "nothing left behind");
-        // The attempt freed what it had written: fill that too.
-        fill();
-        let t: Table<String> = Table::new(&store, "volumes").unwrap();
-        assert!(t.put("vol-1", &"x".repeat(6000)).unwrap_err().is_no_space());
-        fs::remove_file(&filler).unwrap();
-        t.put("vol-1", &"x".to_string()).unwrap();
-        assert!(t.delete("vol-1").unwrap());
-        let s = store.stats();
-        assert_eq!(s.journal_syncs, 0);
-        assert!(s.dir_syncs >= 2, "direct writes sync the directory");
-    });
+        "journal-no-room",
+        |fs| {
+            let state = fs.path().join("state");
+            fs::create_dir_all(state.join("tables/volumes")).unwrap();
+            fs::create_dir_all(state.join("quarantine")).unwrap();
+            let filler = fs.path().join("filler");
+            let fill = || {
+                use std::io::Write;
+                let mut f = fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&filler)
+                    .unwrap();
+                for size in [64 << 10, 4096, 512, 1] {
+                    let chunk = vec![1u8; size];
+                    while f.write_all(&chunk).is_ok() {}
+                }
+                let _ = f.sync_all();
+            };
+            fill();
+            let store = FileStore::open(&state).unwrap();
+            assert!(!state.join("journal").exists());
+            assert!(!state.join("journal.new").exists(), "nothing left behind");
+            // The attempt freed what it had written: fill that too.
+            fill();
+            let t: Table<String> = Table::new(&store, "volumes").unwrap();
+            assert!(t.put("vol-1", &"x".repeat(6000)).unwrap_err().is_no_space());
+            fs::remove_file(&filler).unwrap();
+            t.put("vol-1", &"x".to_string()).unwrap();
+            assert!(t.delete("vol-1").unwrap());
+            let s = store.stats();
+            assert_eq!(s.journal_syncs, 0);
+            assert!(s.dir_syncs >= 2, "direct writes sync the directory");
+        },
+    );
 }
