@@ -68,13 +68,6 @@ impl Config {
     /// The driver name reported when --drivername is not given.
     pub const DRIVER_NAME: &str = "hostpath.csi.csi-kit.dev";
 
-    /// A server builder with the driver's name, version and endpoint.
-    pub fn server(&self) -> Result<csi_server::ServerBuilder, String> {
-        let socket = self.statedir.join("csi.sock");
-        self.common
-            .server(Self::DRIVER_NAME, env!("CARGO_PKG_VERSION"), &socket)
-    }
-
     /// NodeGetInfo's max_volumes_per_node: the explicit flag, else the
     /// attach limit (0 = the CO decides).
     pub fn max_volumes_per_node(&self) -> i64 {
@@ -83,11 +76,6 @@ impl Config {
         } else {
             self.attach_limit
         }
-    }
-
-    /// The node id to report.
-    pub fn node_id(&self) -> String {
-        self.common.node_id()
     }
 }
 

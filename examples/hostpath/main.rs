@@ -61,7 +61,12 @@ async fn run(config: Config) -> Result<(), String> {
     let caps = capabilities(&config, group_snapshots);
     let readiness = Readiness::new();
     let mut builder = config
-        .server()?
+        .common
+        .server(
+            Config::DRIVER_NAME,
+            env!("CARGO_PKG_VERSION"),
+            &config.statedir.join("csi.sock"),
+        )?
         .capabilities(caps)
         .mode(mode)
         .identity(driver.clone())

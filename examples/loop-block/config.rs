@@ -40,16 +40,4 @@ pub struct Config {
 impl Config {
     /// The driver name reported when --drivername is not given.
     pub const DRIVER_NAME: &str = "loop-block.csi.csi-kit.dev";
-
-    /// A server builder with the driver's name, version and endpoint.
-    pub fn server(&self) -> Result<csi_server::ServerBuilder, String> {
-        let socket = self.statedir.join("csi.sock");
-        self.common
-            .server(Self::DRIVER_NAME, env!("CARGO_PKG_VERSION"), &socket)
-    }
-
-    /// The node id to report.
-    pub fn node_id(&self) -> String {
-        self.common.node_id()
-    }
 }

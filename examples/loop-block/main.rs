@@ -60,7 +60,12 @@ async fn run(config: Config) -> Result<(), String> {
     let driver = Arc::new(LoopBlock::open(config.clone(), mounter)?);
     let readiness = Readiness::new();
     let server = config
-        .server()?
+        .common
+        .server(
+            Config::DRIVER_NAME,
+            env!("CARGO_PKG_VERSION"),
+            &config.statedir.join("csi.sock"),
+        )?
         .capabilities(capabilities(&config))
         .identity(driver.clone())
         .controller(Arc::new(driver.engine.clone()))
