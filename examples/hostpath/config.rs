@@ -12,15 +12,9 @@ use csi_controller::parse_size;
 #[derive(Debug, Clone, Parser)]
 #[command(name = "hostpath", version, about)]
 pub struct Config {
-    /// Where to listen (default: unix://<statedir>/csi.sock).
-    #[arg(long, env = "CSI_ENDPOINT")]
-    pub endpoint: Option<String>,
-    /// This node's id (default: the hostname).
-    #[arg(long)]
-    pub nodeid: Option<String>,
-    /// The driver's name, as in the CSIDriver object.
-    #[arg(long, default_value = "hostpath.csi.csi-kit.dev")]
-    pub drivername: String,
+    /// --endpoint, --nodeid, --drivername, --log.
+    #[command(flatten)]
+    pub common: csi_server::flags::DriverFlags,
     /// Where volumes, snapshots and the state file live.
     #[arg(long, default_value = "/var/lib/csi-hostpath")]
     pub statedir: PathBuf,
@@ -57,9 +51,6 @@ pub struct Config {
     /// Mutable parameter names ControllerModifyVolume accepts (repeatable).
     #[arg(long = "accepted-mutable-parameter-name")]
     pub accepted_mutable_parameter_names: Vec<String>,
-    /// Log filter (tracing's EnvFilter syntax; RUST_LOG wins when set).
-    #[arg(long, default_value = "info")]
-    pub log: String,
 }
 
 /// Which services this instance serves.
@@ -74,12 +65,8 @@ pub enum Mode {
 }
 
 impl Config {
-    /// The endpoint to serve on.
-    pub fn endpoint(&self) -> String {
-        self.endpoint
-            .clone()
-            .unwrap_or_else(|| format!("unix://{}", self.statedir.join("csi.sock").display()))
-    }
+    /// The driver name reported when --drivername is not given.
+    pub const DRIVER_NAME: &str = "hostpath.csi.csi-kit.dev";
 
     /// NodeGetInfo's max_volumes_per_node: the explicit flag, else the
     /// attach limit (0 = the CO decides).
@@ -89,11 +76,6 @@ impl Config {
         } else {
             self.attach_limit
         }
-    }
-
-    /// The node id to report.
-    pub fn node_id(&self) -> String {
-        csi_server::node_id_or_hostname(self.nodeid.as_deref())
     }
 }
 

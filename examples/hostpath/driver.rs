@@ -34,7 +34,7 @@ pub fn engine_config(config: &Config, group_snapshots: bool) -> csi_controller::
         group_snapshots,
         keep_snapshot_sources: true,
         volume_condition: true,
-        ..csi_controller::Config::new(config.node_id())
+        ..csi_controller::Config::new(config.common.node_id())
     }
 }
 
@@ -70,7 +70,7 @@ impl HostPath {
         let _ = backend.node.set(node.volumes().clone());
         Ok(Self {
             node,
-            node_id: config.node_id(),
+            node_id: config.common.node_id(),
             engine,
             backend,
         })

@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use clap::Parser;
 use csi_kit::proto::v1::node_service_capability::rpc::Type as NodeRpc;
-use csi_kit::server::{Capabilities, PluginInfo, Readiness, ServeMode, Server};
+use csi_kit::server::{Capabilities, Readiness, ServeMode};
 
 use config::{Config, Mode};
 use driver::HostPath;
@@ -45,23 +45,11 @@ fn capabilities(config: &Config, group_snapshots: bool) -> Capabilities {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let config = Config::parse();
-    csi_server::init_tracing(&config.log);
-    match run(config).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("hostpath: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    csi_server::init_tracing(&config.common.log);
+    csi_server::flags::exit_code("hostpath", run(config).await)
 }
 
 async fn run(config: Config) -> Result<(), String> {
-    let endpoint = config
-        .endpoint()
-        .parse()
-        .map_err(|e| format!("--endpoint: {e}"))?;
-    let info = PluginInfo::new(config.drivername.clone(), env!("CARGO_PKG_VERSION"))
-        .map_err(|e| format!("--drivername: {e}"))?;
     let mode = match config.mode {
         Mode::Controller => ServeMode::Controller,
         Mode::Node => ServeMode::Node,
@@ -72,10 +60,15 @@ async fn run(config: Config) -> Result<(), String> {
     let group_snapshots = driver.backend.consistent_group_snapshots();
     let caps = capabilities(&config, group_snapshots);
     let readiness = Readiness::new();
-    let mut builder = Server::builder(info)
+    let mut builder = config
+        .common
+        .server(
+            Config::DRIVER_NAME,
+            env!("CARGO_PKG_VERSION"),
+            &config.statedir.join("csi.sock"),
+        )?
         .capabilities(caps)
         .mode(mode)
-        .endpoint(endpoint)
         .identity(driver.clone())
         .controller(Arc::new(driver.engine.clone()))
         .node(driver.node.clone())
@@ -86,7 +79,7 @@ async fn run(config: Config) -> Result<(), String> {
     let server = builder.build().map_err(|e| e.to_string())?;
     println!(
         "hostpath driver {} {}",
-        config.drivername,
+        config.common.driver_name(Config::DRIVER_NAME),
         env!("CARGO_PKG_VERSION")
     );
     println!("  endpoint: {}", server.endpoint());

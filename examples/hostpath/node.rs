@@ -27,9 +27,10 @@ pub fn open_node(
     mounter: Arc<dyn Mounter>,
     loops: Arc<dyn LoopDevices>,
 ) -> Result<Arc<NodeService<NodeSide>>, String> {
-    let mut info = NodeInfo::new(config.node_id()).max_volumes(config.max_volumes_per_node());
+    let mut info =
+        NodeInfo::new(config.common.node_id()).max_volumes(config.max_volumes_per_node());
     if config.enable_topology {
-        info = info.topology(TOPOLOGY_KEY, config.node_id());
+        info = info.topology(TOPOLOGY_KEY, config.common.node_id());
     }
     let service = NodeService::builder(Arc::new(side), info, mounter)
         .volumes(|v| v.loop_devices(loops).single_node_multi_writer(true))

@@ -21,15 +21,9 @@ member attached as a raw block device cannot be frozen and is refused
 #[derive(Debug, Clone, Parser)]
 #[command(name = "loop-block", version, about, after_help = AFTER_HELP)]
 pub struct Config {
-    /// Where to listen (default: unix://<statedir>/csi.sock).
-    #[arg(long, env = "CSI_ENDPOINT")]
-    pub endpoint: Option<String>,
-    /// This node's id (default: the hostname).
-    #[arg(long)]
-    pub nodeid: Option<String>,
-    /// The driver's name, as in the CSIDriver object.
-    #[arg(long, default_value = "loop-block.csi.csi-kit.dev")]
-    pub drivername: String,
+    /// --endpoint, --nodeid, --drivername, --log.
+    #[command(flatten)]
+    pub common: csi_server::flags::DriverFlags,
     /// Where the state file, backing files and snapshots live.
     #[arg(long, default_value = "/var/lib/csi-loop-block")]
     pub statedir: PathBuf,
@@ -41,21 +35,9 @@ pub struct Config {
     /// (RESOURCE_EXHAUSTED). 0 = no limit (the CO decides).
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(i64).range(0..))]
     pub attach_limit: i64,
-    /// Log filter (tracing's EnvFilter syntax; RUST_LOG wins when set).
-    #[arg(long, default_value = "info")]
-    pub log: String,
 }
 
 impl Config {
-    /// The endpoint to serve on.
-    pub fn endpoint(&self) -> String {
-        self.endpoint
-            .clone()
-            .unwrap_or_else(|| format!("unix://{}", self.statedir.join("csi.sock").display()))
-    }
-
-    /// The node id to report.
-    pub fn node_id(&self) -> String {
-        csi_server::node_id_or_hostname(self.nodeid.as_deref())
-    }
+    /// The driver name reported when --drivername is not given.
+    pub const DRIVER_NAME: &str = "loop-block.csi.csi-kit.dev";
 }

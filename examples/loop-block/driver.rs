@@ -36,7 +36,7 @@ pub fn engine_config(config: &Config) -> csi_controller::Config {
         attach: true,
         attach_limit: config.attach_limit,
         group_snapshots: true,
-        ..csi_controller::Config::new(config.node_id())
+        ..csi_controller::Config::new(config.common.node_id())
     }
 }
 
@@ -68,7 +68,7 @@ impl LoopBlock {
         let _ = backend.node.set(node.volumes().clone());
         Ok(Self {
             direct_io_supported: backend.direct_io_supported,
-            node_id: config.node_id(),
+            node_id: config.common.node_id(),
             engine,
             backend,
             mounter,

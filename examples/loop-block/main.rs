@@ -31,7 +31,7 @@ use std::sync::Arc;
 
 use clap::Parser;
 use csi_kit::proto::v1::node_service_capability::rpc::Type as NodeRpc;
-use csi_kit::server::{Capabilities, PluginInfo, Readiness, Server};
+use csi_kit::server::{Capabilities, Readiness};
 
 use config::Config;
 use driver::LoopBlock;
@@ -51,29 +51,22 @@ fn capabilities(config: &Config) -> Capabilities {
 #[tokio::main]
 async fn main() -> ExitCode {
     let config = Config::parse();
-    csi_server::init_tracing(&config.log);
-    match run(config).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("loop-block: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    csi_server::init_tracing(&config.common.log);
+    csi_server::flags::exit_code("loop-block", run(config).await)
 }
 
 async fn run(config: Config) -> Result<(), String> {
-    let endpoint = config
-        .endpoint()
-        .parse()
-        .map_err(|e| format!("--endpoint: {e}"))?;
-    let info = PluginInfo::new(config.drivername.clone(), env!("CARGO_PKG_VERSION"))
-        .map_err(|e| format!("--drivername: {e}"))?;
     let mounter = Arc::new(csi_kit::mount::LinuxMounter::new());
     let driver = Arc::new(LoopBlock::open(config.clone(), mounter)?);
     let readiness = Readiness::new();
-    let server = Server::builder(info)
+    let server = config
+        .common
+        .server(
+            Config::DRIVER_NAME,
+            env!("CARGO_PKG_VERSION"),
+            &config.statedir.join("csi.sock"),
+        )?
         .capabilities(capabilities(&config))
-        .endpoint(endpoint)
         .identity(driver.clone())
         .controller(Arc::new(driver.engine.clone()))
         .group_controller(Arc::new(driver.engine.clone()))
@@ -83,7 +76,7 @@ async fn run(config: Config) -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     println!(
         "loop-block driver {} {}",
-        config.drivername,
+        config.common.driver_name(Config::DRIVER_NAME),
         env!("CARGO_PKG_VERSION")
     );
     println!("  endpoint: {}", server.endpoint());

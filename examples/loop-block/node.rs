@@ -34,7 +34,7 @@ pub fn open_node(
     loops: Arc<dyn LoopDevices>,
     exec: Arc<dyn Exec>,
 ) -> Result<Arc<NodeService<NodeSide>>, String> {
-    let info = NodeInfo::new(config.node_id()).max_volumes(config.attach_limit);
+    let info = NodeInfo::new(config.common.node_id()).max_volumes(config.attach_limit);
     // mkfs is I/O heavy: a burst of first-time stages formats two at a time.
     let formatter = SafeFormatAndMount::new(mounter.clone(), exec.clone());
     let service = NodeService::builder(Arc::new(side), info, mounter)

@@ -62,6 +62,8 @@
 
 pub mod authority;
 pub mod dispatch;
+#[cfg(feature = "flags")]
+pub mod flags;
 pub mod layer;
 pub mod server;
 pub mod socket;
