@@ -33,7 +33,7 @@ use crate::{PluginInfo, Server, ServerBuilder};
 /// environment, the hostname as node id).
 #[derive(Debug, Clone, clap::Args)]
 pub struct DriverFlags {
-    /// Where to listen (default: unix://<statedir>/csi.sock).
+    /// Where to listen (default: csi.sock in the driver's state directory).
     #[arg(long, env = "CSI_ENDPOINT")]
     pub endpoint: Option<String>,
     /// This node's id (default: the hostname).
