@@ -16,11 +16,10 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tonic::Code;
-use tower::{Layer, Service};
+use tower::Layer;
 
-use super::wrap::{Wrap, Wrapped};
+use super::wrap::{Wrap, WrapInner, Wrapped};
 use super::{CsiCall, CsiFuture};
-use crate::error::CsiError;
 use crate::request::CsiRequest;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -196,13 +195,11 @@ impl<S> Layer<S> for MetricsLayer {
 pub type Metrics<S> = Wrapped<MetricsLayer, S>;
 
 impl Wrap for MetricsLayer {
-    fn around<Req, S>(&self, inner: &mut S, call: CsiCall<Req>) -> CsiFuture<Req::Output>
-    where
-        Req: CsiRequest,
-        S: Service<CsiCall<Req>, Response = Req::Output>,
-        S::Error: Into<CsiError>,
-        S::Future: Send + 'static,
-    {
+    fn around<Req: CsiRequest, S: WrapInner<Req>>(
+        &self,
+        inner: &mut S,
+        call: CsiCall<Req>,
+    ) -> CsiFuture<Req::Output> {
         let method = Req::METHOD.name();
         let start = Instant::now();
         let durations = self.durations.clone();
@@ -223,6 +220,7 @@ impl Wrap for MetricsLayer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::CsiError;
     use csi_proto::v1::{DeleteVolumeRequest, DeleteVolumeResponse, ProbeRequest, ProbeResponse};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tower::ServiceExt;

@@ -5,9 +5,9 @@ use std::any::Any;
 use std::panic::AssertUnwindSafe;
 
 use futures::FutureExt;
-use tower::{Layer, Service};
+use tower::Layer;
 
-use super::wrap::{Wrap, Wrapped};
+use super::wrap::{Wrap, WrapInner, Wrapped};
 use super::{CsiCall, CsiFuture};
 use crate::error::CsiError;
 use crate::request::CsiRequest;
@@ -42,13 +42,11 @@ impl<S> Layer<S> for CatchPanicLayer {
 pub type CatchPanic<S> = Wrapped<CatchPanicLayer, S>;
 
 impl Wrap for CatchPanicLayer {
-    fn around<Req, S>(&self, inner: &mut S, call: CsiCall<Req>) -> CsiFuture<Req::Output>
-    where
-        Req: CsiRequest,
-        S: Service<CsiCall<Req>, Response = Req::Output>,
-        S::Error: Into<CsiError>,
-        S::Future: Send + 'static,
-    {
+    fn around<Req: CsiRequest, S: WrapInner<Req>>(
+        &self,
+        inner: &mut S,
+        call: CsiCall<Req>,
+    ) -> CsiFuture<Req::Output> {
         let method = Req::METHOD;
         let request_id = call.ctx.request_id;
         // AssertUnwindSafe: after a panic the call's state is dropped, and

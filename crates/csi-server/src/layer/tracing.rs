@@ -6,13 +6,12 @@
 use std::time::Instant;
 
 use tonic::Code;
-use tower::{Layer, Service};
+use tower::Layer;
 use tracing::field::Empty;
 use tracing::{Instrument, Level};
 
-use super::wrap::{Wrap, Wrapped};
+use super::wrap::{Wrap, WrapInner, Wrapped};
 use super::{CsiCall, CsiFuture};
-use crate::error::CsiError;
 use crate::request::CsiRequest;
 
 /// Traces every call.
@@ -31,13 +30,11 @@ impl<S> Layer<S> for TracingLayer {
 pub type Tracing<S> = Wrapped<TracingLayer, S>;
 
 impl Wrap for TracingLayer {
-    fn around<Req, S>(&self, inner: &mut S, call: CsiCall<Req>) -> CsiFuture<Req::Output>
-    where
-        Req: CsiRequest,
-        S: Service<CsiCall<Req>, Response = Req::Output>,
-        S::Error: Into<CsiError>,
-        S::Future: Send + 'static,
-    {
+    fn around<Req: CsiRequest, S: WrapInner<Req>>(
+        &self,
+        inner: &mut S,
+        call: CsiCall<Req>,
+    ) -> CsiFuture<Req::Output> {
         let span = tracing::info_span!(
             "csi",
             request_id = call.ctx.request_id,

@@ -11,16 +11,32 @@ use super::{CsiCall, CsiFuture};
 use crate::error::CsiError;
 use crate::request::CsiRequest;
 
+/// A service below a wrapping layer, for request type `Req`: it answers
+/// `Req::Output`, fails with an error that converts into [`CsiError`], and
+/// its futures are `Send + 'static` (what [`Wrap::around`] may box).
+pub trait WrapInner<Req: CsiRequest>:
+    Service<CsiCall<Req>, Response = Req::Output, Error: Into<CsiError>, Future: Send + 'static>
+{
+}
+
+impl<Req, S> WrapInner<Req> for S
+where
+    Req: CsiRequest,
+    S: Service<CsiCall<Req>, Response = Req::Output>,
+    S::Error: Into<CsiError>,
+    S::Future: Send + 'static,
+{
+}
+
 /// What a wrapping layer does around one call of the service below.
 pub trait Wrap: Clone {
     /// Calls `inner` with `call`, doing this layer's work around the call
     /// and its future.
-    fn around<Req, S>(&self, inner: &mut S, call: CsiCall<Req>) -> CsiFuture<Req::Output>
-    where
-        Req: CsiRequest,
-        S: Service<CsiCall<Req>, Response = Req::Output>,
-        S::Error: Into<CsiError>,
-        S::Future: Send + 'static;
+    fn around<Req: CsiRequest, S: WrapInner<Req>>(
+        &self,
+        inner: &mut S,
+        call: CsiCall<Req>,
+    ) -> CsiFuture<Req::Output>;
 
     /// Around `inner`, or passing calls straight through when `on` is false
     /// (the server keeps every built-in layer in one type this way).
@@ -42,14 +58,7 @@ pub struct Wrapped<W, S> {
     on: bool,
 }
 
-impl<W, S, Req> Service<CsiCall<Req>> for Wrapped<W, S>
-where
-    W: Wrap,
-    Req: CsiRequest,
-    S: Service<CsiCall<Req>, Response = Req::Output>,
-    S::Error: Into<CsiError>,
-    S::Future: Send + 'static,
-{
+impl<W: Wrap, S: WrapInner<Req>, Req: CsiRequest> Service<CsiCall<Req>> for Wrapped<W, S> {
     type Response = Req::Output;
     type Error = CsiError;
     type Future = Either<ErrInto<S::Future, CsiError>, CsiFuture<Req::Output>>;
