@@ -35,6 +35,7 @@ use std::task::{Context, Poll};
 
 use csi_proto::v1::*;
 use csi_server::helpers::capacity::{CapacityPolicy, resolve_capacity};
+use csi_server::helpers::confirm::{confirmed, not_confirmed};
 use csi_server::helpers::idempotency::{compare_snapshot, compare_volume};
 use csi_server::helpers::paging::paginate;
 use csi_server::helpers::publish::{Publication, PublishArgs, PublishDecision, check_publish};
@@ -665,20 +666,9 @@ impl Controller for MockDriver {
             .iter()
             .any(|c| c.is_block() != block)
         {
-            return Ok(ValidateVolumeCapabilitiesResponse {
-                confirmed: None,
-                message: "the access type differs from the volume's".into(),
-            });
+            return Ok(not_confirmed("the access type differs from the volume's"));
         }
-        Ok(ValidateVolumeCapabilitiesResponse {
-            confirmed: Some(validate_volume_capabilities_response::Confirmed {
-                volume_context: req.volume_context,
-                volume_capabilities: req.volume_capabilities,
-                parameters: req.parameters,
-                mutable_parameters: req.mutable_parameters,
-            }),
-            message: String::new(),
-        })
+        Ok(confirmed(req))
     }
 
     async fn list_volumes(

@@ -8,10 +8,7 @@ use std::path::{Path, PathBuf};
 
 use csi_driver::helpers::paging::{Page, paginate};
 use csi_driver::{CsiError, CsiResult};
-use csi_proto::v1::{
-    ValidateVolumeCapabilitiesRequest, ValidateVolumeCapabilitiesResponse, VolumeCapability,
-    VolumeContentSource, validate_volume_capabilities_response, volume_content_source,
-};
+use csi_proto::v1::{VolumeCapability, VolumeContentSource, volume_content_source};
 use serde::{Deserialize, Serialize};
 
 /// An INTERNAL error naming the path it happened on.
@@ -135,18 +132,7 @@ impl Source {
     }
 }
 
-/// ValidateVolumeCapabilities' answer when everything asked for is supported.
-pub fn confirmed(req: ValidateVolumeCapabilitiesRequest) -> ValidateVolumeCapabilitiesResponse {
-    ValidateVolumeCapabilitiesResponse {
-        confirmed: Some(validate_volume_capabilities_response::Confirmed {
-            volume_context: req.volume_context,
-            volume_capabilities: req.volume_capabilities,
-            parameters: req.parameters,
-            mutable_parameters: req.mutable_parameters,
-        }),
-        message: String::new(),
-    }
-}
+pub use csi_driver::helpers::confirm::confirmed;
 
 /// One page of `all` (csi-driver's paging rules), each entry mapped by `entry`.
 pub fn page<T, E>(
