@@ -233,6 +233,24 @@ async fn wait_until(what: &str, limit: Duration, mut cond: impl FnMut() -> bool)
     }
 }
 
+/// The driver on a tmpfs state dir of `size`, and a 512 MiB volume "src"
+/// holding 400 MiB of data (a copy of it takes long enough to cancel).
+async fn driver_with_full_source(
+    driver: &'static str,
+    dir: &Path,
+    size: &str,
+) -> (PathBuf, Driver, CsiClient, Volume) {
+    let statedir = dir.join("state");
+    mount_tmpfs(&statedir, size);
+    let d = Driver::start(driver, &statedir, &[]);
+    let client = d.client().await;
+    let src = create(&client, create_req(driver, "src", 512 * MIB))
+        .await
+        .unwrap();
+    fill_volume(driver, &statedir, &src.volume_id, 400 << 20);
+    (statedir, d, client, src)
+}
+
 /// Case 1: a CreateVolume whose client gave up keeps copying; a retry
 /// meanwhile is ABORTED (it used to start a second copy, leaving orphans).
 #[test]
@@ -241,14 +259,7 @@ fn a_cancelled_clone_finishes_once_and_a_retry_meanwhile_is_aborted() {
     require_root!("a_cancelled_clone_finishes_once_and_a_retry_meanwhile_is_aborted");
     for driver in DRIVERS {
         run_isolated_in_tempdir(&format!("{driver}-cancel"), move |dir| async move {
-            let statedir = dir.join("state");
-            mount_tmpfs(&statedir, "2g");
-            let d = Driver::start(driver, &statedir, &[]);
-            let client = d.client().await;
-            let src = create(&client, create_req(driver, "src", 512 * MIB))
-                .await
-                .unwrap();
-            fill_volume(driver, &statedir, &src.volume_id, 400 << 20);
+            let (statedir, d, client, src) = driver_with_full_source(driver, &dir, "2g").await;
             let req = from_volume(create_req(driver, "clone", 512 * MIB), &src.volume_id);
             let first =
                 tokio::time::timeout(Duration::from_millis(20), create(&client, req.clone())).await;
@@ -483,14 +494,7 @@ fn sources_of_snapshots_and_clones_in_flight_cannot_be_deleted() {
     require_root!("sources_of_snapshots_and_clones_in_flight_cannot_be_deleted");
     for driver in DRIVERS {
         run_isolated_in_tempdir(&format!("{driver}-source"), move |dir| async move {
-            let statedir = dir.join("state");
-            mount_tmpfs(&statedir, "3g");
-            let d = Driver::start(driver, &statedir, &[]);
-            let client = d.client().await;
-            let src = create(&client, create_req(driver, "src", 512 * MIB))
-                .await
-                .unwrap();
-            fill_volume(driver, &statedir, &src.volume_id, 400 << 20);
+            let (statedir, _d, client, src) = driver_with_full_source(driver, &dir, "3g").await;
             let snapshots = statedir.join("snapshots");
 
             let cut = {
