@@ -42,9 +42,8 @@ fn capabilities(config: &Config, group_snapshots: bool) -> Capabilities {
 // One thread serves gRPC; everything that blocks (mounts, copies, state
 // writes) runs on a pool of at most four threads sharing one malloc arena.
 // The async part is far from the bottleneck, and 8-worker lifecycle load
-// runs as fast with four blocking threads as with 512 (276/s vs 295/s on
-// disk, within run-to-run noise) while peak RSS drops from 10.1 to 7.9 MB
-// (docs/benchmarks.md).
+// runs as fast with four blocking threads as with 512 (291–295/s vs 295/s
+// on disk) while peak RSS drops from 10.1 to 7.7–7.8 MB (docs/benchmarks.md).
 const BLOCKING_THREADS: usize = 4;
 
 fn main() -> ExitCode {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use csi_proto::v1::plugin_capability::service::Type as PluginService;
-use futures::TryStreamExt;
+use futures::{FutureExt, TryStreamExt};
 use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
 use tonic::service::Routes;
 use tower::Layer;
@@ -688,29 +688,23 @@ impl Server {
                 }
                 tracing::info!(endpoint = %self.endpoint, "serving");
                 let incoming = UnixListenerStream::new(listener);
-                let result = if self.any_authority {
+                // The two streams differ in type; the server future is boxed
+                // once per serve, not per connection.
+                let serving = if self.any_authority {
                     // Any :authority on the socket (see crate::authority).
                     let incoming = incoming.map_ok(AnyAuthority::new);
-                    let serving = router.serve_with_incoming_shutdown(incoming, stop);
-                    drain(
-                        serving,
-                        shutdown,
-                        stop_tx,
-                        self.grace_period,
-                        &self.lock_map,
-                    )
-                    .await
+                    router.serve_with_incoming_shutdown(incoming, stop).boxed()
                 } else {
-                    let serving = router.serve_with_incoming_shutdown(incoming, stop);
-                    drain(
-                        serving,
-                        shutdown,
-                        stop_tx,
-                        self.grace_period,
-                        &self.lock_map,
-                    )
-                    .await
+                    router.serve_with_incoming_shutdown(incoming, stop).boxed()
                 };
+                let result = drain(
+                    serving,
+                    shutdown,
+                    stop_tx,
+                    self.grace_period,
+                    &self.lock_map,
+                )
+                .await;
                 file.remove();
                 result
             }
