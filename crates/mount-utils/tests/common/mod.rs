@@ -23,7 +23,11 @@ pub fn fs_size(path: &Path) -> u64 {
 /// why, never as passed. For test binaries with `harness = false`.
 pub fn run_root_tests(tests: &[(&'static str, fn())]) -> ! {
     let root = mount_utils::testing::is_root();
-    let args = libtest_mimic::Arguments::from_args();
+    let mut args = libtest_mimic::Arguments::from_args();
+    // One at a time unless asked otherwise: descriptors are per process, so
+    // a child one test forks (mkfs, fsck) holds, until it execs, every file
+    // another test has open, and that test's unmount then fails with EBUSY.
+    args.test_threads.get_or_insert(1);
     if !root && !args.list {
         eprintln!(
             "{} root-only tests reported as ignored: needs root (euid != 0)",
