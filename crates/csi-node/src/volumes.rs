@@ -679,7 +679,7 @@ impl NodeVolumes {
             if undo.mounted {
                 let table = self.mount_table()?;
                 let ids = self.identities(&rec.volume_id, Some(rec), &table)?;
-                self.unmount_ours(&rec.volume_id, path, &ids)?;
+                self.unmount_ours(&rec.volume_id, path, &ids, table)?;
             }
             if let Some(created) = &undo.created {
                 self.remove_if_empty(created)?;
@@ -712,10 +712,17 @@ impl NodeVolumes {
     }
 
     /// Unmounts every mount at `path`, each verified to be this volume's
-    /// first; stops at anything else.
-    fn unmount_ours(&self, volume: &str, path: &Path, ids: &Identities) -> Result<(), NodeError> {
+    /// first; stops at anything else. `table` is the mount table the
+    /// caller just read (under its claim); after each unmount the table is
+    /// read again only if `path` is still a mount point.
+    fn unmount_ours(
+        &self,
+        volume: &str,
+        path: &Path,
+        ids: &Identities,
+        mut table: Vec<MountInfo>,
+    ) -> Result<(), NodeError> {
         for _ in 0..MAX_STACKED {
-            let table = self.mount_table()?;
             let Some(top) = mounts_at(&table, path).last().copied() else {
                 return Ok(());
             };
@@ -726,6 +733,11 @@ impl NodeVolumes {
                 .mounter
                 .unmount(path, false)
                 .map_err(|e| NodeError::mount("unmounting", path, &e))?;
+            // The common case, one mount, ends here without a table read.
+            if !self.inner.mounter.is_mount_point(path).unwrap_or(true) {
+                return Ok(());
+            }
+            table = self.mount_table()?;
         }
         Err(NodeError::FailedPrecondition(format!(
             "{} is still mounted after {MAX_STACKED} unmounts",
@@ -776,7 +788,7 @@ impl NodeVolumes {
             self.save_progress(&rec, Part::Stage)?;
         }
         if unmount {
-            self.unmount_ours(vol, &path, &ids)?;
+            self.unmount_ours(vol, &path, &ids, table)?;
         }
         for dev in &ids.devices {
             self.detach(dev)?;
@@ -963,7 +975,7 @@ impl NodeVolumes {
             self.save_progress(&rec, Part::Publication(&target))?;
         }
         if unmount {
-            self.unmount_ours(vol, &target, &ids)?;
+            self.unmount_ours(vol, &target, &ids, table)?;
         }
         if remove {
             self.remove_if_empty(&target)?;

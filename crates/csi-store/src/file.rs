@@ -23,11 +23,12 @@
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
 use std::fs::{self, DirBuilder, File, OpenOptions};
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
+use std::os::unix::fs::FileExt;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::codec::CodecId;
@@ -86,14 +87,97 @@ struct Inner {
     _lock: DirLock,
 }
 
+/// Spare files kept per table directory (see [`TableDir::spares`]).
+const MAX_SPARES: usize = 32;
+
 #[derive(Debug)]
 struct TableDir {
     path: PathBuf,
     handle: File,
     sync: GroupSync,
+    /// Temporary-named files kept for reuse: a put overwrites one instead
+    /// of creating a file, and a replaced or deleted record's file becomes
+    /// one instead of being freed. Creating and freeing inodes (and, with
+    /// `discard`, blocks) is most of a small write's cost on ext4 under
+    /// churn; a record's old contents in a spare are never read (temporary
+    /// names are skipped by scans and removed at open).
+    spares: Mutex<Vec<OsString>>,
+}
+
+impl Drop for TableDir {
+    fn drop(&mut self) {
+        for name in self.spares.get_mut().unwrap_or_else(|e| e.into_inner()) {
+            let _ = fs::remove_file(self.path.join(name));
+        }
+    }
 }
 
 impl TableDir {
+    /// A file to write a record into: a spare when there is one, else a
+    /// new temporary file.
+    fn scratch_file(&self, fresh_name: impl FnOnce() -> OsString) -> io::Result<(File, PathBuf)> {
+        loop {
+            let Some(name) = self.spares().pop() else {
+                break;
+            };
+            let path = self.path.join(name);
+            if let Ok(f) = OpenOptions::new()
+                .write(true)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(&path)
+            {
+                return Ok((f, path));
+            }
+        }
+        let path = self.path.join(fresh_name());
+        let file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)?;
+        Ok((file, path))
+    }
+
+    /// Keeps the file at `path` (a temporary name in this directory) as a
+    /// spare, or removes it when there are enough.
+    fn keep_spare(&self, path: &Path) {
+        let mut spares = self.spares();
+        match path.file_name() {
+            Some(name) if spares.len() < MAX_SPARES => spares.push(name.to_owned()),
+            _ => {
+                drop(spares);
+                let _ = fs::remove_file(path);
+            }
+        }
+    }
+
+    /// Removes the record file `name`: renamed to a spare when one is
+    /// wanted, else (or when the rename fails, e.g. a full directory
+    /// block) unlinked, which needs no space. False when it was absent.
+    fn retire(&self, name: &OsStr, spare_name: impl FnOnce() -> OsString) -> io::Result<bool> {
+        let path = self.path.join(name);
+        if self.spares().len() < MAX_SPARES {
+            let spare = spare_name();
+            match fs::rename(&path, self.path.join(&spare)) {
+                Ok(()) => {
+                    self.keep_spare(&self.path.join(spare));
+                    return Ok(true);
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+                Err(_) => {}
+            }
+        }
+        match fs::remove_file(&path) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn spares(&self) -> MutexGuard<'_, Vec<OsString>> {
+        self.spares.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn sync(&self, needed: bool) -> Result<(), StoreError> {
         if !needed {
             return Ok(());
@@ -237,6 +321,20 @@ impl FileStore {
         }
     }
 
+    /// A fresh temporary file name (removed at open if left behind).
+    fn temporary_name(&self) -> OsString {
+        let seq = self.inner.seq.fetch_add(1, Ordering::Relaxed);
+        format!("{TMP_PREFIX}{}-{seq}", self.inner.pid).into()
+    }
+
+    /// After a put's rename: the temporary name now holds the replaced
+    /// record's file (kept as a spare) or nothing.
+    fn after_swap(&self, td: &TableDir, tmp: &mut Temporary, replaced: bool) {
+        if let Some(path) = tmp.0.take().filter(|_| replaced) {
+            td.keep_spare(&path);
+        }
+    }
+
     /// The directory of `table`; created when missing if `create_for` is
     /// the key of a put (named in a `NoSpace` error).
     fn table_dir(
@@ -283,6 +381,7 @@ impl FileStore {
             path,
             handle,
             sync: GroupSync::default(),
+            spares: Mutex::new(Vec::new()),
         });
         let mut tables = self.inner.tables.lock().unwrap_or_else(|e| e.into_inner());
         Ok(Some(
@@ -376,19 +475,13 @@ impl RecordStore for FileStore {
             }
         };
         let contents = format::encode(key, codec, bytes);
-        let seq = self.inner.seq.fetch_add(1, Ordering::Relaxed);
-        let tmp_path = td
-            .path
-            .join(format!("{TMP_PREFIX}{}-{seq}", self.inner.pid));
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&tmp_path)
-            .map_err(|e| err("creating", &tmp_path, e))?;
+        let (file, tmp_path) = td
+            .scratch_file(|| self.temporary_name())
+            .map_err(|e| err("creating", &td.path, e))?;
         let mut tmp = Temporary(Some(tmp_path));
         let tmp_path = tmp.0.as_deref().expect("set above");
-        file.write_all(&contents)
+        file.write_all_at(&contents, 0)
+            .and_then(|()| file.set_len(contents.len() as u64))
             .map_err(|e| err("writing", tmp_path, e))?;
         let name = OsString::from(file_name(key));
         let journal = self.inner.journal.as_ref();
@@ -399,24 +492,24 @@ impl RecordStore for FileStore {
         drop(file);
         let dest = td.path.join(&name);
         let Some(j) = journal else {
-            fs::rename(tmp_path, &dest).map_err(|e| err("renaming", &dest, e))?;
-            tmp.0 = None; // renamed: nothing to remove
+            let replaced = swap_into(tmp_path, &dest).map_err(|e| err("renaming", &dest, e))?;
             self.inner.puts.fetch_add(1, Ordering::Relaxed);
+            self.after_swap(&td, &mut tmp, replaced);
             return td.sync(self.inner.syncs);
         };
         let result = j.commit(&td.path, &name, table, Change::Put(&contents), || {
-            fs::rename(tmp_path, &dest)
+            swap_into(tmp_path, &dest)
         });
-        match result {
-            Ok(()) => {}
+        let replaced = match result {
+            Ok(replaced) => replaced,
             Err(CommitError::Apply(e)) => return Err(err("renaming", &dest, e)),
             Err(CommitError::Flush(e)) => {
                 tmp.0 = None;
                 return Err(StoreError::io("syncing journal", self.inner.dir.clone(), e));
             }
-        }
-        tmp.0 = None; // renamed: nothing to remove
+        };
         self.inner.puts.fetch_add(1, Ordering::Relaxed);
+        self.after_swap(&td, &mut tmp, replaced);
         Ok(())
     }
 
@@ -475,11 +568,7 @@ impl RecordStore for FileStore {
         };
         let name = OsString::from(file_name(key));
         let path = td.path.join(&name);
-        let unlink = || match fs::remove_file(&path) {
-            Ok(()) => Ok(true),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
-            Err(e) => Err(e),
-        };
+        let unlink = || td.retire(&name, || self.temporary_name());
         if let Some(j) = &self.inner.journal {
             // Journaled also when absent: a concurrent delete's entry may
             // not be flushed yet.
@@ -685,6 +774,38 @@ impl Drop for Temporary {
         if let Some(path) = &self.0 {
             let _ = fs::remove_file(path);
         }
+    }
+}
+
+/// Renames `from` over `to`. When `to` existed its file is exchanged to
+/// `from` (true) rather than freed, so it can be reused; filesystems
+/// without `RENAME_EXCHANGE` get a plain rename.
+fn swap_into(from: &Path, to: &Path) -> io::Result<bool> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = |p: &Path| {
+        std::ffi::CString::new(p.as_os_str().as_bytes())
+            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
+    };
+    let (f, t) = (c(from)?, c(to)?);
+    // SAFETY: two valid path strings; renameat2 only reads them.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_renameat2,
+            libc::AT_FDCWD,
+            f.as_ptr(),
+            libc::AT_FDCWD,
+            t.as_ptr(),
+            libc::RENAME_EXCHANGE,
+        )
+    };
+    if r == 0 {
+        return Ok(true);
+    }
+    let e = io::Error::last_os_error();
+    match e.raw_os_error() {
+        // `to` absent, or no exchange here.
+        Some(libc::ENOENT | libc::EINVAL | libc::ENOSYS) => fs::rename(from, to).map(|()| false),
+        _ => Err(e),
     }
 }
 

@@ -5,6 +5,7 @@ use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use nix::errno::Errno;
 use nix::mount::{MntFlags, MsFlags};
@@ -95,10 +96,19 @@ impl LinuxMounter {
     }
 
     fn read_mountinfo(&self) -> Result<Vec<u8>, MountError> {
-        std::fs::read(&self.mountinfo_path).map_err(|e| MountError::ReadMountInfo {
-            path: self.mountinfo_path.clone(),
-            errno: io_errno(&e),
-        })
+        use std::io::Read;
+        // A proc file reports size 0, so a plain read grows its buffer from
+        // a few bytes with a read(2) per step; start at the last size seen.
+        static LAST_LEN: AtomicUsize = AtomicUsize::new(0);
+        let mut data = Vec::with_capacity(LAST_LEN.load(Ordering::Relaxed) + 4096);
+        std::fs::File::open(&self.mountinfo_path)
+            .and_then(|mut f| f.read_to_end(&mut data))
+            .map_err(|e| MountError::ReadMountInfo {
+                path: self.mountinfo_path.clone(),
+                errno: io_errno(&e),
+            })?;
+        LAST_LEN.store(data.len(), Ordering::Relaxed);
+        Ok(data)
     }
 
     /// The mount an open descriptor is on, from its mount id; `None` when
