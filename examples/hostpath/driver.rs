@@ -65,8 +65,15 @@ impl HostPath {
         let backend = Backend::new(&config.statedir, config.snapshotdir.as_deref())
             .map_err(|e| format!("preparing {}: {e}", config.statedir.display()))?;
         let group = backend.consistent_group_snapshots();
+        let shared = files.clone();
         let engine = Engine::open(files, engine_config(&config, group), backend.clone())?;
-        let node = open_node(&config, NodeSide(engine.downgrade()), mounter, loops)?;
+        let node = open_node(
+            &config,
+            NodeSide(engine.downgrade()),
+            mounter,
+            loops,
+            &shared,
+        )?;
         let _ = backend.node.set(node.volumes().clone());
         Ok(Self {
             node,

@@ -11,6 +11,7 @@ use csi_controller::{Access, VolumeRecord, WeakEngine};
 use csi_node::{NodeDriver, NodeInfo, NodeService, Source, VolumeInfo, VolumeLocator};
 use csi_proto::v1::NodePublishVolumeRequest;
 use csi_server::{CsiError, CsiResult};
+use csi_store::FileStore;
 use mount_utils::{LoopDevices, Mounter};
 
 use crate::backend::Backend;
@@ -20,12 +21,14 @@ use crate::config::{Config, TOPOLOGY_KEY};
 /// the node side.
 pub struct NodeSide(pub WeakEngine<Backend>);
 
-/// The node service, its record under `statedir/node`.
+/// The node service, its record in the driver's state store (under
+/// `statedir/node` for a state dir from before they shared one).
 pub fn open_node(
     config: &Config,
     side: NodeSide,
     mounter: Arc<dyn Mounter>,
     loops: Arc<dyn LoopDevices>,
+    files: &FileStore,
 ) -> Result<Arc<NodeService<NodeSide>>, String> {
     let mut info =
         NodeInfo::new(config.common.node_id()).max_volumes(config.max_volumes_per_node());
@@ -34,7 +37,7 @@ pub fn open_node(
     }
     let service = NodeService::builder(Arc::new(side), info, mounter)
         .volumes(|v| v.loop_devices(loops).single_node_multi_writer(true))
-        .open_in(&config.statedir.join("node"))
+        .open_shared(files, &config.statedir.join("node"))
         .map_err(|e| e.to_string())?;
     Ok(Arc::new(service))
 }

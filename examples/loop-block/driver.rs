@@ -59,12 +59,13 @@ impl LoopBlock {
         let files = open_state(&config.statedir, || {})?;
         let backend = Backend::new(&config.statedir)
             .map_err(|e| format!("preparing {}: {e}", config.statedir.display()))?;
+        let shared = files.clone();
         let engine = Engine::open(files, engine_config(&config), backend.clone())?;
         let side = NodeSide {
             engine: engine.downgrade(),
             attachments: backend.attachments.clone(),
         };
-        let node = open_node(&config, side, mounter.clone(), loops, exec)?;
+        let node = open_node(&config, side, mounter.clone(), loops, &shared, exec)?;
         let _ = backend.node.set(node.volumes().clone());
         Ok(Self {
             direct_io_supported: backend.direct_io_supported,

@@ -13,6 +13,7 @@ use csi_controller::{Access, WeakEngine};
 use csi_node::{Device, NodeDriver, NodeError, NodeInfo, NodeService, Source, VolumeInfo};
 use csi_proto::v1::NodeStageVolumeRequest;
 use csi_server::{CsiError, CsiResult};
+use csi_store::FileStore;
 use mount_utils::{Exec, LoopDevices, Mounter, ResizeFs, SafeFormatAndMount};
 
 use crate::backend::{BACKING_FILE_KEY, Backend};
@@ -26,12 +27,14 @@ pub struct NodeSide {
     pub attachments: Arc<tokio::sync::RwLock<()>>,
 }
 
-/// The node service, its record under `statedir/node`.
+/// The node service, its record in the driver's state store (under
+/// `statedir/node` for a state dir from before they shared one).
 pub fn open_node(
     config: &Config,
     side: NodeSide,
     mounter: Arc<dyn Mounter>,
     loops: Arc<dyn LoopDevices>,
+    files: &FileStore,
     exec: Arc<dyn Exec>,
 ) -> Result<Arc<NodeService<NodeSide>>, String> {
     let info = NodeInfo::new(config.common.node_id()).max_volumes(config.attach_limit);
@@ -44,7 +47,7 @@ pub fn open_node(
                 .single_node_multi_writer(true)
         })
         .resize_filesystems(ResizeFs::new(exec))
-        .open_in(&config.statedir.join("node"))
+        .open_shared(files, &config.statedir.join("node"))
         .map_err(|e| e.to_string())?;
     Ok(Arc::new(service))
 }

@@ -183,6 +183,22 @@ impl<D: NodeDriver> NodeServiceBuilder<D> {
         self.open(Arc::new(store))
     }
 
+    /// Opens the record in the driver's own `store` when the controller
+    /// runs in the same process: one journal and one flush for both
+    /// services' changes. A record an earlier version kept apart under
+    /// `separate_dir` (with [`open_in`](Self::open_in)) is used while that
+    /// directory holds one.
+    pub fn open_shared(
+        self,
+        store: &FileStore,
+        separate_dir: &Path,
+    ) -> Result<NodeService<D>, NodeError> {
+        if separate_dir.join(csi_store::LOCK_FILE).exists() {
+            return self.open_in(separate_dir);
+        }
+        self.open(Arc::new(store.clone()))
+    }
+
     /// Opens the record in `store`.
     pub fn open(self, store: Arc<dyn RecordStore>) -> Result<NodeService<D>, NodeError> {
         Ok(NodeService {

@@ -514,3 +514,62 @@ async fn mount_flag_values_reach_no_answer_or_log_line_at_any_level() {
         assert!(!text.contains("SECRET"), "{text}");
     }
 }
+
+#[tokio::test]
+async fn open_shared_keeps_the_record_in_the_drivers_store_unless_an_earlier_one_exists() {
+    use csi_store::RecordStore;
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().join("volumes");
+    std::fs::create_dir(&base).unwrap();
+    let host = FakeHost::new();
+    let fake = Arc::new(Fake {
+        base,
+        volumes: Mutex::default(),
+        retired: Mutex::default(),
+        lock: tokio::sync::RwLock::new(()),
+    });
+    let open = |store: &csi_store::FileStore, separate: &Path| {
+        NodeService::builder(fake.clone(), NodeInfo::new("n1"), host.mounter())
+            .volumes(|v| v.loop_devices(host.loops()))
+            .open_shared(store, separate)
+            .unwrap()
+    };
+    let c = cap(false, Mode::SingleNodeWriter, &[]);
+    let id = fake.add("v", false);
+    let staging = dir.path().join("s");
+
+    // A new state dir: the stage record lands in the driver's store.
+    let driver_store = csi_store::FileStore::open(dir.path().join("state")).unwrap();
+    let separate = dir.path().join("state-node");
+    let node = open(&driver_store, &separate);
+    node.node_stage_volume(&ctx(), stage_req(&id, &staging, c.clone()))
+        .await
+        .unwrap();
+    assert!(!separate.exists(), "nothing written apart");
+    let staged = driver_store.scan(csi_node::STAGED_TABLE).unwrap();
+    assert_eq!(staged.records.len(), 1);
+    node.node_unstage_volume(&ctx(), unstage_req(&id, &staging))
+        .await
+        .unwrap();
+    drop(node);
+
+    // A record kept apart by an earlier version is still the one used.
+    let earlier = csi_store::FileStore::open(&separate).unwrap();
+    drop(earlier);
+    let node = open(&driver_store, &separate);
+    node.node_stage_volume(&ctx(), stage_req(&id, &staging, c))
+        .await
+        .unwrap();
+    assert!(
+        driver_store
+            .scan(csi_node::STAGED_TABLE)
+            .unwrap()
+            .records
+            .is_empty()
+    );
+    let apart = csi_store::FileStore::open(&separate);
+    assert!(
+        matches!(apart, Err(csi_store::StoreError::Locked { .. })),
+        "the node service holds the separate record"
+    );
+}

@@ -7,8 +7,11 @@
 //!   disk appends the change to a write-ahead journal whose `fdatasync` is
 //!   shared by concurrent writers (group commit): one flush per batch of
 //!   writes, and replay at open after a crash. A put or delete touches only its own record, so its cost does
-//!   not grow with the number of records; a delete is an unlink, which
-//!   works on a full filesystem. Opening it takes an exclusive lock on the
+//!   not grow with the number of records; a delete is a rename or unlink,
+//!   which works on a full filesystem. A few spare files per table are
+//!   written over instead of creating and freeing a file per write (on
+//!   ext4 under churn, inode allocation was most of a write's cost); they
+//!   are removed when the store closes. Opening it takes an exclusive lock on the
 //!   directory ([`StoreError::Locked`] for a second instance) and removes
 //!   temporary files of interrupted writes.
 //! - [`MemStore`] is the in-memory fake beside it, with injectable faults,

@@ -270,3 +270,57 @@ fn reads_of_a_missing_table_create_nothing() {
     assert!(t.quarantined_keys().unwrap().is_empty());
     assert!(!tmp.path().join("tables/never").exists());
 }
+
+/// Inode numbers of the files in `dir` (records and spares).
+fn inodes(dir: &Path) -> std::collections::BTreeSet<u64> {
+    use std::os::unix::fs::MetadataExt;
+    fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.metadata().unwrap().ino())
+        .collect()
+}
+
+#[test]
+fn churn_reuses_files_and_closing_leaves_only_records() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = FileStore::open(tmp.path().join("state")).unwrap();
+    let vols: Table<String> = Table::new(&store, "volumes").unwrap();
+    let dir = table_dir(&store, "volumes");
+
+    // Warm up: one record written, replaced and deleted leaves spares.
+    vols.put("warm", &"a".into()).unwrap();
+    vols.put("warm", &"b".into()).unwrap();
+    assert!(vols.delete("warm").unwrap());
+    let seen = inodes(&dir);
+
+    // Creates, replacements and deletes now reuse those files: no new inode.
+    for round in 0..20 {
+        let key = format!("vol-{round}");
+        vols.put(&key, &"x".repeat(round)).unwrap();
+        vols.put(&key, &"y".repeat(100 - round)).unwrap();
+        assert_eq!(vols.get(&key).unwrap(), Some("y".repeat(100 - round)));
+        assert!(vols.delete(&key).unwrap());
+        assert!(!vols.delete(&key).unwrap());
+        assert!(
+            inodes(&dir).is_subset(&seen),
+            "round {round} created a file"
+        );
+    }
+    vols.put("kept", &"z".into()).unwrap();
+    // Spares are never records.
+    let scan = vols.scan().unwrap();
+    assert_eq!(scan.records, vec![("kept".to_string(), "z".to_string())]);
+    assert!(scan.quarantined.is_empty());
+
+    // Closing removes the spares; the record stays.
+    drop((vols, store));
+    let left: Vec<_> = fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(left, ["kept"]);
+    let store = FileStore::open(tmp.path().join("state")).unwrap();
+    assert_eq!(store.stats().temps_removed_at_open, 0);
+}
