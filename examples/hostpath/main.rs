@@ -40,11 +40,21 @@ fn capabilities(config: &Config, group_snapshots: bool) -> Capabilities {
 }
 
 // One thread serves gRPC; everything that blocks (mounts, copies, state
-// writes) runs on a pool of at most four threads sharing one malloc arena.
-// The async part is far from the bottleneck, and 8-worker lifecycle load
-// runs as fast with four blocking threads as with 512 (291–295/s vs 295/s
-// on disk) while peak RSS drops from 10.1 to 7.7–7.8 MB (docs/benchmarks.md).
+// writes) runs on a pool of at most four threads. The async part is far
+// from the bottleneck, and 8-worker lifecycle load runs as fast with four
+// blocking threads as with 512 (291-295/s vs 295/s on disk) while peak RSS
+// drops from 10.1 to 7.7-7.8 MB (docs/benchmarks.md).
 const BLOCKING_THREADS: usize = 4;
+
+// dlmalloc, not glibc's malloc: glibc keeps a cache of freed chunks per
+// thread, and under 8-worker load those caches fragmented the heap from
+// 0.46 to 1.4 MB. With one allocator lock and no thread caches the heap
+// stays near 0.2 MB and peak RSS after conformance plus load falls from
+// 7.6-7.8 to 6.9-7.0 MB, for 0-5% of the lifecycle rate (docs/benchmarks.md). glibc's
+// malloc still serves libc's own allocations (realpath and the like), in
+// one arena.
+#[global_allocator]
+static ALLOCATOR: dlmalloc::GlobalDlmalloc = dlmalloc::GlobalDlmalloc;
 
 fn main() -> ExitCode {
     let config = Config::parse();

@@ -267,6 +267,9 @@ fn parse_optional(f: &[u8]) -> OptionalField {
 /// `\012` newline, `\134` backslash). A backslash not followed by three octal
 /// digits is kept as is.
 pub fn decode_octal_escapes(field: &[u8]) -> Vec<u8> {
+    if !field.contains(&b'\\') {
+        return field.to_vec();
+    }
     let mut out = Vec::with_capacity(field.len());
     let mut i = 0;
     while i < field.len() {
@@ -296,13 +299,17 @@ fn decode_path(field: &[u8]) -> PathBuf {
 }
 
 fn decode_string(field: &[u8]) -> String {
-    String::from_utf8_lossy(&decode_octal_escapes(field)).into_owned()
+    String::from_utf8(decode_octal_escapes(field))
+        .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
 }
 
 fn decode_list(field: &[u8]) -> Vec<String> {
-    split_options(&decode_string(field))
-        .map(str::to_owned)
-        .collect()
+    let split = |s: &str| split_options(s).map(str::to_owned).collect();
+    match std::str::from_utf8(field) {
+        // Nothing escaped: split the line's own bytes, with no copy first.
+        Ok(s) if !s.contains('\\') => split(s),
+        _ => split(&decode_string(field)),
+    }
 }
 
 #[cfg(test)]

@@ -151,21 +151,34 @@ impl MountOptions {
 
 /// Splits a comma-separated option list, keeping double-quoted commas.
 pub(crate) fn split_options(s: &str) -> impl Iterator<Item = &str> {
-    let mut start = 0;
-    let mut in_quotes = false;
-    let mut parts = Vec::new();
-    for (i, b) in s.bytes().enumerate() {
-        match b {
-            b'"' => in_quotes = !in_quotes,
-            b',' if !in_quotes => {
-                parts.push(&s[start..i]);
-                start = i + 1;
+    // Lazily, without a Vec: the mount table is parsed on every node call.
+    // A comma inside quotes never splits, so each part starts unquoted.
+    let mut rest = Some(s);
+    std::iter::from_fn(move || {
+        loop {
+            let r = rest?;
+            let mut in_quotes = false;
+            let end = r.bytes().position(|b| {
+                if b == b'"' {
+                    in_quotes = !in_quotes;
+                }
+                b == b',' && !in_quotes
+            });
+            let part = match end {
+                Some(i) => {
+                    rest = Some(&r[i + 1..]);
+                    &r[..i]
+                }
+                None => {
+                    rest = None;
+                    r
+                }
+            };
+            if !part.is_empty() {
+                return Some(part);
             }
-            _ => {}
         }
-    }
-    parts.push(&s[start..]);
-    parts.into_iter().filter(|p| !p.is_empty())
+    })
 }
 
 fn is_userspace_only(opt: &str) -> bool {
