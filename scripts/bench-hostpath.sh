@@ -8,7 +8,9 @@
 # fsynced) or `tmpfs` (the driver's own work, without the disk).
 # BENCH_BIN=DIR uses DIR/examples/hostpath and DIR/csi instead of building
 # (to compare builds); BENCH_RUNS lists workload:workers pairs (default
-# "probe:1 probe:8 lifecycle:1 lifecycle:8").
+# "probe:1 probe:8 lifecycle:1 lifecycle:8"). The conformance run before
+# the benchmarks is the community's csi-sanity (BENCH_SANITY, default
+# ../shared/tools/csi-sanity) when it is there, else `csi sanity`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-10}
@@ -20,12 +22,14 @@ else
   bin=target/dist
 fi
 runs=${BENCH_RUNS:-probe:1 probe:8 lifecycle:1 lifecycle:8}
+sanity=${BENCH_SANITY:-$PWD/../shared/tools/csi-sanity}
+[ -x "$sanity" ] || sanity=
 work=$(mktemp -d /tmp/csi-bench.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 
-unshare -m --propagation private bash -s "$bin" "$work" "$secs" "$statefs" "$runs" <<'INNER'
+unshare -m --propagation private bash -s "$bin" "$work" "$secs" "$statefs" "$runs" "$sanity" <<'INNER'
 set -euo pipefail
-bin=$1 work=$2 secs=$3 statefs=$4 runs=$5
+bin=$1 work=$2 secs=$3 statefs=$4 runs=$5 sanity=$6
 mkdir -p "$work/state"
 if [ "$statefs" = tmpfs ]; then mount -t tmpfs -o size=2g tmpfs "$work/state"; fi
 export CSI_ENDPOINT=unix://$work/state/csi.sock
@@ -37,10 +41,19 @@ sleep 1
 rss() { awk -v k="$1" '$1 == k":" {print $2 " kB"}' /proc/$pid/status; }
 echo "idle RSS: $(rss VmRSS)"
 start=$(date +%s%N)
-"$bin/csi" sanity --staging-dir "$work" --target-dir "$work" --driver-log "$work/driver.log" > "$work/sanity.txt" ||
-  echo "conformance run FAILED (an older build against today's checks?); the benchmarks still run"
-end=$(date +%s%N)
-tail -1 "$work/sanity.txt"
+if [ -n "$sanity" ]; then
+  "$sanity" --csi.endpoint "$work/state/csi.sock" --csi.stagingdir "$work/stage" \
+    --csi.mountdir "$work/mnt" --csi.testvolumesize $((64 << 20)) \
+    --csi.testvolumeexpandsize $((128 << 20)) --ginkgo.no-color > "$work/sanity.txt" 2>&1 ||
+    echo "csi-sanity FAILED; the benchmarks still run"
+  end=$(date +%s%N)
+  echo "csi-sanity: $(grep -Eo '[0-9]+ Passed \| [0-9]+ Failed \| [0-9]+ Pending \| [0-9]+ Skipped' "$work/sanity.txt" | tail -1)"
+else
+  "$bin/csi" sanity --staging-dir "$work" --target-dir "$work" --driver-log "$work/driver.log" > "$work/sanity.txt" ||
+    echo "conformance run FAILED (an older build against today's checks?); the benchmarks still run"
+  end=$(date +%s%N)
+  tail -1 "$work/sanity.txt"
+fi
 echo "conformance run: $(( (end - start) / 1000000 )) ms (wall, including connection)"
 for run in $runs; do
   workload=${run%%:*} workers=${run##*:}

@@ -474,8 +474,14 @@ impl NodeVolumes {
         for source in sources {
             match source {
                 Source::Directory(d) => {
-                    // mountinfo shows resolved paths.
-                    let d = std::fs::canonicalize(&d).unwrap_or_else(|_| normalize(&d));
+                    // mountinfo shows resolved paths. One without symlinks
+                    // is its own: one openat2 instead of realpath's
+                    // readlink per component.
+                    let d = match mount_utils::nofollow::open(&d) {
+                        Ok(_) => mount_utils::nofollow::absolute(&d).ok(),
+                        Err(_) => std::fs::canonicalize(&d).ok(),
+                    }
+                    .unwrap_or_else(|| normalize(&d));
                     out.ids.extend(bind_of(table, &d));
                     out.directory = Some(d);
                 }
