@@ -110,17 +110,22 @@ struct Env {
     node: NodeService<Fake>,
 }
 
-fn env_with(info: NodeInfo, resizer: Option<ResizeFs>) -> Env {
-    let dir = tempfile::tempdir().unwrap();
-    let base = dir.path().join("volumes");
+/// A fake driver with no volumes yet, keeping them under `dir/volumes`.
+fn fake_in(dir: &Path) -> Arc<Fake> {
+    let base = dir.join("volumes");
     std::fs::create_dir(&base).unwrap();
-    let host = FakeHost::new();
-    let fake = Arc::new(Fake {
+    Arc::new(Fake {
         base,
         volumes: Mutex::default(),
         retired: Mutex::default(),
         lock: tokio::sync::RwLock::new(()),
-    });
+    })
+}
+
+fn env_with(info: NodeInfo, resizer: Option<ResizeFs>) -> Env {
+    let dir = tempfile::tempdir().unwrap();
+    let host = FakeHost::new();
+    let fake = fake_in(dir.path());
     let b = NodeService::builder(fake.clone(), info, host.mounter());
     let mut b = b.volumes(|v| v.loop_devices(host.loops()));
     if let Some(r) = resizer {
@@ -519,15 +524,8 @@ async fn mount_flag_values_reach_no_answer_or_log_line_at_any_level() {
 async fn open_shared_keeps_the_record_in_the_drivers_store_unless_an_earlier_one_exists() {
     use csi_store::RecordStore;
     let dir = tempfile::tempdir().unwrap();
-    let base = dir.path().join("volumes");
-    std::fs::create_dir(&base).unwrap();
     let host = FakeHost::new();
-    let fake = Arc::new(Fake {
-        base,
-        volumes: Mutex::default(),
-        retired: Mutex::default(),
-        lock: tokio::sync::RwLock::new(()),
-    });
+    let fake = fake_in(dir.path());
     let open = |store: &csi_store::FileStore, separate: &Path| {
         NodeService::builder(fake.clone(), NodeInfo::new("n1"), host.mounter())
             .volumes(|v| v.loop_devices(host.loops()))
