@@ -559,7 +559,7 @@ impl NodeVolumes {
         rec.stage = Some(stage);
         self.save(&rec, Part::Stage)?;
         let mut undo = Undo::default();
-        match self.stage_effects(&mut rec, &ids, mounted, &options, &mut undo) {
+        match self.stage_effects(&mut rec, &table, &ids, mounted, &options, &mut undo) {
             Ok(()) => {
                 if let Some(s) = rec.stage.as_mut() {
                     s.state = StageState::Staged;
@@ -582,6 +582,7 @@ impl NodeVolumes {
     fn stage_effects(
         &self,
         rec: &mut VolumeRecord,
+        table: &[MountInfo],
         ids: &Identities,
         mounted: bool,
         options: &[String],
@@ -648,21 +649,29 @@ impl NodeVolumes {
             }
         }
         undo.mounted = true;
-        self.verify(&rec.volume_id, rec, &s.path, s.readonly)
+        self.verify(&rec.volume_id, rec, table, &s.path, s.readonly)
     }
 
     /// After a mount: the path shows exactly this volume, read-only when it
-    /// must be. Otherwise an error (the caller undoes the mount).
+    /// must be. Otherwise an error (the caller undoes the mount). `table`
+    /// is the one read before mounting: what identifies the volume (the
+    /// mounts holding its directory or device node) is there already; the
+    /// mounts at `path` are read anew, from those mounts alone where the
+    /// kernel can (`Mounter::mounts_at`).
     fn verify(
         &self,
         volume: &str,
         rec: &VolumeRecord,
+        table: &[MountInfo],
         path: &Path,
         readonly: bool,
     ) -> Result<(), NodeError> {
-        let table = self.mount_table()?;
-        let ids = self.identities(volume, Some(rec), &table)?;
-        let here = mounts_at(&table, path);
+        let ids = self.identities(volume, Some(rec), table)?;
+        let here = self
+            .inner
+            .mounter
+            .mounts_at(&resolve(path))
+            .map_err(|e| NodeError::mount("reading the mounts at", path, &e))?;
         if here.is_empty() || !here.iter().all(|m| ids.owns(m)) {
             return Err(NodeError::FailedPrecondition(format!(
                 "after mounting, {} does not show volume {volume}",
@@ -880,6 +889,7 @@ impl NodeVolumes {
         let mut undo = Undo::default();
         let result = self.bind(
             &rec,
+            &table,
             &source,
             &target,
             cap.is_block(),
@@ -911,6 +921,7 @@ impl NodeVolumes {
     fn bind(
         &self,
         rec: &VolumeRecord,
+        table: &[MountInfo],
         source: &Path,
         target: &Path,
         block: bool,
@@ -947,7 +958,7 @@ impl NodeVolumes {
             result.map_err(|e| NodeError::mount("publishing at", target, &e))?;
             undo.mounted = true;
         }
-        self.verify(&rec.volume_id, rec, target, readonly)
+        self.verify(&rec.volume_id, rec, table, target, readonly)
     }
 
     /// NodeUnpublishVolume: unmounts the target only where it shows this
@@ -1144,7 +1155,7 @@ impl NodeVolumes {
         }
         let options = mount_options(&s.capability, s.readonly)?;
         let mut undo = Undo::default();
-        let result = self.stage_effects(rec, &ids, here.is_ours(), &options, &mut undo);
+        let result = self.stage_effects(rec, &table, &ids, here.is_ours(), &options, &mut undo);
         if result.is_ok() && undo.mounted {
             tracing::info!(volume = %rec.volume_id, path = %s.path.display(), "restored staging mount");
         }
@@ -1188,6 +1199,7 @@ impl NodeVolumes {
         let mut undo = Undo::default();
         self.bind(
             rec,
+            &table,
             &source,
             &p.target,
             block,

@@ -7,8 +7,10 @@
 //!
 //! - [`Mounter`]: mount (with [`Sensitive`] options), bind, remount,
 //!   unmount, cleanup, and queries ([`Mounter::mounted_at`],
-//!   [`Mounter::is_mount_point`], [`Mounter::fs_usage`], ...).
-//!   [`LinuxMounter`] does it for real, [`FakeMounter`] in memory.
+//!   [`Mounter::mounts_at`], [`Mounter::is_mount_point`],
+//!   [`Mounter::fs_usage`], ...). [`LinuxMounter`] does it for real
+//!   (`mounts_at` from `statmount(2)` where the kernel has it, so its cost
+//!   does not grow with the mount table), [`FakeMounter`] in memory.
 //! - [`LoopDevices`]: attach, find by backing file, info, set capacity,
 //!   detach; [`LinuxLoopDevices`] and [`FakeLoopDevices`].
 //! - [`parse_mountinfo`]: the full `/proc/<pid>/mountinfo` format.
@@ -118,6 +120,7 @@ mod options;
 pub mod quota;
 mod resize;
 mod source;
+mod statmount;
 pub mod testing;
 
 pub use block::{DeviceNumber, same_device};

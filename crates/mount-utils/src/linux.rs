@@ -19,6 +19,7 @@ use crate::mountinfo::{MountInfo, containing_mount, find_by_id, parse_mountinfo}
 use crate::nofollow::{self, PinnedPath, absolute, fd_path};
 use crate::options::{MountOptions, RedactedOptions, Sensitive};
 use crate::source::{FsUsage, MountSource};
+use crate::statmount;
 
 /// [`Mounter`] for Linux using `mount(2)`, the new mount API, `umount2(2)`
 /// and `statx(2)`.
@@ -109,6 +110,37 @@ impl LinuxMounter {
             })?;
         LAST_LEN.store(data.len(), Ordering::Relaxed);
         Ok(data)
+    }
+
+    /// [`Mounter::mounts_at`] from `statx` and `statmount` (the mounts at
+    /// `abs` only); `None` when the kernel cannot say, or a mount went away
+    /// while walking down the stack: then the caller reads the table.
+    fn mounts_at_by_id(&self, abs: &Path) -> Option<Vec<MountInfo>> {
+        if !statmount::agrees_with_table(|| self.mount_points().ok()) {
+            return None;
+        }
+        let (mut id, root) = match statmount::mount_of(abs) {
+            Ok(Some(found)) => found,
+            Err(Errno::ENOENT | Errno::ENOTDIR) => return Some(Vec::new()),
+            Ok(None) | Err(_) => return None,
+        };
+        if !root {
+            return Some(Vec::new());
+        }
+        let mut stack = Vec::new();
+        for _ in 0..MAX_STACKED_UNMOUNTS {
+            let e = statmount::entry(id).ok().flatten()?;
+            if e.info.mount_point != abs {
+                break;
+            }
+            stack.push(e.info);
+            if e.parent == id {
+                break;
+            }
+            id = e.parent;
+        }
+        stack.reverse();
+        Some(stack)
     }
 
     /// The mount an open descriptor is on, from its mount id; `None` when
@@ -318,6 +350,18 @@ impl Mounter for LinuxMounter {
 
     fn mount_points(&self) -> Result<Vec<MountInfo>, MountError> {
         Ok(parse_mountinfo(&self.read_mountinfo()?)?)
+    }
+
+    fn mounts_at(&self, path: &Path) -> Result<Vec<MountInfo>, MountError> {
+        let abs = absolute(path)?;
+        if let Some(found) = self.mounts_at_by_id(&abs) {
+            return Ok(found);
+        }
+        Ok(self
+            .mount_points()?
+            .into_iter()
+            .filter(|m| m.mount_point == abs)
+            .collect())
     }
 
     fn mounted_at(&self, path: &Path) -> Result<Option<MountInfo>, MountError> {

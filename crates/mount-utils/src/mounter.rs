@@ -92,6 +92,20 @@ pub trait Mounter: Send + Sync {
     /// The mount table of the caller's mount namespace.
     fn mount_points(&self) -> Result<Vec<MountInfo>, MountError>;
 
+    /// Every mount stacked at `path`, bottom first (empty when nothing is
+    /// mounted there). `path` is compared as given with the table's mount
+    /// points, so it should be absolute with no symlinks. Linux answers
+    /// from the mounts at `path` alone where the kernel can
+    /// (`statmount(2)`), not from the whole table.
+    fn mounts_at(&self, path: &Path) -> Result<Vec<MountInfo>, MountError> {
+        let abs = crate::nofollow::absolute(path)?;
+        Ok(self
+            .mount_points()?
+            .into_iter()
+            .filter(|m| m.mount_point == abs)
+            .collect())
+    }
+
     /// The topmost mount at `path`: its mountinfo entry (device number,
     /// root, source, filesystem type, options), or `None` when `path` is not
     /// a mount point or does not exist. Answers "what exactly is mounted

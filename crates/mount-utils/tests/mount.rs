@@ -36,6 +36,10 @@ fn main() {
             "file_bind_mount_for_block_volumes",
             file_bind_mount_for_block_volumes,
         ),
+        (
+            "mounts_at_answers_what_the_table_says",
+            mounts_at_answers_what_the_table_says,
+        ),
     ])
 }
 
@@ -295,5 +299,96 @@ fn file_bind_mount_for_block_volumes() {
         m.cleanup_mount_point(&target).unwrap();
         assert!(!target.exists(), "empty placeholder file is removed");
         assert!(src.exists());
+    });
+}
+
+/// `mounts_at` (from statmount where the kernel has it) against the whole
+/// table, field for field, over the kinds of mount a node plugin makes.
+fn mounts_at_answers_what_the_table_says() {
+    in_private_mount_ns("mounts_at_answers_what_the_table_says", || {
+        use nix::mount::{MsFlags, mount};
+        let tmp = tempfile::tempdir().unwrap();
+        let m = LinuxMounter::new();
+        let flagged = dir(tmp.path(), "flagged");
+        m.mount(
+            "tmpfs",
+            &flagged,
+            "tmpfs",
+            &[
+                "size=1m",
+                "mode=0700",
+                "nosuid",
+                "nodev",
+                "noexec",
+                "noatime",
+            ],
+        )
+        .unwrap();
+        let sub = dir(&flagged, "sub");
+        let ro = dir(tmp.path(), "ro");
+        m.bind_mount(&sub, &ro, true).unwrap();
+        let stacked = dir(tmp.path(), "stacked");
+        m.mount("first", &stacked, "tmpfs", &["size=1m"]).unwrap();
+        m.mount("second", &stacked, "tmpfs", &["size=2m", "ro"])
+            .unwrap();
+        let odd = dir(tmp.path(), "with space\tand\\slash");
+        m.mount("odd source", &odd, "tmpfs", &["size=1m"]).unwrap();
+        let shared = dir(tmp.path(), "shared");
+        m.mount("tmpfs", &shared, "tmpfs", &["size=1m"]).unwrap();
+        let none = None::<&str>;
+        mount(none, &shared, none, MsFlags::MS_SHARED, none).unwrap();
+        let slave = dir(tmp.path(), "slave");
+        m.bind_mount(&shared, &slave, false).unwrap();
+        mount(none, &slave, none, MsFlags::MS_SLAVE, none).unwrap();
+        let unbindable = dir(tmp.path(), "unbindable");
+        m.mount("tmpfs", &unbindable, "tmpfs", &["size=1m"])
+            .unwrap();
+        mount(none, &unbindable, none, MsFlags::MS_UNBINDABLE, none).unwrap();
+        let plain = dir(tmp.path(), "plain");
+
+        let table = m.mount_points().unwrap();
+        let cases = [
+            (Path::new("/"), 1),
+            (flagged.as_path(), 1),
+            (ro.as_path(), 1),
+            (stacked.as_path(), 2),
+            (odd.as_path(), 1),
+            (shared.as_path(), 1),
+            (slave.as_path(), 1),
+            (unbindable.as_path(), 1),
+            (plain.as_path(), 0),
+            (&tmp.path().join("absent"), 0),
+        ];
+        for (path, count) in cases {
+            let expected: Vec<MountInfo> = table
+                .iter()
+                .filter(|e| e.mount_point == path)
+                .cloned()
+                .collect();
+            assert_eq!(expected.len(), count, "{}: the table", path.display());
+            assert_eq!(
+                m.mounts_at(path).unwrap(),
+                expected,
+                "{}: mounts_at against the table",
+                path.display()
+            );
+        }
+        let top = m.mounts_at(&stacked).unwrap();
+        assert!(
+            top[1].is_read_only() && !top[0].is_read_only(),
+            "bottom first"
+        );
+        for t in [
+            &unbindable,
+            &slave,
+            &shared,
+            &odd,
+            &stacked,
+            &stacked,
+            &ro,
+            &flagged,
+        ] {
+            m.unmount(t, false).unwrap();
+        }
     });
 }
