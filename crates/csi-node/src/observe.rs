@@ -73,6 +73,12 @@ pub fn bind_of(table: &[MountInfo], path: &Path) -> Option<MountSource> {
         .enumerate()
         .filter(|(_, m)| path.starts_with(&m.mount_point))
         .max_by_key(|(i, m)| (m.mount_point.components().count(), *i))?;
+    bind_within(base, &path)
+}
+
+/// What a bind mount of `path` shows, given `base`, the mount `path` is on
+/// (see [`bind_of`]).
+pub fn bind_within(base: &MountInfo, path: &Path) -> Option<MountSource> {
     let rel = path.strip_prefix(&base.mount_point).ok()?;
     let root = if rel.as_os_str().is_empty() {
         base.root.clone()
@@ -170,9 +176,18 @@ pub fn mounts_at<'a>(table: &'a [MountInfo], path: &Path) -> Vec<&'a MountInfo> 
 
 /// Looks at `path`: its kind and its mounts classified against `volume`.
 pub fn facts(table: &[MountInfo], path: &Path, volume: &Identities) -> PathFacts {
+    facts_of(path, mounts_at(table, path), volume)
+}
+
+/// Looks at `path`, given the mounts stacked there (bottom first).
+pub fn facts_of<'a>(
+    path: &Path,
+    here: impl IntoIterator<Item = &'a MountInfo>,
+    volume: &Identities,
+) -> PathFacts {
     PathFacts {
         kind: PathKind::of(path),
-        mounts: mounts_at(table, path)
+        mounts: here
             .into_iter()
             .map(|m| {
                 if volume.owns(m) {

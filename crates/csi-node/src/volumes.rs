@@ -12,12 +12,12 @@ use csi_proto::v1::{
     NodePublishVolumeRequest, NodeStageVolumeRequest, NodeUnpublishVolumeRequest,
     NodeUnstageVolumeRequest, VolumeCondition,
 };
-use mount_utils::{LinuxLoopDevices, LoopDevices, LoopOptions, MountInfo, Mounter};
+use mount_utils::{LinuxLoopDevices, LoopDevices, LoopOptions, MountInfo, MountSource, Mounter};
 
 use crate::error::NodeError;
 use crate::observe::{
-    Identities, PathKind, bind_of, facts, filesystem_on, mounts_at, normalize, resolve,
-    shows_device,
+    Identities, PathFacts, PathKind, bind_of, bind_within, facts_of, filesystem_on, mounts_at,
+    normalize, resolve, shows_device,
 };
 use crate::record::{
     Capability, Device, PublishRecord, PublishState, Source, StageRecord, StageState, VolumeRecord,
@@ -57,6 +57,52 @@ pub struct RestoreReport {
 
 /// The mounts gone over when one path holds several stacked mounts.
 const MAX_STACKED: usize = 16;
+
+/// Where a call learns about mounts: the whole table, read once (unstage
+/// needs it to find every use of a volume; startup reads it once for all),
+/// or the mounter asked about one path at a time (`Mounter::mounts_at`,
+/// `Mounter::containing_mount`), which on Linux reads only those mounts
+/// instead of formatting and parsing every mount in the namespace.
+enum View<'a> {
+    Table(&'a [MountInfo]),
+    Paths(&'a dyn Mounter),
+}
+
+impl View<'_> {
+    /// The mounts stacked at `path`, bottom first.
+    fn at(&self, path: &Path) -> Result<Vec<MountInfo>, NodeError> {
+        match self {
+            View::Table(table) => Ok(mounts_at(table, path).into_iter().cloned().collect()),
+            View::Paths(mounter) => mounter
+                .mounts_at(&resolve(path))
+                .map_err(|e| NodeError::mount("reading the mounts at", path, &e)),
+        }
+    }
+
+    /// What a bind mount of `path` shows ([`bind_of`]).
+    fn bind_of(&self, path: &Path) -> Result<Option<MountSource>, NodeError> {
+        match self {
+            View::Table(table) => Ok(bind_of(table, path)),
+            View::Paths(mounter) => {
+                let path = normalize(path);
+                let base = mounter
+                    .containing_mount(&path)
+                    .map_err(|e| NodeError::mount("reading the mount of", &path, &e))?;
+                Ok(base.and_then(|b| bind_within(&b, &path)))
+            }
+        }
+    }
+
+    /// [`facts`] of `path` and the mounts there.
+    fn facts(
+        &self,
+        path: &Path,
+        ids: &Identities,
+    ) -> Result<(PathFacts, Vec<MountInfo>), NodeError> {
+        let here = self.at(path)?;
+        Ok((facts_of(path, &here, ids), here))
+    }
+}
 
 struct Inner {
     mounter: Arc<dyn Mounter>,
@@ -455,7 +501,7 @@ impl NodeVolumes {
         &self,
         volume: &str,
         record: Option<&VolumeRecord>,
-        table: &[MountInfo],
+        view: &View<'_>,
     ) -> Result<Identities, NodeError> {
         let mut sources: Vec<Source> = record
             .and_then(|r| r.stage.as_ref())
@@ -482,13 +528,13 @@ impl NodeVolumes {
                         Err(_) => std::fs::canonicalize(&d).ok(),
                     }
                     .unwrap_or_else(|| normalize(&d));
-                    out.ids.extend(bind_of(table, &d));
+                    out.ids.extend(view.bind_of(&d)?);
                     out.directory = Some(d);
                 }
                 Source::Image(image) => {
                     for dev in self.devices_of(&image)? {
                         out.ids.push(filesystem_on(&dev));
-                        out.ids.extend(bind_of(table, &dev.path));
+                        out.ids.extend(view.bind_of(&dev.path)?);
                         out.devices.push(dev);
                     }
                 }
@@ -520,10 +566,10 @@ impl NodeVolumes {
             )));
         }
         let _claim = self.claim(vol, &[&path])?;
-        let table = self.mount_table()?;
+        let view = View::Paths(self.inner.mounter.as_ref());
         let (record, claimed) = self.snapshot(vol, &path);
-        let ids = self.identities(vol, record.as_ref(), &table)?;
-        let here = facts(&table, &path, &ids);
+        let ids = self.identities(vol, record.as_ref(), &view)?;
+        let (here, _) = view.facts(&path, &ids)?;
         let decision = decide_stage(
             &req,
             &cap,
@@ -559,7 +605,7 @@ impl NodeVolumes {
         rec.stage = Some(stage);
         self.save(&rec, Part::Stage)?;
         let mut undo = Undo::default();
-        match self.stage_effects(&mut rec, &table, &ids, mounted, &options, &mut undo) {
+        match self.stage_effects(&mut rec, &view, &ids, mounted, &options, &mut undo) {
             Ok(()) => {
                 if let Some(s) = rec.stage.as_mut() {
                     s.state = StageState::Staged;
@@ -582,7 +628,7 @@ impl NodeVolumes {
     fn stage_effects(
         &self,
         rec: &mut VolumeRecord,
-        table: &[MountInfo],
+        view: &View<'_>,
         ids: &Identities,
         mounted: bool,
         options: &[String],
@@ -649,24 +695,24 @@ impl NodeVolumes {
             }
         }
         undo.mounted = true;
-        self.verify(&rec.volume_id, rec, table, &s.path, s.readonly)
+        self.verify(&rec.volume_id, rec, view, &s.path, s.readonly)
     }
 
     /// After a mount: the path shows exactly this volume, read-only when it
-    /// must be. Otherwise an error (the caller undoes the mount). `table`
-    /// is the one read before mounting: what identifies the volume (the
-    /// mounts holding its directory or device node) is there already; the
-    /// mounts at `path` are read anew, from those mounts alone where the
-    /// kernel can (`Mounter::mounts_at`).
+    /// must be. Otherwise an error (the caller undoes the mount). `view`
+    /// is the caller's: what identifies the volume (the mounts holding its
+    /// directory or device node) is not changed by the mount; the mounts at
+    /// `path` are read anew, from those mounts alone where the kernel can
+    /// (`Mounter::mounts_at`).
     fn verify(
         &self,
         volume: &str,
         rec: &VolumeRecord,
-        table: &[MountInfo],
+        view: &View<'_>,
         path: &Path,
         readonly: bool,
     ) -> Result<(), NodeError> {
-        let ids = self.identities(volume, Some(rec), table)?;
+        let ids = self.identities(volume, Some(rec), view)?;
         let here = self
             .inner
             .mounter
@@ -692,9 +738,9 @@ impl NodeVolumes {
     fn undo(&self, rec: &mut VolumeRecord, path: &Path, undo: Undo, forget: Part<'_>) {
         let result = (|| {
             if undo.mounted {
-                let table = self.mount_table()?;
-                let ids = self.identities(&rec.volume_id, Some(rec), &table)?;
-                self.unmount_ours(&rec.volume_id, path, &ids, table)?;
+                let view = View::Paths(self.inner.mounter.as_ref());
+                let ids = self.identities(&rec.volume_id, Some(rec), &view)?;
+                self.unmount_ours(&rec.volume_id, path, &ids, view.at(path)?)?;
             }
             if let Some(created) = &undo.created {
                 self.remove_if_empty(created)?;
@@ -727,18 +773,18 @@ impl NodeVolumes {
     }
 
     /// Unmounts every mount at `path`, each verified to be this volume's
-    /// first; stops at anything else. `table` is the mount table the
-    /// caller just read (under its claim); after each unmount the table is
-    /// read again only if `path` is still a mount point.
+    /// first; stops at anything else. `here` is what the caller just saw
+    /// there (under its claim); after each unmount the mounts at `path` are
+    /// read again only if it is still a mount point.
     fn unmount_ours(
         &self,
         volume: &str,
         path: &Path,
         ids: &Identities,
-        mut table: Vec<MountInfo>,
+        mut here: Vec<MountInfo>,
     ) -> Result<(), NodeError> {
         for _ in 0..MAX_STACKED {
-            let Some(top) = mounts_at(&table, path).last().copied() else {
+            let Some(top) = here.last() else {
                 return Ok(());
             };
             if !ids.owns(top) {
@@ -752,7 +798,7 @@ impl NodeVolumes {
             if !self.inner.mounter.is_mount_point(path).unwrap_or(true) {
                 return Ok(());
             }
-            table = self.mount_table()?;
+            here = View::Paths(self.inner.mounter.as_ref()).at(path)?;
         }
         Err(NodeError::FailedPrecondition(format!(
             "{} is still mounted after {MAX_STACKED} unmounts",
@@ -769,10 +815,11 @@ impl NodeVolumes {
         let vol = req.volume_id.as_str();
         let _claim = self.claim(vol, &[&path])?;
         let table = self.mount_table()?;
+        let view = View::Table(&table);
         let (record, claimed) = self.snapshot(vol, &path);
         let known = self.inner.locator.source(vol).is_some();
-        let ids = self.identities(vol, record.as_ref(), &table)?;
-        let here = facts(&table, &path, &ids);
+        let ids = self.identities(vol, record.as_ref(), &view)?;
+        let (here, mounts_here) = view.facts(&path, &ids)?;
         let mut in_use: Vec<PathBuf> = record
             .iter()
             .flat_map(|r| r.publications.iter().map(|p| p.target.clone()))
@@ -803,7 +850,7 @@ impl NodeVolumes {
             self.save_progress(&rec, Part::Stage)?;
         }
         if unmount {
-            self.unmount_ours(vol, &path, &ids, table)?;
+            self.unmount_ours(vol, &path, &ids, mounts_here)?;
         }
         for dev in &ids.devices {
             self.detach(dev)?;
@@ -834,11 +881,11 @@ impl NodeVolumes {
         let options = mount_options(&cap, readonly)?;
         let vol = req.volume_id.as_str();
         let _claim = self.claim(vol, &[&target])?;
-        let table = self.mount_table()?;
+        let view = View::Paths(self.inner.mounter.as_ref());
         let (record, claimed) = self.snapshot(vol, &target);
         let located = self.inner.locator.source(vol);
-        let ids = self.identities(vol, record.as_ref(), &table)?;
-        let here = facts(&table, &target, &ids);
+        let ids = self.identities(vol, record.as_ref(), &view)?;
+        let (here, _) = view.facts(&target, &ids)?;
         let staged = record.as_ref().and_then(|r| r.stage.as_ref());
         let decision = decide_publish(
             &req,
@@ -889,7 +936,7 @@ impl NodeVolumes {
         let mut undo = Undo::default();
         let result = self.bind(
             &rec,
-            &table,
+            &view,
             &source,
             &target,
             cap.is_block(),
@@ -921,7 +968,7 @@ impl NodeVolumes {
     fn bind(
         &self,
         rec: &VolumeRecord,
-        table: &[MountInfo],
+        view: &View<'_>,
         source: &Path,
         target: &Path,
         block: bool,
@@ -958,7 +1005,7 @@ impl NodeVolumes {
             result.map_err(|e| NodeError::mount("publishing at", target, &e))?;
             undo.mounted = true;
         }
-        self.verify(&rec.volume_id, rec, table, target, readonly)
+        self.verify(&rec.volume_id, rec, view, target, readonly)
     }
 
     /// NodeUnpublishVolume: unmounts the target only where it shows this
@@ -968,11 +1015,11 @@ impl NodeVolumes {
         let target = absolute(&req.target_path, "target_path")?;
         let vol = req.volume_id.as_str();
         let _claim = self.claim(vol, &[&target])?;
-        let table = self.mount_table()?;
+        let view = View::Paths(self.inner.mounter.as_ref());
         let (record, claimed) = self.snapshot(vol, &target);
         let known = self.inner.locator.source(vol).is_some();
-        let ids = self.identities(vol, record.as_ref(), &table)?;
-        let here = facts(&table, &target, &ids);
+        let ids = self.identities(vol, record.as_ref(), &view)?;
+        let (here, mounts_here) = view.facts(&target, &ids)?;
         let decision = decide_unpublish(
             vol,
             &target,
@@ -992,7 +1039,7 @@ impl NodeVolumes {
             self.save_progress(&rec, Part::Publication(&target))?;
         }
         if unmount {
-            self.unmount_ours(vol, &target, &ids, table)?;
+            self.unmount_ours(vol, &target, &ids, mounts_here)?;
         }
         if remove {
             self.remove_if_empty(&target)?;
@@ -1040,8 +1087,8 @@ impl NodeVolumes {
         if let (Some(why), true) = (&abnormal, named || record.is_none()) {
             return Ok(abnormal_here(why.clone()));
         }
-        let table = self.mount_table()?;
-        let ids = self.identities(volume_id, record.as_ref(), &table)?;
+        let view = View::Paths(self.inner.mounter.as_ref());
+        let ids = self.identities(volume_id, record.as_ref(), &view)?;
         if !named {
             // A raw block volume is also wherever its device node is: the
             // kubelet asks at the pod's volumeDevices path.
@@ -1054,7 +1101,7 @@ impl NodeVolumes {
                 _ => Err(not_there(volume_id, &path)),
             };
         }
-        let here = facts(&table, &path, &ids);
+        let (here, _) = view.facts(&path, &ids)?;
         let stage = record.as_ref().and_then(|r| r.stage.as_ref());
         let block_stage = stage.is_some_and(|s| s.path == path && s.capability.is_block());
         Ok(if here.has_foreign_mount() {
@@ -1135,8 +1182,9 @@ impl NodeVolumes {
             _ => {}
         }
         let table = self.mount_table()?;
-        let ids = self.identities(&rec.volume_id, Some(rec), &table)?;
-        let here = facts(&table, &s.path, &ids);
+        let view = View::Table(&table);
+        let ids = self.identities(&rec.volume_id, Some(rec), &view)?;
+        let (here, _) = view.facts(&s.path, &ids)?;
         if here.kind == PathKind::Symlink || here.has_foreign_mount() {
             return Err(NodeError::FailedPrecondition(format!(
                 "its staging path {} is now a symlink or holds something else",
@@ -1155,7 +1203,7 @@ impl NodeVolumes {
         }
         let options = mount_options(&s.capability, s.readonly)?;
         let mut undo = Undo::default();
-        let result = self.stage_effects(rec, &table, &ids, here.is_ours(), &options, &mut undo);
+        let result = self.stage_effects(rec, &view, &ids, here.is_ours(), &options, &mut undo);
         if result.is_ok() && undo.mounted {
             tracing::info!(volume = %rec.volume_id, path = %s.path.display(), "restored staging mount");
         }
@@ -1164,8 +1212,9 @@ impl NodeVolumes {
 
     fn restore_publication(&self, rec: &VolumeRecord, p: &PublishRecord) -> Result<(), NodeError> {
         let table = self.mount_table()?;
-        let ids = self.identities(&rec.volume_id, Some(rec), &table)?;
-        let here = facts(&table, &p.target, &ids);
+        let view = View::Table(&table);
+        let ids = self.identities(&rec.volume_id, Some(rec), &view)?;
+        let (here, _) = view.facts(&p.target, &ids)?;
         if here.is_ours() {
             return Ok(());
         }
@@ -1199,7 +1248,7 @@ impl NodeVolumes {
         let mut undo = Undo::default();
         self.bind(
             rec,
-            &table,
+            &view,
             &source,
             &p.target,
             block,

@@ -364,6 +364,18 @@ impl Mounter for LinuxMounter {
             .collect())
     }
 
+    fn containing_mount(&self, path: &Path) -> Result<Option<MountInfo>, MountError> {
+        let abs = absolute(path)?;
+        if statmount::agrees_with_table(|| self.mount_points().ok())
+            && let Ok(Some((id, _))) = statmount::mount_of(&abs)
+            && let Ok(Some(e)) = statmount::entry(id)
+            && abs.starts_with(&e.info.mount_point)
+        {
+            return Ok(Some(e.info));
+        }
+        Ok(containing_mount(&self.mount_points()?, &abs).cloned())
+    }
+
     fn mounted_at(&self, path: &Path) -> Result<Option<MountInfo>, MountError> {
         let fd = match nofollow::open(path) {
             Ok(fd) => Some(fd),

@@ -106,6 +106,15 @@ pub trait Mounter: Send + Sync {
             .collect())
     }
 
+    /// The mount `path` is on: the topmost at the deepest mount point that
+    /// is `path` or above it (compared as given, like
+    /// [`mounts_at`](Mounter::mounts_at)); `None` if there is none. Linux
+    /// asks the kernel about that mount alone where it can.
+    fn containing_mount(&self, path: &Path) -> Result<Option<MountInfo>, MountError> {
+        let abs = crate::nofollow::absolute(path)?;
+        Ok(crate::mountinfo::containing_mount(&self.mount_points()?, &abs).cloned())
+    }
+
     /// The topmost mount at `path`: its mountinfo entry (device number,
     /// root, source, filesystem type, options), or `None` when `path` is not
     /// a mount point or does not exist. Answers "what exactly is mounted

@@ -373,6 +373,38 @@ fn mounts_at_answers_what_the_table_says() {
                 path.display()
             );
         }
+        // containing_mount: the deepest mount point above the path, the
+        // topmost mount there.
+        let file = sub.join("file");
+        fs::write(&file, b"x").unwrap();
+        for path in [
+            file.as_path(),
+            sub.as_path(),
+            ro.as_path(),
+            stacked.as_path(),
+            plain.as_path(),
+            odd.as_path(),
+            Path::new("/"),
+        ] {
+            let expected = table
+                .iter()
+                .filter(|e| path.starts_with(&e.mount_point))
+                .max_by_key(|e| e.mount_point.components().count())
+                .map(|deepest| {
+                    table
+                        .iter()
+                        .rfind(|e| e.mount_point == deepest.mount_point)
+                        .unwrap()
+                        .clone()
+                });
+            assert_eq!(
+                m.containing_mount(path).unwrap(),
+                expected,
+                "{}: containing_mount against the table",
+                path.display()
+            );
+        }
+
         let top = m.mounts_at(&stacked).unwrap();
         assert!(
             top[1].is_read_only() && !top[0].is_read_only(),
