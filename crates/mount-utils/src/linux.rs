@@ -15,7 +15,7 @@ use nix::sys::statvfs::{FsFlags, fstatvfs};
 use crate::block::DeviceNumber;
 use crate::error::{MountError, io_errno, is_corrupted_mount_errno};
 use crate::mounter::{MAX_STACKED_UNMOUNTS, Mounter};
-use crate::mountinfo::{MountInfo, containing_mount, find_by_id, parse_mountinfo};
+use crate::mountinfo::{MountInfo, containing_mount, find_by_id, parse_mountinfo, stacked_at};
 use crate::nofollow::{self, PinnedPath, absolute, fd_path};
 use crate::options::{MountOptions, RedactedOptions, Sensitive};
 use crate::source::{FsUsage, MountSource};
@@ -81,7 +81,7 @@ impl LinuxMounter {
     /// [`Mounter::is_mount_point`] refuses them). `Ok(None)` when the kernel
     /// does not report that attribute (before Linux 5.8, or no `statx`).
     pub fn is_mount_point_statx(&self, path: &Path) -> Result<Option<bool>, MountError> {
-        match statx(path, 0) {
+        match statx(path, 0, libc::STATX_TYPE) {
             Ok(stx) => Ok(mount_root_attr(&stx)),
             Err(Errno::ENOSYS) => Ok(None),
             Err(errno) => Err(stat_error(path, errno)),
@@ -116,10 +116,10 @@ impl LinuxMounter {
     /// `abs` only); `None` when the kernel cannot say, or a mount went away
     /// while walking down the stack: then the caller reads the table.
     fn mounts_at_by_id(&self, abs: &Path) -> Option<Vec<MountInfo>> {
-        if !statmount::agrees_with_table(|| self.mount_points().ok()) {
+        if !self.statmount_agrees() {
             return None;
         }
-        let (mut id, root) = match statmount::mount_of(abs) {
+        let (mut id, root) = match unique_mount(abs) {
             Ok(Some(found)) => found,
             Err(Errno::ENOENT | Errno::ENOTDIR) => return Some(Vec::new()),
             Ok(None) | Err(_) => return None,
@@ -141,6 +141,19 @@ impl LinuxMounter {
         }
         stack.reverse();
         Some(stack)
+    }
+
+    /// Whether statmount's entries equal this table's (checked once).
+    fn statmount_agrees(&self) -> bool {
+        statmount::agrees_with_table(
+            || {
+                unique_mount(Path::new("/"))
+                    .ok()
+                    .flatten()
+                    .map(|(id, _)| id)
+            },
+            || self.mount_points().ok(),
+        )
     }
 
     /// The mount an open descriptor is on, from its mount id; `None` when
@@ -357,17 +370,13 @@ impl Mounter for LinuxMounter {
         if let Some(found) = self.mounts_at_by_id(&abs) {
             return Ok(found);
         }
-        Ok(self
-            .mount_points()?
-            .into_iter()
-            .filter(|m| m.mount_point == abs)
-            .collect())
+        Ok(stacked_at(self.mount_points()?, &abs))
     }
 
     fn containing_mount(&self, path: &Path) -> Result<Option<MountInfo>, MountError> {
         let abs = absolute(path)?;
-        if statmount::agrees_with_table(|| self.mount_points().ok())
-            && let Ok(Some((id, _))) = statmount::mount_of(&abs)
+        if self.statmount_agrees()
+            && let Ok(Some((id, _))) = unique_mount(&abs)
             && let Ok(Some(e)) = statmount::entry(id)
             && abs.starts_with(&e.info.mount_point)
         {
@@ -914,7 +923,18 @@ fn statx_fd(fd: BorrowedFd<'_>, mask: libc::c_uint) -> Result<libc::statx, Errno
     Ok(unsafe { buf.assume_init() })
 }
 
-fn statx(path: &Path, flags: libc::c_int) -> Result<libc::statx, Errno> {
+/// The unique id of the mount `path` is on (the topmost at `path` when it
+/// is a mount root; `path` not followed if a symlink) and whether `path`
+/// is that mount's root. `Ok(None)` when the kernel gives no unique ids.
+fn unique_mount(path: &Path) -> Result<Option<(u64, bool)>, Errno> {
+    let stx = statx(path, libc::AT_SYMLINK_NOFOLLOW, libc::STATX_MNT_ID_UNIQUE)?;
+    if stx.stx_mask & libc::STATX_MNT_ID_UNIQUE == 0 {
+        return Ok(None);
+    }
+    Ok(mount_root_attr(&stx).map(|root| (stx.stx_mnt_id, root)))
+}
+
+fn statx(path: &Path, flags: libc::c_int, mask: libc::c_uint) -> Result<libc::statx, Errno> {
     let c = CString::new(path.as_os_str().as_bytes()).map_err(|_| Errno::EINVAL)?;
     let mut buf = MaybeUninit::<libc::statx>::zeroed();
     // SAFETY: valid NUL-terminated path and a buffer of the right type.
@@ -923,7 +943,7 @@ fn statx(path: &Path, flags: libc::c_int) -> Result<libc::statx, Errno> {
             libc::AT_FDCWD,
             c.as_ptr(),
             flags | libc::AT_NO_AUTOMOUNT,
-            libc::STATX_TYPE,
+            mask,
             buf.as_mut_ptr(),
         )
     };

@@ -99,11 +99,7 @@ pub trait Mounter: Send + Sync {
     /// (`statmount(2)`), not from the whole table.
     fn mounts_at(&self, path: &Path) -> Result<Vec<MountInfo>, MountError> {
         let abs = crate::nofollow::absolute(path)?;
-        Ok(self
-            .mount_points()?
-            .into_iter()
-            .filter(|m| m.mount_point == abs)
-            .collect())
+        Ok(crate::mountinfo::stacked_at(self.mount_points()?, &abs))
     }
 
     /// The mount `path` is on: the topmost at the deepest mount point that

@@ -227,6 +227,14 @@ pub(crate) fn containing_mount<'a>(mounts: &'a [MountInfo], abs: &Path) -> Optio
         .max_by_key(|m| m.mount_point.components().count())
 }
 
+/// The mounts at `abs` in `mounts`, in table order (bottom first).
+pub(crate) fn stacked_at(mounts: Vec<MountInfo>, abs: &Path) -> Vec<MountInfo> {
+    mounts
+        .into_iter()
+        .filter(|m| m.mount_point == abs)
+        .collect()
+}
+
 /// The entry with mount id `id`, parsing only that line.
 pub(crate) fn find_by_id(data: &[u8], id: u32) -> Result<Option<MountInfo>, ParseError> {
     let prefix = format!("{id} ");

@@ -1,6 +1,6 @@
-//! One mount's entry without reading the whole table: `statx(2)` with
-//! `STATX_MNT_ID_UNIQUE` names the mount a path is on, and `statmount(2)`
-//! (Linux 6.8; source, options and subtype 6.11) describes it, by id.
+//! One mount's entry without reading the whole table: given the unique id
+//! `statx(2)` reports with `STATX_MNT_ID_UNIQUE`, `statmount(2)` (Linux
+//! 6.8; source, options and subtype 6.11) describes that mount.
 //! Reading `/proc/thread-self/mountinfo` formats every mount in the
 //! namespace; this costs the same however many there are.
 //!
@@ -9,11 +9,8 @@
 //! the table; if they differ (an older kernel, a field read differently)
 //! this path is never used and callers read the table as before.
 
-use std::ffi::CString;
-use std::mem::MaybeUninit;
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::ffi::OsStringExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use nix::errno::Errno;
@@ -88,33 +85,6 @@ const HEADER: usize = 512;
 pub(crate) struct Entry {
     pub info: MountInfo,
     pub parent: u64,
-}
-
-/// The unique id of the mount `path` is on (the topmost mount at `path`
-/// when it is a mount root, `path` itself not followed if a symlink) and
-/// whether `path` is that mount's root. `Ok(None)` when the kernel does
-/// not give unique ids.
-pub(crate) fn mount_of(path: &Path) -> Result<Option<(u64, bool)>, Errno> {
-    let c = CString::new(path.as_os_str().as_bytes()).map_err(|_| Errno::EINVAL)?;
-    let mut buf = MaybeUninit::<libc::statx>::zeroed();
-    // SAFETY: a NUL-terminated path and a buffer of the right type.
-    let r = unsafe {
-        libc::statx(
-            libc::AT_FDCWD,
-            c.as_ptr(),
-            libc::AT_SYMLINK_NOFOLLOW | libc::AT_NO_AUTOMOUNT,
-            libc::STATX_MNT_ID_UNIQUE,
-            buf.as_mut_ptr(),
-        )
-    };
-    Errno::result(r)?;
-    // SAFETY: statx succeeded and the buffer was zeroed before.
-    let stx = unsafe { buf.assume_init() };
-    let root_bit = libc::STATX_ATTR_MOUNT_ROOT as u64;
-    if stx.stx_mask & libc::STATX_MNT_ID_UNIQUE == 0 || stx.stx_attributes_mask & root_bit == 0 {
-        return Ok(None);
-    }
-    Ok(Some((stx.stx_mnt_id, stx.stx_attributes & root_bit != 0)))
 }
 
 /// The entry of mount `id`, or `Ok(None)` when this kernel cannot say
@@ -256,14 +226,15 @@ fn decode(b: &[u8]) -> Option<Entry> {
 }
 
 /// Whether this kernel's entries equal the table's, checked once per
-/// process on the mount `/` is on against its line in `table()`.
-pub(crate) fn agrees_with_table(table: impl FnOnce() -> Option<Vec<MountInfo>>) -> bool {
+/// process on the mount `/` is on (`root_mount`, its unique id) against
+/// its line in `table()`.
+pub(crate) fn agrees_with_table(
+    root_mount: impl FnOnce() -> Option<u64>,
+    table: impl FnOnce() -> Option<Vec<MountInfo>>,
+) -> bool {
     static AGREES: OnceLock<bool> = OnceLock::new();
     *AGREES.get_or_init(|| {
-        let Ok(Some((id, _))) = mount_of(Path::new("/")) else {
-            return false;
-        };
-        let Ok(Some(e)) = entry(id) else {
+        let Some(Ok(Some(e))) = root_mount().map(entry) else {
             return false;
         };
         let agrees = table().is_some_and(|t| t.contains(&e.info));
