@@ -713,11 +713,8 @@ impl NodeVolumes {
         readonly: bool,
     ) -> Result<(), NodeError> {
         let ids = self.identities(volume, Some(rec), view)?;
-        let here = self
-            .inner
-            .mounter
-            .mounts_at(&resolve(path))
-            .map_err(|e| NodeError::mount("reading the mounts at", path, &e))?;
+        // Read now, whatever the caller's view holds.
+        let here = View::Paths(self.inner.mounter.as_ref()).at(path)?;
         if here.is_empty() || !here.iter().all(|m| ids.owns(m)) {
             return Err(NodeError::FailedPrecondition(format!(
                 "after mounting, {} does not show volume {volume}",
@@ -794,7 +791,7 @@ impl NodeVolumes {
                 .mounter
                 .unmount(path, false)
                 .map_err(|e| NodeError::mount("unmounting", path, &e))?;
-            // The common case, one mount, ends here without a table read.
+            // The common case, one mount, ends here.
             if !self.inner.mounter.is_mount_point(path).unwrap_or(true) {
                 return Ok(());
             }

@@ -10,7 +10,8 @@
 //!
 //! A put writes a temporary file (a spare one when there is one) and
 //! renames it over the record's name, exchanging so the replaced file
-//! becomes a spare; a delete renames the record to a spare or unlinks it. On a disk, each change is also appended to the journal,
+//! becomes a spare; a delete renames the record to a spare or unlinks it.
+//! On a disk, each change is also appended to the journal,
 //! and returns once an `fdatasync` of the journal covers it: one flush,
 //! shared with every concurrent writer (group commit), instead of a flush
 //! of the record file plus one of its directory. Replay at open and

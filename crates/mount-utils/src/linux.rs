@@ -130,17 +130,17 @@ impl LinuxMounter {
         let mut stack = Vec::new();
         for _ in 0..MAX_STACKED_UNMOUNTS {
             let e = statmount::entry(id).ok().flatten()?;
-            if e.info.mount_point != abs {
-                break;
+            if e.info.mount_point != abs || e.parent == id {
+                if e.info.mount_point == abs {
+                    stack.push(e.info);
+                }
+                stack.reverse();
+                return Some(stack);
             }
             stack.push(e.info);
-            if e.parent == id {
-                break;
-            }
             id = e.parent;
         }
-        stack.reverse();
-        Some(stack)
+        None // a stack deeper than this: the table says it all
     }
 
     /// Whether statmount's entries equal this table's (checked once).
