@@ -97,14 +97,12 @@ pub(crate) fn entry(id: u64) -> Result<Option<Entry>, Errno> {
     let req: [u64; 3] = [24, id, ASKED];
     let mut len = 4096;
     loop {
-        let mut buf = vec![0u64; len / 8];
+        // Read field by field with from_ne_bytes, so bytes need no alignment.
+        let mut buf = vec![0u8; len];
         // SAFETY: the request and a writable buffer of `len` bytes.
         let r = unsafe { libc::syscall(nr, req.as_ptr(), buf.as_mut_ptr(), len, 0u32) };
         match Errno::result(r) {
-            Ok(_) => {
-                let bytes: Vec<u8> = buf.iter().flat_map(|w| w.to_ne_bytes()).collect();
-                return Ok(decode(&bytes));
-            }
+            Ok(_) => return Ok(decode(&buf)),
             Err(Errno::EOVERFLOW) if len < 1 << 20 => len *= 4,
             Err(Errno::ENOSYS | Errno::EINVAL | Errno::EPERM) => return Ok(None),
             Err(e) => return Err(e),
