@@ -19,6 +19,9 @@ pub fn device_link_name(volume_id: &str) -> String {
     format!("{DEVICE_LINK_PREFIX}{volume_id}")
 }
 
+/// Bytes in a GiB, the unit of every size in the API.
+pub const GIB: u64 = 1 << 30;
+
 /// Default page size of list calls.
 pub const DEFAULT_PER_PAGE: u32 = 20;
 /// Largest page size the provider serves.
@@ -51,6 +54,13 @@ pub struct Volume {
     pub created_at: String,
 }
 
+impl Volume {
+    /// The size in bytes.
+    pub fn size_bytes(&self) -> u64 {
+        self.size_gigabytes.saturating_mul(GIB)
+    }
+}
+
 /// A point-in-time copy of a volume.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Snapshot {
@@ -73,6 +83,13 @@ pub struct Snapshot {
     pub tags: Vec<String>,
     /// RFC 3339 creation time.
     pub created_at: String,
+}
+
+impl Snapshot {
+    /// The size in bytes.
+    pub fn size_bytes(&self) -> u64 {
+        self.size_gigabytes.saturating_mul(GIB)
+    }
 }
 
 /// What an action does.
@@ -402,6 +419,42 @@ pub fn rfc3339(time: std::time::SystemTime) -> String {
     )
 }
 
+/// Reads a time written by [`rfc3339`] (`YYYY-MM-DDTHH:MM:SSZ`, UTC).
+pub fn parse_rfc3339(text: &str) -> Option<std::time::SystemTime> {
+    let b = text.as_bytes();
+    let shape_ok = b.len() == 20
+        && [4, 7].iter().all(|&i| b[i] == b'-')
+        && b[10] == b'T'
+        && [13, 16].iter().all(|&i| b[i] == b':')
+        && b[19] == b'Z';
+    if !shape_ok {
+        return None;
+    }
+    let num = |range: std::ops::Range<usize>| -> Option<i64> { text.get(range)?.parse().ok() };
+    let (year, month, day) = (num(0..4)?, num(5..7)?, num(8..10)?);
+    let (hour, minute, second) = (num(11..13)?, num(14..16)?, num(17..19)?);
+    if !(1..=12).contains(&month)
+        || !(1..=31).contains(&day)
+        || hour > 23
+        || minute > 59
+        || second > 60
+    {
+        return None;
+    }
+    // A civil date to days (Howard Hinnant's algorithm).
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let secs = days * 86_400 + hour * 3600 + minute * 60 + second;
+    u64::try_from(secs)
+        .ok()
+        .map(|s| std::time::UNIX_EPOCH + std::time::Duration::from_secs(s))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -412,6 +465,19 @@ mod tests {
         assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00Z");
         let t = UNIX_EPOCH + Duration::from_secs(1_709_210_096);
         assert_eq!(rfc3339(t), "2024-02-29T12:34:56Z");
+        assert_eq!(parse_rfc3339("2024-02-29T12:34:56Z"), Some(t));
+        let now = std::time::SystemTime::now();
+        let whole =
+            UNIX_EPOCH + Duration::from_secs(now.duration_since(UNIX_EPOCH).unwrap().as_secs());
+        assert_eq!(parse_rfc3339(&rfc3339(now)), Some(whole));
+        for bad in [
+            "",
+            "2024-02-29 12:34:56Z",
+            "2024-13-01T00:00:00Z",
+            "2024-02-29T12:34:56+01:00",
+        ] {
+            assert_eq!(parse_rfc3339(bad), None, "{bad}");
+        }
     }
 
     #[test]

@@ -466,3 +466,39 @@ async fn a_file_no_record_names_is_swept_at_start() {
     assert!(!stray.exists());
     provider.stop();
 }
+
+#[tokio::test]
+async fn concurrent_creates_of_the_same_names_make_one_volume_each() {
+    let dirs = Dirs::new();
+    let provider = start(&dirs, &[]);
+    let client = std::sync::Arc::new(provider.client());
+    let calls: Vec<_> = (0..20)
+        .map(|n| {
+            let client = client.clone();
+            tokio::spawn(async move {
+                client
+                    .create_volume(&volume_request(&format!("c-{}", n % 10), 1))
+                    .await
+            })
+        })
+        .collect();
+    let (mut made, mut taken) = (0, 0);
+    for call in calls {
+        match call.await.unwrap() {
+            Ok(_) => made += 1,
+            Err(e) if e.conflict() == Some(&ConflictKind::NameTaken) => taken += 1,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!((made, taken), (10, 10));
+    let all = client
+        .list_volumes(&VolumeFilter::default(), PageRequest::default())
+        .await
+        .unwrap();
+    assert_eq!(all.total, 10);
+    let files = std::fs::read_dir(dirs.data().join("volumes"))
+        .unwrap()
+        .count();
+    assert_eq!(files, 10, "no file for a refused create");
+    provider.stop();
+}

@@ -14,10 +14,8 @@ use std::sync::Arc;
 
 use mount_utils::{LinuxLoopDevices, LoopDevices, LoopOptions};
 
-use crate::api::device_link_name;
+use crate::api::{GIB, device_link_name};
 use crate::cloud::is_provider_id;
-
-const GIB: u64 = 1 << 30;
 
 /// Files, loop devices and links of one provider.
 #[derive(Clone)]
