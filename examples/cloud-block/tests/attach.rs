@@ -91,7 +91,7 @@ async fn attach_makes_a_device_and_a_link_and_detach_removes_both() {
 #[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
 async fn a_stuck_attach_makes_no_device_until_it_completes() {
     let dirs = Dirs::new();
-    let provider = start(&dirs, &["--fault-stuck-action-secs", "2"]);
+    let provider = start(&dirs, &["--fault-stuck-action-secs", "3"]);
     let client = provider.client();
     let v = client
         .create_volume(&volume_request("slow", 1))
