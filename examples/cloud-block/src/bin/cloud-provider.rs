@@ -20,7 +20,8 @@ const TOKEN_ENV: &str = "CLOUD_PROVIDER_TOKEN";
 
 /// A DigitalOcean-style block storage provider: volumes are sparse files,
 /// an attach is a loop device with a by-id link.
-#[derive(Debug, Parser)]
+// No Debug: it would print the token.
+#[derive(Parser)]
 #[command(name = "cloud-provider", version)]
 struct Flags {
     /// Address to serve the API on (port 0 picks a free one).
