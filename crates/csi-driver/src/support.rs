@@ -65,10 +65,9 @@ pub struct TokioBlocking;
 
 impl BlockingRunner for TokioBlocking {
     fn start(&self, job: BlockingJob) -> Result<(), String> {
-        let started =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                drop(tokio::task::spawn_blocking(job));
-            }));
+        let started = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            drop(tokio::task::spawn_blocking(job));
+        }));
         started.map_err(|payload| {
             payload
                 .downcast_ref::<&str>()
@@ -206,7 +205,11 @@ mod tests {
         .unwrap_err();
         assert_eq!(err.code(), tonic::Code::ResourceExhausted);
         assert!(err.to_string().contains("thread"), "{err}");
-        assert_eq!(std::sync::Arc::strong_count(&held), 1, "the work was dropped");
+        assert_eq!(
+            std::sync::Arc::strong_count(&held),
+            1,
+            "the work was dropped"
+        );
     }
 
     #[test]
