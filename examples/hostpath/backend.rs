@@ -406,16 +406,7 @@ impl ExpandBackend for Backend {
 
 /// Mutable parameters are only recorded (the server admits the keys of
 /// `--accepted-mutable-parameter-name`).
-#[csi_server::async_trait]
-impl ModifyBackend for Backend {
-    async fn modify_volume(
-        &self,
-        _: &VolumeRecord,
-        _: &std::collections::BTreeMap<String, String>,
-    ) -> BackendResult<()> {
-        Ok(())
-    }
-}
+impl ModifyBackend for Backend {}
 
 #[csi_server::async_trait]
 impl GroupSnapshotBackend for Backend {

@@ -13,10 +13,12 @@
 //!   them by id and lists them through the catalog, and polls what the
 //!   provider is still making until it is ready.
 //!
-//! Every method is called after the request was validated and its ids
-//! claimed, on a blocking-pool thread that holds the claims to the work's
+//! Every method that changes something is called after the request was
+//! validated and its ids claimed, from work that holds the claims to its
 //! end (a cancelled call's work finishes once; a retry meanwhile gets
-//! ABORTED), so a local backend may do blocking filesystem work directly.
+//! ABORTED). For local data that work runs on a blocking-pool thread, so
+//! the backend may do blocking filesystem work directly; a provider's runs
+//! as a tokio task, so its methods must not block.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -218,11 +220,14 @@ pub trait ModifyBackend: Send + Sync {
         Ok(all)
     }
     /// Applies changed mutable parameters (before they are recorded).
+    /// Default: nothing to apply, they are only recorded.
     async fn modify_volume(
         &self,
-        volume: &VolumeRecord,
-        new: &BTreeMap<String, String>,
-    ) -> BackendResult<()>;
+        _volume: &VolumeRecord,
+        _new: &BTreeMap<String, String>,
+    ) -> BackendResult<()> {
+        Ok(())
+    }
 }
 
 /// Group snapshots (local data only: the service records them).

@@ -221,14 +221,29 @@ impl<B: ControllerBackend> ControllerService<B> {
         caps
     }
 
-    /// Runs `work` on a blocking-pool thread that holds `claim` to its end,
-    /// so a cancelled call's work finishes once and its claims are released
-    /// on every path (also when no thread can start: RESOURCE_EXHAUSTED).
+    /// Runs `work` holding `claim` to its end, detached from the call, so a
+    /// cancelled call's work finishes once and its claims are released on
+    /// every path. Local data's work runs on a blocking-pool thread (it may
+    /// block on the filesystem); when no thread can start, the answer is
+    /// RESOURCE_EXHAUSTED with the claims already released. A provider's
+    /// work is async I/O and runs as a task.
     pub(crate) async fn run<T: Send + 'static>(
         &self,
         claim: Claim,
         work: impl Future<Output = CsiResult<T>> + Send + 'static,
     ) -> CsiResult<T> {
+        if self.catalog().is_some() {
+            let task = tokio::spawn(async move {
+                let _claim = claim;
+                work.await
+            });
+            return task.await.unwrap_or_else(|e| {
+                tracing::error!(error = %e, "controller work panicked or was cancelled");
+                Err(CsiError::Internal(
+                    "internal error: controller work did not finish".into(),
+                ))
+            });
+        }
         let handle = tokio::runtime::Handle::try_current()
             .map_err(|e| CsiError::Internal(format!("no async runtime: {e}")))?;
         blocking_on(&*self.config().runner, move || {

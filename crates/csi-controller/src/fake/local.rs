@@ -217,16 +217,7 @@ impl ExpandBackend for FakeControllerBackend {
     }
 }
 
-#[async_trait]
-impl ModifyBackend for FakeControllerBackend {
-    async fn modify_volume(
-        &self,
-        _volume: &VolumeRecord,
-        _new: &BTreeMap<String, String>,
-    ) -> BackendResult<()> {
-        Ok(())
-    }
-}
+impl ModifyBackend for FakeControllerBackend {}
 
 #[async_trait]
 impl GroupSnapshotBackend for FakeControllerBackend {
