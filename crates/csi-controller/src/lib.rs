@@ -53,8 +53,8 @@
 //! parameter (see [`ControllerBackend::accepted_parameters`]) is
 //! INVALID_ARGUMENT naming `parameters.<key>`.
 //!
-//! With the `testing` feature, [`FakeControllerBackend`] (local data) and
-//! [`FakeProvider`] (a provider) are the fakes for tests, with csi-store's
+//! With the `testing` feature, `FakeControllerBackend` (local data) and
+//! `FakeProvider` (a provider) are the fakes for tests, with csi-store's
 //! `MemStore`.
 //!
 //! ```
