@@ -191,9 +191,12 @@ async fn volumes_in_use_or_attached_are_not_deleted() {
         volume_capability: Some(VolumeCapability::mount("")),
         ..Default::default()
     };
-    e.controller_publish_volume(&ctx(), publish(&a.volume_id))
+    let published = e
+        .controller_publish_volume(&ctx(), publish(&a.volume_id))
         .await
         .unwrap();
+    // The backend's attach answers the publish context.
+    assert_eq!(published.publish_context["volume"], a.volume_id);
     let full = e
         .controller_publish_volume(&ctx(), publish(&b.volume_id))
         .await;

@@ -322,6 +322,31 @@ async fn snapshots_are_found_by_name_and_listed_in_pages() {
     assert!(second.next_token.is_empty());
 }
 
+#[tokio::test]
+async fn expansion_goes_to_the_provider_after_a_transient_error() {
+    let (s, provider, clock) = world();
+    let v = create(&s, &ctx(&clock, 10), "pvc").await.unwrap();
+    provider.fail_next(BackendError::transient("502 Bad Gateway"));
+    let req = ControllerExpandVolumeRequest {
+        volume_id: v.volume_id.clone(),
+        capacity_range: Some(CapacityRange::at_least(3 << 30)),
+        ..Default::default()
+    };
+    let grown = s
+        .controller_expand_volume(&ctx(&clock, 10), req)
+        .await
+        .unwrap();
+    assert_eq!(grown.capacity_bytes, 3 << 30);
+    let get = ControllerGetVolumeRequest {
+        volume_id: v.volume_id,
+    };
+    let got = s
+        .controller_get_volume(&ctx(&clock, 10), get)
+        .await
+        .unwrap();
+    assert_eq!(got.volume.unwrap().capacity_bytes, 3 << 30);
+}
+
 /// Issue #22's fault: no thread could be made for the first CreateVolume.
 /// It fails with RESOURCE_EXHAUSTED, its claim is released, and the retry
 /// succeeds at once instead of being ABORTED.
