@@ -6,6 +6,7 @@ use csi_proto::v1::*;
 
 use crate::backend::ControllerBackend;
 use crate::create_volume::no_catalog;
+use crate::error::BackendError;
 use crate::ids::IdKind;
 use crate::service::ControllerService;
 use crate::state::Res;
@@ -30,14 +31,22 @@ impl<B: ControllerBackend> ControllerService<B> {
                 return this.remove_volume(id).await;
             }
             let catalog = this.catalog().ok_or_else(no_catalog)?;
-            if let Some(found) = deadline.retry(|| catalog.volume(id)).await? {
+            let found = match deadline.retry(|| catalog.volume(id)).await {
+                Err(BackendError::NotFound(_)) => None,
+                other => other?,
+            };
+            if let Some(found) = found {
                 if let Some(node) = found.attached.keys().next() {
                     return Err(busy(id, format!("is attached to node {node}")));
                 }
                 if let Some(why) = this.backend().in_use(id) {
                     return Err(busy(id, why));
                 }
-                deadline.retry(|| this.backend().delete_volume(id)).await?;
+                match deadline.retry(|| this.backend().delete_volume(id)).await {
+                    // Gone meanwhile (another replica's delete): done.
+                    Ok(_) | Err(BackendError::NotFound(_)) => {}
+                    Err(e) => return Err(e.into()),
+                }
                 tracing::info!(volume = %id, "deleted volume");
             }
             Ok(())

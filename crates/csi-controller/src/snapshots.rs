@@ -7,6 +7,7 @@ use csi_proto::v1::*;
 
 use crate::backend::{ControllerBackend, ProviderSnapshot, SnapshotBackend};
 use crate::create_volume::no_catalog;
+use crate::error::BackendError;
 use crate::ids::IdKind;
 use crate::records::SnapshotRecord;
 use crate::service::{ControllerService, not_found};
@@ -125,11 +126,11 @@ impl<B: ControllerBackend> ControllerService<B> {
                 })?;
             }
             // With or without a record: data left by a crash goes too.
-            deadline
-                .retry(|| snapshotter.delete_snapshot(&id))
-                .await
-                .map(drop)
-                .map_err(CsiError::from)
+            match deadline.retry(|| snapshotter.delete_snapshot(&id)).await {
+                // Deleting what is gone is done (the spec's idempotent delete).
+                Ok(_) | Err(BackendError::NotFound(_)) => Ok(()),
+                Err(e) => Err(e.into()),
+            }
         })
         .await?;
         Ok(DeleteSnapshotResponse {})

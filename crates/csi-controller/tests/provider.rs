@@ -87,6 +87,8 @@ async fn a_name_is_one_volume_across_repeats_and_restarts() {
         .delete_volume(&ctx(&clock, 10), delete.clone())
         .await
         .unwrap();
+    // A provider that answers 404 about what is gone: still OK.
+    provider.fail_next(BackendError::NotFound("HTTP 404".into()));
     restarted
         .delete_volume(&ctx(&clock, 10), delete)
         .await
