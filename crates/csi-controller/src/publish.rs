@@ -26,6 +26,7 @@ impl<B: ControllerBackend> ControllerService<B> {
         let cap = req.volume_capability.clone().unwrap_or_default();
         let multi_node = cap.access_mode().is_multi_node();
         let deadline = self.deadline(ctx);
+        let mut recorded_now = false;
         let volume = match self.catalog() {
             None => {
                 let volume = self.known_volume(&req.volume_id)?;
@@ -35,6 +36,8 @@ impl<B: ControllerBackend> ControllerService<B> {
                 check_access(&volume, &cap)?;
                 let limit = self.config().attach_limit;
                 let t = self.local()?;
+                let nodes = t.attachments.get(&volume.id).unwrap_or_default();
+                recorded_now = !nodes.contains_key(&req.node_id);
                 t.attach(&volume.id, &req.node_id, req.readonly, multi_node, limit)?;
                 volume
             }
@@ -62,8 +65,8 @@ impl<B: ControllerBackend> ControllerService<B> {
             }
         };
         let publish_context = attach(attacher, &deadline, &volume, &req).await;
-        if publish_context.is_err() && self.catalog().is_none() {
-            // Local bookkeeping follows the backend: undo the record.
+        if publish_context.is_err() && recorded_now {
+            // Local bookkeeping follows the backend: undo this call's record.
             self.local()?.detach(&volume.id, &req.node_id)?;
         }
         Ok(ControllerPublishVolumeResponse {
