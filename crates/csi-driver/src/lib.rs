@@ -11,7 +11,8 @@
 //!   declared capabilities) and returns a [`CsiResult`].
 //! - **Errors**: [`CsiError`], one variant per gRPC code the spec gives a
 //!   meaning, mapped once to a status; `From` conversions from
-//!   [`std::io::Error`], mount-utils' errors and tower's, so `?` works.
+//!   [`std::io::Error`] and tower's errors, so `?` works (mount-utils and
+//!   csi-store convert theirs behind their `csi` feature).
 //! - **The declaration**: [`PluginInfo`] and [`Capabilities`], built from
 //!   the capability enums [`ControllerRpc`], [`NodeRpc`],
 //!   [`GroupControllerRpc`] and [`PluginService`] (and
@@ -22,9 +23,9 @@
 //!   request), and [`helpers`] for the rules drivers get wrong (idempotency,
 //!   paging tokens, the NodeStage/NodePublish repeat tables, capacity and
 //!   topology).
-//! - **What every driver writes**: [`init_tracing`], [`node_id_or_hostname`],
-//!   [`blocking`] (run blocking work, panics become INTERNAL), and
-//!   [`persist`] (crash-safe state files).
+//! - **What every driver method writes**: [`node_id_or_hostname`] and
+//!   [`blocking`] (run blocking work, panics become INTERNAL). Logging
+//!   setup (`init_tracing`) lives in csi-server, beside the serving.
 //!
 //! ```
 //! use csi_driver::v1::{NodeGetInfoRequest, NodeGetInfoResponse};
@@ -77,13 +78,10 @@
 //!
 //! [csi-server]: https://docs.rs/csi-server
 //! [csi-client]: https://docs.rs/csi-client
-#![warn(missing_docs)]
-
 pub mod capabilities;
 pub mod driver;
 pub mod error;
 pub mod helpers;
-pub mod persist;
 pub mod request;
 mod support;
 pub mod validate;
@@ -104,6 +102,6 @@ pub use driver::{
 pub use error::CsiError;
 pub use prost;
 pub use request::{CsiRequest, FieldCapabilities};
-pub use support::{blocking, init_tracing, node_id_or_hostname};
+pub use support::{blocking, node_id_or_hostname};
 pub use tonic::Code;
 pub use validate::Validate;
