@@ -54,8 +54,6 @@
 //! assert_eq!(engine.create_volume(&ctx, req).await.unwrap(), created);
 //! # });
 //! ```
-#![warn(missing_docs)]
-
 mod engine;
 mod fake;
 mod records;
