@@ -84,42 +84,39 @@ fn main() {
         let msg = pool.get_message_by_name(name).expect("message in pool");
         redact.push_str(&debug_impl(&msg, &hidden));
     }
-    writeln!(
-        redact,
-        "/// Every field marked `csi_secret` in csi.proto, as `(message, field)` full names.\n\
-         pub const SECRET_FIELDS: &[(&str, &str)] = &["
-    )
-    .unwrap();
-    for (field, why) in &hidden {
-        if *why == Hidden::Secret {
-            writeln!(
-                redact,
-                "    ({:?}, {:?}),",
-                field.parent_message().full_name(),
-                field.name()
-            )
-            .unwrap();
+    // The redacted fields, one const per reason.
+    let tables = [
+        (
+            Hidden::Secret,
+            "Every field marked `csi_secret` in csi.proto",
+            "SECRET_FIELDS",
+        ),
+        (
+            Hidden::Sensitive,
+            "Fields the spec calls sensitive in prose (not `csi_secret`), redacted too",
+            "SENSITIVE_FIELDS",
+        ),
+    ];
+    for (reason, doc, name) in tables {
+        writeln!(
+            redact,
+            "/// {doc}, as `(message, field)` full names.\n\
+             pub const {name}: &[(&str, &str)] = &["
+        )
+        .unwrap();
+        for (field, why) in &hidden {
+            if *why == reason {
+                writeln!(
+                    redact,
+                    "    ({:?}, {:?}),",
+                    field.parent_message().full_name(),
+                    field.name()
+                )
+                .unwrap();
+            }
         }
+        writeln!(redact, "];").unwrap();
     }
-    writeln!(redact, "];").unwrap();
-    writeln!(
-        redact,
-        "/// Fields the spec calls sensitive in prose (not `csi_secret`), redacted too.\n\
-         pub const SENSITIVE_FIELDS: &[(&str, &str)] = &["
-    )
-    .unwrap();
-    for (field, why) in &hidden {
-        if *why == Hidden::Sensitive {
-            writeln!(
-                redact,
-                "    ({:?}, {:?}),",
-                field.parent_message().full_name(),
-                field.name()
-            )
-            .unwrap();
-        }
-    }
-    writeln!(redact, "];").unwrap();
     std::fs::write(out_dir.join("csi.v1.redact.rs"), redact).expect("write redaction impls");
 
     let (table, callback) = methods::generate(&pool);

@@ -16,8 +16,6 @@
 //! println!("{ready:?} {}", node.node_id);
 //! # Ok(()) }
 //! ```
-#![warn(missing_docs)]
-
 pub mod client;
 pub mod endpoint;
 

@@ -29,8 +29,6 @@
 //!
 //! Every check id is listed by [`Suite::checks`]; [`Report::to_junit_xml`]
 //! renders the result for CI systems.
-#![warn(missing_docs)]
-
 mod checks;
 mod config;
 mod in_process;

@@ -88,8 +88,6 @@
 //! assert!(!caps.has_controller(csi_driver::ControllerRpc::CreateDeleteSnapshot));
 //! # });
 //! ```
-#![warn(missing_docs)]
-
 mod access;
 mod backend;
 mod config;

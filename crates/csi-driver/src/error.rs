@@ -80,6 +80,22 @@ impl CsiError {
         Self::Unimplemented(format!("{rpc} is not implemented by this plugin"))
     }
 
+    /// The code an OS error number has in CSI: RESOURCE_EXHAUSTED for a full
+    /// disk or quota, DEADLINE_EXCEEDED for a timeout, INTERNAL otherwise (a
+    /// driver that means NOT_FOUND or FAILED_PRECONDITION says so itself).
+    /// For crates whose errors carry an errno (mount-utils' `csi` feature).
+    pub fn from_os_error(errno: Option<i32>, message: impl Into<String>) -> Self {
+        use std::io::ErrorKind;
+        let message = message.into();
+        match errno.map(|n| std::io::Error::from_raw_os_error(n).kind()) {
+            Some(ErrorKind::StorageFull | ErrorKind::QuotaExceeded) => {
+                Self::ResourceExhausted(message)
+            }
+            Some(ErrorKind::TimedOut) => Self::DeadlineExceeded(message),
+            _ => Self::Internal(message),
+        }
+    }
+
     /// The gRPC code this error maps to.
     pub fn code(&self) -> Code {
         match self {
@@ -123,18 +139,6 @@ impl CsiError {
     }
 }
 
-/// The code an OS error has in CSI: RESOURCE_EXHAUSTED for a full disk or
-/// quota, DEADLINE_EXCEEDED for a timeout, INTERNAL otherwise (a driver that
-/// means NOT_FOUND or FAILED_PRECONDITION says so itself).
-fn from_errno(errno: Option<nix::errno::Errno>, message: String) -> CsiError {
-    use nix::errno::Errno;
-    match errno {
-        Some(Errno::ENOSPC | Errno::EDQUOT) => CsiError::ResourceExhausted(message),
-        Some(Errno::ETIMEDOUT) => CsiError::DeadlineExceeded(message),
-        _ => CsiError::Internal(message),
-    }
-}
-
 impl From<std::io::Error> for CsiError {
     /// RESOURCE_EXHAUSTED for a full disk or quota, DEADLINE_EXCEEDED for a
     /// timeout, INTERNAL otherwise; the message is the error's.
@@ -145,68 +149,8 @@ impl From<std::io::Error> for CsiError {
                 Self::ResourceExhausted(e.to_string())
             }
             ErrorKind::TimedOut => Self::DeadlineExceeded(e.to_string()),
-            _ => from_errno(
-                e.raw_os_error().map(nix::errno::Errno::from_raw),
-                e.to_string(),
-            ),
+            _ => Self::from_os_error(e.raw_os_error(), e.to_string()),
         }
-    }
-}
-
-impl From<mount_utils::MountError> for CsiError {
-    /// By the kernel's errno (see [`From<std::io::Error>`](#impl-From<Error>-for-CsiError));
-    /// mount-utils' messages never hold mount options that may be secret.
-    fn from(e: mount_utils::MountError) -> Self {
-        from_errno(e.errno(), e.to_string())
-    }
-}
-
-impl From<mount_utils::FormatError> for CsiError {
-    /// A device holding another filesystem or a partition table, or an
-    /// unformatted device mounted read-only, is FAILED_PRECONDITION; an
-    /// unsupported filesystem type INVALID_ARGUMENT; mount errors by errno;
-    /// anything else INTERNAL.
-    fn from(e: mount_utils::FormatError) -> Self {
-        use mount_utils::FormatError as F;
-        match e {
-            F::Mount(m) => m.into(),
-            F::FilesystemMismatch { .. }
-            | F::UnformattedReadOnly { .. }
-            | F::HasPartitionTable { .. } => Self::FailedPrecondition(e.to_string()),
-            F::UnsupportedFilesystem { .. } => {
-                Self::invalid("volume_capability.mount.fs_type", e.to_string())
-            }
-            _ => Self::Internal(e.to_string()),
-        }
-    }
-}
-
-impl From<mount_utils::ResizeError> for CsiError {
-    /// Probe failures as [`FormatError`](mount_utils::FormatError)s, anything
-    /// else INTERNAL.
-    fn from(e: mount_utils::ResizeError) -> Self {
-        match e {
-            mount_utils::ResizeError::Probe(f) => f.into(),
-            other => Self::Internal(other.to_string()),
-        }
-    }
-}
-
-impl From<mount_utils::LoopError> for CsiError {
-    /// No free loop device is RESOURCE_EXHAUSTED; anything else INTERNAL
-    /// (RESOURCE_EXHAUSTED for ENOSPC).
-    fn from(e: mount_utils::LoopError) -> Self {
-        match &e {
-            mount_utils::LoopError::NoFreeDevice { .. } => Self::ResourceExhausted(e.to_string()),
-            _ => from_errno(e.errno(), e.to_string()),
-        }
-    }
-}
-
-impl From<mount_utils::ExecError> for CsiError {
-    /// INTERNAL: a tool the driver runs failed.
-    fn from(e: mount_utils::ExecError) -> Self {
-        Self::Internal(e.to_string())
     }
 }
 
@@ -288,7 +232,7 @@ mod tests {
     #[test]
     fn os_errors_map_to_the_codes_csi_gives_them() {
         use std::io::{Error, ErrorKind};
-        let full = CsiError::from(Error::from_raw_os_error(libc_enospc()));
+        let full = CsiError::from(Error::from_raw_os_error(ENOSPC));
         assert_eq!(full.code(), Code::ResourceExhausted);
         assert_eq!(
             CsiError::from(Error::from(ErrorKind::TimedOut)).code(),
@@ -298,20 +242,15 @@ mod tests {
             CsiError::from(Error::from(ErrorKind::NotFound)).code(),
             Code::Internal
         );
-        let mount = mount_utils::MountError::Unmount {
-            target: "/mnt/x".into(),
-            errno: nix::errno::Errno::EBUSY,
-        };
-        let e = CsiError::from(mount);
-        assert_eq!(e.code(), Code::Internal);
-        assert!(e.to_string().contains("/mnt/x"), "{e}");
-        let e = CsiError::from(mount_utils::LoopError::NoFreeDevice { attempts: 3 });
-        assert_eq!(e.code(), Code::ResourceExhausted);
+        assert_eq!(
+            CsiError::from_os_error(Some(ENOSPC), "m").code(),
+            Code::ResourceExhausted
+        );
+        assert_eq!(CsiError::from_os_error(None, "m").code(), Code::Internal);
     }
 
-    fn libc_enospc() -> i32 {
-        nix::errno::Errno::ENOSPC as i32
-    }
+    /// ENOSPC on Linux.
+    const ENOSPC: i32 = 28;
 
     #[test]
     fn tower_errors_keep_csi_errors_and_name_timeouts() {

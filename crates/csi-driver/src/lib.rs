@@ -11,7 +11,8 @@
 //!   declared capabilities) and returns a [`CsiResult`].
 //! - **Errors**: [`CsiError`], one variant per gRPC code the spec gives a
 //!   meaning, mapped once to a status; `From` conversions from
-//!   [`std::io::Error`], mount-utils' errors and tower's, so `?` works.
+//!   [`std::io::Error`] and tower's errors, so `?` works (mount-utils and
+//!   csi-store convert theirs behind their `csi` feature).
 //! - **The declaration**: [`PluginInfo`] and [`Capabilities`], built from
 //!   the capability enums [`ControllerRpc`], [`NodeRpc`],
 //!   [`GroupControllerRpc`] and [`PluginService`] (and
@@ -22,10 +23,10 @@
 //!   request), and [`helpers`] for the rules drivers get wrong (idempotency,
 //!   paging tokens, the NodeStage/NodePublish repeat tables, capacity and
 //!   topology).
-//! - **What every driver writes**: [`init_tracing`], [`node_id_or_hostname`],
+//! - **What every driver method writes**: [`node_id_or_hostname`],
 //!   [`blocking`] (run blocking work, panics become INTERNAL, a thread
-//!   that cannot start RESOURCE_EXHAUSTED), [`clock`] (time as a seam), and
-//!   [`persist`] (crash-safe state files).
+//!   that cannot start RESOURCE_EXHAUSTED) and [`clock`] (time as a seam).
+//!   Logging setup (`init_tracing`) lives in csi-server, beside the serving.
 //!
 //! ```
 //! use csi_driver::v1::{NodeGetInfoRequest, NodeGetInfoResponse};
@@ -78,14 +79,11 @@
 //!
 //! [csi-server]: https://docs.rs/csi-server
 //! [csi-client]: https://docs.rs/csi-client
-#![warn(missing_docs)]
-
 pub mod capabilities;
 pub mod clock;
 pub mod driver;
 pub mod error;
 pub mod helpers;
-pub mod persist;
 pub mod request;
 mod support;
 pub mod validate;
@@ -109,8 +107,7 @@ pub use request::{CsiRequest, FieldCapabilities};
 #[cfg(feature = "testing")]
 pub use support::FakeBlockingRunner;
 pub use support::{
-    BlockingJob, BlockingRunner, TokioBlocking, blocking, blocking_on, init_tracing,
-    node_id_or_hostname,
+    BlockingJob, BlockingRunner, TokioBlocking, blocking, blocking_on, node_id_or_hostname,
 };
 pub use tonic::Code;
 pub use validate::Validate;

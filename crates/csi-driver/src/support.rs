@@ -1,25 +1,8 @@
 //! What every driver's `main` and methods otherwise write themselves.
 
-use std::io::IsTerminal;
-
 use crate::driver::CsiResult;
 use crate::error::CsiError;
 use crate::validate::MAX_NODE_ID;
-
-/// Logs to stderr with `RUST_LOG` as the filter, or `default_filter`
-/// (e.g. `"info"`, `"my_driver=debug,info"`) when it is unset; colours only
-/// on a terminal. Secrets never reach the log: requests are logged through
-/// csi-proto's redacting `Debug`. Does nothing if a subscriber is already
-/// installed.
-pub fn init_tracing(default_filter: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .try_init();
-}
 
 /// `explicit` when given, else this machine's hostname (what kubelet
 /// registers the node as by default), else `localhost`. Truncated to the
@@ -29,9 +12,10 @@ pub fn node_id_or_hostname(explicit: Option<&str>) -> String {
         .filter(|s| !s.is_empty())
         .map(str::to_owned)
         .or_else(|| {
-            nix::unistd::gethostname()
+            // gethostname(2) on Linux: this UTS namespace's node name.
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
                 .ok()
-                .and_then(|h| h.into_string().ok())
+                .map(|h| h.trim_end().to_owned())
                 .filter(|h| !h.is_empty())
         })
         .unwrap_or_else(|| "localhost".to_owned());

@@ -130,8 +130,6 @@
 //! volumes.unpublish(&unpublish).unwrap();
 //! assert!(!target.exists());
 //! ```
-#![warn(missing_docs)]
-
 mod error;
 pub mod observe;
 mod record;

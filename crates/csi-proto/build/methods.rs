@@ -355,10 +355,12 @@ fn id_locks(
             None => format!("Some({inner_var}) = &{var}.{ident}"),
         };
         for lock in inner {
-            out.push(Lock {
-                code: format!("if let {binding} {{ {} }}", lock.code),
-                ..lock
-            });
+            // One let-chain for a nested field, not nested `if let`s.
+            let code = match lock.code.strip_prefix("if ") {
+                Some(chain) => format!("if let {binding} && {chain}"),
+                None => format!("if let {binding} {{ {} }}", lock.code),
+            };
+            out.push(Lock { code, ..lock });
         }
     }
     seen.pop();

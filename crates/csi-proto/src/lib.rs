@@ -29,8 +29,6 @@
 //! ```
 //!
 //! [`VolumeCapability`]: v1::VolumeCapability
-#![warn(missing_docs)]
-
 mod helpers;
 pub mod methods;
 pub mod redact;

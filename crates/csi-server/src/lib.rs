@@ -58,13 +58,14 @@
 //! server.serve().await?; // until SIGTERM/SIGINT
 //! # Ok(()) }
 //! ```
-#![warn(missing_docs)]
-
-pub mod authority;
+/// The HTTP/2 `:authority` adapter (the any-authority crate): a workaround
+/// for hyperium/h2#442, dropped once h2 serves such clients itself.
+pub use any_authority as authority;
 pub mod dispatch;
 #[cfg(feature = "flags")]
 pub mod flags;
 pub mod layer;
+mod logging;
 pub mod server;
 pub mod socket;
 
@@ -75,6 +76,7 @@ pub use csi_client::{CSI_ENDPOINT_ENV, Endpoint, EndpointError};
 pub use csi_driver::*;
 pub use dispatch::{DriverService, Drivers};
 pub use layer::{BoxCsiService, CsiCall, CsiService, Readiness, ReadinessState};
+pub use logging::init_tracing;
 pub use server::{Builtin, Position, ServeMode, Server, ServerBuilder, ServerError};
 /// The tower crate the layers are built on.
 pub use tower;

@@ -5,10 +5,9 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use common::{TestDriver, builder, start};
+use common::start_test_driver;
 use csi_proto::v1::{GetPluginInfoResponse, ProbeResponse};
 use csi_server::authority::hpack::{self, Decoder, HeaderList};
 use csi_server::authority::unary_with_authority;
@@ -20,9 +19,7 @@ const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 #[tokio::test]
 async fn socket_path_authorities_get_real_answers() {
-    let dir = tempfile::tempdir().unwrap();
-    let driver = Arc::new(TestDriver::default());
-    let s = start(builder(&dir, &driver)).await;
+    let (_dir, _driver, s) = start_test_driver().await;
     for authority in [
         &b"/var/lib/x.sock"[..],
         b"%2Fvar%2Flib%2Fx.sock",
@@ -67,9 +64,7 @@ fn frame(out: &mut Vec<u8>, kind: u8, flags: u8, stream: u32, payload: &[u8]) {
 /// path) to the dynamic table, the next ones refer to that entry by index.
 #[tokio::test]
 async fn an_indexed_socket_path_authority_is_served_on_every_stream() {
-    let dir = tempfile::tempdir().unwrap();
-    let driver = Arc::new(TestDriver::default());
-    let s = start(builder(&dir, &driver)).await;
+    let (_dir, _driver, s) = start_test_driver().await;
     let mut conn = UnixStream::connect(&s.path).await.unwrap();
 
     let mut out = PREFACE.to_vec();

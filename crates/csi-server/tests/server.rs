@@ -16,9 +16,7 @@ use tonic::Code;
 
 #[tokio::test]
 async fn identity_answers_from_the_declaration() {
-    let dir = tempfile::tempdir().unwrap();
-    let driver = Arc::new(TestDriver::default());
-    let s = start(builder(&dir, &driver)).await;
+    let (_dir, _driver, s) = start_test_driver().await;
     let mut id = s.client.identity();
     let info = id
         .get_plugin_info(GetPluginInfoRequest {})
@@ -50,9 +48,7 @@ async fn identity_answers_from_the_declaration() {
 
 #[tokio::test]
 async fn validation_comes_before_the_driver() {
-    let dir = tempfile::tempdir().unwrap();
-    let driver = Arc::new(TestDriver::default());
-    let s = start(builder(&dir, &driver)).await;
+    let (_dir, driver, s) = start_test_driver().await;
     let mut c = s.client.controller();
     // The driver would say NOT_FOUND; validation must answer first.
     let err = c
@@ -351,9 +347,7 @@ async fn services_outside_the_mode_are_not_served() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sixty_four_conflicting_calls_see_only_ok_or_aborted() {
-    let dir = tempfile::tempdir().unwrap();
-    let driver = Arc::new(TestDriver::default());
-    let s = start(builder(&dir, &driver)).await;
+    let (_dir, driver, s) = start_test_driver().await;
     let mut calls = Vec::new();
     for _ in 0..64 {
         let mut c = s.client.controller();
@@ -395,9 +389,7 @@ async fn sixty_four_conflicting_calls_see_only_ok_or_aborted() {
 
 #[tokio::test]
 async fn different_volumes_do_not_block_each_other() {
-    let dir = tempfile::tempdir().unwrap();
-    let driver = Arc::new(TestDriver::default());
-    let s = start(builder(&dir, &driver)).await;
+    let (_dir, driver, s) = start_test_driver().await;
     let mut c = s.client.controller();
     let blocked = tokio::spawn(async move {
         c.delete_volume(DeleteVolumeRequest {
@@ -423,9 +415,7 @@ async fn different_volumes_do_not_block_each_other() {
 
 #[tokio::test]
 async fn a_cancelled_call_keeps_its_lock_until_its_work_ends() {
-    let dir = tempfile::tempdir().unwrap();
-    let driver = Arc::new(TestDriver::default());
-    let s = start(builder(&dir, &driver)).await;
+    let (_dir, driver, s) = start_test_driver().await;
     let mut n = s.client.node();
     let call =
         tokio::spawn(async move { n.node_publish_volume(publish("block-v", "/mnt/t")).await });
@@ -610,9 +600,7 @@ async fn a_tower_layer_at_any_position() {
 
 #[tokio::test]
 async fn a_panicking_driver_gives_internal_and_the_server_keeps_serving() {
-    let dir = tempfile::tempdir().unwrap();
-    let driver = Arc::new(TestDriver::default());
-    let s = start(builder(&dir, &driver)).await;
+    let (_dir, _driver, s) = start_test_driver().await;
     let mut c = s.client.controller();
     let err = c
         .delete_volume(DeleteVolumeRequest {

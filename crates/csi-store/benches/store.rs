@@ -4,7 +4,7 @@
 //!    store) with 10, 2,000 and 20,000 records present, on a tmpfs and on
 //!    the work disk; the three sizes are measured in alternating batches so
 //!    drift of the shared machine hits them alike. For contrast, the same
-//!    change through `csi_driver::persist::JsonStateFile` (the whole state
+//!    change through `persist::JsonStateFile` (the whole state
 //!    rewritten per change, as the example drivers do today).
 //! 2. Throughput of 1–8 concurrent writers, with the store's shared
 //!    journal flushes and, for contrast, with one file per record written
@@ -23,8 +23,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use csi_driver::persist::{JsonStateFile, write_atomic};
+#[path = "support/persist.rs"]
+mod persist;
+
 use csi_store::{FileStore, Table};
+use persist::{JsonStateFile, write_atomic};
 use serde::{Deserialize, Serialize};
 
 /// About the size of a driver's volume record.

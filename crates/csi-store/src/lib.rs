@@ -68,8 +68,6 @@
 //! # Ok(())
 //! # }
 //! ```
-#![warn(missing_docs)]
-
 mod cached;
 mod codec;
 mod error;

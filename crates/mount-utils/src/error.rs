@@ -206,7 +206,7 @@ mod tests {
     /// wildcard, so a new variant does not compile until it is added here.
     fn every_variant() -> Vec<MountError> {
         let options = RedactedOptions::new(
-            &[&format!("password={SECRET}"), "rw"],
+            &[format!("password={SECRET}").as_str(), "rw"],
             &[Sensitive::new(SECRET)],
         );
         let path = PathBuf::from("/t");

@@ -102,9 +102,9 @@
 //! mounter.cleanup_mount_point_owned(target, &expected).unwrap();
 //! assert!(mounter.mount_refs(staging).unwrap().is_empty());
 //! ```
-#![warn(missing_docs)]
-
 pub mod block;
+#[cfg(feature = "csi")]
+mod csi;
 mod error;
 mod exec;
 mod fake;

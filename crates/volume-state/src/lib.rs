@@ -112,8 +112,6 @@
 //! assert!(node.actual_snapshot().is_empty());
 //! # }
 //! ```
-#![warn(missing_docs)]
-
 mod clock;
 pub mod controller;
 #[cfg(feature = "csi")]

@@ -202,6 +202,15 @@ impl Running {
     }
 }
 
+/// A server over a fresh [`TestDriver`] with every capability, in a new
+/// temporary directory (kept alive by the caller).
+pub async fn start_test_driver() -> (tempfile::TempDir, Arc<TestDriver>, Running) {
+    let dir = tempfile::tempdir().unwrap();
+    let driver = Arc::new(TestDriver::default());
+    let running = start(builder(&dir, &driver)).await;
+    (dir, driver, running)
+}
+
 /// Builds, serves in a task, and connects a client.
 pub async fn start(builder: ServerBuilder) -> Running {
     let server = builder.build().unwrap();

@@ -64,7 +64,7 @@ struct Flags {
 
 fn main() -> ExitCode {
     let flags = Flags::parse();
-    csi_driver::init_tracing(&flags.log);
+    csi_server::init_tracing(&flags.log);
     match run(flags) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
-use csi_driver::persist::JsonStateFile;
+use csi_store::{FileStore, Table};
 use hyper_util::rt::TokioIo;
 
 pub use disks::Disks;
@@ -56,7 +56,7 @@ pub enum StartError {
     Locked(PathBuf),
     /// The state file could not be read.
     #[error(transparent)]
-    State(#[from] csi_driver::persist::PersistError),
+    State(#[from] csi_store::StoreError),
     /// Files, devices or links could not be set up.
     #[error("{0}")]
     Io(#[from] std::io::Error),
@@ -67,7 +67,7 @@ pub enum StartError {
 
 pub(crate) struct Shared {
     cloud: Mutex<Cloud>,
-    state: JsonStateFile<Cloud>,
+    state: StateFile,
     disks: Disks,
     limits: Limits,
     token: Token,
@@ -192,7 +192,7 @@ impl Provider {
         }
         std::fs::create_dir_all(&config.data_dir)?;
         let dir_lock = lock_dir(&config.data_dir)?;
-        let state = JsonStateFile::<Cloud>::new(config.data_dir.join("state.json"));
+        let state = StateFile::open(&config.data_dir)?;
         let cloud = state.load()?;
         let disks = Disks::open(&config.data_dir, &config.device_dir)?;
         let volumes: HashSet<String> = cloud.volumes().map(|v| v.id.clone()).collect();
@@ -279,7 +279,7 @@ pub struct Cleanup {
 /// decommissioning; the provider must not be running.
 pub fn cleanup(data_dir: &Path, device_dir: &Path) -> Result<Cleanup, StartError> {
     let _dir_lock = lock_dir(data_dir)?;
-    let state = JsonStateFile::<Cloud>::new(data_dir.join("state.json"));
+    let state = StateFile::open(data_dir)?;
     let mut cloud = state.load()?;
     let disks = Disks::open(data_dir, device_dir)?;
     let mut ids: HashSet<String> = cloud.volumes().map(|v| v.id.clone()).collect();
@@ -292,4 +292,32 @@ pub fn cleanup(data_dir: &Path, device_dir: &Path) -> Result<Cleanup, StartError
     Ok(Cleanup {
         detached: ids.len(),
     })
+}
+
+/// The whole cloud as one crash-safe record in csi-store (`<data>/state`):
+/// a save replaces it atomically, so a crash keeps the last saved cloud.
+struct StateFile {
+    table: Table<Cloud>,
+    _store: FileStore,
+}
+
+impl StateFile {
+    const KEY: &'static str = "cloud";
+
+    fn open(data_dir: &Path) -> Result<StateFile, StartError> {
+        let store = FileStore::open(data_dir.join("state"))?;
+        let table = Table::new(&store, "cloud")?;
+        Ok(StateFile {
+            table,
+            _store: store,
+        })
+    }
+
+    fn load(&self) -> Result<Cloud, csi_store::StoreError> {
+        Ok(self.table.get(Self::KEY)?.unwrap_or_default())
+    }
+
+    fn save(&self, cloud: &Cloud) -> Result<(), csi_store::StoreError> {
+        self.table.put(Self::KEY, cloud)
+    }
 }

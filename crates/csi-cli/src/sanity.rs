@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use csi_kit::conformance::{Config, Secrets, Suite, secret_kinds};
+use csi_conformance::{Config, Secrets, Suite, secret_kinds};
 
 use crate::args::{parse_kv, parse_size};
 
@@ -80,7 +80,7 @@ pub async fn run(
     if args.block {
         config = config.block();
     } else {
-        config.access_type = csi_kit::conformance::AccessType::Mount {
+        config.access_type = csi_conformance::AccessType::Mount {
             fs_type: args.fs_type,
         };
     }

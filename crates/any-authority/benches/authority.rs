@@ -6,14 +6,14 @@
 //! process) is what the work costs, and moves far less with the load of
 //! other processes. Prints figures.
 //!
-//! `cargo bench -p csi-server --bench authority [-- ROUNDS CALLS]`
+//! `cargo bench -p any-authority --bench authority [-- ROUNDS CALLS]`
 
 use std::time::{Duration, Instant};
 
+use any_authority::AnyAuthority;
 use csi_client::{ClientOptions, CsiClient, Endpoint};
 use csi_proto::v1::identity_server::{Identity, IdentityServer};
 use csi_proto::v1::*;
-use csi_server::authority::AnyAuthority;
 use futures::TryStreamExt;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Request, Response, Status};

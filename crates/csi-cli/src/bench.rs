@@ -94,6 +94,15 @@ struct Stats {
 }
 
 impl Stats {
+    /// Failed calls of `rpc`, whatever their code.
+    fn errors_of(&self, rpc: &str) -> u64 {
+        self.errors
+            .iter()
+            .filter(|((r, _), _)| *r == rpc)
+            .map(|(_, n)| n)
+            .sum()
+    }
+
     fn record(&mut self, rpc: &'static str, took: Duration, result: Result<(), tonic::Code>) {
         let h = self.latency.entry(rpc).or_insert_with(|| {
             Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("valid bounds")
@@ -579,12 +588,7 @@ fn print_summary(
             .latency
             .iter()
             .map(|(rpc, h)| {
-                let errors: u64 = stats
-                    .errors
-                    .iter()
-                    .filter(|((r, _), _)| r == rpc)
-                    .map(|(_, n)| n)
-                    .sum();
+                let errors = stats.errors_of(rpc);
                 (
                     rpc.to_string(),
                     serde_json::json!({
@@ -634,12 +638,7 @@ fn print_summary(
         "rpc", "count", "errors", "p50 ms", "p90 ms", "p99 ms", "max ms"
     );
     for (rpc, h) in &stats.latency {
-        let errors: u64 = stats
-            .errors
-            .iter()
-            .filter(|((r, _), _)| r == rpc)
-            .map(|(_, n)| n)
-            .sum();
+        let errors = stats.errors_of(rpc);
         println!(
             "{:<26} {:>8} {:>7} {:>9.3} {:>9.3} {:>9.3} {:>9.3}",
             rpc,

@@ -3,6 +3,8 @@
 //! hostpath, failing on a deliberately broken driver), and `csi bench`
 //! leaving no volume, mount or loop device after a normal end and after SIGINT.
 
+// The root package's end-to-end harness: these tests run its hostpath example.
+#[path = "../../../tests/support/mod.rs"]
 mod support;
 
 use std::path::Path;

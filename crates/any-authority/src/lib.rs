@@ -1,12 +1,19 @@
 //! Serving gRPC clients that send the socket path as `:authority`.
 //!
+//! **A workaround, to be dropped once h2 accepts such authorities**: the
+//! upstream issue is hyperium/h2#442 ("Support for h2 over UDS",
+//! <https://github.com/hyperium/h2/issues/442>), and the fix proposed for
+//! it, hyperium/h2#487 ("Do not require authority for UNIX domain sockets",
+//! <https://github.com/hyperium/h2/pull/487>), is not merged. When an h2
+//! release serves these clients, csi-server stops wrapping connections in
+//! [`AnyAuthority`] and this crate goes.
+//!
 //! gRPC's C-core (Python's grpcio, C++, Ruby, PHP, ...) and grpc-java dial
 //! `unix:///run/csi/csi.sock` and send the socket path as the HTTP/2
 //! `:authority`, percent-encoded (`%2Frun%2Fcsi%2Fcsi.sock`) or raw. h2, under
 //! hyper and tonic, parses `:authority` as a URI authority and resets such a
-//! stream with PROTOCOL_ERROR before any service sees it. h2 0.4.20 has no
-//! option to relax that (the change proposed upstream, hyperium/h2#487, is
-//! not merged), and patching h2 is not an option for a library.
+//! stream with PROTOCOL_ERROR before any service sees it. h2 0.4 has no
+//! option to relax that, and patching h2 is not an option for a library.
 //!
 //! On a unix socket the authority names nothing: the socket already is the
 //! peer. So [`AnyAuthority`] wraps each accepted connection and rewrites
@@ -34,7 +41,7 @@
 //!
 //! Only the client-to-server direction is touched; responses are written
 //! straight through. The cost is one decode of each request's header
-//! block (see `docs/benchmarks.md`).
+//! block (`cargo bench -p any-authority` measures it).
 
 mod client;
 pub mod hpack;
