@@ -37,14 +37,14 @@
 //! ```
 #![warn(missing_docs)]
 
+mod check;
 mod runner;
 pub mod targets;
+mod workload;
 mod world;
 mod wrap;
 
-pub use runner::{
-    Call, Content, DataView, MAX_ATTEMPTS, Report, Runner, Services, Start, Violation, Workload,
-    workloads,
-};
+pub use runner::{DataView, MAX_ATTEMPTS, Report, Runner, Services, Start, Violation};
+pub use workload::{Call, Content, Workload, workloads};
 pub use world::{Effect, FAULTS, Fault, UnknownFault, World};
 pub use wrap::{SimExec, SimLoops, SimMounter};

@@ -12,9 +12,9 @@ use csi_driver::{CallContext, Controller, CsiError, GroupController, Method, Nod
 use csi_node::testing::requests::{cap, publish_req, stage_req, unpublish_req, unstage_req};
 use csi_proto::v1::volume_capability::access_mode::Mode;
 use csi_proto::v1::*;
-use mount_utils::Mounter;
 
 use crate::targets::NODE_ID;
+use crate::workload::{Call, Content, Workload};
 use crate::world::{FAULTS, Fault, World};
 
 /// What the runner reads of the driver's data besides its answers: every
@@ -42,166 +42,6 @@ pub struct Services {
 /// Starts a driver on a world (at first and after every crash): opens its
 /// state, runs its startup recovery and returns its services.
 pub type Start = dyn Fn(&World) -> Result<Services, String> + Sync;
-
-/// One CO call; volumes, snapshots and groups are named by the CO's names
-/// and mapped to the ids the driver answered with.
-#[derive(Debug, Clone)]
-pub enum Call {
-    /// CreateVolume `pv` of `size` bytes, empty or from a snapshot or volume.
-    CreateVolume {
-        /// The CO's name.
-        pv: &'static str,
-        /// Bytes.
-        size: i64,
-        /// Content source.
-        from: Option<Content>,
-    },
-    /// DeleteVolume.
-    DeleteVolume(&'static str),
-    /// ControllerPublishVolume to the node.
-    ControllerPublish(&'static str),
-    /// ControllerUnpublishVolume from the node.
-    ControllerUnpublish(&'static str),
-    /// NodeStageVolume.
-    Stage(&'static str),
-    /// NodeUnstageVolume.
-    Unstage(&'static str),
-    /// NodePublishVolume for a pod.
-    Publish {
-        /// The volume.
-        pv: &'static str,
-        /// The pod.
-        pod: &'static str,
-        /// Read only.
-        readonly: bool,
-        /// The pod is deleted if the first answer is not OK: the CO then
-        /// tears the publication down instead of retrying it.
-        deleted_if_uncertain: bool,
-    },
-    /// NodeUnpublishVolume for a pod.
-    Unpublish(&'static str, &'static str),
-    /// ControllerExpandVolume, then NodeExpandVolume at the pod's path.
-    Expand {
-        /// The volume.
-        pv: &'static str,
-        /// The pod it is published for.
-        pod: &'static str,
-        /// New size.
-        size: i64,
-    },
-    /// CreateSnapshot `snap` of a volume.
-    CreateSnapshot(&'static str, &'static str),
-    /// DeleteSnapshot.
-    DeleteSnapshot(&'static str),
-    /// CreateVolumeGroupSnapshot of volumes.
-    CreateGroup(&'static str, Vec<&'static str>),
-    /// DeleteVolumeGroupSnapshot.
-    DeleteGroup(&'static str),
-}
-
-/// A new volume's content source.
-#[derive(Debug, Clone, Copy)]
-pub enum Content {
-    /// A snapshot, by the CO's name.
-    Snapshot(&'static str),
-    /// A volume, by the CO's name.
-    Volume(&'static str),
-}
-
-/// A CO's sequence of calls.
-#[derive(Debug, Clone)]
-pub struct Workload {
-    /// Its name, in reports and replays.
-    pub name: &'static str,
-    /// The calls, in order.
-    pub calls: Vec<Call>,
-}
-
-const GIB: i64 = 1 << 30;
-
-/// The standard workloads of issue 22.
-pub fn workloads() -> Vec<Workload> {
-    use Call::*;
-    let publish = |pv, pod, readonly, deleted_if_uncertain| Publish {
-        pv,
-        pod,
-        readonly,
-        deleted_if_uncertain,
-    };
-    let create = |pv, from| CreateVolume {
-        pv,
-        size: GIB,
-        from,
-    };
-    vec![
-        Workload {
-            name: "lifecycle",
-            calls: vec![
-                create("pv-a", None),
-                ControllerPublish("pv-a"),
-                Stage("pv-a"),
-                publish("pv-a", "pod-1", false, false),
-                Unpublish("pv-a", "pod-1"),
-                Unstage("pv-a"),
-                ControllerUnpublish("pv-a"),
-                DeleteVolume("pv-a"),
-            ],
-        },
-        Workload {
-            name: "snapshot-restore-clone",
-            calls: vec![
-                create("pv-a", None),
-                CreateSnapshot("snap-a", "pv-a"),
-                create("pv-b", Some(Content::Snapshot("snap-a"))),
-                create("pv-c", Some(Content::Volume("pv-b"))),
-                DeleteVolume("pv-c"),
-                DeleteVolume("pv-b"),
-                DeleteSnapshot("snap-a"),
-                DeleteVolume("pv-a"),
-            ],
-        },
-        Workload {
-            name: "expand-online",
-            calls: vec![
-                create("pv-a", None),
-                Stage("pv-a"),
-                publish("pv-a", "pod-1", false, false),
-                Expand {
-                    pv: "pv-a",
-                    pod: "pod-1",
-                    size: 2 * GIB,
-                },
-                Unpublish("pv-a", "pod-1"),
-                Unstage("pv-a"),
-                DeleteVolume("pv-a"),
-            ],
-        },
-        Workload {
-            name: "group-snapshot",
-            calls: vec![
-                create("pv-a", None),
-                create("pv-b", None),
-                CreateGroup("group-1", vec!["pv-a", "pv-b"]),
-                DeleteGroup("group-1"),
-                DeleteVolume("pv-b"),
-                DeleteVolume("pv-a"),
-            ],
-        },
-        Workload {
-            name: "shared-staging",
-            calls: vec![
-                create("pv-a", None),
-                Stage("pv-a"),
-                publish("pv-a", "pod-1", false, false),
-                publish("pv-a", "pod-2", true, true),
-                Unpublish("pv-a", "pod-2"),
-                Unpublish("pv-a", "pod-1"),
-                Unstage("pv-a"),
-                DeleteVolume("pv-a"),
-            ],
-        },
-    ]
-}
 
 /// How many times the CO tries one call before the run counts it as never
 /// answered (Kubernetes retries forever with backoff; one fault needs a
@@ -445,19 +285,19 @@ fn violation(workload: &Workload, plan: Option<(u64, Fault)>, what: String) -> V
 
 /// What the CO believes: what it created and what kubelet has set up.
 #[derive(Debug, Default)]
-struct Model {
-    volumes: BTreeMap<&'static str, String>,
-    snapshots: BTreeMap<&'static str, String>,
-    groups: BTreeMap<&'static str, (String, Vec<String>)>,
-    staged: BTreeSet<&'static str>,
-    published: BTreeMap<(&'static str, &'static str), bool>,
+pub(crate) struct Model {
+    pub(crate) volumes: BTreeMap<&'static str, String>,
+    pub(crate) snapshots: BTreeMap<&'static str, String>,
+    pub(crate) groups: BTreeMap<&'static str, (String, Vec<String>)>,
+    pub(crate) staged: BTreeSet<&'static str>,
+    pub(crate) published: BTreeMap<(&'static str, &'static str), bool>,
 }
 
-struct Co<'a> {
-    world: World,
+pub(crate) struct Co<'a> {
+    pub(crate) world: World,
     start: &'a Start,
     services: Option<Services>,
-    model: Model,
+    pub(crate) model: Model,
     /// Steps made when the driver first started.
     start_steps: Option<u64>,
 }
@@ -466,11 +306,11 @@ struct Co<'a> {
 type Answer = Result<(), CsiError>;
 
 impl Co<'_> {
-    fn staging(&self, pv: &str) -> PathBuf {
+    pub(crate) fn staging(&self, pv: &str) -> PathBuf {
         self.world.host_dir().join("kubelet/staging").join(pv)
     }
 
-    fn target(&self, pv: &str, pod: &str) -> PathBuf {
+    pub(crate) fn target(&self, pv: &str, pod: &str) -> PathBuf {
         self.world
             .host_dir()
             .join("kubelet/pods")
@@ -479,12 +319,12 @@ impl Co<'_> {
             .join("mount")
     }
 
-    fn id(&self, pv: &str) -> String {
+    pub(crate) fn id(&self, pv: &str) -> String {
         self.model.volumes.get(pv).cloned().unwrap_or_default()
     }
 
     /// The driver, started (again) when it is not running.
-    fn services(&mut self) -> Result<&Services, String> {
+    pub(crate) fn services(&mut self) -> Result<&Services, String> {
         if self.world.crashed() {
             self.services = None;
             self.world.restart();
@@ -766,115 +606,4 @@ impl Co<'_> {
             }
         })
     }
-
-    /// The invariants, after a call got its final answer.
-    async fn check(&mut self) -> Result<(), String> {
-        let ctx = |m| CallContext::detached(0, m);
-        let s = self.services()?;
-        let (controller, data) = (s.controller.clone(), s.data.clone());
-        // Records (as ListVolumes and ListSnapshots answer) = what the CO
-        // was told exists = the data that exists, each owned by its id.
-        let listed: BTreeSet<String> = controller
-            .list_volumes(&ctx(Method::ListVolumes), ListVolumesRequest::default())
-            .await
-            .map_err(|e| format!("ListVolumes: {e}"))?
-            .entries
-            .into_iter()
-            .filter_map(|e| e.volume.map(|v| v.volume_id))
-            .collect();
-        let acked: BTreeSet<String> = self.model.volumes.values().cloned().collect();
-        let volumes = data.volumes();
-        compare("volumes listed", &listed, "volumes the CO holds", &acked)?;
-        let present: BTreeSet<String> = volumes.keys().cloned().collect();
-        compare("volume data", &present, "volumes the CO holds", &acked)?;
-        let snaps: BTreeSet<String> = controller
-            .list_snapshots(&ctx(Method::ListSnapshots), ListSnapshotsRequest::default())
-            .await
-            .map_err(|e| format!("ListSnapshots: {e}"))?
-            .entries
-            .into_iter()
-            .filter_map(|e| e.snapshot.map(|s| s.snapshot_id))
-            .collect();
-        let acked_snaps: BTreeSet<String> = self
-            .model
-            .snapshots
-            .values()
-            .cloned()
-            .chain(self.model.groups.values().flat_map(|g| g.1.clone()))
-            .collect();
-        compare(
-            "snapshots listed",
-            &snaps,
-            "snapshots the CO holds",
-            &acked_snaps,
-        )?;
-        let snapshot_data = data.snapshots();
-        let present: BTreeSet<String> = snapshot_data.keys().cloned().collect();
-        compare(
-            "snapshot data",
-            &present,
-            "snapshots the CO holds",
-            &acked_snaps,
-        )?;
-        for (id, owner) in volumes.iter().chain(&snapshot_data) {
-            if id != owner {
-                return Err(format!("the data at {id} is {owner:?}'s"));
-            }
-        }
-        // The mount table = what kubelet set up, each from its own volume,
-        // read-only where asked.
-        let mounts: BTreeMap<PathBuf, mount_utils::MountInfo> = self
-            .world
-            .mounter()
-            .mount_points()
-            .map_err(|e| e.to_string())?
-            .into_iter()
-            .filter(|m| m.mount_point != std::path::Path::new("/"))
-            .map(|m| (m.mount_point.clone(), m))
-            .collect();
-        let mut expected = BTreeMap::new();
-        for pv in &self.model.staged {
-            expected.insert(self.staging(pv), (*pv, false));
-        }
-        for ((pv, pod), ro) in &self.model.published {
-            expected.insert(self.target(pv, pod), (*pv, *ro));
-        }
-        let found: BTreeSet<&PathBuf> = mounts.keys().collect();
-        let wanted: BTreeSet<&PathBuf> = expected.keys().collect();
-        if found != wanted {
-            return Err(format!("mounts {found:?}, expected {wanted:?}"));
-        }
-        for (path, (pv, ro)) in &expected {
-            let m = &mounts[path];
-            let id = self.id(pv);
-            if !m.root.ends_with(&id) {
-                return Err(format!("{path:?} shows {:?}, not volume {id}", m.root));
-            }
-            let is_ro = m.mount_options.iter().any(|o| o == "ro");
-            if is_ro != *ro {
-                return Err(format!("{path:?} is read-only: {is_ro}, asked: {ro}"));
-            }
-        }
-        let attached = self.world.loops().attached();
-        if !attached.is_empty() {
-            return Err(format!("loop devices no volume uses: {attached:?}"));
-        }
-        Ok(())
-    }
-}
-
-fn compare(
-    a_name: &str,
-    a: &BTreeSet<String>,
-    b_name: &str,
-    b: &BTreeSet<String>,
-) -> Result<(), String> {
-    if a == b {
-        return Ok(());
-    }
-    let extra: Vec<_> = a.difference(b).collect();
-    let missing: Vec<_> = b.difference(a).collect();
-    Err(format!(
-        "{a_name} differ from {b_name}: extra {extra:?}, missing {missing:?}"
-    ))
 }
