@@ -8,8 +8,9 @@
 //!   devices and the page cache, or with [`Fault::PowerLoss`] only synced
 //!   data, stay) or fails that effect with an errno.
 //! - [`SimMounter`], [`SimLoops`], [`SimExec`]: mount-utils' seams over the
-//!   world; csi-store's `FileStore::open_on(world.fs().handle(), dir)` puts
-//!   a driver's records on the simulated filesystem.
+//!   world, and [`SimClock`], volume-state's clock, whose sleeps are
+//!   steps; csi-store's `FileStore::open_on(world.fs().handle(), dir)`
+//!   puts a driver's records on the simulated filesystem.
 //! - [`Runner`]: runs a [`Workload`] once to count its steps, then once per
 //!   step and fault, restarting the driver after a crash and retrying calls
 //!   as Kubernetes does, and checks the invariants after every answered
@@ -47,4 +48,4 @@ mod wrap;
 pub use runner::{DataView, MAX_ATTEMPTS, Report, Runner, Services, Start, Violation};
 pub use workload::{Call, Content, Workload, workloads};
 pub use world::{Effect, FAULTS, Fault, UnknownFault, World};
-pub use wrap::{SimExec, SimLoops, SimMounter};
+pub use wrap::{SimClock, SimExec, SimLoops, SimMounter};

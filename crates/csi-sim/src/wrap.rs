@@ -2,7 +2,8 @@
 //! the plan may fail or crash; queries pass through.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use mount_utils::{
     AttachedLoop, DeviceNumber, Errno, Exec, ExecError, ExecOutput, FsUsage, LoopDeviceInfo,
@@ -223,5 +224,118 @@ impl Exec for SimExec {
                 message: errno.desc().to_owned(),
             })?;
         self.inner.run(program, args)
+    }
+}
+
+/// volume-state's clock over the world: time moves only when someone
+/// sleeps, and each sleep is a step.
+#[derive(Debug, Clone)]
+pub struct SimClock {
+    world: World,
+    generation: u64,
+    start: Instant,
+    elapsed: Arc<Mutex<Duration>>,
+}
+
+impl SimClock {
+    /// A clock at zero for the world's current process.
+    pub fn new(world: &World) -> Self {
+        SimClock {
+            world: world.clone(),
+            generation: world.generation(),
+            start: Instant::now(),
+            elapsed: Arc::default(),
+        }
+    }
+
+    /// Moves time on by `d`; `Err` when the plan fails or crashes this step.
+    pub fn sleep(&self, d: Duration) -> Result<(), Errno> {
+        self.world
+            .step(self.generation, Effect::Sleep, &format!("{d:?}"))?;
+        *self.elapsed.lock().unwrap_or_else(|e| e.into_inner()) += d;
+        Ok(())
+    }
+}
+
+impl volume_state::Clock for SimClock {
+    fn now(&self) -> Instant {
+        self.start + *self.elapsed.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::world::Fault;
+    use volume_state::Clock;
+
+    #[test]
+    fn every_effect_is_a_step_and_the_planned_one_fails_alone() {
+        let world = World::new(Some((1, Fault::Fail(Errno::EBUSY)))).unwrap();
+        let m = SimMounter::new(&world);
+        let target = world.host_dir().join("t");
+        m.bind_mount(&world.host_dir(), &target, false).unwrap();
+        let e = m.unmount(&target, false).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                MountError::Unmount {
+                    errno: Errno::EBUSY,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(
+            m.mounted_at(&target).unwrap().is_some(),
+            "a failed unmount changes nothing"
+        );
+        m.unmount(&target, false).unwrap();
+        let clock = SimClock::new(&world);
+        let t0 = clock.now();
+        clock.sleep(Duration::from_secs(5)).unwrap();
+        assert_eq!(clock.now() - t0, Duration::from_secs(5));
+        assert_eq!(world.steps(), 4);
+        assert_eq!(world.fired(), Some(Fault::Fail(Errno::EBUSY)));
+    }
+
+    #[test]
+    fn after_a_crash_the_old_process_changes_nothing_and_mounts_stay() {
+        let world = World::new(Some((1, Fault::Crash))).unwrap();
+        let m = SimMounter::new(&world);
+        let loops = SimLoops::new(&world);
+        let target = world.host_dir().join("t");
+        m.bind_mount(&world.host_dir(), &target, true).unwrap();
+        let image = world.host_dir().join("disk.img");
+        std::fs::write(&image, b"").unwrap();
+        assert!(loops.attach(&image, &LoopOptions::default()).is_err());
+        assert!(world.crashed());
+        assert!(m.unmount(&target, false).is_err(), "the dead process");
+        world.restart();
+        assert!(!world.crashed());
+        let m2 = SimMounter::new(&world);
+        assert!(
+            m2.mounted_at(&target).unwrap().is_some(),
+            "mounts outlive the crash"
+        );
+        assert!(m.unmount(&target, false).is_err(), "still dead");
+        let dev = loops.attach(&image, &LoopOptions::default());
+        assert!(dev.is_err(), "the dead process attaches nothing");
+        let dev = SimLoops::new(&world)
+            .attach(&image, &LoopOptions::default())
+            .unwrap()
+            .keep();
+        assert_eq!(world.loops().attached().len(), 1);
+        SimLoops::new(&world).detach(&dev.path).unwrap();
+        m2.unmount(&target, false).unwrap();
+        assert!(world.loops().attached().is_empty());
+    }
+
+    #[test]
+    fn faults_read_back_from_their_names() {
+        for f in crate::world::FAULTS {
+            assert_eq!(f.to_string().parse::<Fault>().unwrap(), f);
+        }
+        assert!("sigkill".parse::<Fault>().is_err());
     }
 }

@@ -10,6 +10,9 @@
 //! order they were made: none (the worst case), each prefix, or all. That
 //! is stricter than ext4 (whose journal commits metadata in order) and is
 //! the model ALICE and CrashMonkey check applications against.
+//!
+//! One file of about 750 lines: the image, the operation log and the
+//! handles that append to it are one model, each part read with the others.
 
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsString;
