@@ -3,15 +3,15 @@
 //!
 //! - [`World`]: the fakes a driver runs on (mount table, loop devices,
 //!   csi-store's simulated filesystem, a storage provider) and one step
-//!   counter over every effect they see. A [`Fault`] planned at step k
+//!   counter over every effect they see. A [`SimFault`] planned at step k
 //!   crashes the driver there (its process state is dropped; mounts, loop
-//!   devices and the page cache, or with [`Fault::PowerLoss`] only synced
+//!   devices and the page cache, or with [`SimFault::PowerLoss`] only synced
 //!   data, stay) or fails that effect with an errno.
 //! - [`SimMounter`], [`SimLoops`], [`SimExec`]: mount-utils' seams over the
 //!   world, and [`SimClock`], volume-state's clock, whose sleeps are
 //!   steps; csi-store's `FileStore::open_on(world.fs().handle(), dir)`
 //!   puts a driver's records on the simulated filesystem.
-//! - [`Runner`]: runs a [`Workload`] once to count its steps, then once per
+//! - [`SimRunner`]: runs a [`SimWorkload`] once to count its steps, then once per
 //!   step and fault, restarting the driver after a crash and retrying calls
 //!   as Kubernetes does, and checks the invariants after every answered
 //!   call. A violation prints `workload:step:fault`;
@@ -20,7 +20,7 @@
 //! A vendor points it at their driver with a start function:
 //!
 //! ```no_run
-//! use csi_sim::{Report, Runner, World, Services, workloads};
+//! use csi_sim::{SimReport, SimRunner, World, Services, workloads};
 //!
 //! fn start(world: &World) -> Result<Services, String> {
 //!     // Open the driver's state with FileStore::open_on(world.fs().handle(), ..),
@@ -28,8 +28,8 @@
 //!     csi_sim::targets::library(world)
 //! }
 //!
-//! let runner = Runner::new(&start);
-//! let mut report = Report::default();
+//! let runner = SimRunner::new(&start);
+//! let mut report = SimReport::default();
 //! for w in workloads() {
 //!     runner.explore(&w, &mut report);
 //! }
@@ -45,7 +45,7 @@ mod workload;
 mod world;
 mod wrap;
 
-pub use runner::{DataView, MAX_ATTEMPTS, Report, Runner, Services, Start, Violation};
-pub use workload::{Call, Content, Workload, workloads};
-pub use world::{Effect, FAULTS, Fault, UnknownFault, World};
+pub use runner::{DataView, MAX_ATTEMPTS, Services, SimReport, SimRunner, Start, Violation};
+pub use workload::{Call, Content, SimWorkload, workloads};
+pub use world::{Effect, FAULTS, SimFault, UnknownFault, World};
 pub use wrap::{SimClock, SimExec, SimLoops, SimMounter};

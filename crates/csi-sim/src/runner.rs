@@ -14,8 +14,8 @@ use csi_proto::v1::volume_capability::access_mode::Mode;
 use csi_proto::v1::*;
 
 use crate::targets::NODE_ID;
-use crate::workload::{Call, Content, Workload};
-use crate::world::{FAULTS, Fault, World};
+use crate::workload::{Call, Content, SimWorkload};
+use crate::world::{FAULTS, SimFault, World};
 
 /// What the runner reads of the driver's data besides its answers: every
 /// volume's and snapshot's data by id, with the id its data says it was
@@ -56,7 +56,7 @@ pub struct Violation {
     /// The step the fault was planned at (`None`: the run without one).
     pub step: Option<u64>,
     /// The fault.
-    pub fault: Option<Fault>,
+    pub fault: Option<SimFault>,
     /// What broke.
     pub what: String,
 }
@@ -85,7 +85,7 @@ impl fmt::Display for Violation {
 
 /// What a campaign covered and found.
 #[derive(Debug, Clone, Default)]
-pub struct Report {
+pub struct SimReport {
     /// Steps of each workload's run without faults.
     pub steps: Vec<(String, u64)>,
     /// Steps of the driver's start (the same in every workload, so
@@ -100,7 +100,7 @@ pub struct Report {
     pub violations: Vec<Violation>,
 }
 
-impl fmt::Display for Report {
+impl fmt::Display for SimReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
@@ -126,15 +126,15 @@ impl fmt::Display for Report {
 }
 
 /// Runs workloads against a driver.
-pub struct Runner<'a> {
+pub struct SimRunner<'a> {
     start: &'a Start,
     rt: tokio::runtime::Runtime,
 }
 
-impl<'a> Runner<'a> {
+impl<'a> SimRunner<'a> {
     /// A runner for the driver `start` starts.
     pub fn new(start: &'a Start) -> Self {
-        Runner {
+        SimRunner {
             start,
             rt: tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -145,7 +145,7 @@ impl<'a> Runner<'a> {
 
     /// Every step of `workload` with every fault; a replay of one run
     /// instead when `CSI_SIM_REPLAY` names one of this workload.
-    pub fn explore(&self, workload: &Workload, report: &mut Report) {
+    pub fn explore(&self, workload: &SimWorkload, report: &mut SimReport) {
         if let Ok(spec) = std::env::var("CSI_SIM_REPLAY") {
             if spec.split(':').next() == Some(workload.name) {
                 match self.replay(workload, &spec) {
@@ -184,7 +184,7 @@ impl<'a> Runner<'a> {
     /// One run named `workload:step:fault`, with its trace.
     pub fn replay(
         &self,
-        workload: &Workload,
+        workload: &SimWorkload,
         spec: &str,
     ) -> Result<(Vec<String>, Vec<Violation>), String> {
         let mut parts = spec.split(':');
@@ -194,7 +194,7 @@ impl<'a> Runner<'a> {
             return Err("expected workload:step:fault".into());
         };
         let step: u64 = step.parse().map_err(|e| format!("step {step:?}: {e}"))?;
-        let fault: Fault = fault.parse().map_err(|e| format!("{e}"))?;
+        let fault: SimFault = fault.parse().map_err(|e| format!("{e}"))?;
         let world = World::new(Some((step, fault))).map_err(|e| e.to_string())?;
         world.trace();
         let (violations, _) = self.run_in(&world, workload, Some((step, fault)));
@@ -204,9 +204,9 @@ impl<'a> Runner<'a> {
     /// One run, counted in `report`; its world.
     fn run_world(
         &self,
-        workload: &Workload,
-        plan: Option<(u64, Fault)>,
-        report: &mut Report,
+        workload: &SimWorkload,
+        plan: Option<(u64, SimFault)>,
+        report: &mut SimReport,
     ) -> Option<World> {
         report.runs += 1;
         let world = match World::new(plan) {
@@ -225,7 +225,11 @@ impl<'a> Runner<'a> {
 
     /// One run; its steps, the steps of the driver's first start, and
     /// its violations.
-    fn run(&self, workload: &Workload, plan: Option<(u64, Fault)>) -> (u64, u64, Vec<Violation>) {
+    fn run(
+        &self,
+        workload: &SimWorkload,
+        plan: Option<(u64, SimFault)>,
+    ) -> (u64, u64, Vec<Violation>) {
         let world = match World::new(plan) {
             Ok(w) => w,
             Err(e) => {
@@ -243,8 +247,8 @@ impl<'a> Runner<'a> {
     fn run_in(
         &self,
         world: &World,
-        workload: &Workload,
-        plan: Option<(u64, Fault)>,
+        workload: &SimWorkload,
+        plan: Option<(u64, SimFault)>,
     ) -> (Vec<Violation>, u64) {
         let mut co = Co {
             world: world.clone(),
@@ -274,7 +278,7 @@ impl<'a> Runner<'a> {
     }
 }
 
-fn violation(workload: &Workload, plan: Option<(u64, Fault)>, what: String) -> Violation {
+fn violation(workload: &SimWorkload, plan: Option<(u64, SimFault)>, what: String) -> Violation {
     Violation {
         workload: workload.name.to_owned(),
         step: plan.map(|p| p.0),

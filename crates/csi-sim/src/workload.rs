@@ -69,7 +69,7 @@ pub enum Content {
 
 /// A CO's sequence of calls.
 #[derive(Debug, Clone)]
-pub struct Workload {
+pub struct SimWorkload {
     /// Its name, in reports and replays.
     pub name: &'static str,
     /// The calls, in order.
@@ -77,7 +77,7 @@ pub struct Workload {
 }
 
 /// The standard workloads of issue 22.
-pub fn workloads() -> Vec<Workload> {
+pub fn workloads() -> Vec<SimWorkload> {
     use Call::*;
     let publish = |pv, pod, readonly, deleted_if_uncertain| Publish {
         pv,
@@ -91,7 +91,7 @@ pub fn workloads() -> Vec<Workload> {
         from,
     };
     vec![
-        Workload {
+        SimWorkload {
             name: "lifecycle",
             calls: vec![
                 create("pv-a", None),
@@ -104,7 +104,7 @@ pub fn workloads() -> Vec<Workload> {
                 DeleteVolume("pv-a"),
             ],
         },
-        Workload {
+        SimWorkload {
             name: "snapshot-restore-clone",
             calls: vec![
                 create("pv-a", None),
@@ -117,7 +117,7 @@ pub fn workloads() -> Vec<Workload> {
                 DeleteVolume("pv-a"),
             ],
         },
-        Workload {
+        SimWorkload {
             name: "expand-online",
             calls: vec![
                 create("pv-a", None),
@@ -133,7 +133,7 @@ pub fn workloads() -> Vec<Workload> {
                 DeleteVolume("pv-a"),
             ],
         },
-        Workload {
+        SimWorkload {
             name: "group-snapshot",
             calls: vec![
                 create("pv-a", None),
@@ -144,7 +144,7 @@ pub fn workloads() -> Vec<Workload> {
                 DeleteVolume("pv-a"),
             ],
         },
-        Workload {
+        SimWorkload {
             name: "shared-staging",
             calls: vec![
                 create("pv-a", None),

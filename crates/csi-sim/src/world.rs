@@ -13,7 +13,7 @@ use mount_utils::{Errno, FakeLoopDevices, FakeMounter};
 
 /// What happens at the planned step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Fault {
+pub enum SimFault {
     /// The process dies there; the kernel keeps its page cache (every
     /// written byte survives, synced or not). Mounts and devices stay.
     Crash,
@@ -26,21 +26,21 @@ pub enum Fault {
 }
 
 /// Every fault the runner tries at every step.
-pub const FAULTS: [Fault; 6] = [
-    Fault::Crash,
-    Fault::PowerLoss,
-    Fault::Fail(Errno::EIO),
-    Fault::Fail(Errno::ENOSPC),
-    Fault::Fail(Errno::EBUSY),
-    Fault::Fail(Errno::ENOENT),
+pub const FAULTS: [SimFault; 6] = [
+    SimFault::Crash,
+    SimFault::PowerLoss,
+    SimFault::Fail(Errno::EIO),
+    SimFault::Fail(Errno::ENOSPC),
+    SimFault::Fail(Errno::EBUSY),
+    SimFault::Fail(Errno::ENOENT),
 ];
 
-impl fmt::Display for Fault {
+impl fmt::Display for SimFault {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Fault::Crash => f.write_str("crash"),
-            Fault::PowerLoss => f.write_str("power-loss"),
-            Fault::Fail(e) => write!(f, "{}", format!("{e:?}").to_lowercase()),
+            SimFault::Crash => f.write_str("crash"),
+            SimFault::PowerLoss => f.write_str("power-loss"),
+            SimFault::Fail(e) => write!(f, "{}", format!("{e:?}").to_lowercase()),
         }
     }
 }
@@ -50,7 +50,7 @@ impl fmt::Display for Fault {
 #[error("unknown fault {0:?} (crash, power-loss, eio, enospc, ebusy, enoent)")]
 pub struct UnknownFault(String);
 
-impl FromStr for Fault {
+impl FromStr for SimFault {
     type Err = UnknownFault;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         FAULTS
@@ -83,8 +83,8 @@ pub enum Effect {
 #[derive(Debug, Default)]
 struct State {
     step: u64,
-    plan: Option<(u64, Fault)>,
-    fired: Option<Fault>,
+    plan: Option<(u64, SimFault)>,
+    fired: Option<SimFault>,
     generation: u64,
     crashed: bool,
     trace: Option<Vec<String>>,
@@ -151,8 +151,8 @@ fn step_in(st: &mut State, generation: u64, effect: Effect, what: &str) -> Resul
     }
     match fault {
         None => Ok(()),
-        Some(Fault::Fail(errno)) => Err(errno),
-        Some(Fault::Crash | Fault::PowerLoss) => {
+        Some(SimFault::Fail(errno)) => Err(errno),
+        Some(SimFault::Crash | SimFault::PowerLoss) => {
             st.crashed = true;
             Err(Errno::EIO)
         }
@@ -163,7 +163,7 @@ impl World {
     /// A fresh world with `plan` (none: count only); its host directories
     /// (volume data, kubelet paths) live in a temporary directory removed
     /// with the last clone.
-    pub fn new(plan: Option<(u64, Fault)>) -> io::Result<World> {
+    pub fn new(plan: Option<(u64, SimFault)>) -> io::Result<World> {
         let mounter = FakeMounter::new();
         mounter.add_mount("/dev/root", "/", "ext4");
         let world = World {
@@ -227,7 +227,7 @@ impl World {
     }
 
     /// The fault that fired, if any.
-    pub fn fired(&self) -> Option<Fault> {
+    pub fn fired(&self) -> Option<SimFault> {
         self.lock().fired
     }
 
@@ -242,7 +242,7 @@ impl World {
     /// next process starts (earlier handles fail with `EIO`).
     pub fn restart(&self) {
         let keep = match self.fired() {
-            Some(Fault::PowerLoss) => CrashKeep::Prefix(0),
+            Some(SimFault::PowerLoss) => CrashKeep::Prefix(0),
             _ => CrashKeep::All,
         };
         self.fs.crash(keep);

@@ -266,12 +266,12 @@ impl volume_state::Clock for SimClock {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::world::Fault;
+    use crate::world::SimFault;
     use volume_state::Clock;
 
     #[test]
     fn every_effect_is_a_step_and_the_planned_one_fails_alone() {
-        let world = World::new(Some((1, Fault::Fail(Errno::EBUSY)))).unwrap();
+        let world = World::new(Some((1, SimFault::Fail(Errno::EBUSY)))).unwrap();
         let m = SimMounter::new(&world);
         let target = world.host_dir().join("t");
         m.bind_mount(&world.host_dir(), &target, false).unwrap();
@@ -296,12 +296,12 @@ mod tests {
         clock.sleep(Duration::from_secs(5)).unwrap();
         assert_eq!(clock.now() - t0, Duration::from_secs(5));
         assert_eq!(world.steps(), 4);
-        assert_eq!(world.fired(), Some(Fault::Fail(Errno::EBUSY)));
+        assert_eq!(world.fired(), Some(SimFault::Fail(Errno::EBUSY)));
     }
 
     #[test]
     fn after_a_crash_the_old_process_changes_nothing_and_mounts_stay() {
-        let world = World::new(Some((1, Fault::Crash))).unwrap();
+        let world = World::new(Some((1, SimFault::Crash))).unwrap();
         let m = SimMounter::new(&world);
         let loops = SimLoops::new(&world);
         let target = world.host_dir().join("t");
@@ -334,8 +334,8 @@ mod tests {
     #[test]
     fn faults_read_back_from_their_names() {
         for f in crate::world::FAULTS {
-            assert_eq!(f.to_string().parse::<Fault>().unwrap(), f);
+            assert_eq!(f.to_string().parse::<SimFault>().unwrap(), f);
         }
-        assert!("sigkill".parse::<Fault>().is_err());
+        assert!("sigkill".parse::<SimFault>().is_err());
     }
 }

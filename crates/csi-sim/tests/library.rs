@@ -2,7 +2,7 @@
 //! service over a directory-volume driver) under a crash and each fault at
 //! every step of every standard workload.
 
-use csi_sim::{Report, Runner, Violation, workloads};
+use csi_sim::{SimReport, SimRunner, Violation, workloads};
 
 /// Violations found in code this crate does not own, reported to its
 /// owner: each is still found, counted and printed, and the test fails as
@@ -22,8 +22,8 @@ fn known(v: &Violation) -> bool {
 
 #[test]
 fn every_step_of_every_workload_survives_every_fault() {
-    let runner = Runner::new(&csi_sim::targets::library);
-    let mut report = Report::default();
+    let runner = SimRunner::new(&csi_sim::targets::library);
+    let mut report = SimReport::default();
     for w in workloads() {
         runner.explore(&w, &mut report);
     }
