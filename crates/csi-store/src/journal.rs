@@ -271,10 +271,15 @@ impl Journal {
         if live().count() > SYNCFS_ABOVE {
             self.file.sync_filesystem()?;
         } else {
-            for path in live() {
+            // In path order, so a simulated run replays the same steps.
+            let mut files: Vec<PathBuf> = live().collect();
+            files.sort();
+            for path in files {
                 sync_file(&*self.fs, &path)?;
             }
-            for dir in st.dirty.keys() {
+            let mut dirs: Vec<&PathBuf> = st.dirty.keys().collect();
+            dirs.sort();
+            for dir in dirs {
                 match self.sync_dir(dir) {
                     Err(e) if e.kind() == io::ErrorKind::NotFound => {}
                     r => r?,
