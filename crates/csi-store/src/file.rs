@@ -22,7 +22,7 @@
 //! for records too big for it, a put `fdatasync`s the file and syncs the
 //! directory itself (the directory sync shared, see [`crate::group`]).
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::ffi::{OsStr, OsString};
 use std::io;
 use std::path::{Path, PathBuf};
@@ -70,7 +70,8 @@ struct Inner {
     dir: PathBuf,
     tables_dir: PathBuf,
     quarantine_dir: PathBuf,
-    tables: Mutex<HashMap<String, Arc<TableDir>>>,
+    // Ordered, so spares are removed in the same order at every close.
+    tables: Mutex<BTreeMap<String, Arc<TableDir>>>,
     /// Syncs of `tables/` after a table directory is created.
     tables_sync: GroupSync,
     seq: AtomicU64,
@@ -273,7 +274,7 @@ impl FileStore {
                 dir,
                 tables_dir,
                 quarantine_dir,
-                tables: Mutex::new(HashMap::new()),
+                tables: Mutex::new(BTreeMap::new()),
                 tables_sync: GroupSync::default(),
                 seq: AtomicU64::new(0),
                 pid: std::process::id(),
