@@ -22,12 +22,9 @@
 //! for records too big for it, a put `fdatasync`s the file and syncs the
 //! directory itself (the directory sync shared, see [`crate::group`]).
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::ffi::{OsStr, OsString};
-use std::fs::{self, DirBuilder, File, OpenOptions};
-use std::io::{self, Read};
-use std::os::unix::fs::FileExt;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -36,6 +33,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use crate::codec::CodecId;
 use crate::error::{StoreError, is_full};
 use crate::format;
+use crate::fs::{FileSystem, FsFile, OpenMode, RealFs};
 use crate::group::GroupSync;
 use crate::journal::{self, Change, CommitError, Journal};
 use crate::key::{self, NameKind, TMP_PREFIX, check_key, check_table, file_name, shorten};
@@ -68,10 +66,12 @@ pub struct FileStore {
 
 #[derive(Debug)]
 struct Inner {
+    fs: Arc<dyn FileSystem>,
     dir: PathBuf,
     tables_dir: PathBuf,
     quarantine_dir: PathBuf,
-    tables: Mutex<HashMap<String, Arc<TableDir>>>,
+    // Ordered, so spares are removed in the same order at every close.
+    tables: Mutex<BTreeMap<String, Arc<TableDir>>>,
     /// Syncs of `tables/` after a table directory is created.
     tables_sync: GroupSync,
     seq: AtomicU64,
@@ -94,8 +94,9 @@ const MAX_SPARES: usize = 32;
 
 #[derive(Debug)]
 struct TableDir {
+    fs: Arc<dyn FileSystem>,
     path: PathBuf,
-    handle: File,
+    handle: Box<dyn FsFile>,
     sync: GroupSync,
     /// Temporary-named files kept for reuse: a put overwrites one instead
     /// of creating a file, and a replaced or deleted record's file becomes
@@ -109,7 +110,7 @@ struct TableDir {
 impl Drop for TableDir {
     fn drop(&mut self) {
         for name in self.spares.get_mut().unwrap_or_else(|e| e.into_inner()) {
-            let _ = fs::remove_file(self.path.join(name));
+            let _ = self.fs.remove_file(&self.path.join(name));
         }
     }
 }
@@ -117,26 +118,21 @@ impl Drop for TableDir {
 impl TableDir {
     /// A file to write a record into: a spare when there is one, else a
     /// new temporary file.
-    fn scratch_file(&self, fresh_name: impl FnOnce() -> OsString) -> io::Result<(File, PathBuf)> {
+    fn scratch_file(
+        &self,
+        fresh_name: impl FnOnce() -> OsString,
+    ) -> io::Result<(Box<dyn FsFile>, PathBuf)> {
         loop {
             let Some(name) = self.spares().pop() else {
                 break;
             };
             let path = self.path.join(name);
-            if let Ok(f) = OpenOptions::new()
-                .write(true)
-                .custom_flags(libc::O_NOFOLLOW)
-                .open(&path)
-            {
+            if let Ok(f) = self.fs.open(&path, OpenMode::Write) {
                 return Ok((f, path));
             }
         }
         let path = self.path.join(fresh_name());
-        let file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&path)?;
+        let file = self.fs.open(&path, OpenMode::CreateNew)?;
         Ok((file, path))
     }
 
@@ -148,7 +144,7 @@ impl TableDir {
             Some(name) if spares.len() < MAX_SPARES => spares.push(name.to_owned()),
             _ => {
                 drop(spares);
-                let _ = fs::remove_file(path);
+                let _ = self.fs.remove_file(path);
             }
         }
     }
@@ -160,7 +156,7 @@ impl TableDir {
         let path = self.path.join(name);
         if self.spares().len() < MAX_SPARES {
             let spare = spare_name();
-            match fs::rename(&path, self.path.join(&spare)) {
+            match self.fs.rename(&path, &self.path.join(&spare)) {
                 Ok(()) => {
                     self.keep_spare(&self.path.join(spare));
                     return Ok(true);
@@ -169,7 +165,7 @@ impl TableDir {
                 Err(_) => {}
             }
         }
-        match fs::remove_file(&path) {
+        match self.fs.remove_file(&path) {
             Ok(()) => Ok(true),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
             Err(e) => Err(e),
@@ -218,20 +214,30 @@ impl FileStore {
     /// directory's lock ([`StoreError::Locked`] if another instance has it)
     /// and removes temporary files left by interrupted writes.
     pub fn open(dir: impl AsRef<Path>) -> Result<FileStore, StoreError> {
+        Self::open_on(Arc::new(RealFs), dir)
+    }
+
+    /// [`open`](Self::open) with every file operation made through `fs`
+    /// (a simulated filesystem in tests; [`open`](Self::open) uses
+    /// [`RealFs`]).
+    pub fn open_on(
+        fs: Arc<dyn FileSystem>,
+        dir: impl AsRef<Path>,
+    ) -> Result<FileStore, StoreError> {
         let dir = dir.as_ref().to_owned();
-        make_dir(&dir)?;
-        let lock = DirLock::acquire(&dir)?;
+        make_dir(&*fs, &dir)?;
+        let lock = DirLock::acquire_on(&*fs, &dir)?;
         let tables_dir = dir.join(TABLES);
         let quarantine_dir = dir.join(QUARANTINE);
-        make_dir(&tables_dir)?;
-        make_dir(&quarantine_dir)?;
-        let temps_removed = remove_temporaries(&tables_dir)?;
-        let syncs = !in_memory_fs(&dir);
+        make_dir(&*fs, &tables_dir)?;
+        make_dir(&*fs, &quarantine_dir)?;
+        let temps_removed = remove_temporaries(&*fs, &tables_dir)?;
+        let syncs = !fs.in_memory(&dir);
         if temps_removed > 0 {
             tracing::info!(dir = %dir.display(), files = temps_removed, "removed temporary files of interrupted writes");
         }
         let (journal, journal_replayed) = if syncs {
-            match Journal::open(&dir, &tables_dir) {
+            match Journal::open(&fs, &dir, &tables_dir) {
                 Ok(Some((j, r))) => {
                     if r.files_fixed > 0 {
                         tracing::info!(dir = %dir.display(), entries = r.entries, files = r.files_fixed,
@@ -264,10 +270,11 @@ impl FileStore {
         };
         Ok(FileStore {
             inner: Arc::new(Inner {
+                fs,
                 dir,
                 tables_dir,
                 quarantine_dir,
-                tables: Mutex::new(HashMap::new()),
+                tables: Mutex::new(BTreeMap::new()),
                 tables_sync: GroupSync::default(),
                 seq: AtomicU64::new(0),
                 pid: std::process::id(),
@@ -331,8 +338,8 @@ impl FileStore {
 
     /// After a put's rename: the temporary name now holds the replaced
     /// record's file (kept as a spare) or nothing.
-    fn after_swap(&self, td: &TableDir, tmp: &mut Temporary, replaced: bool) {
-        if let Some(path) = tmp.0.take().filter(|_| replaced) {
+    fn after_swap(&self, td: &TableDir, tmp: &mut Temporary<'_>, replaced: bool) {
+        if let Some(path) = tmp.path.take().filter(|_| replaced) {
             td.keep_spare(&path);
         }
     }
@@ -354,10 +361,11 @@ impl FileStore {
             return Ok(Some(t.clone()));
         }
         let path = self.inner.tables_dir.join(table);
-        let handle = match open_dir(&path) {
+        let fs = &*self.inner.fs;
+        let handle = match open_dir(fs, &path) {
             Ok(h) => h,
             Err(e) if e.kind() == io::ErrorKind::NotFound && create_for.is_some() => {
-                match DirBuilder::new().mode(0o700).create(&path) {
+                match fs.create_dir(&path) {
                     Ok(()) => {}
                     Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
                     Err(e) if is_full(&e) => {
@@ -372,14 +380,16 @@ impl FileStore {
                 let tables_dir = &self.inner.tables_dir;
                 self.inner
                     .tables_sync
-                    .sync(|| open_dir(tables_dir)?.sync_all())
+                    .sync(|| open_dir(fs, tables_dir)?.sync_all())
                     .map_err(|e| StoreError::io("syncing directory", tables_dir, e))?;
-                open_dir(&path).map_err(|e| StoreError::io("opening table directory", &path, e))?
+                open_dir(fs, &path)
+                    .map_err(|e| StoreError::io("opening table directory", &path, e))?
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(StoreError::io("opening table directory", &path, e)),
         };
         let fresh = Arc::new(TableDir {
+            fs: self.inner.fs.clone(),
             path,
             handle,
             sync: GroupSync::default(),
@@ -403,15 +413,16 @@ impl FileStore {
         reason: String,
     ) -> Option<Quarantined> {
         let src = td.path.join(name);
+        let fs = &*self.inner.fs;
         if let Some(expected) = expected {
-            match read_record(&src) {
+            match read_record(fs, &src) {
                 Ok(now) if now == expected => {}
                 _ => return None, // rewritten or removed meanwhile
             }
         }
         let qdir = self.inner.quarantine_dir.join(table);
         let moved = (|| {
-            match DirBuilder::new().mode(0o700).create(&qdir) {
+            match fs.create_dir(&qdir) {
                 Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
                 _ => {}
             }
@@ -426,15 +437,15 @@ impl FileStore {
                 // Journaled, so no older entry brings the record back.
                 Some(j) => j
                     .commit(&td.path, &name.to_owned(), table, Change::Delete, || {
-                        fs::rename(&src, &dest)
+                        fs.rename(&src, &dest)
                     })
                     .map_err(|e| match e {
                         CommitError::Apply(e) | CommitError::Flush(e) => e,
                     })?,
-                None => fs::rename(&src, &dest)?,
+                None => fs.rename(&src, &dest)?,
             }
             td.handle.sync_all()?;
-            open_dir(&qdir)?.sync_all()?;
+            open_dir(fs, &qdir)?.sync_all()?;
             Ok(dest)
         })();
         let moved_to = match moved {
@@ -480,8 +491,11 @@ impl RecordStore for FileStore {
         let (file, tmp_path) = td
             .scratch_file(|| self.temporary_name())
             .map_err(|e| err("creating", &td.path, e))?;
-        let mut tmp = Temporary(Some(tmp_path));
-        let tmp_path = tmp.0.as_deref().expect("set above");
+        let mut tmp = Temporary {
+            path: Some(tmp_path),
+            fs: &*self.inner.fs,
+        };
+        let tmp_path = tmp.path.as_deref().expect("set above");
         file.write_all_at(&contents, 0)
             .and_then(|()| file.set_len(contents.len() as u64))
             .map_err(|e| err("writing", tmp_path, e))?;
@@ -494,19 +508,20 @@ impl RecordStore for FileStore {
         drop(file);
         let dest = td.path.join(&name);
         let Some(j) = journal else {
-            let replaced = swap_into(tmp_path, &dest).map_err(|e| err("renaming", &dest, e))?;
+            let replaced = swap_into(&*self.inner.fs, tmp_path, &dest)
+                .map_err(|e| err("renaming", &dest, e))?;
             self.inner.puts.fetch_add(1, Ordering::Relaxed);
             self.after_swap(&td, &mut tmp, replaced);
             return td.sync(self.inner.syncs);
         };
         let result = j.commit(&td.path, &name, table, Change::Put(&contents), || {
-            swap_into(tmp_path, &dest)
+            swap_into(&*self.inner.fs, tmp_path, &dest)
         });
         let replaced = match result {
             Ok(replaced) => replaced,
             Err(CommitError::Apply(e)) => return Err(err("renaming", &dest, e)),
             Err(CommitError::Flush(e)) => {
-                tmp.0 = None;
+                tmp.path = None;
                 return Err(StoreError::io("syncing journal", self.inner.dir.clone(), e));
             }
         };
@@ -523,7 +538,7 @@ impl RecordStore for FileStore {
         };
         let name = file_name(key);
         let path = td.path.join(&name);
-        let bytes = match read_record(&path) {
+        let bytes = match read_record(&*self.inner.fs, &path) {
             Ok(b) => b,
             Err(ReadError::Io(e)) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(ReadError::Io(e)) => return Err(StoreError::io("reading", &path, e)),
@@ -597,10 +612,12 @@ impl RecordStore for FileStore {
             return Ok(RawScan::default());
         };
         let mut scan = RawScan::default();
-        let entries = fs::read_dir(&td.path).map_err(|e| StoreError::io("listing", &td.path, e))?;
+        let entries = (self.inner.fs)
+            .read_dir(&td.path)
+            .map_err(|e| StoreError::io("listing", &td.path, e))?;
         for entry in entries {
-            let entry = entry.map_err(|e| StoreError::io("listing", &td.path, e))?;
-            let os_name = entry.file_name();
+            let os_name = entry.name;
+            let entry_path = td.path.join(&os_name);
             let kind = os_name.to_str().map_or(NameKind::Foreign, key::classify);
             let named_key = match kind {
                 NameKind::Temporary => continue, // a write in progress
@@ -614,10 +631,10 @@ impl RecordStore for FileStore {
                 NameKind::Hashed => None,
             };
             let name = os_name.to_str().expect("classified names are UTF-8");
-            let bytes = match read_record(&entry.path()) {
+            let bytes = match read_record(&*self.inner.fs, &entry_path) {
                 Ok(b) => b,
                 Err(ReadError::Io(e)) if e.kind() == io::ErrorKind::NotFound => continue,
-                Err(ReadError::Io(e)) => return Err(StoreError::io("reading", entry.path(), e)),
+                Err(ReadError::Io(e)) => return Err(StoreError::io("reading", entry_path, e)),
                 Err(ReadError::NotRecord(reason)) => {
                     scan.quarantined.extend(self.move_aside(
                         &td,
@@ -666,7 +683,7 @@ impl RecordStore for FileStore {
             return Ok(None);
         };
         let name = file_name(key);
-        let Ok(bytes) = read_record(&td.path.join(&name)) else {
+        let Ok(bytes) = read_record(&*self.inner.fs, &td.path.join(&name)) else {
             return Ok(None);
         };
         let same = matches!(check_record(&name, &bytes),
@@ -687,15 +704,14 @@ impl RecordStore for FileStore {
     fn quarantined_keys(&self, table: &str) -> Result<Vec<String>, StoreError> {
         check_table(table)?;
         let qdir = self.inner.quarantine_dir.join(table);
-        let entries = match fs::read_dir(&qdir) {
+        let entries = match self.inner.fs.read_dir(&qdir) {
             Ok(e) => e,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
             Err(e) => return Err(StoreError::io("listing", &qdir, e)),
         };
         let mut keys = Vec::new();
         for entry in entries {
-            let entry = entry.map_err(|e| StoreError::io("listing", &qdir, e))?;
-            let name = entry.file_name();
+            let name = entry.name;
             let original = name
                 .to_str()
                 .and_then(|n| n.splitn(3, '-').nth(2))
@@ -704,7 +720,7 @@ impl RecordStore for FileStore {
                 Some(NameKind::Key(k)) => keys.push(k),
                 // Hashed or cut short: the file may still say.
                 _ => {
-                    let bytes = read_record(&entry.path()).ok();
+                    let bytes = read_record(&*self.inner.fs, &qdir.join(&name)).ok();
                     if let Some(d) = bytes.as_deref().and_then(|b| format::decode(b).ok()) {
                         keys.push(d.key.to_owned());
                     }
@@ -743,12 +759,8 @@ enum ReadError {
 
 /// Reads a record file without following symlinks, blocking on FIFOs or
 /// reading anything too large to be a record.
-fn read_record(path: &Path) -> Result<Vec<u8>, ReadError> {
-    let mut f = match OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)
-    {
+fn read_record(fs: &dyn FileSystem, path: &Path) -> Result<Vec<u8>, ReadError> {
+    let mut f = match fs.open(path, OpenMode::Read) {
         Ok(f) => f,
         Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
             return Err(ReadError::NotRecord("a symbolic link"));
@@ -756,25 +768,28 @@ fn read_record(path: &Path) -> Result<Vec<u8>, ReadError> {
         Err(e) => return Err(ReadError::Io(e)),
     };
     let meta = f.metadata().map_err(ReadError::Io)?;
-    if !meta.is_file() {
+    if !meta.is_file {
         return Err(ReadError::NotRecord("not a regular file"));
     }
-    if meta.len() > (MAX_RECORD_LEN + key::MAX_KEY_LEN + 64) as u64 {
+    if meta.len > (MAX_RECORD_LEN + key::MAX_KEY_LEN + 64) as u64 {
         return Err(ReadError::NotRecord("larger than any record"));
     }
-    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    let mut bytes = Vec::with_capacity(meta.len as usize);
     f.read_to_end(&mut bytes).map_err(ReadError::Io)?;
     Ok(bytes)
 }
 
 /// Removes the temporary file of a write that did not finish (unlink needs
 /// no space, so this works on a full filesystem too).
-struct Temporary(Option<PathBuf>);
+struct Temporary<'a> {
+    path: Option<PathBuf>,
+    fs: &'a dyn FileSystem,
+}
 
-impl Drop for Temporary {
+impl Drop for Temporary<'_> {
     fn drop(&mut self) {
-        if let Some(path) = &self.0 {
-            let _ = fs::remove_file(path);
+        if let Some(path) = &self.path {
+            let _ = self.fs.remove_file(path);
         }
     }
 }
@@ -782,109 +797,86 @@ impl Drop for Temporary {
 /// Renames `from` over `to`. When `to` existed its file is exchanged to
 /// `from` (true) rather than freed, so it can be reused; filesystems
 /// without `RENAME_EXCHANGE` get a plain rename.
-fn swap_into(from: &Path, to: &Path) -> io::Result<bool> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = |p: &Path| {
-        std::ffi::CString::new(p.as_os_str().as_bytes())
-            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
-    };
-    let (f, t) = (c(from)?, c(to)?);
-    // SAFETY: two valid path strings; renameat2 only reads them.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_renameat2,
-            libc::AT_FDCWD,
-            f.as_ptr(),
-            libc::AT_FDCWD,
-            t.as_ptr(),
-            libc::RENAME_EXCHANGE,
-        )
-    };
-    if r == 0 {
-        return Ok(true);
-    }
-    let e = io::Error::last_os_error();
-    match e.raw_os_error() {
+fn swap_into(fs: &dyn FileSystem, from: &Path, to: &Path) -> io::Result<bool> {
+    match fs.exchange(from, to) {
+        Ok(()) => Ok(true),
         // `to` absent, or no exchange here.
-        Some(libc::ENOENT | libc::EINVAL | libc::ENOSYS) => fs::rename(from, to).map(|()| false),
-        _ => Err(e),
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::ENOENT | libc::EINVAL | libc::ENOSYS)
+            ) =>
+        {
+            fs.rename(from, to).map(|()| false)
+        }
+        Err(e) => Err(e),
     }
 }
 
-/// Whether `dir` is on tmpfs or ramfs (whose fsync does nothing).
-fn in_memory_fs(dir: &Path) -> bool {
-    const TMPFS_MAGIC: i64 = 0x0102_1994;
-    const RAMFS_MAGIC: i64 = 0x8584_58f6;
-    let Ok(path) = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()) else {
-        return false;
+fn open_dir(fs: &dyn FileSystem, path: &Path) -> io::Result<Box<dyn FsFile>> {
+    fs.open(path, OpenMode::Directory)
+}
+
+/// Creates `dir` (mode 0700) and its missing parents, each new
+/// directory's entry synced into its parent: a parent created here and
+/// not synced could vanish in a power loss and take the store with it.
+fn make_dir(fs: &dyn FileSystem, dir: &Path) -> Result<(), StoreError> {
+    let parent_of = |d: &Path| match d.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
+        _ => PathBuf::from("."),
     };
-    let mut st = std::mem::MaybeUninit::<libc::statfs>::uninit();
-    // SAFETY: a valid path string and a buffer statfs fills on success.
-    if unsafe { libc::statfs(path.as_ptr(), st.as_mut_ptr()) } != 0 {
-        return false;
+    let mut missing = Vec::new();
+    let mut at = dir.to_owned();
+    while !fs.is_dir(&at) {
+        missing.push(at.clone());
+        match at.parent() {
+            Some(p) if !p.as_os_str().is_empty() => at = p.to_owned(),
+            _ => break,
+        }
     }
-    // SAFETY: statfs returned 0, so the buffer is initialised.
-    // f_type's integer type differs between architectures.
-    #[allow(clippy::unnecessary_cast)]
-    let f_type = unsafe { st.assume_init() }.f_type as i64;
-    f_type == TMPFS_MAGIC || f_type == RAMFS_MAGIC
-}
-
-fn open_dir(path: &Path) -> io::Result<File> {
-    OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_DIRECTORY)
-        .open(path)
-}
-
-/// Creates `dir` (mode 0700) and its parents; a new directory's entry is
-/// synced into its parent.
-fn make_dir(dir: &Path) -> Result<(), StoreError> {
-    if dir.is_dir() {
-        return Ok(());
+    for d in missing.iter().rev() {
+        match fs.create_dir(d) {
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && fs.is_dir(d) => {}
+            r => r.map_err(|e| StoreError::io("creating directory", d, e))?,
+        }
+        let parent = parent_of(d);
+        open_dir(fs, &parent)
+            .and_then(|h| h.sync_all())
+            .map_err(|e| StoreError::io("syncing directory", parent, e))?;
     }
-    DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .map_err(|e| StoreError::io("creating directory", dir, e))?;
-    let parent = match dir.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
-    open_dir(parent)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| StoreError::io("syncing directory", parent, e))
+    Ok(())
 }
 
 /// Removes every temporary file in every table directory; the lock is held,
 /// so they belong to writes that can no longer finish.
-fn remove_temporaries(tables_dir: &Path) -> Result<u64, StoreError> {
-    let listing = |dir: &Path| fs::read_dir(dir).map_err(|e| StoreError::io("listing", dir, e));
+fn remove_temporaries(fs: &dyn FileSystem, tables_dir: &Path) -> Result<u64, StoreError> {
+    let listing = |dir: &Path| {
+        fs.read_dir(dir)
+            .map_err(|e| StoreError::io("listing", dir, e))
+    };
     let mut removed = 0;
     for table in listing(tables_dir)? {
-        let table = table.map_err(|e| StoreError::io("listing", tables_dir, e))?;
-        if !table.file_type().is_ok_and(|t| t.is_dir()) {
+        if !table.is_dir {
             continue;
         }
-        let dir = table.path();
+        let dir = tables_dir.join(&table.name);
         let mut here = 0;
         for entry in listing(&dir)? {
-            let entry = entry.map_err(|e| StoreError::io("listing", &dir, e))?;
             if entry
-                .file_name()
+                .name
                 .to_str()
                 .is_some_and(|n| n.starts_with(TMP_PREFIX))
             {
-                match fs::remove_file(entry.path()) {
+                let path = dir.join(&entry.name);
+                match fs.remove_file(&path) {
                     Ok(()) => here += 1,
                     Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                    Err(e) => return Err(StoreError::io("removing", entry.path(), e)),
+                    Err(e) => return Err(StoreError::io("removing", path, e)),
                 }
             }
         }
         if here > 0 {
-            open_dir(&dir)
+            open_dir(fs, &dir)
                 .and_then(|d| d.sync_all())
                 .map_err(|e| StoreError::io("syncing directory", &dir, e))?;
         }

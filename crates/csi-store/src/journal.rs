@@ -28,17 +28,15 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::OsString;
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Write};
-use std::os::fd::AsRawFd;
+use std::io;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::format::crc32c;
+use crate::fs::{FileSystem, FsFile, OpenMode};
 use crate::group::GroupSync;
 use crate::key::TMP_PREFIX;
 
@@ -74,8 +72,9 @@ pub(crate) enum Change<'a> {
 
 #[derive(Debug)]
 pub(crate) struct Journal {
+    fs: Arc<dyn FileSystem>,
     path: PathBuf,
-    file: File,
+    file: Box<dyn FsFile>,
     state: Mutex<State>,
     sync: GroupSync,
     checkpoints: AtomicU64,
@@ -117,14 +116,18 @@ impl Journal {
     /// the record files under `tables_dir` and checkpoints.
     /// `Ok(None)` when there is none and no room to create one: nothing
     /// to replay, and the store then writes without a journal.
-    pub(crate) fn open(dir: &Path, tables_dir: &Path) -> io::Result<Option<(Journal, Replayed)>> {
+    pub(crate) fn open(
+        fs: &Arc<dyn FileSystem>,
+        dir: &Path,
+        tables_dir: &Path,
+    ) -> io::Result<Option<(Journal, Replayed)>> {
         let path = dir.join(JOURNAL_FILE);
-        let created = |dir, path| match create(dir, path) {
+        let created = |dir, path| match create(&**fs, dir, path) {
             Err(e) if crate::error::is_full(&e) => Ok(None),
             r => r.map(Some),
         };
-        let file = match OpenOptions::new().read(true).write(true).open(&path) {
-            Ok(f) if f.metadata()?.len() == LEN => f,
+        let file = match fs.open(&path, OpenMode::ReadWrite) {
+            Ok(f) if f.metadata()?.len == LEN => f,
             // Never a journal we wrote: ours are renamed in at full length.
             Ok(_) => match created(dir, &path)? {
                 Some(f) => f,
@@ -138,10 +141,11 @@ impl Journal {
         };
         // Only the last change of each file is kept while reading.
         let mut last: BTreeMap<(String, OsString), Option<Vec<u8>>> = BTreeMap::new();
-        let (epoch, entries) = read_entries(&file, |e| {
+        let (epoch, entries) = read_entries(&*file, |e| {
             last.insert((e.table, e.name), e.contents);
         })?;
         let journal = Journal {
+            fs: fs.clone(),
             path,
             file,
             state: Mutex::new(State {
@@ -161,7 +165,7 @@ impl Journal {
         let mut st = journal.lock();
         for ((table, name), contents) in last {
             let table_dir = tables_dir.join(&table);
-            if replay_one(&table_dir, &name, contents.as_deref())? {
+            if replay_one(&**fs, &table_dir, &name, contents.as_deref())? {
                 replayed.files_fixed += 1;
             }
             st.mark(table_dir, name, contents.is_some());
@@ -252,7 +256,7 @@ impl Journal {
     }
 
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
-        open_dir(dir)?.sync_all()?;
+        open_dir(&*self.fs, dir)?.sync_all()?;
         self.dir_syncs.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
@@ -265,15 +269,17 @@ impl Journal {
                 .flat_map(|(dir, names)| names.iter().map(move |name| dir.join(name)))
         };
         if live().count() > SYNCFS_ABOVE {
-            // SAFETY: syncfs on an open descriptor.
-            if unsafe { libc::syncfs(self.file.as_raw_fd()) } != 0 {
-                return Err(io::Error::last_os_error());
-            }
+            self.file.sync_filesystem()?;
         } else {
-            for path in live() {
-                sync_file(&path)?;
+            // In path order, so a simulated run replays the same steps.
+            let mut files: Vec<PathBuf> = live().collect();
+            files.sort();
+            for path in files {
+                sync_file(&*self.fs, &path)?;
             }
-            for dir in st.dirty.keys() {
+            let mut dirs: Vec<&PathBuf> = st.dirty.keys().collect();
+            dirs.sort();
+            for dir in dirs {
                 match self.sync_dir(dir) {
                     Err(e) if e.kind() == io::ErrorKind::NotFound => {}
                     r => r?,
@@ -345,7 +351,7 @@ pub(crate) struct Entry {
 /// The header's epoch (a fresh one if the header is unreadable) and how
 /// many entries count, each passed to `each`: read one at a time so
 /// opening costs little memory.
-fn read_entries(file: &File, mut each: impl FnMut(Entry)) -> io::Result<(u64, u64)> {
+fn read_entries(file: &dyn FsFile, mut each: impl FnMut(Entry)) -> io::Result<(u64, u64)> {
     let mut h = [0u8; 20];
     file.read_exact_at(&mut h, 0)?;
     let epoch = u64::from_le_bytes(h[8..16].try_into().expect("8 bytes"));
@@ -416,21 +422,24 @@ fn decode(e: &[u8], epoch: u64, seq: u64) -> Option<Entry> {
 }
 
 /// Makes `dir/name` hold `contents` (or be absent); true if it had to change.
-fn replay_one(dir: &Path, name: &OsString, contents: Option<&[u8]>) -> io::Result<bool> {
+fn replay_one(
+    fs: &dyn FileSystem,
+    dir: &Path,
+    name: &OsString,
+    contents: Option<&[u8]>,
+) -> io::Result<bool> {
     let path = dir.join(name);
     match contents {
-        None => match fs::remove_file(&path) {
+        None => match fs.remove_file(&path) {
             Ok(()) => Ok(true),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
             Err(e) => Err(e),
         },
         Some(bytes) => {
-            let same = OpenOptions::new()
-                .read(true)
-                .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-                .open(&path)
+            let same = fs
+                .open(&path, OpenMode::Read)
                 .and_then(|mut f| {
-                    if !f.metadata()?.is_file() {
+                    if !f.metadata()?.is_file {
                         return Ok(false);
                     }
                     let mut now = Vec::new();
@@ -441,75 +450,55 @@ fn replay_one(dir: &Path, name: &OsString, contents: Option<&[u8]>) -> io::Resul
             if same {
                 return Ok(false);
             }
-            match fs::DirBuilder::new().mode_0700().create(dir) {
+            match fs.create_dir(dir) {
                 Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
                 _ => {}
             }
             let tmp = dir.join(format!("{TMP_PREFIX}{}-replay", std::process::id()));
-            let mut f = OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(0o600)
-                .open(&tmp)?;
-            f.write_all(bytes)?;
+            let f = fs.open(&tmp, OpenMode::CreateTruncate)?;
+            f.write_all_at(bytes, 0)?;
             drop(f);
-            fs::rename(&tmp, &path)?;
+            fs.rename(&tmp, &path)?;
             Ok(true)
         }
-    }
-}
-
-trait Mode0700 {
-    fn mode_0700(&mut self) -> &mut Self;
-}
-
-impl Mode0700 for fs::DirBuilder {
-    fn mode_0700(&mut self) -> &mut Self {
-        std::os::unix::fs::DirBuilderExt::mode(self, 0o700)
     }
 }
 
 /// Creates the journal: zeros, then an empty first epoch, written under a
 /// temporary name and renamed so a cut-short creation is never taken for
 /// a journal.
-fn create(dir: &Path, path: &Path) -> io::Result<File> {
+fn create(fs: &dyn FileSystem, dir: &Path, path: &Path) -> io::Result<Box<dyn FsFile>> {
     let tmp = dir.join(format!("{JOURNAL_FILE}.new"));
-    let result = create_at(dir, &tmp, path);
+    let result = create_at(fs, dir, &tmp, path);
     if result.is_err() {
-        let _ = fs::remove_file(&tmp);
+        let _ = fs.remove_file(&tmp);
     }
     result
 }
 
-fn create_at(dir: &Path, tmp: &Path, path: &Path) -> io::Result<File> {
-    let mut f = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(tmp)?;
+fn create_at(
+    fs: &dyn FileSystem,
+    dir: &Path,
+    tmp: &Path,
+    path: &Path,
+) -> io::Result<Box<dyn FsFile>> {
+    let f = fs.open(tmp, OpenMode::CreateTruncate)?;
     let zeros = [0u8; 64 << 10];
-    let mut left = LEN;
-    while left > 0 {
-        let n = left.min(zeros.len() as u64) as usize;
-        f.write_all(&zeros[..n])?;
-        left -= n as u64;
+    let mut at = 0;
+    while at < LEN {
+        let n = (LEN - at).min(zeros.len() as u64) as usize;
+        f.write_all_at(&zeros[..n], at)?;
+        at += n as u64;
     }
     f.write_all_at(&header(1), 0)?;
     f.sync_all()?;
-    fs::rename(tmp, path)?;
-    open_dir(dir)?.sync_all()?;
+    fs.rename(tmp, path)?;
+    open_dir(fs, dir)?.sync_all()?;
     Ok(f)
 }
 
-fn sync_file(path: &Path) -> io::Result<()> {
-    match OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)
-    {
+fn sync_file(fs: &dyn FileSystem, path: &Path) -> io::Result<()> {
+    match fs.open(path, OpenMode::Read) {
         Ok(f) => f.sync_data(),
         // Deleted since, or not a file we wrote: nothing to flush.
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
@@ -518,16 +507,19 @@ fn sync_file(path: &Path) -> io::Result<()> {
     }
 }
 
-fn open_dir(path: &Path) -> io::Result<File> {
-    OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_DIRECTORY)
-        .open(path)
+fn open_dir(fs: &dyn FileSystem, path: &Path) -> io::Result<Box<dyn FsFile>> {
+    fs.open(path, OpenMode::Directory)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fs::RealFs;
+    use std::fs;
+
+    fn real() -> Arc<dyn FileSystem> {
+        Arc::new(RealFs)
+    }
 
     fn name(s: &str) -> OsString {
         OsString::from(s)
@@ -571,7 +563,9 @@ mod tests {
     #[test]
     fn replay_makes_the_files_match_and_stops_at_a_torn_tail() {
         let (tmp, tables) = setup();
-        let (j, _) = Journal::open(tmp.path(), &tables).unwrap().unwrap();
+        let (j, _) = Journal::open(&real(), tmp.path(), &tables)
+            .unwrap()
+            .unwrap();
         put(&j, &tables, "a", b"one");
         put(&j, &tables, "b", b"two");
         put(&j, &tables, "a", b"three");
@@ -582,7 +576,9 @@ mod tests {
         let torn = encode(j.lock().epoch, 3, "t", &name("c"), Change::Put(b"four"));
         j.file.write_all_at(&torn[..torn.len() - 2], head).unwrap();
         drop(j);
-        let (j, replayed) = Journal::open(tmp.path(), &tables).unwrap().unwrap();
+        let (j, replayed) = Journal::open(&real(), tmp.path(), &tables)
+            .unwrap()
+            .unwrap();
         assert_eq!(replayed.entries, 3);
         assert_eq!(replayed.files_fixed, 2);
         assert_eq!(fs::read(tables.join("t/a")).unwrap(), b"three");
@@ -592,7 +588,9 @@ mod tests {
         drop(j);
         // Checkpointed: the old entries are never replayed again.
         fs::write(tables.join("t/a"), b"changed by hand").unwrap();
-        let (_j, replayed) = Journal::open(tmp.path(), &tables).unwrap().unwrap();
+        let (_j, replayed) = Journal::open(&real(), tmp.path(), &tables)
+            .unwrap()
+            .unwrap();
         assert_eq!(replayed.entries, 0);
         assert_eq!(fs::read(tables.join("t/a")).unwrap(), b"changed by hand");
     }
@@ -600,7 +598,9 @@ mod tests {
     #[test]
     fn a_full_journal_is_checkpointed_and_reused() {
         let (tmp, tables) = setup();
-        let (j, _) = Journal::open(tmp.path(), &tables).unwrap().unwrap();
+        let (j, _) = Journal::open(&real(), tmp.path(), &tables)
+            .unwrap()
+            .unwrap();
         let value = vec![b'x'; 10_000];
         for i in 0..300 {
             put(&j, &tables, &format!("k{}", i % 7), &value);
@@ -608,7 +608,9 @@ mod tests {
         assert!(j.checkpoints() >= 3, "{} checkpoints", j.checkpoints());
         assert_eq!(j.syncs(), 300);
         drop(j);
-        let (_j, replayed) = Journal::open(tmp.path(), &tables).unwrap().unwrap();
+        let (_j, replayed) = Journal::open(&real(), tmp.path(), &tables)
+            .unwrap()
+            .unwrap();
         assert!(replayed.entries < 110);
         assert_eq!(replayed.files_fixed, 0);
     }
@@ -616,12 +618,16 @@ mod tests {
     #[test]
     fn a_bad_header_means_an_empty_journal() {
         let (tmp, tables) = setup();
-        let (j, _) = Journal::open(tmp.path(), &tables).unwrap().unwrap();
+        let (j, _) = Journal::open(&real(), tmp.path(), &tables)
+            .unwrap()
+            .unwrap();
         put(&j, &tables, "a", b"one");
         j.file.write_all_at(b"garbage!", 0).unwrap();
         drop(j);
         fs::remove_file(tables.join("t/a")).unwrap();
-        let (_j, replayed) = Journal::open(tmp.path(), &tables).unwrap().unwrap();
+        let (_j, replayed) = Journal::open(&real(), tmp.path(), &tables)
+            .unwrap()
+            .unwrap();
         assert_eq!(replayed.entries, 0);
         assert!(!tables.join("t/a").exists());
     }
@@ -630,21 +636,27 @@ mod tests {
     fn a_short_journal_is_made_anew() {
         let (tmp, tables) = setup();
         fs::write(tmp.path().join(JOURNAL_FILE), b"CSIJHDR1").unwrap();
-        let (j, replayed) = Journal::open(tmp.path(), &tables).unwrap().unwrap();
+        let (j, replayed) = Journal::open(&real(), tmp.path(), &tables)
+            .unwrap()
+            .unwrap();
         assert_eq!(replayed.entries, 0);
-        assert_eq!(j.file.metadata().unwrap().len(), LEN);
+        assert_eq!(j.file.metadata().unwrap().len, LEN);
     }
 
     #[test]
     fn records_too_big_to_journal_are_written_directly() {
         let (tmp, tables) = setup();
-        let (j, _) = Journal::open(tmp.path(), &tables).unwrap().unwrap();
+        let (j, _) = Journal::open(&real(), tmp.path(), &tables)
+            .unwrap()
+            .unwrap();
         put(&j, &tables, "a", b"small");
         let big = vec![b'y'; MAX_ENTRY + 1];
         put(&j, &tables, "a", &big);
         assert_eq!(j.checkpoints(), 2, "the big write checkpoints first");
         drop(j);
-        let (_j, replayed) = Journal::open(tmp.path(), &tables).unwrap().unwrap();
+        let (_j, replayed) = Journal::open(&real(), tmp.path(), &tables)
+            .unwrap()
+            .unwrap();
         assert_eq!(replayed.entries, 0);
         assert_eq!(fs::read(tables.join("t/a")).unwrap(), big);
     }

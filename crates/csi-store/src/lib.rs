@@ -14,6 +14,9 @@
 //!   are removed when the store closes. Opening it takes an exclusive lock on the
 //!   directory ([`StoreError::Locked`] for a second instance) and removes
 //!   temporary files of interrupted writes.
+//! - Every file operation goes through [`FileSystem`] ([`RealFs`] unless
+//!   [`FileStore::open_on`] is given another); feature `testing` adds
+//!   `testing::SimFs`, which models what a crash keeps.
 //! - [`MemStore`] is the in-memory fake beside it, with injectable faults,
 //!   for drivers' unit tests; both implement [`RecordStore`], the seam.
 //! - [`Table`] gives typed records: [`Json`] (serde) or [`Prost`]
@@ -73,11 +76,14 @@ mod codec;
 mod error;
 mod file;
 mod format;
+mod fs;
 mod group;
 mod journal;
 mod key;
 mod lock;
 mod mem;
+#[cfg(feature = "testing")]
+mod sim_fs;
 mod store;
 mod table;
 
@@ -85,8 +91,17 @@ pub use cached::CachedTable;
 pub use codec::{Codec, CodecId, Json, Prost};
 pub use error::StoreError;
 pub use file::{FileStore, Stats};
+pub use fs::{DirEntry, FileMeta, FileSystem, FsFile, OpenMode, RealFs};
 pub use key::{MAX_KEY_LEN, MAX_TABLE_LEN, check_key, check_table};
 pub use lock::{DirLock, LOCK_FILE};
 pub use mem::MemStore;
 pub use store::{MAX_RECORD_LEN, Quarantined, RawRecord, RawScan, RecordStore};
 pub use table::{Scan, Table};
+
+/// Test support (feature `testing`): [`testing::SimFs`], a simulated
+/// filesystem under [`FileStore::open_on`] that fails or crashes at any
+/// effect and keeps what a real crash keeps.
+#[cfg(feature = "testing")]
+pub mod testing {
+    pub use crate::sim_fs::{CrashKeep, FsEffect, FsHook, SimFs};
+}

@@ -1,12 +1,9 @@
 //! The exclusive lock on a state directory.
 
-use std::fs::{File, OpenOptions};
-use std::io::{self, Read, Write};
-use std::os::fd::AsRawFd;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use crate::error::StoreError;
+use crate::fs::{FileSystem, FsFile, OpenMode, RealFs};
 
 /// The lock file's name inside the state directory.
 pub const LOCK_FILE: &str = "LOCK";
@@ -20,7 +17,7 @@ pub const LOCK_FILE: &str = "LOCK";
 #[derive(Debug)]
 pub struct DirLock {
     // Held open for the lock; closing it releases the lock.
-    _file: File,
+    _file: Box<dyn FsFile>,
     path: PathBuf,
 }
 
@@ -28,41 +25,37 @@ impl DirLock {
     /// Takes the lock on `dir` (which must exist), or returns
     /// [`StoreError::Locked`] at once if another holder has it.
     pub fn acquire(dir: &Path) -> Result<DirLock, StoreError> {
+        Self::acquire_on(&RealFs, dir)
+    }
+
+    /// [`acquire`](Self::acquire) on the filesystem `fs`.
+    pub fn acquire_on(fs: &dyn FileSystem, dir: &Path) -> Result<DirLock, StoreError> {
         let path = dir.join(LOCK_FILE);
-        let mut file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .open(&path)
+        let mut file = fs
+            .open(&path, OpenMode::CreateKeep)
             .map_err(|e| StoreError::io("opening lock file", &path, e))?;
-        loop {
-            // SAFETY: flock on a descriptor we own; no memory involved.
-            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-                break;
+        match file.try_lock_exclusive() {
+            Ok(true) => {}
+            Ok(false) => {
+                let mut text = Vec::new();
+                let pid = file
+                    .read_to_end(&mut text)
+                    .ok()
+                    .and_then(|_| String::from_utf8_lossy(&text).trim().parse().ok());
+                return Err(StoreError::Locked {
+                    dir: dir.to_owned(),
+                    pid,
+                });
             }
-            let e = io::Error::last_os_error();
-            match e.raw_os_error() {
-                Some(libc::EINTR) => continue,
-                Some(libc::EWOULDBLOCK) => {
-                    let mut text = String::new();
-                    let pid = file
-                        .read_to_string(&mut text)
-                        .ok()
-                        .and_then(|_| text.trim().parse().ok());
-                    return Err(StoreError::Locked {
-                        dir: dir.to_owned(),
-                        pid,
-                    });
-                }
-                _ => return Err(StoreError::io("locking", &path, e)),
-            }
+            Err(e) => return Err(StoreError::io("locking", &path, e)),
         }
         // Who holds it, for the next instance's message. Best effort: on a
         // full disk the lock still counts, only the pid is missing.
         let pid = format!("{}\n", std::process::id());
-        if let Err(e) = file.set_len(0).and_then(|_| file.write_all(pid.as_bytes())) {
+        if let Err(e) = file
+            .set_len(0)
+            .and_then(|_| file.write_all_at(pid.as_bytes(), 0))
+        {
             tracing::debug!(path = %path.display(), error = %e, "could not record the pid in the lock file");
         }
         Ok(DirLock { _file: file, path })

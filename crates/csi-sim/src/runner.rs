@@ -1,0 +1,617 @@
+//! The runner: a workload is run once to count its steps, then once per
+//! step and fault with that fault planned, restarting the driver after a
+//! crash and retrying calls the way the CO does, checking the invariants
+//! after every call that got its final answer.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use csi_driver::{CallContext, Controller, CsiError, GroupController, Method, Node};
+use csi_node::testing::requests::{cap, publish_req, stage_req, unpublish_req, unstage_req};
+use csi_proto::v1::volume_capability::access_mode::Mode;
+use csi_proto::v1::*;
+
+use crate::targets::NODE_ID;
+use crate::workload::{Call, Content, SimWorkload};
+use crate::world::{FAULTS, SimFault, World};
+
+/// What the runner reads of the driver's data besides its answers: every
+/// volume's and snapshot's data by id, with the id its data says it was
+/// made for.
+pub trait DataView: Send + Sync {
+    /// Volume data: id → owner.
+    fn volumes(&self) -> BTreeMap<String, String>;
+    /// Snapshot data: id → owner.
+    fn snapshots(&self) -> BTreeMap<String, String>;
+}
+
+/// A started driver: its services and a view of its data.
+pub struct Services {
+    /// The Controller service.
+    pub controller: Arc<dyn Controller>,
+    /// The GroupController service, if it has one.
+    pub group: Option<Arc<dyn GroupController>>,
+    /// The Node service.
+    pub node: Arc<dyn Node>,
+    /// Its data.
+    pub data: Arc<dyn DataView>,
+}
+
+/// What a [`Start`] returns: the started driver, once its startup
+/// recovery (async in csi-controller) has run.
+pub type Started = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Services, String>>>>;
+
+/// Starts a driver on a world (at first and after every crash): opens its
+/// state, runs its startup recovery and returns its services.
+pub type Start = dyn Fn(&World) -> Started + Sync;
+
+/// How many times the CO tries one call before the run counts it as never
+/// answered (Kubernetes retries forever with backoff; one fault needs a
+/// few, a crash one more for the restart).
+pub const MAX_ATTEMPTS: usize = 8;
+
+/// An invariant that did not hold, with the run that shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    /// The workload.
+    pub workload: String,
+    /// The step the fault was planned at (`None`: the run without one).
+    pub step: Option<u64>,
+    /// The fault.
+    pub fault: Option<SimFault>,
+    /// What broke.
+    pub what: String,
+}
+
+impl Violation {
+    /// The replay triple, `workload:step:fault`.
+    pub fn replay_spec(&self) -> String {
+        match (self.step, self.fault) {
+            (Some(s), Some(f)) => format!("{}:{s}:{f}", self.workload),
+            _ => format!("{}:-:-", self.workload),
+        }
+    }
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} (replay with CSI_SIM_REPLAY={}): {}",
+            self.replay_spec(),
+            self.replay_spec(),
+            self.what
+        )
+    }
+}
+
+/// What a campaign covered and found.
+#[derive(Debug, Clone, Default)]
+pub struct SimReport {
+    /// Steps of each workload's run without faults.
+    pub steps: Vec<(String, u64)>,
+    /// Steps of the driver's start (the same in every workload, so
+    /// explored with the first workload only; 0 until then).
+    pub start_steps: u64,
+    /// Runs executed (with and without faults).
+    pub runs: u64,
+    /// Runs whose planned step was never reached (the run took another
+    /// path than the counting run).
+    pub unreached: u64,
+    /// Invariant violations.
+    pub violations: Vec<Violation>,
+}
+
+impl fmt::Display for SimReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "driver start: {} steps x {} faults (explored once)",
+            self.start_steps,
+            FAULTS.len()
+        )?;
+        for (w, s) in &self.steps {
+            writeln!(f, "workload {w}: {s} steps x {} faults", FAULTS.len())?;
+        }
+        writeln!(
+            f,
+            "runs executed: {} ({} with the planned step unreached); invariant violations: {}",
+            self.runs,
+            self.unreached,
+            self.violations.len()
+        )?;
+        for v in &self.violations {
+            writeln!(f, "  {v}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Runs workloads against a driver.
+pub struct SimRunner<'a> {
+    start: &'a Start,
+    rt: tokio::runtime::Runtime,
+}
+
+impl<'a> SimRunner<'a> {
+    /// A runner for the driver `start` starts.
+    pub fn new(start: &'a Start) -> Self {
+        SimRunner {
+            start,
+            rt: tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a tokio runtime"),
+        }
+    }
+
+    /// Every step of `workload` with every fault; a replay of one run
+    /// instead when `CSI_SIM_REPLAY` names one of this workload.
+    pub fn explore(&self, workload: &SimWorkload, report: &mut SimReport) {
+        if let Ok(spec) = std::env::var("CSI_SIM_REPLAY") {
+            if spec.split(':').next() == Some(workload.name) {
+                match self.replay(workload, &spec) {
+                    Ok((trace, violations)) => {
+                        for line in trace {
+                            eprintln!("{line}");
+                        }
+                        report.runs += 1;
+                        report.violations.extend(violations);
+                    }
+                    Err(e) => panic!("CSI_SIM_REPLAY={spec}: {e}"),
+                }
+            }
+            return;
+        }
+        let (steps, start_steps, violations) = self.run(workload, None);
+        report.runs += 1;
+        report.violations.extend(violations);
+        report.steps.push((workload.name.to_owned(), steps));
+        // The start is the same in every workload: explored once.
+        let first = match report.start_steps {
+            0 => 0,
+            _ => start_steps,
+        };
+        report.start_steps = start_steps;
+        for k in first..steps {
+            for fault in FAULTS {
+                let world = self.run_world(workload, Some((k, fault)), report);
+                if world.is_some_and(|w| w.fired().is_none()) {
+                    report.unreached += 1;
+                }
+            }
+        }
+    }
+
+    /// One run named `workload:step:fault`, with its trace.
+    pub fn replay(
+        &self,
+        workload: &SimWorkload,
+        spec: &str,
+    ) -> Result<(Vec<String>, Vec<Violation>), String> {
+        let mut parts = spec.split(':');
+        let (Some(_), Some(step), Some(fault), None) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return Err("expected workload:step:fault".into());
+        };
+        let step: u64 = step.parse().map_err(|e| format!("step {step:?}: {e}"))?;
+        let fault: SimFault = fault.parse().map_err(|e| format!("{e}"))?;
+        let world = World::new(Some((step, fault))).map_err(|e| e.to_string())?;
+        world.trace();
+        let (violations, _) = self.run_in(&world, workload, Some((step, fault)));
+        Ok((world.traced(), violations))
+    }
+
+    /// One run, counted in `report`; its world.
+    fn run_world(
+        &self,
+        workload: &SimWorkload,
+        plan: Option<(u64, SimFault)>,
+        report: &mut SimReport,
+    ) -> Option<World> {
+        report.runs += 1;
+        let world = match World::new(plan) {
+            Ok(w) => w,
+            Err(e) => {
+                report
+                    .violations
+                    .push(violation(workload, plan, format!("no world: {e}")));
+                return None;
+            }
+        };
+        let (violations, _) = self.run_in(&world, workload, plan);
+        report.violations.extend(violations);
+        Some(world)
+    }
+
+    /// One run; its steps, the steps of the driver's first start, and
+    /// its violations.
+    fn run(
+        &self,
+        workload: &SimWorkload,
+        plan: Option<(u64, SimFault)>,
+    ) -> (u64, u64, Vec<Violation>) {
+        let world = match World::new(plan) {
+            Ok(w) => w,
+            Err(e) => {
+                return (
+                    0,
+                    0,
+                    vec![violation(workload, plan, format!("no world: {e}"))],
+                );
+            }
+        };
+        let (violations, start_steps) = self.run_in(&world, workload, plan);
+        (world.steps(), start_steps, violations)
+    }
+
+    fn run_in(
+        &self,
+        world: &World,
+        workload: &SimWorkload,
+        plan: Option<(u64, SimFault)>,
+    ) -> (Vec<Violation>, u64) {
+        let mut co = Co {
+            world: world.clone(),
+            start: self.start,
+            services: None,
+            model: Model::default(),
+            start_steps: None,
+        };
+        let mut found = Vec::new();
+        self.rt.block_on(async {
+            for (i, call) in workload.calls.iter().enumerate() {
+                if let Err(e) = co.perform(call).await {
+                    found.push(format!("call {i} ({call:?}): {e}"));
+                    return;
+                }
+                if let Err(e) = co.check().await {
+                    found.push(format!("after call {i} ({call:?}): {e}"));
+                    return;
+                }
+            }
+        });
+        let found = found
+            .into_iter()
+            .map(|what| violation(workload, plan, what))
+            .collect();
+        (found, co.start_steps.unwrap_or(0))
+    }
+}
+
+fn violation(workload: &SimWorkload, plan: Option<(u64, SimFault)>, what: String) -> Violation {
+    Violation {
+        workload: workload.name.to_owned(),
+        step: plan.map(|p| p.0),
+        fault: plan.map(|p| p.1),
+        what,
+    }
+}
+
+/// What the CO believes: what it created and what kubelet has set up.
+#[derive(Debug, Default)]
+pub(crate) struct Model {
+    pub(crate) volumes: BTreeMap<&'static str, String>,
+    pub(crate) snapshots: BTreeMap<&'static str, String>,
+    pub(crate) groups: BTreeMap<&'static str, (String, Vec<String>)>,
+    pub(crate) staged: BTreeSet<&'static str>,
+    pub(crate) published: BTreeMap<(&'static str, &'static str), bool>,
+}
+
+pub(crate) struct Co<'a> {
+    pub(crate) world: World,
+    start: &'a Start,
+    services: Option<Services>,
+    pub(crate) model: Model,
+    /// Steps made when the driver first started.
+    start_steps: Option<u64>,
+}
+
+/// One attempt's answer: OK, or an error worth retrying.
+type Answer = Result<(), CsiError>;
+
+impl Co<'_> {
+    pub(crate) fn staging(&self, pv: &str) -> PathBuf {
+        self.world.host_dir().join("kubelet/staging").join(pv)
+    }
+
+    pub(crate) fn target(&self, pv: &str, pod: &str) -> PathBuf {
+        self.world
+            .host_dir()
+            .join("kubelet/pods")
+            .join(pod)
+            .join(pv)
+            .join("mount")
+    }
+
+    pub(crate) fn id(&self, pv: &str) -> String {
+        self.model.volumes.get(pv).cloned().unwrap_or_default()
+    }
+
+    /// The driver, started (again) when it is not running.
+    pub(crate) async fn services(&mut self) -> Result<&Services, String> {
+        if self.world.crashed() {
+            self.services = None;
+            self.world.restart();
+        }
+        if self.services.is_none() {
+            let mut last = String::new();
+            for _ in 0..MAX_ATTEMPTS {
+                match (self.start)(&self.world).await {
+                    Ok(s) => {
+                        self.services = Some(s);
+                        self.start_steps.get_or_insert(self.world.steps());
+                        break;
+                    }
+                    Err(e) => {
+                        last = e;
+                        if self.world.crashed() {
+                            self.world.restart();
+                        }
+                    }
+                }
+            }
+            if self.services.is_none() {
+                return Err(format!("the driver does not start: {last}"));
+            }
+        }
+        Ok(self.services.as_ref().expect("started above"))
+    }
+
+    /// Retries `call` until it is answered OK, as the CO does.
+    async fn perform(&mut self, call: &Call) -> Result<(), String> {
+        let mut call = call.clone();
+        let mut last = String::new();
+        for _ in 0..MAX_ATTEMPTS {
+            let answer = self.attempt(&call).await?;
+            if self.world.crashed() {
+                self.services = None;
+                last = format!("driver crashed ({answer:?})");
+                continue;
+            }
+            match answer {
+                Ok(()) => return Ok(()),
+                Err(e) => {
+                    last = e.to_string();
+                    if let Call::Publish {
+                        pv,
+                        pod,
+                        deleted_if_uncertain: true,
+                        ..
+                    } = call
+                    {
+                        // The pod is gone: tear its publication down.
+                        call = Call::Unpublish(pv, pod);
+                    }
+                }
+            }
+        }
+        Err(format!(
+            "no final answer after {MAX_ATTEMPTS} attempts: {last}"
+        ))
+    }
+
+    async fn attempt(&mut self, call: &Call) -> Result<Answer, String> {
+        let ctx = |m| CallContext::detached(0, m);
+        let mount_cap = || cap(false, Mode::SingleNodeWriter, &[]);
+        let s = self.services().await?;
+        let (controller, node, group) = (s.controller.clone(), s.node.clone(), s.group.clone());
+        Ok(match call {
+            Call::CreateVolume { pv, size, from } => {
+                let source = match from {
+                    None => None,
+                    Some(Content::Snapshot(n)) => Some(
+                        csi_controller::ContentSource::Snapshot(
+                            self.model.snapshots.get(n).cloned().unwrap_or_default(),
+                        )
+                        .message(),
+                    ),
+                    Some(Content::Volume(n)) => {
+                        Some(csi_controller::ContentSource::Volume(self.id(n)).message())
+                    }
+                };
+                let req = CreateVolumeRequest {
+                    name: (*pv).into(),
+                    capacity_range: Some(CapacityRange {
+                        required_bytes: *size,
+                        limit_bytes: 0,
+                    }),
+                    volume_capabilities: vec![mount_cap()],
+                    volume_content_source: source,
+                    ..Default::default()
+                };
+                match controller
+                    .create_volume(&ctx(Method::CreateVolume), req)
+                    .await
+                {
+                    Ok(r) => {
+                        let id = r.volume.map(|v| v.volume_id).unwrap_or_default();
+                        self.model.volumes.insert(pv, id);
+                        Ok(())
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+            Call::DeleteVolume(pv) => {
+                let req = DeleteVolumeRequest {
+                    volume_id: self.id(pv),
+                    ..Default::default()
+                };
+                let r = controller
+                    .delete_volume(&ctx(Method::DeleteVolume), req)
+                    .await;
+                r.map(|_| {
+                    self.model.volumes.remove(pv);
+                })
+            }
+            Call::ControllerPublish(pv) => {
+                let req = ControllerPublishVolumeRequest {
+                    volume_id: self.id(pv),
+                    node_id: NODE_ID.into(),
+                    volume_capability: Some(mount_cap()),
+                    ..Default::default()
+                };
+                let r = controller
+                    .controller_publish_volume(&ctx(Method::ControllerPublishVolume), req)
+                    .await;
+                r.map(drop)
+            }
+            Call::ControllerUnpublish(pv) => {
+                let req = ControllerUnpublishVolumeRequest {
+                    volume_id: self.id(pv),
+                    node_id: NODE_ID.into(),
+                    ..Default::default()
+                };
+                let r = controller
+                    .controller_unpublish_volume(&ctx(Method::ControllerUnpublishVolume), req)
+                    .await;
+                r.map(drop)
+            }
+            Call::Stage(pv) => {
+                let staging = self.staging(pv);
+                let _ = std::fs::create_dir_all(staging.parent().expect("a parent"));
+                let req = stage_req(&self.id(pv), &staging, mount_cap());
+                let r = node
+                    .node_stage_volume(&ctx(Method::NodeStageVolume), req)
+                    .await;
+                r.map(|_| {
+                    self.model.staged.insert(pv);
+                })
+            }
+            Call::Unstage(pv) => {
+                let req = unstage_req(&self.id(pv), &self.staging(pv));
+                let r = node
+                    .node_unstage_volume(&ctx(Method::NodeUnstageVolume), req)
+                    .await;
+                r.map(|_| {
+                    self.model.staged.remove(pv);
+                })
+            }
+            Call::Publish {
+                pv, pod, readonly, ..
+            } => {
+                let target = self.target(pv, pod);
+                let _ = std::fs::create_dir_all(target.parent().expect("a parent"));
+                let mut req = publish_req(&self.id(pv), &self.staging(pv), &target, mount_cap());
+                req.readonly = *readonly;
+                let r = node
+                    .node_publish_volume(&ctx(Method::NodePublishVolume), req)
+                    .await;
+                r.map(|_| {
+                    self.model.published.insert((pv, pod), *readonly);
+                })
+            }
+            Call::Unpublish(pv, pod) => {
+                let req = unpublish_req(&self.id(pv), &self.target(pv, pod));
+                let r = node
+                    .node_unpublish_volume(&ctx(Method::NodeUnpublishVolume), req)
+                    .await;
+                r.map(|_| {
+                    self.model.published.remove(&(*pv, *pod));
+                })
+            }
+            Call::Expand { pv, pod, size } => {
+                let range = Some(CapacityRange {
+                    required_bytes: *size,
+                    limit_bytes: 0,
+                });
+                let req = ControllerExpandVolumeRequest {
+                    volume_id: self.id(pv),
+                    capacity_range: range,
+                    volume_capability: Some(mount_cap()),
+                    ..Default::default()
+                };
+                let r = controller
+                    .controller_expand_volume(&ctx(Method::ControllerExpandVolume), req)
+                    .await;
+                match r {
+                    Ok(resp) if resp.node_expansion_required => {
+                        let req = NodeExpandVolumeRequest {
+                            volume_id: self.id(pv),
+                            volume_path: self.target(pv, pod).to_string_lossy().into(),
+                            staging_target_path: self.staging(pv).to_string_lossy().into(),
+                            capacity_range: range,
+                            volume_capability: Some(mount_cap()),
+                            ..Default::default()
+                        };
+                        let r = node
+                            .node_expand_volume(&ctx(Method::NodeExpandVolume), req)
+                            .await;
+                        r.map(drop)
+                    }
+                    r => r.map(drop),
+                }
+            }
+            Call::CreateSnapshot(snap, pv) => {
+                let req = CreateSnapshotRequest {
+                    source_volume_id: self.id(pv),
+                    name: (*snap).into(),
+                    ..Default::default()
+                };
+                match controller
+                    .create_snapshot(&ctx(Method::CreateSnapshot), req)
+                    .await
+                {
+                    Ok(r) => {
+                        let id = r.snapshot.map(|s| s.snapshot_id).unwrap_or_default();
+                        self.model.snapshots.insert(snap, id);
+                        Ok(())
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+            Call::DeleteSnapshot(snap) => {
+                let req = DeleteSnapshotRequest {
+                    snapshot_id: self.model.snapshots.get(snap).cloned().unwrap_or_default(),
+                    ..Default::default()
+                };
+                let r = controller
+                    .delete_snapshot(&ctx(Method::DeleteSnapshot), req)
+                    .await;
+                r.map(|_| {
+                    self.model.snapshots.remove(snap);
+                })
+            }
+            Call::CreateGroup(name, pvs) => {
+                let group = group.ok_or("the driver has no GroupController")?;
+                let req = CreateVolumeGroupSnapshotRequest {
+                    name: (*name).into(),
+                    source_volume_ids: pvs.iter().map(|p| self.id(p)).collect(),
+                    ..Default::default()
+                };
+                match group
+                    .create_volume_group_snapshot(&ctx(Method::CreateVolumeGroupSnapshot), req)
+                    .await
+                {
+                    Ok(r) => {
+                        let g = r.group_snapshot.unwrap_or_default();
+                        let members = g.snapshots.into_iter().map(|s| s.snapshot_id).collect();
+                        self.model
+                            .groups
+                            .insert(name, (g.group_snapshot_id, members));
+                        Ok(())
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+            Call::DeleteGroup(name) => {
+                let group = group.ok_or("the driver has no GroupController")?;
+                let (id, members) = self.model.groups.get(name).cloned().unwrap_or_default();
+                let req = DeleteVolumeGroupSnapshotRequest {
+                    group_snapshot_id: id,
+                    snapshot_ids: members,
+                    ..Default::default()
+                };
+                let r = group
+                    .delete_volume_group_snapshot(&ctx(Method::DeleteVolumeGroupSnapshot), req)
+                    .await;
+                r.map(|_| {
+                    self.model.groups.remove(name);
+                })
+            }
+        })
+    }
+}

@@ -1,0 +1,249 @@
+//! The file-operation seam under [`crate::FileStore`]: every system call
+//! the store makes goes through [`FileSystem`] and [`FsFile`], so a test
+//! can run the store on a simulated filesystem that fails or crashes at
+//! any step (`testing::SimFs`, feature `testing`). [`RealFs`] is the
+//! default: the calls the store always made, behind one virtual call each
+//! (its cost is nothing next to the system call itself).
+
+use std::ffi::OsString;
+use std::fmt;
+use std::fs::{self, DirBuilder, File, OpenOptions};
+use std::io::{self, Read};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
+use std::path::Path;
+
+/// How a file is opened; the store needs only these.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpenMode {
+    /// Read only, never following a symlink (`ELOOP`) nor blocking on a FIFO.
+    Read,
+    /// Write an existing file, never following a symlink.
+    Write,
+    /// Create a file that must not exist (mode 0600), for writing.
+    CreateNew,
+    /// Read and write an existing file.
+    ReadWrite,
+    /// Read and write, created (mode 0600) or truncated.
+    CreateTruncate,
+    /// Read and write, created (mode 0600) if missing, never truncated.
+    CreateKeep,
+    /// A directory, for fsync.
+    Directory,
+}
+
+/// What [`FsFile::metadata`] tells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileMeta {
+    /// A regular file.
+    pub is_file: bool,
+    /// Its size in bytes.
+    pub len: u64,
+}
+
+/// One entry of [`FileSystem::read_dir`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirEntry {
+    /// Its name.
+    pub name: OsString,
+    /// Whether it is a directory (never following a symlink).
+    pub is_dir: bool,
+}
+
+/// An open file or directory.
+pub trait FsFile: Send + Sync + fmt::Debug {
+    /// Reads exactly `buf.len()` bytes at `offset`.
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
+    /// Reads from the current position to the end.
+    fn read_to_end(&mut self, buf: &mut Vec<u8>) -> io::Result<usize>;
+    /// Writes all of `buf` at `offset`.
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
+    /// Truncates or extends the file.
+    fn set_len(&self, len: u64) -> io::Result<()>;
+    /// `fdatasync(2)`.
+    fn sync_data(&self) -> io::Result<()>;
+    /// `fsync(2)` (of a directory: its entries).
+    fn sync_all(&self) -> io::Result<()>;
+    /// Kind and size.
+    fn metadata(&self) -> io::Result<FileMeta>;
+    /// Takes an exclusive `flock` without waiting: false when another
+    /// open file holds it.
+    fn try_lock_exclusive(&self) -> io::Result<bool>;
+    /// `syncfs(2)` of the filesystem holding this file.
+    fn sync_filesystem(&self) -> io::Result<()>;
+}
+
+/// The path operations of the store (paths are never followed through a
+/// final symlink where [`OpenMode`] says so).
+pub trait FileSystem: Send + Sync + fmt::Debug + 'static {
+    /// Opens `path` as `mode` says.
+    fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Box<dyn FsFile>>;
+    /// Creates one directory (mode 0700); `AlreadyExists` if present.
+    fn create_dir(&self, path: &Path) -> io::Result<()>;
+    /// Whether `path` is a directory.
+    fn is_dir(&self, path: &Path) -> bool;
+    /// `rename(2)`.
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
+    /// `renameat2(RENAME_EXCHANGE)`: `ENOENT` when `to` is absent,
+    /// `EINVAL` or `ENOSYS` where the filesystem cannot.
+    fn exchange(&self, from: &Path, to: &Path) -> io::Result<()>;
+    /// `unlink(2)`.
+    fn remove_file(&self, path: &Path) -> io::Result<()>;
+    /// The entries of a directory, in no particular order.
+    fn read_dir(&self, path: &Path) -> io::Result<Vec<DirEntry>>;
+    /// Whether fsync does nothing here (tmpfs, ramfs): the store then
+    /// keeps no journal.
+    fn in_memory(&self, dir: &Path) -> bool;
+}
+
+/// The host's filesystem: what the store runs on outside tests.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RealFs;
+
+impl FsFile for File {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        FileExt::read_exact_at(self, buf, offset)
+    }
+    fn read_to_end(&mut self, buf: &mut Vec<u8>) -> io::Result<usize> {
+        Read::read_to_end(self, buf)
+    }
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        FileExt::write_all_at(self, buf, offset)
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        File::set_len(self, len)
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        File::sync_data(self)
+    }
+    fn sync_all(&self) -> io::Result<()> {
+        File::sync_all(self)
+    }
+    fn metadata(&self) -> io::Result<FileMeta> {
+        let m = File::metadata(self)?;
+        Ok(FileMeta {
+            is_file: m.is_file(),
+            len: m.len(),
+        })
+    }
+    fn try_lock_exclusive(&self) -> io::Result<bool> {
+        loop {
+            // SAFETY: flock on a descriptor we own; no memory involved.
+            if unsafe { libc::flock(self.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+                return Ok(true);
+            }
+            let e = io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::EINTR) => continue,
+                Some(libc::EWOULDBLOCK) => return Ok(false),
+                _ => return Err(e),
+            }
+        }
+    }
+    fn sync_filesystem(&self) -> io::Result<()> {
+        // SAFETY: syncfs on an open descriptor.
+        if unsafe { libc::syncfs(self.as_raw_fd()) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+}
+
+impl FileSystem for RealFs {
+    fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Box<dyn FsFile>> {
+        let mut o = OpenOptions::new();
+        match mode {
+            OpenMode::Read => o
+                .read(true)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK),
+            OpenMode::Write => o.write(true).custom_flags(libc::O_NOFOLLOW),
+            OpenMode::CreateNew => o.write(true).create_new(true).mode(0o600),
+            OpenMode::ReadWrite => o.read(true).write(true),
+            OpenMode::CreateTruncate => o
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600),
+            OpenMode::CreateKeep => o
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(0o600),
+            OpenMode::Directory => o.read(true).custom_flags(libc::O_DIRECTORY),
+        };
+        Ok(Box::new(o.open(path)?))
+    }
+
+    fn create_dir(&self, path: &Path) -> io::Result<()> {
+        DirBuilder::new().mode(0o700).create(path)
+    }
+
+    fn is_dir(&self, path: &Path) -> bool {
+        path.is_dir()
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        fs::rename(from, to)
+    }
+
+    fn exchange(&self, from: &Path, to: &Path) -> io::Result<()> {
+        use std::os::unix::ffi::OsStrExt;
+        let c = |p: &Path| {
+            std::ffi::CString::new(p.as_os_str().as_bytes())
+                .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
+        };
+        let (f, t) = (c(from)?, c(to)?);
+        // SAFETY: two valid path strings; renameat2 only reads them.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_renameat2,
+                libc::AT_FDCWD,
+                f.as_ptr(),
+                libc::AT_FDCWD,
+                t.as_ptr(),
+                libc::RENAME_EXCHANGE,
+            )
+        };
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
+
+    fn remove_file(&self, path: &Path) -> io::Result<()> {
+        fs::remove_file(path)
+    }
+
+    fn read_dir(&self, path: &Path) -> io::Result<Vec<DirEntry>> {
+        let mut out = Vec::new();
+        for entry in fs::read_dir(path)? {
+            let entry = entry?;
+            out.push(DirEntry {
+                is_dir: entry.file_type().is_ok_and(|t| t.is_dir()),
+                name: entry.file_name(),
+            });
+        }
+        Ok(out)
+    }
+
+    fn in_memory(&self, dir: &Path) -> bool {
+        const TMPFS_MAGIC: i64 = 0x0102_1994;
+        const RAMFS_MAGIC: i64 = 0x8584_58f6;
+        let Ok(path) = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()) else {
+            return false;
+        };
+        let mut st = std::mem::MaybeUninit::<libc::statfs>::uninit();
+        // SAFETY: a valid path string and a buffer statfs fills on success.
+        if unsafe { libc::statfs(path.as_ptr(), st.as_mut_ptr()) } != 0 {
+            return false;
+        }
+        // SAFETY: statfs returned 0, so the buffer is initialised.
+        // f_type's integer type differs between architectures.
+        #[allow(clippy::unnecessary_cast)]
+        let f_type = unsafe { st.assume_init() }.f_type as i64;
+        f_type == TMPFS_MAGIC || f_type == RAMFS_MAGIC
+    }
+}

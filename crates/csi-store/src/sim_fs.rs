@@ -1,0 +1,763 @@
+//! [`SimFs`]: an in-memory filesystem behind the store's seam that keeps
+//! what a crash keeps, and lets a test fail or crash any effect.
+//!
+//! Every change is logged as an operation on inodes. An operation becomes
+//! persistent when something that covers it is synced: a file's data ops
+//! by `fsync`/`fdatasync` of that file, a directory's entry ops (create,
+//! mkdir, rename, exchange, unlink) by `fsync` of that directory, and
+//! everything by `syncfs`. A crash keeps the persistent operations plus,
+//! depending on the chosen [`CrashKeep`], a prefix of the others in the
+//! order they were made: none (the worst case), each prefix, or all. That
+//! is stricter than ext4 (whose journal commits metadata in order) and is
+//! the model ALICE and CrashMonkey check applications against.
+//!
+//! One file of about 750 lines: the image, the operation log and the
+//! handles that append to it are one model, each part read with the others.
+
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::OsString;
+use std::fmt;
+use std::io;
+use std::path::{Component, Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::fs::{DirEntry, FileMeta, FileSystem, FsFile, OpenMode};
+
+type Ino = u64;
+const ROOT: Ino = 1;
+
+/// An effect the store is about to make, passed to the [`FsHook`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FsEffect {
+    /// A file is created.
+    Create,
+    /// A directory is created.
+    Mkdir,
+    /// Data is written.
+    Write,
+    /// A file's length is set (or it is truncated at open).
+    Truncate,
+    /// A file or directory is synced (`fsync`, `fdatasync`, `syncfs`).
+    Sync,
+    /// A rename or exchange.
+    Rename,
+    /// An unlink.
+    Unlink,
+}
+
+/// Decides, before each effect, whether it happens: `Err` fails it (the
+/// effect is not made). A crash is a hook that fails the effect and then
+/// has the test call [`SimFs::crash`].
+pub trait FsHook: Send + Sync {
+    /// Called before `effect` on `path`.
+    fn before(&self, effect: FsEffect, path: &Path) -> io::Result<()>;
+}
+
+/// Which of the unsynced operations a crash keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CrashKeep {
+    /// The first `n` of them, in the order they were made (0: the worst
+    /// case, only what was synced).
+    Prefix(usize),
+    /// All of them (as if the process died and the kernel flushed later).
+    All,
+}
+
+#[derive(Debug, Clone)]
+enum Node {
+    File(Vec<u8>),
+    Dir(BTreeMap<OsString, Ino>),
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Link {
+        dir: Ino,
+        name: OsString,
+        ino: Ino,
+        dir_node: bool,
+    },
+    Unlink {
+        dir: Ino,
+        name: OsString,
+    },
+    Rename {
+        from_dir: Ino,
+        from: OsString,
+        to_dir: Ino,
+        to: OsString,
+        exchange: bool,
+    },
+    Write {
+        ino: Ino,
+        offset: u64,
+        bytes: Vec<u8>,
+    },
+    SetLen {
+        ino: Ino,
+        len: u64,
+    },
+}
+
+impl Op {
+    /// Whether syncing `synced` (a file or a directory) makes this op
+    /// persistent.
+    fn covered_by(&self, synced: Ino) -> bool {
+        match self {
+            Op::Link { dir, .. } | Op::Unlink { dir, .. } => *dir == synced,
+            Op::Rename {
+                from_dir, to_dir, ..
+            } => *from_dir == synced || *to_dir == synced,
+            Op::Write { ino, .. } | Op::SetLen { ino, .. } => *ino == synced,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Image {
+    nodes: HashMap<Ino, Node>,
+}
+
+impl Image {
+    fn new() -> Self {
+        Image {
+            nodes: HashMap::from([(ROOT, Node::Dir(BTreeMap::new()))]),
+        }
+    }
+
+    fn dir_mut(&mut self, ino: Ino) -> Option<&mut BTreeMap<OsString, Ino>> {
+        let node = self
+            .nodes
+            .entry(ino)
+            .or_insert_with(|| Node::Dir(BTreeMap::new()));
+        match node {
+            Node::Dir(d) => Some(d),
+            Node::File(_) => None,
+        }
+    }
+
+    fn file_mut(&mut self, ino: Ino) -> Option<&mut Vec<u8>> {
+        match self
+            .nodes
+            .entry(ino)
+            .or_insert_with(|| Node::File(Vec::new()))
+        {
+            Node::File(f) => Some(f),
+            Node::Dir(_) => None,
+        }
+    }
+
+    /// Applies `op`; an op whose premises a crash lost (its source entry,
+    /// say) does what it still can.
+    fn apply(&mut self, op: &Op) {
+        match op {
+            Op::Link {
+                dir,
+                name,
+                ino,
+                dir_node,
+            } => {
+                self.nodes.entry(*ino).or_insert_with(|| match dir_node {
+                    true => Node::Dir(BTreeMap::new()),
+                    false => Node::File(Vec::new()),
+                });
+                if let Some(d) = self.dir_mut(*dir) {
+                    d.insert(name.clone(), *ino);
+                }
+            }
+            Op::Unlink { dir, name } => {
+                if let Some(d) = self.dir_mut(*dir) {
+                    d.remove(name);
+                }
+            }
+            Op::Rename {
+                from_dir,
+                from,
+                to_dir,
+                to,
+                exchange,
+            } => {
+                let a = self.dir_mut(*from_dir).and_then(|d| d.get(from).copied());
+                let b = self.dir_mut(*to_dir).and_then(|d| d.get(to).copied());
+                let Some(a) = a else { return };
+                match (exchange, b) {
+                    (true, Some(b)) => {
+                        if let Some(d) = self.dir_mut(*from_dir) {
+                            d.insert(from.clone(), b);
+                        }
+                    }
+                    (true, None) => return,
+                    (false, _) => {
+                        if let Some(d) = self.dir_mut(*from_dir) {
+                            d.remove(from);
+                        }
+                    }
+                }
+                if let Some(d) = self.dir_mut(*to_dir) {
+                    d.insert(to.clone(), a);
+                }
+            }
+            Op::Write { ino, offset, bytes } => {
+                if let Some(f) = self.file_mut(*ino) {
+                    let end = *offset as usize + bytes.len();
+                    if f.len() < end {
+                        f.resize(end, 0);
+                    }
+                    f[*offset as usize..end].copy_from_slice(bytes);
+                }
+            }
+            Op::SetLen { ino, len } => {
+                if let Some(f) = self.file_mut(*ino) {
+                    f.resize(*len as usize, 0);
+                }
+            }
+        }
+    }
+
+    fn lookup(&self, dir: Ino, name: &OsString) -> Option<Ino> {
+        match self.nodes.get(&dir)? {
+            Node::Dir(d) => d.get(name).copied(),
+            Node::File(_) => None,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct State {
+    generation: u64,
+    base: Image,
+    live: Image,
+    /// Operations since `base`, with whether they are persistent.
+    log: Vec<(Op, bool)>,
+    next_ino: Ino,
+    /// Locked inode -> the open file holding the lock.
+    locks: HashMap<Ino, u64>,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    hook: Mutex<Option<Arc<dyn FsHook>>>,
+    next_handle: AtomicU64,
+}
+
+impl fmt::Debug for Shared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SimFs").finish_non_exhaustive()
+    }
+}
+
+/// The simulated filesystem, shared by the test and every store on it.
+/// [`handle`](Self::handle) gives the [`FileSystem`] for a store; after
+/// [`crash`](Self::crash) every earlier handle and file fails with `EIO`
+/// (the process that held them is gone).
+#[derive(Debug, Clone)]
+pub struct SimFs {
+    shared: Arc<Shared>,
+}
+
+impl Default for SimFs {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn errno(n: i32) -> io::Error {
+    io::Error::from_raw_os_error(n)
+}
+
+/// The components of an absolute path (`.` skipped); `..` is refused.
+fn components(path: &Path) -> io::Result<Vec<OsString>> {
+    let mut out = Vec::new();
+    for c in path.components() {
+        match c {
+            Component::RootDir | Component::CurDir => {}
+            Component::Normal(n) => out.push(n.to_owned()),
+            Component::ParentDir | Component::Prefix(_) => return Err(errno(libc::EINVAL)),
+        }
+    }
+    Ok(out)
+}
+
+impl SimFs {
+    /// An empty filesystem (only `/`).
+    pub fn new() -> Self {
+        SimFs {
+            shared: Arc::new(Shared {
+                state: Mutex::new(State {
+                    generation: 0,
+                    base: Image::new(),
+                    live: Image::new(),
+                    log: Vec::new(),
+                    next_ino: ROOT + 1,
+                    locks: HashMap::new(),
+                }),
+                hook: Mutex::new(None),
+                next_handle: AtomicU64::new(1),
+            }),
+        }
+    }
+
+    /// Sets the hook asked before every effect.
+    pub fn set_hook(&self, hook: Option<Arc<dyn FsHook>>) {
+        *self.shared.hook.lock().unwrap_or_else(|e| e.into_inner()) = hook;
+    }
+
+    /// The filesystem as the current process sees it.
+    pub fn handle(&self) -> Arc<dyn FileSystem> {
+        Arc::new(SimHandle {
+            shared: self.shared.clone(),
+            generation: self.lock().generation,
+        })
+    }
+
+    /// How many operations are not persistent yet.
+    pub fn unsynced(&self) -> usize {
+        self.lock().log.iter().filter(|(_, p)| !p).count()
+    }
+
+    /// Every state a crash now may leave, the worst case first: each
+    /// prefix of the unsynced operations, ending with all of them.
+    pub fn crash_states(&self) -> Vec<CrashKeep> {
+        let n = self.unsynced();
+        (0..n)
+            .map(CrashKeep::Prefix)
+            .chain([CrashKeep::All])
+            .collect()
+    }
+
+    /// Crashes: the files of the process die with it (handles made before
+    /// fail with `EIO`, locks are released) and the filesystem keeps the
+    /// persistent operations plus what `keep` says of the others.
+    pub fn crash(&self, keep: CrashKeep) {
+        let mut st = self.lock();
+        let mut image = st.base.clone();
+        let mut kept_unsynced = 0;
+        for (op, persistent) in &st.log {
+            let keep_it = *persistent
+                || match keep {
+                    CrashKeep::All => true,
+                    CrashKeep::Prefix(n) => kept_unsynced < n,
+                };
+            if !persistent {
+                kept_unsynced += 1;
+            }
+            if keep_it {
+                image.apply(op);
+            }
+        }
+        st.base = image.clone();
+        st.live = image;
+        st.log.clear();
+        st.locks.clear();
+        st.generation += 1;
+    }
+
+    /// The contents of the file at `path`, as the running process sees it.
+    pub fn read(&self, path: &Path) -> Option<Vec<u8>> {
+        let st = self.lock();
+        let ino = resolve(&st.live, path).ok()?;
+        match st.live.nodes.get(&ino)? {
+            Node::File(f) => Some(f.clone()),
+            Node::Dir(_) => None,
+        }
+    }
+
+    /// The names in the directory at `path` (empty if there is none).
+    pub fn list(&self, path: &Path) -> Vec<OsString> {
+        let st = self.lock();
+        match resolve(&st.live, path)
+            .ok()
+            .and_then(|i| st.live.nodes.get(&i))
+        {
+            Some(Node::Dir(d)) => d.keys().cloned().collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.shared.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+fn resolve(image: &Image, path: &Path) -> io::Result<Ino> {
+    let mut ino = ROOT;
+    for c in components(path)? {
+        match image.nodes.get(&ino) {
+            Some(Node::Dir(d)) => ino = *d.get(&c).ok_or_else(|| errno(libc::ENOENT))?,
+            _ => return Err(errno(libc::ENOTDIR)),
+        }
+    }
+    Ok(ino)
+}
+
+/// The directory holding `path` and the last component.
+fn parent(image: &Image, path: &Path) -> io::Result<(Ino, OsString)> {
+    let mut parts = components(path)?;
+    let name = parts.pop().ok_or_else(|| errno(libc::EINVAL))?;
+    let dir = resolve(image, &parts.iter().collect::<PathBuf>())?;
+    match image.nodes.get(&dir) {
+        Some(Node::Dir(_)) => Ok((dir, name)),
+        _ => Err(errno(libc::ENOTDIR)),
+    }
+}
+
+#[derive(Debug)]
+struct SimHandle {
+    shared: Arc<Shared>,
+    generation: u64,
+}
+
+impl SimHandle {
+    /// The state, if this handle's process is still alive.
+    fn state(&self) -> io::Result<MutexGuard<'_, State>> {
+        let st = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
+        if st.generation != self.generation {
+            return Err(errno(libc::EIO));
+        }
+        Ok(st)
+    }
+
+    fn before(&self, effect: FsEffect, path: &Path) -> io::Result<()> {
+        let hook = self
+            .shared
+            .hook
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        match hook {
+            Some(h) => h.before(effect, path),
+            None => Ok(()),
+        }
+    }
+
+    fn file(&self, ino: Ino, writable: bool, path: &Path) -> Box<dyn FsFile> {
+        Box::new(SimFile {
+            shared: self.shared.clone(),
+            generation: self.generation,
+            ino,
+            id: self.shared.next_handle.fetch_add(1, Ordering::Relaxed),
+            writable,
+            pos: 0,
+            path: path.to_owned(),
+        })
+    }
+}
+
+fn record(st: &mut State, op: Op) {
+    st.live.apply(&op);
+    st.log.push((op, false));
+}
+
+fn persist(st: &mut State, synced: Ino) {
+    for (op, persistent) in &mut st.log {
+        if op.covered_by(synced) {
+            *persistent = true;
+        }
+    }
+}
+
+impl FileSystem for SimHandle {
+    fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Box<dyn FsFile>> {
+        let existing = {
+            let st = self.state()?;
+            match resolve(&st.live, path) {
+                Ok(ino) => Some((ino, matches!(st.live.nodes.get(&ino), Some(Node::Dir(_))))),
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => None,
+                Err(e) => return Err(e),
+            }
+        };
+        let writable = !matches!(mode, OpenMode::Read | OpenMode::Directory);
+        let file = match (mode, existing) {
+            (OpenMode::Directory, Some((ino, true))) => self.file(ino, false, path),
+            (OpenMode::Directory, Some((_, false))) => return Err(errno(libc::ENOTDIR)),
+            (_, Some((_, true))) if writable => return Err(errno(libc::EISDIR)),
+            (OpenMode::CreateNew, Some(_)) => return Err(errno(libc::EEXIST)),
+            (OpenMode::CreateTruncate, Some((ino, _))) => {
+                self.before(FsEffect::Truncate, path)?;
+                record(&mut *self.state()?, Op::SetLen { ino, len: 0 });
+                self.file(ino, true, path)
+            }
+            (_, Some((ino, _))) => self.file(ino, writable, path),
+            (OpenMode::CreateNew | OpenMode::CreateTruncate | OpenMode::CreateKeep, None) => {
+                self.before(FsEffect::Create, path)?;
+                let mut st = self.state()?;
+                let (dir, name) = parent(&st.live, path)?;
+                let ino = st.next_ino;
+                st.next_ino += 1;
+                record(
+                    &mut st,
+                    Op::Link {
+                        dir,
+                        name,
+                        ino,
+                        dir_node: false,
+                    },
+                );
+                drop(st);
+                self.file(ino, true, path)
+            }
+            (_, None) => return Err(errno(libc::ENOENT)),
+        };
+        Ok(file)
+    }
+
+    fn create_dir(&self, path: &Path) -> io::Result<()> {
+        {
+            let st = self.state()?;
+            let (dir, name) = parent(&st.live, path)?;
+            if st.live.lookup(dir, &name).is_some() {
+                return Err(errno(libc::EEXIST));
+            }
+        }
+        self.before(FsEffect::Mkdir, path)?;
+        let mut st = self.state()?;
+        let (dir, name) = parent(&st.live, path)?;
+        let ino = st.next_ino;
+        st.next_ino += 1;
+        record(
+            &mut st,
+            Op::Link {
+                dir,
+                name,
+                ino,
+                dir_node: true,
+            },
+        );
+        Ok(())
+    }
+
+    fn is_dir(&self, path: &Path) -> bool {
+        let Ok(st) = self.state() else { return false };
+        resolve(&st.live, path)
+            .ok()
+            .is_some_and(|i| matches!(st.live.nodes.get(&i), Some(Node::Dir(_))))
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        self.rename_op(from, to, false)
+    }
+
+    fn exchange(&self, from: &Path, to: &Path) -> io::Result<()> {
+        self.rename_op(from, to, true)
+    }
+
+    fn remove_file(&self, path: &Path) -> io::Result<()> {
+        {
+            let st = self.state()?;
+            let (dir, name) = parent(&st.live, path)?;
+            match st
+                .live
+                .lookup(dir, &name)
+                .and_then(|i| st.live.nodes.get(&i))
+            {
+                None => return Err(errno(libc::ENOENT)),
+                Some(Node::Dir(_)) => return Err(errno(libc::EISDIR)),
+                Some(Node::File(_)) => {}
+            }
+        }
+        self.before(FsEffect::Unlink, path)?;
+        let mut st = self.state()?;
+        let (dir, name) = parent(&st.live, path)?;
+        record(&mut st, Op::Unlink { dir, name });
+        Ok(())
+    }
+
+    fn read_dir(&self, path: &Path) -> io::Result<Vec<DirEntry>> {
+        let st = self.state()?;
+        let ino = resolve(&st.live, path)?;
+        match st.live.nodes.get(&ino) {
+            Some(Node::Dir(d)) => Ok(d
+                .iter()
+                .map(|(name, i)| DirEntry {
+                    name: name.clone(),
+                    is_dir: matches!(st.live.nodes.get(i), Some(Node::Dir(_))),
+                })
+                .collect()),
+            _ => Err(errno(libc::ENOTDIR)),
+        }
+    }
+
+    fn in_memory(&self, _dir: &Path) -> bool {
+        false
+    }
+}
+
+impl SimHandle {
+    fn rename_op(&self, from: &Path, to: &Path, exchange: bool) -> io::Result<()> {
+        {
+            let st = self.state()?;
+            let (fd, f) = parent(&st.live, from)?;
+            let (td, t) = parent(&st.live, to)?;
+            if st.live.lookup(fd, &f).is_none() {
+                return Err(errno(libc::ENOENT));
+            }
+            if exchange && st.live.lookup(td, &t).is_none() {
+                return Err(errno(libc::ENOENT));
+            }
+        }
+        self.before(FsEffect::Rename, to)?;
+        let mut st = self.state()?;
+        let (from_dir, from) = parent(&st.live, from)?;
+        let (to_dir, to) = parent(&st.live, to)?;
+        record(
+            &mut st,
+            Op::Rename {
+                from_dir,
+                from,
+                to_dir,
+                to,
+                exchange,
+            },
+        );
+        Ok(())
+    }
+}
+
+struct SimFile {
+    shared: Arc<Shared>,
+    generation: u64,
+    ino: Ino,
+    id: u64,
+    writable: bool,
+    pos: u64,
+    path: PathBuf,
+}
+
+impl fmt::Debug for SimFile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SimFile")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for SimFile {
+    fn drop(&mut self) {
+        let mut st = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
+        if st.locks.get(&self.ino) == Some(&self.id) {
+            st.locks.remove(&self.ino);
+        }
+    }
+}
+
+impl SimFile {
+    fn handle(&self) -> SimHandle {
+        SimHandle {
+            shared: self.shared.clone(),
+            generation: self.generation,
+        }
+    }
+
+    fn contents(&self) -> io::Result<Vec<u8>> {
+        let h = self.handle();
+        let st = h.state()?;
+        match st.live.nodes.get(&self.ino) {
+            Some(Node::File(f)) => Ok(f.clone()),
+            _ => Err(errno(libc::EISDIR)),
+        }
+    }
+
+    fn change(&self, effect: FsEffect, op: Op) -> io::Result<()> {
+        if !self.writable {
+            return Err(errno(libc::EBADF));
+        }
+        let h = self.handle();
+        drop(h.state()?);
+        h.before(effect, &self.path)?;
+        record(&mut *h.state()?, op);
+        Ok(())
+    }
+
+    fn sync(&self) -> io::Result<()> {
+        let h = self.handle();
+        drop(h.state()?);
+        h.before(FsEffect::Sync, &self.path)?;
+        persist(&mut *h.state()?, self.ino);
+        Ok(())
+    }
+}
+
+impl FsFile for SimFile {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        let h = self.handle();
+        let st = h.state()?;
+        let Some(Node::File(data)) = st.live.nodes.get(&self.ino) else {
+            return Err(errno(libc::EISDIR));
+        };
+        let end = offset as usize + buf.len();
+        if end > data.len() {
+            return Err(io::Error::from(io::ErrorKind::UnexpectedEof));
+        }
+        buf.copy_from_slice(&data[offset as usize..end]);
+        Ok(())
+    }
+
+    fn read_to_end(&mut self, buf: &mut Vec<u8>) -> io::Result<usize> {
+        let data = self.contents()?;
+        let from = (self.pos as usize).min(data.len());
+        buf.extend_from_slice(&data[from..]);
+        self.pos = data.len() as u64;
+        Ok(data.len() - from)
+    }
+
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.change(
+            FsEffect::Write,
+            Op::Write {
+                ino: self.ino,
+                offset,
+                bytes: buf.to_vec(),
+            },
+        )
+    }
+
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.change(FsEffect::Truncate, Op::SetLen { ino: self.ino, len })
+    }
+
+    fn sync_data(&self) -> io::Result<()> {
+        self.sync()
+    }
+
+    fn sync_all(&self) -> io::Result<()> {
+        self.sync()
+    }
+
+    fn metadata(&self) -> io::Result<FileMeta> {
+        let h = self.handle();
+        let st = h.state()?;
+        Ok(match st.live.nodes.get(&self.ino) {
+            Some(Node::File(f)) => FileMeta {
+                is_file: true,
+                len: f.len() as u64,
+            },
+            _ => FileMeta {
+                is_file: false,
+                len: 0,
+            },
+        })
+    }
+
+    fn try_lock_exclusive(&self) -> io::Result<bool> {
+        let h = self.handle();
+        let mut st = h.state()?;
+        match st.locks.get(&self.ino) {
+            Some(holder) if *holder != self.id => Ok(false),
+            _ => {
+                st.locks.insert(self.ino, self.id);
+                Ok(true)
+            }
+        }
+    }
+
+    fn sync_filesystem(&self) -> io::Result<()> {
+        let h = self.handle();
+        drop(h.state()?);
+        h.before(FsEffect::Sync, &self.path)?;
+        for (_, persistent) in &mut h.state()?.log {
+            *persistent = true;
+        }
+        Ok(())
+    }
+}
