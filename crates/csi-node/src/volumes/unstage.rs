@@ -1,0 +1,69 @@
+//! NodeUnstageVolume.
+
+use std::path::PathBuf;
+
+use csi_proto::v1::NodeUnstageVolumeRequest;
+
+use super::{NodeVolumes, Outcome, Part, View, absolute};
+use crate::error::NodeError;
+use crate::observe::resolve;
+use crate::record::{StageState, VolumeRecord};
+use crate::rules::{UnstageDecision, UnstageFacts, decide_unstage};
+
+impl NodeVolumes {
+    /// NodeUnstageVolume: refuses while the volume is published anywhere;
+    /// unmounts the staging path only where it shows this volume; detaches
+    /// the volume's devices, found by backing file (so also after a crash
+    /// that lost the record of the attach).
+    pub fn unstage(&self, req: &NodeUnstageVolumeRequest) -> Result<Outcome, NodeError> {
+        let path = absolute(&req.staging_target_path, "staging_target_path")?;
+        let vol = req.volume_id.as_str();
+        let _claim = self.claim(vol, &[&path])?;
+        let table = self.mount_table()?;
+        let view = View::Table(&table);
+        let (record, claimed) = self.snapshot(vol, &path);
+        let known = self.inner.locator.source(vol).is_some();
+        let ids = self.identities(vol, record.as_ref(), &view)?;
+        let (here, mounts_here) = view.facts(&path, &ids)?;
+        let mut in_use: Vec<PathBuf> = record
+            .iter()
+            .flat_map(|r| r.publications.iter().map(|p| p.target.clone()))
+            .collect();
+        for p in ids.uses(&table, &resolve(&path)) {
+            if !in_use.iter().any(|t| resolve(t) == p) {
+                in_use.push(p.to_path_buf());
+            }
+        }
+        let decision = decide_unstage(
+            vol,
+            &path,
+            &UnstageFacts {
+                staged: record.as_ref().and_then(|r| r.stage.as_ref()),
+                known,
+                path_claimed_by: claimed.as_deref(),
+                path: &here,
+                in_use_at: &in_use,
+                device_attached: !ids.devices.is_empty(),
+            },
+        )?;
+        let UnstageDecision::Unstage { unmount } = decision else {
+            return Ok(Outcome::Unchanged);
+        };
+        let mut rec = record.unwrap_or_else(|| VolumeRecord::new(vol));
+        if let Some(s) = rec.stage.as_mut() {
+            s.state = StageState::Unstaging;
+            self.save_progress(&rec, Part::Stage)?;
+        }
+        if unmount {
+            self.unmount_ours(vol, &path, &ids, mounts_here)?;
+        }
+        for dev in &ids.devices {
+            self.detach(dev)?;
+            tracing::info!(volume = %vol, device = %dev.path.display(), "detached");
+        }
+        rec.stage = None;
+        self.save(&rec, Part::Stage)?;
+        tracing::info!(volume = %vol, path = %path.display(), "unstaged");
+        Ok(Outcome::Changed)
+    }
+}
