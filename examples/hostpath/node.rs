@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use csi_controller::{Access, VolumeRecord, WeakEngine};
-use csi_node::{NodeDriver, NodeInfo, NodeService, Source, VolumeInfo, VolumeLocator};
+use csi_node::{NodeBackend, NodeInfo, NodeService, VolumeSource, VolumeInfo, VolumeLocator};
 use csi_proto::v1::NodePublishVolumeRequest;
 use csi_server::{CsiError, CsiResult};
 use csi_store::FileStore;
@@ -57,7 +57,7 @@ fn info(v: &VolumeRecord) -> VolumeInfo {
 }
 
 impl VolumeLocator for NodeSide {
-    fn source(&self, volume_id: &str) -> Option<Source> {
+    fn source(&self, volume_id: &str) -> Option<VolumeSource> {
         let volume = self.find(volume_id)?;
         let path = self
             .0
@@ -65,13 +65,13 @@ impl VolumeLocator for NodeSide {
             .backend()
             .volume_path(&volume.id, volume.access);
         Some(match volume.access {
-            Access::Mount => Source::Directory(path),
-            Access::Block => Source::Image(path),
+            Access::Mount => VolumeSource::Directory(path),
+            Access::Block => VolumeSource::Image(path),
         })
     }
 }
 
-impl NodeDriver for NodeSide {
+impl NodeBackend for NodeSide {
     fn volume(&self, volume_id: &str) -> Option<VolumeInfo> {
         self.find(volume_id).as_ref().map(info)
     }

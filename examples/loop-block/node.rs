@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use csi_controller::{Access, WeakEngine};
-use csi_node::{Device, NodeDriver, NodeError, NodeInfo, NodeService, Source, VolumeInfo};
+use csi_node::{Device, NodeBackend, NodeError, NodeInfo, NodeService, VolumeSource, VolumeInfo};
 use csi_proto::v1::NodeStageVolumeRequest;
 use csi_server::{CsiError, CsiResult};
 use csi_store::FileStore;
@@ -53,10 +53,10 @@ pub fn open_node(
 }
 
 impl csi_node::VolumeLocator for NodeSide {
-    fn source(&self, volume_id: &str) -> Option<Source> {
+    fn source(&self, volume_id: &str) -> Option<VolumeSource> {
         let engine = self.engine.upgrade()?;
         engine.known_volume(volume_id).ok()?;
-        Some(Source::Image(engine.backend().volume_path(volume_id)))
+        Some(VolumeSource::Image(engine.backend().volume_path(volume_id)))
     }
 
     fn prepare_device(&self, volume_id: &str, device: &Device) -> Result<(), NodeError> {
@@ -71,7 +71,7 @@ impl csi_node::VolumeLocator for NodeSide {
     }
 }
 
-impl NodeDriver for NodeSide {
+impl NodeBackend for NodeSide {
     fn volume(&self, volume_id: &str) -> Option<VolumeInfo> {
         let v = self.engine.upgrade()?.known_volume(volume_id).ok()?;
         Some(VolumeInfo::new(v.access == Access::Block, v.capacity_bytes))

@@ -5,13 +5,13 @@ use csi_proto::v1::VolumeCondition;
 use super::{NodeVolumes, View, not_there, volume_path};
 use crate::error::NodeError;
 use crate::observe::shows_device;
-use crate::record::VolumeRecord;
+use crate::record::NodeVolumeRecord;
 
 impl NodeVolumes {
     /// The volume's record when `path` is its staging path or one of its
     /// targets, for NodeGetVolumeStats and NodeExpandVolume (the staged
     /// device and the staging path); NOT_FOUND otherwise.
-    pub fn record_at(&self, volume_id: &str, path: &str) -> Result<VolumeRecord, NodeError> {
+    pub fn record_at(&self, volume_id: &str, path: &str) -> Result<NodeVolumeRecord, NodeError> {
         let path = volume_path(volume_id, path)?;
         self.record(volume_id)
             .filter(|r| r.names(&path))
@@ -51,7 +51,12 @@ impl NodeVolumes {
             // A raw block volume is also wherever its device node is: the
             // kubelet asks at the pod's volumeDevices path.
             let stage = record.as_ref().and_then(|r| r.stage.as_ref());
-            return match ids.devices.iter().find(|d| shows_device(&path, d)) {
+            return match ids
+                .devices
+                .iter()
+                .chain(&ids.attached)
+                .find(|d| shows_device(&path, d))
+            {
                 Some(d) if stage.is_some_and(|s| s.capability.is_block()) => Ok(VolumeCondition {
                     abnormal: false,
                     message: format!("its device {} is present", d.path.display()),
@@ -65,7 +70,7 @@ impl NodeVolumes {
         Ok(if here.has_foreign_mount() {
             abnormal_here(format!("something else is mounted at {}", path.display()))
         } else if block_stage {
-            match ids.devices.first() {
+            match ids.device() {
                 Some(d) => VolumeCondition {
                     abnormal: false,
                     message: format!("attached as {}", d.path.display()),

@@ -8,19 +8,19 @@ use mount_utils::{LoopOptions, MountInfo};
 use super::{Claim, MAX_STACKED, NodeVolumes, Part, Undo, View};
 use crate::error::NodeError;
 use crate::observe::{Identities, filesystem_on, normalize};
-use crate::record::{Device, Source, VolumeRecord};
+use crate::record::{Device, NodeVolumeRecord, VolumeSource};
 use crate::rules::covered;
 
 impl NodeVolumes {
     pub(super) fn claim(&self, volume: &str, paths: &[&Path]) -> Result<Claim<'_>, NodeError> {
         let mut t = self.table();
         if t.busy_volumes.contains(volume) {
-            return Err(NodeError::Aborted(format!(
+            return Err(NodeError::aborted(format!(
                 "an operation on volume {volume} is in progress"
             )));
         }
         if let Some(p) = paths.iter().find(|p| t.busy_paths.contains(**p)) {
-            return Err(NodeError::Aborted(format!(
+            return Err(NodeError::aborted(format!(
                 "an operation on {} is in progress",
                 p.display()
             )));
@@ -41,7 +41,7 @@ impl NodeVolumes {
         &self,
         volume: &str,
         path: &Path,
-    ) -> (Option<VolumeRecord>, Option<String>) {
+    ) -> (Option<NodeVolumeRecord>, Option<String>) {
         let t = self.table();
         let claimed = t
             .records
@@ -53,7 +53,7 @@ impl NodeVolumes {
 
     /// Persists one part of `rec` (a delete when it is gone), then updates
     /// memory: memory never runs ahead of disk.
-    pub(super) fn save(&self, rec: &VolumeRecord, part: Part<'_>) -> Result<(), NodeError> {
+    pub(super) fn save(&self, rec: &NodeVolumeRecord, part: Part<'_>) -> Result<(), NodeError> {
         let (staged, published) = (&self.inner.staged, &self.inner.published);
         match part {
             Part::Stage => match &rec.stage {
@@ -81,7 +81,7 @@ impl NodeVolumes {
     /// on a full disk it is skipped, so space can still be freed.
     pub(super) fn save_progress(
         &self,
-        rec: &VolumeRecord,
+        rec: &NodeVolumeRecord,
         part: Part<'_>,
     ) -> Result<(), NodeError> {
         match self.save(rec, part) {
@@ -132,6 +132,37 @@ impl NodeVolumes {
         Ok(Device::of(&attached.keep()))
     }
 
+    /// The attached device at `path`, if it is there now.
+    pub(super) fn find_device(&self, path: &Path) -> Result<Option<Device>, NodeError> {
+        let found = self.inner.devices.find(path);
+        let found = found.map_err(|e| NodeError::block_device(path, &e))?;
+        Ok(found.map(|d| Device {
+            path: d.path,
+            major: d.device.major,
+            minor: d.device.minor,
+        }))
+    }
+
+    /// The attached device at `path`, waited for; NOT_FOUND naming it if it
+    /// does not appear in time.
+    pub(super) fn wait_for_device(&self, volume: &str, path: &Path) -> Result<Device, NodeError> {
+        let timeout = self.inner.device_timeout;
+        match self.inner.devices.wait_for(path, timeout) {
+            Ok(d) => Ok(Device {
+                path: d.path,
+                major: d.device.major,
+                minor: d.device.minor,
+            }),
+            Err(mount_utils::BlockDeviceError::Timeout { waited, .. }) => {
+                Err(NodeError::not_found(format!(
+                    "device {} of volume {volume} did not appear within {waited:?}",
+                    path.display()
+                )))
+            }
+            Err(e) => Err(NodeError::block_device(path, &e)),
+        }
+    }
+
     /// Detaches `device`; one already gone is fine.
     pub(super) fn detach(&self, device: &Device) -> Result<(), NodeError> {
         self.inner
@@ -145,10 +176,10 @@ impl NodeVolumes {
     pub(super) fn identities(
         &self,
         volume: &str,
-        record: Option<&VolumeRecord>,
+        record: Option<&NodeVolumeRecord>,
         view: &View<'_>,
     ) -> Result<Identities, NodeError> {
-        let mut sources: Vec<Source> = record
+        let mut sources: Vec<VolumeSource> = record
             .and_then(|r| r.stage.as_ref())
             .map(|s| s.source.clone())
             .into_iter()
@@ -164,7 +195,7 @@ impl NodeVolumes {
         let mut out = Identities::default();
         for source in sources {
             match source {
-                Source::Directory(d) => {
+                VolumeSource::Directory(d) => {
                     // mountinfo shows resolved paths. One without symlinks
                     // is its own: one openat2 instead of realpath's
                     // readlink per component.
@@ -176,7 +207,14 @@ impl NodeVolumes {
                     out.ids.extend(view.bind_of(&d)?);
                     out.directory = Some(d);
                 }
-                Source::Image(image) => {
+                VolumeSource::Device(path) => {
+                    if let Some(dev) = self.find_device(&path)? {
+                        out.ids.push(filesystem_on(&dev));
+                        out.ids.extend(view.bind_of(&dev.path)?);
+                        out.attached = Some(dev);
+                    }
+                }
+                VolumeSource::Image(image) => {
                     for dev in self.devices_of(&image)? {
                         out.ids.push(filesystem_on(&dev));
                         out.ids.extend(view.bind_of(&dev.path)?);
@@ -197,7 +235,7 @@ impl NodeVolumes {
     pub(super) fn verify(
         &self,
         volume: &str,
-        rec: &VolumeRecord,
+        rec: &NodeVolumeRecord,
         view: &View<'_>,
         path: &Path,
         readonly: bool,
@@ -206,13 +244,13 @@ impl NodeVolumes {
         // Read now, whatever the caller's view holds.
         let here = View::Paths(self.inner.mounter.as_ref()).at(path)?;
         if here.is_empty() || !here.iter().all(|m| ids.owns(m)) {
-            return Err(NodeError::FailedPrecondition(format!(
+            return Err(NodeError::failed_precondition(format!(
                 "after mounting, {} does not show volume {volume}",
                 path.display()
             )));
         }
         if readonly && !here.last().is_some_and(|m| m.is_read_only()) {
-            return Err(NodeError::FailedPrecondition(format!(
+            return Err(NodeError::failed_precondition(format!(
                 "{} could not be made read-only for volume {volume}",
                 path.display()
             )));
@@ -222,7 +260,13 @@ impl NodeVolumes {
 
     /// Undoes what a failed first attempt did, then forgets it. If undoing
     /// fails the record stays, so a later unstage or unpublish finishes.
-    pub(super) fn undo(&self, rec: &mut VolumeRecord, path: &Path, undo: Undo, forget: Part<'_>) {
+    pub(super) fn undo(
+        &self,
+        rec: &mut NodeVolumeRecord,
+        path: &Path,
+        undo: Undo,
+        forget: Part<'_>,
+    ) {
         let result = (|| {
             if undo.mounted {
                 let view = View::Paths(self.inner.mounter.as_ref());
@@ -287,7 +331,7 @@ impl NodeVolumes {
             }
             here = View::Paths(self.inner.mounter.as_ref()).at(path)?;
         }
-        Err(NodeError::FailedPrecondition(format!(
+        Err(NodeError::failed_precondition(format!(
             "{} is still mounted after {MAX_STACKED} unmounts",
             path.display()
         )))

@@ -6,11 +6,13 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use mount_utils::{LinuxLoopDevices, LoopDevices, Mounter};
+use std::time::Duration;
+
+use mount_utils::{BlockDevices, LinuxBlockDevices, LinuxLoopDevices, LoopDevices, Mounter};
 
 use crate::error::NodeError;
 use crate::observe::normalize;
-use crate::record::{PublishRecord, StageRecord, VolumeRecord};
+use crate::record::{NodeVolumeRecord, PublishRecord, StageRecord};
 use crate::seams::{FilesystemMount, PlainMount, VolumeLocator};
 use csi_store::{RecordStore, Table as StoreTable};
 
@@ -21,7 +23,7 @@ pub const PUBLISHED_TABLE: &str = "node-published";
 
 /// Whether a call changed anything on the node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
+pub enum NodeOutcome {
     /// Mounted, unmounted, attached or detached something.
     Changed,
     /// Already so (an idempotent repeat): nothing was touched.
@@ -61,6 +63,8 @@ struct Inner {
     published: StoreTable<PublishRecord>,
     locator: Arc<dyn VolumeLocator>,
     filesystems: Arc<dyn FilesystemMount>,
+    devices: Arc<dyn BlockDevices>,
+    device_timeout: Duration,
     single_node_multi_writer: bool,
     table: Mutex<Table>,
 }
@@ -91,8 +95,13 @@ pub struct NodeVolumesBuilder {
     locator: Arc<dyn VolumeLocator>,
     loops: Option<Arc<dyn LoopDevices>>,
     filesystems: Option<Arc<dyn FilesystemMount>>,
+    devices: Option<Arc<dyn BlockDevices>>,
+    device_timeout: Duration,
     single_node_multi_writer: bool,
 }
+
+/// How long NodeStage waits for an attached device to appear by default.
+pub const DEFAULT_DEVICE_TIMEOUT: Duration = Duration::from_secs(60);
 
 impl NodeVolumesBuilder {
     /// Loop devices to use (default mount-utils' `LinuxLoopDevices`).
@@ -105,6 +114,20 @@ impl NodeVolumesBuilder {
     /// pass a `SafeFormatAndMount` to format new volumes).
     pub fn filesystem_mount(mut self, filesystems: Arc<dyn FilesystemMount>) -> Self {
         self.filesystems = Some(filesystems);
+        self
+    }
+
+    /// Where attached devices ([`VolumeSource::Device`](crate::VolumeSource::Device))
+    /// are looked for (default mount-utils' `LinuxBlockDevices`).
+    pub fn block_devices(mut self, devices: Arc<dyn BlockDevices>) -> Self {
+        self.devices = Some(devices);
+        self
+    }
+
+    /// How long NodeStage waits for an attached device to appear
+    /// ([`DEFAULT_DEVICE_TIMEOUT`] by default); then NOT_FOUND naming it.
+    pub fn device_timeout(mut self, timeout: Duration) -> Self {
+        self.device_timeout = timeout;
         self
     }
 
@@ -146,6 +169,8 @@ impl NodeVolumesBuilder {
                 published,
                 locator: self.locator,
                 filesystems,
+                devices: self.devices.unwrap_or_else(|| Arc::new(LinuxBlockDevices)),
+                device_timeout: self.device_timeout,
                 single_node_multi_writer: self.single_node_multi_writer,
                 table: Mutex::new(table),
             }),
@@ -201,6 +226,8 @@ impl NodeVolumes {
             locator,
             loops: None,
             filesystems: None,
+            devices: None,
+            device_timeout: DEFAULT_DEVICE_TIMEOUT,
             single_node_multi_writer: false,
         }
     }
@@ -213,17 +240,21 @@ impl NodeVolumes {
         &self.inner.loops
     }
 
+    pub(crate) fn block_devices(&self) -> &Arc<dyn BlockDevices> {
+        &self.inner.devices
+    }
+
     fn table(&self) -> MutexGuard<'_, Table> {
         self.inner.table.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The record of a volume.
-    pub fn record(&self, volume_id: &str) -> Option<VolumeRecord> {
+    pub fn record(&self, volume_id: &str) -> Option<NodeVolumeRecord> {
         self.table().records.get(volume_id).cloned()
     }
 
     /// Every record, by volume id.
-    pub fn records(&self) -> BTreeMap<String, VolumeRecord> {
+    pub fn records(&self) -> BTreeMap<String, NodeVolumeRecord> {
         self.table().records.clone()
     }
 
@@ -256,7 +287,9 @@ fn absolute(path: &str, field: &str) -> Result<PathBuf, NodeError> {
 /// names no volume, which is NOT_FOUND as csi-sanity expects.
 fn volume_path(volume_id: &str, path: &str) -> Result<PathBuf, NodeError> {
     absolute(path, "volume_path").map_err(|e| match e {
-        NodeError::InvalidArgument { reason, .. } if reason != "required" => {
+        NodeError::Csi(csi_driver::CsiError::InvalidArgument { reason, .. })
+            if reason != "required" =>
+        {
             not_there(volume_id, Path::new(path))
         }
         e => e,
@@ -264,7 +297,7 @@ fn volume_path(volume_id: &str, path: &str) -> Result<PathBuf, NodeError> {
 }
 
 fn not_there(volume_id: &str, path: &Path) -> NodeError {
-    NodeError::NotFound(format!(
+    NodeError::not_found(format!(
         "volume {volume_id} is not staged or published at {}",
         path.display()
     ))

@@ -6,19 +6,22 @@ use std::path::Path;
 
 use csi_proto::v1::NodePublishVolumeRequest;
 
-use super::{NodeVolumes, Outcome, Part, Undo, View, absolute};
+use super::{NodeOutcome, NodeVolumes, Part, Undo, View, absolute};
 use crate::error::NodeError;
 use crate::observe::PathKind;
-use crate::record::{Capability, PublishRecord, PublishState, Source, VolumeRecord, sorted};
+use crate::record::{
+    Capability, NodeVolumeRecord, PublishRecord, PublishState, VolumeSource, sorted,
+};
 use crate::rules::{
     PublishDecision, PublishFacts, decide_publish, effective_readonly, mount_options,
 };
+use crate::seams::VolumeContexts;
 
 impl NodeVolumes {
     /// NodePublishVolume: binds the staging path (mount access), the
     /// volume's device node (block access) or, without staging, the
     /// volume's directory at the target; read-only always wins.
-    pub fn publish(&self, req: &NodePublishVolumeRequest) -> Result<Outcome, NodeError> {
+    pub fn publish(&self, req: &NodePublishVolumeRequest) -> Result<NodeOutcome, NodeError> {
         let cap = Capability::from_proto(req.volume_capability.as_ref(), "volume_capability")?;
         let target = absolute(&req.target_path, "target_path")?;
         let staging = match req.staging_target_path.as_str() {
@@ -36,7 +39,13 @@ impl NodeVolumes {
         let _claim = self.claim(vol, &[&target])?;
         let view = View::Paths(self.inner.mounter.as_ref());
         let (record, claimed) = self.snapshot(vol, &target);
-        let located = self.inner.locator.source(vol);
+        let contexts = VolumeContexts::of(&req.volume_context, &req.publish_context);
+        let located = match self.inner.locator.source_in(vol, &contexts) {
+            Ok(located) => located,
+            // A staged volume's source is in its record.
+            Err(_) if record.as_ref().is_some_and(|r| r.stage.is_some()) => None,
+            Err(e) => return Err(e),
+        };
         let ids = self.identities(vol, record.as_ref(), &view)?;
         let (here, _) = view.facts(&target, &ids)?;
         let staged = record.as_ref().and_then(|r| r.stage.as_ref());
@@ -53,25 +62,25 @@ impl NodeVolumes {
             },
         )?;
         let PublishDecision::Publish { resume, mounted } = decision else {
-            return Ok(Outcome::Unchanged);
+            return Ok(NodeOutcome::Unchanged);
         };
         let source = match (staged, &staging, &located) {
             (Some(_), Some(_), _) if cap.is_block() => {
-                ids.devices.first().map(|d| d.path.clone()).ok_or_else(|| {
-                    NodeError::FailedPrecondition(format!(
+                ids.device().map(|d| d.path.clone()).ok_or_else(|| {
+                    NodeError::failed_precondition(format!(
                         "the device of staged volume {vol} is no longer attached"
                     ))
                 })?
             }
             (Some(s), Some(_), _) => s.path.clone(),
-            (_, None, Some(Source::Directory(dir))) if !cap.is_block() => dir.clone(),
+            (_, None, Some(VolumeSource::Directory(dir))) if !cap.is_block() => dir.clone(),
             _ => {
-                return Err(NodeError::FailedPrecondition(format!(
+                return Err(NodeError::failed_precondition(format!(
                     "volume {vol} must be staged before it is published"
                 )));
             }
         };
-        let mut rec = record.unwrap_or_else(|| VolumeRecord::new(vol));
+        let mut rec = record.unwrap_or_else(|| NodeVolumeRecord::new(vol));
         let publication = PublishRecord {
             volume_id: vol.to_owned(),
             target: target.clone(),
@@ -105,7 +114,7 @@ impl NodeVolumes {
                 }
                 self.save(&rec, Part::Publication(&target))?;
                 tracing::info!(volume = %vol, target = %target.display(), readonly, "published");
-                Ok(Outcome::Changed)
+                Ok(NodeOutcome::Changed)
             }
             Err(e) => {
                 if !resume {
@@ -120,7 +129,7 @@ impl NodeVolumes {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn bind(
         &self,
-        rec: &VolumeRecord,
+        rec: &NodeVolumeRecord,
         view: &View<'_>,
         source: &Path,
         target: &Path,

@@ -5,7 +5,9 @@ use std::path::{Path, PathBuf};
 use super::{NodeVolumes, RestoreReport, Undo, View};
 use crate::error::NodeError;
 use crate::observe::PathKind;
-use crate::record::{PublishRecord, PublishState, Source, StageRecord, StageState, VolumeRecord};
+use crate::record::{
+    NodeVolumeRecord, PublishRecord, PublishState, StageRecord, StageState, VolumeSource,
+};
 use crate::rules::mount_options;
 
 impl NodeVolumes {
@@ -30,7 +32,11 @@ impl NodeVolumes {
         report
     }
 
-    pub(super) fn restore_volume(&self, vol: &str, mut rec: VolumeRecord) -> Result<(), NodeError> {
+    pub(super) fn restore_volume(
+        &self,
+        vol: &str,
+        mut rec: NodeVolumeRecord,
+    ) -> Result<(), NodeError> {
         let paths: Vec<PathBuf> = rec
             .stage
             .iter()
@@ -53,21 +59,21 @@ impl NodeVolumes {
         }
         match problems.is_empty() {
             true => Ok(()),
-            false => Err(NodeError::FailedPrecondition(problems.join("; "))),
+            false => Err(NodeError::failed_precondition(problems.join("; "))),
         }
     }
 
     pub(super) fn restore_stage(
         &self,
-        rec: &mut VolumeRecord,
+        rec: &mut NodeVolumeRecord,
         s: &StageRecord,
     ) -> Result<(), NodeError> {
         let gone = |what: &str, p: &Path| {
-            NodeError::FailedPrecondition(format!("its {what} {} is gone", p.display()))
+            NodeError::failed_precondition(format!("its {what} {} is gone", p.display()))
         };
         match &s.source {
-            Source::Directory(d) if !d.is_dir() => return Err(gone("directory", d)),
-            Source::Image(f) if !f.is_file() => return Err(gone("image", f)),
+            VolumeSource::Directory(d) if !d.is_dir() => return Err(gone("directory", d)),
+            VolumeSource::Image(f) if !f.is_file() => return Err(gone("image", f)),
             _ => {}
         }
         let table = self.mount_table()?;
@@ -75,7 +81,7 @@ impl NodeVolumes {
         let ids = self.identities(&rec.volume_id, Some(rec), &view)?;
         let (here, _) = view.facts(&s.path, &ids)?;
         if here.kind == PathKind::Symlink || here.has_foreign_mount() {
-            return Err(NodeError::FailedPrecondition(format!(
+            return Err(NodeError::failed_precondition(format!(
                 "its staging path {} is now a symlink or holds something else",
                 s.path.display()
             )));
@@ -85,7 +91,7 @@ impl NodeVolumes {
             && here.kind != PathKind::Absent
             && here.kind != PathKind::Directory
         {
-            return Err(NodeError::FailedPrecondition(format!(
+            return Err(NodeError::failed_precondition(format!(
                 "its staging path {} is no longer a directory",
                 s.path.display()
             )));
@@ -101,7 +107,7 @@ impl NodeVolumes {
 
     pub(super) fn restore_publication(
         &self,
-        rec: &VolumeRecord,
+        rec: &NodeVolumeRecord,
         p: &PublishRecord,
     ) -> Result<(), NodeError> {
         let table = self.mount_table()?;
@@ -113,7 +119,7 @@ impl NodeVolumes {
         }
         let block = p.capability.is_block();
         let refuse = |what: &str| {
-            Err(NodeError::FailedPrecondition(format!(
+            Err(NodeError::failed_precondition(format!(
                 "its target {} {what}",
                 p.target.display()
             )))
@@ -127,13 +133,13 @@ impl NodeVolumes {
             _ => return refuse("is no longer what was published there"),
         }
         let source = match (&rec.stage, block) {
-            (Some(_), true) => match ids.devices.first() {
+            (Some(_), true) => match ids.device() {
                 Some(d) => d.path.clone(),
                 None => return refuse("lost its device"),
             },
             (Some(s), false) => s.path.clone(),
             (None, _) => match self.inner.locator.source(&rec.volume_id) {
-                Some(Source::Directory(d)) => d,
+                Some(VolumeSource::Directory(d)) => d,
                 _ => return refuse("has no source to bind"),
             },
         };

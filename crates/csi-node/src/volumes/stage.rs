@@ -2,18 +2,19 @@
 
 use csi_proto::v1::NodeStageVolumeRequest;
 
-use super::{NodeVolumes, Outcome, Part, Undo, View, absolute};
+use super::{NodeOutcome, NodeVolumes, Part, Undo, View, absolute};
 use crate::error::NodeError;
 use crate::observe::{Identities, PathKind};
-use crate::record::{Capability, Source, StageRecord, StageState, VolumeRecord, sorted};
+use crate::record::{Capability, NodeVolumeRecord, StageRecord, StageState, VolumeSource, sorted};
 use crate::rules::{StageDecision, StageFacts, decide_stage, effective_readonly, mount_options};
+use crate::seams::VolumeContexts;
 
 impl NodeVolumes {
     /// NodeStageVolume. The volume's source comes from the locator; an
     /// image is attached (or its existing device reused), and for mount
     /// access its filesystem, or the directory, is mounted at the staging
     /// path, read-only for reader-only modes.
-    pub fn stage(&self, req: &NodeStageVolumeRequest) -> Result<Outcome, NodeError> {
+    pub fn stage(&self, req: &NodeStageVolumeRequest) -> Result<NodeOutcome, NodeError> {
         let cap = Capability::from_proto(req.volume_capability.as_ref(), "volume_capability")?;
         let path = absolute(&req.staging_target_path, "staging_target_path")?;
         let mut req = req.clone();
@@ -21,13 +22,14 @@ impl NodeVolumes {
         let readonly = effective_readonly(false, &cap);
         let options = mount_options(&cap, readonly)?;
         let vol = req.volume_id.as_str();
+        let contexts = VolumeContexts::of(&req.volume_context, &req.publish_context);
         let source = self
             .inner
             .locator
-            .source(vol)
-            .ok_or_else(|| NodeError::NotFound(format!("volume {vol} does not exist")))?;
-        if cap.is_block() && matches!(source, Source::Directory(_)) {
-            return Err(NodeError::FailedPrecondition(format!(
+            .source_in(vol, &contexts)?
+            .ok_or_else(|| NodeError::not_found(format!("volume {vol} does not exist")))?;
+        if cap.is_block() && matches!(source, VolumeSource::Directory(_)) {
+            return Err(NodeError::failed_precondition(format!(
                 "volume {vol} is a directory and cannot be staged for block access"
             )));
         }
@@ -43,13 +45,13 @@ impl NodeVolumes {
                 staged: record.as_ref().and_then(|r| r.stage.as_ref()),
                 path_claimed_by: claimed.as_deref(),
                 path: &here,
-                device_attached: !ids.devices.is_empty(),
+                device_attached: ids.device().is_some(),
             },
         )?;
         let StageDecision::Stage { resume, mounted } = decision else {
-            return Ok(Outcome::Unchanged);
+            return Ok(NodeOutcome::Unchanged);
         };
-        let mut rec = record.unwrap_or_else(|| VolumeRecord::new(vol));
+        let mut rec = record.unwrap_or_else(|| NodeVolumeRecord::new(vol));
         let stage = match rec.stage.take() {
             Some(mut s) if resume => {
                 s.state = StageState::Staging;
@@ -80,7 +82,7 @@ impl NodeVolumes {
                 self.save(&rec, Part::Stage)?;
                 self.table().abnormal.remove(vol);
                 tracing::info!(volume = %vol, path = %path.display(), "staged");
-                Ok(Outcome::Changed)
+                Ok(NodeOutcome::Changed)
             }
             Err(e) => {
                 if !resume {
@@ -93,7 +95,7 @@ impl NodeVolumes {
 
     pub(super) fn stage_effects(
         &self,
-        rec: &mut VolumeRecord,
+        rec: &mut NodeVolumeRecord,
         view: &View<'_>,
         ids: &Identities,
         mounted: bool,
@@ -104,13 +106,27 @@ impl NodeVolumes {
             return Ok(());
         };
         let device = match &s.source {
-            Source::Directory(_) => None,
-            Source::Image(image) => {
+            VolumeSource::Directory(_) => None,
+            VolumeSource::Device(path) => {
+                let dev = match &ids.attached {
+                    Some(d) => d.clone(),
+                    None => self.wait_for_device(&rec.volume_id, path)?,
+                };
+                if s.device.as_ref() != Some(&dev) {
+                    if let Some(st) = rec.stage.as_mut() {
+                        st.device = Some(dev.clone());
+                    }
+                    self.save(rec, Part::Stage)?;
+                }
+                self.inner.locator.prepare_device(&rec.volume_id, &dev)?;
+                Some(dev)
+            }
+            VolumeSource::Image(image) => {
                 let dev = match ids.devices.first() {
                     Some(d) => d.clone(),
                     None => {
                         if !image.is_file() {
-                            return Err(NodeError::FailedPrecondition(format!(
+                            return Err(NodeError::failed_precondition(format!(
                                 "the image of volume {} is missing",
                                 rec.volume_id
                             )));
@@ -138,12 +154,12 @@ impl NodeVolumes {
             undo.created = Some(s.path.clone());
         }
         match (&s.source, &device) {
-            (Source::Directory(dir), _) => self
+            (VolumeSource::Directory(dir), _) => self
                 .inner
                 .mounter
                 .bind_mount(dir, &s.path, s.readonly)
                 .map_err(|e| NodeError::mount("staging at", &s.path, &e))?,
-            (Source::Image(_), Some(dev)) => {
+            (VolumeSource::Image(_) | VolumeSource::Device(_), Some(dev)) => {
                 let opts: Vec<&str> = options.iter().map(String::as_str).collect();
                 self.inner.filesystems.mount_filesystem(
                     &dev.path,
@@ -153,9 +169,9 @@ impl NodeVolumes {
                     !s.formatted,
                 )?
             }
-            (Source::Image(image), None) => {
-                return Err(NodeError::FailedPrecondition(format!(
-                    "no loop device for {}",
+            (VolumeSource::Image(image) | VolumeSource::Device(image), None) => {
+                return Err(NodeError::failed_precondition(format!(
+                    "no block device for {}",
                     image.display()
                 )));
             }

@@ -4,12 +4,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use crate::error::NodeError;
-use crate::record::{PublishRecord, StageRecord, VolumeRecord};
+use crate::record::{NodeVolumeRecord, PublishRecord, StageRecord};
 use csi_store::{Scan, Table as StoreTable};
 
 #[derive(Default)]
 pub(super) struct Table {
-    pub(super) records: BTreeMap<String, VolumeRecord>,
+    pub(super) records: BTreeMap<String, NodeVolumeRecord>,
     /// Volumes reported abnormal, with why.
     pub(super) abnormal: BTreeMap<String, String>,
     /// Targets whose publication record is unreadable, with why.
@@ -86,9 +86,9 @@ impl Table {
         Ok(())
     }
 
-    pub(super) fn entry(&mut self, volume: &str) -> &mut VolumeRecord {
+    pub(super) fn entry(&mut self, volume: &str) -> &mut NodeVolumeRecord {
         self.records
             .entry(volume.to_owned())
-            .or_insert_with(|| VolumeRecord::new(volume))
+            .or_insert_with(|| NodeVolumeRecord::new(volume))
     }
 }

@@ -2,16 +2,16 @@
 
 use csi_proto::v1::NodeUnpublishVolumeRequest;
 
-use super::{NodeVolumes, Outcome, Part, View, absolute};
+use super::{NodeOutcome, NodeVolumes, Part, View, absolute};
 use crate::error::NodeError;
-use crate::record::{PublishState, VolumeRecord};
+use crate::record::{NodeVolumeRecord, PublishState};
 use crate::rules::{UnpublishDecision, UnpublishFacts, decide_unpublish};
 
 impl NodeVolumes {
     /// NodeUnpublishVolume: unmounts the target only where it shows this
     /// volume and removes it if empty; a target recorded for another volume,
     /// or holding something else, is NOT_FOUND and left alone.
-    pub fn unpublish(&self, req: &NodeUnpublishVolumeRequest) -> Result<Outcome, NodeError> {
+    pub fn unpublish(&self, req: &NodeUnpublishVolumeRequest) -> Result<NodeOutcome, NodeError> {
         let target = absolute(&req.target_path, "target_path")?;
         let vol = req.volume_id.as_str();
         let _claim = self.claim(vol, &[&target])?;
@@ -31,9 +31,9 @@ impl NodeVolumes {
             },
         )?;
         let UnpublishDecision::Unpublish { unmount, remove } = decision else {
-            return Ok(Outcome::Unchanged);
+            return Ok(NodeOutcome::Unchanged);
         };
-        let mut rec = record.unwrap_or_else(|| VolumeRecord::new(vol));
+        let mut rec = record.unwrap_or_else(|| NodeVolumeRecord::new(vol));
         if let Some(p) = rec.publications.iter_mut().find(|p| p.target == target) {
             p.state = PublishState::Unpublishing;
             self.save_progress(&rec, Part::Publication(&target))?;
@@ -47,6 +47,6 @@ impl NodeVolumes {
         rec.publications.retain(|p| p.target != target);
         self.save(&rec, Part::Publication(&target))?;
         tracing::info!(volume = %vol, target = %target.display(), "unpublished");
-        Ok(Outcome::Changed)
+        Ok(NodeOutcome::Changed)
     }
 }

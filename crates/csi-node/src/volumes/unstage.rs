@@ -4,10 +4,10 @@ use std::path::PathBuf;
 
 use csi_proto::v1::NodeUnstageVolumeRequest;
 
-use super::{NodeVolumes, Outcome, Part, View, absolute};
+use super::{NodeOutcome, NodeVolumes, Part, View, absolute};
 use crate::error::NodeError;
 use crate::observe::resolve;
-use crate::record::{StageState, VolumeRecord};
+use crate::record::{NodeVolumeRecord, StageState};
 use crate::rules::{UnstageDecision, UnstageFacts, decide_unstage};
 
 impl NodeVolumes {
@@ -15,7 +15,7 @@ impl NodeVolumes {
     /// unmounts the staging path only where it shows this volume; detaches
     /// the volume's devices, found by backing file (so also after a crash
     /// that lost the record of the attach).
-    pub fn unstage(&self, req: &NodeUnstageVolumeRequest) -> Result<Outcome, NodeError> {
+    pub fn unstage(&self, req: &NodeUnstageVolumeRequest) -> Result<NodeOutcome, NodeError> {
         let path = absolute(&req.staging_target_path, "staging_target_path")?;
         let vol = req.volume_id.as_str();
         let _claim = self.claim(vol, &[&path])?;
@@ -47,9 +47,9 @@ impl NodeVolumes {
             },
         )?;
         let UnstageDecision::Unstage { unmount } = decision else {
-            return Ok(Outcome::Unchanged);
+            return Ok(NodeOutcome::Unchanged);
         };
-        let mut rec = record.unwrap_or_else(|| VolumeRecord::new(vol));
+        let mut rec = record.unwrap_or_else(|| NodeVolumeRecord::new(vol));
         if let Some(s) = rec.stage.as_mut() {
             s.state = StageState::Unstaging;
             self.save_progress(&rec, Part::Stage)?;
@@ -64,6 +64,6 @@ impl NodeVolumes {
         rec.stage = None;
         self.save(&rec, Part::Stage)?;
         tracing::info!(volume = %vol, path = %path.display(), "unstaged");
-        Ok(Outcome::Changed)
+        Ok(NodeOutcome::Changed)
     }
 }
