@@ -143,8 +143,8 @@ mod volumes;
 
 pub use error::NodeError;
 pub use record::{
-    AccessKind, Capability, Device, MountFlags, NodeVolumeRecord, PublishRecord, PublishState,
-    StageRecord, StageState, VolumeSource,
+    AccessKind, Capability, Device, FilesystemSource, MountFlags, NodeVolumeRecord, PublishRecord,
+    PublishState, StageRecord, StageState, VolumeSource,
 };
 pub use seams::{FilesystemMount, PlainMount, VolumeContexts, VolumeLocator, device_by_name};
 pub use service::{NodeBackend, NodeInfo, NodeService, NodeServiceBuilder, VolumeInfo};

@@ -103,6 +103,9 @@ pub struct Identities {
     /// The device the controller attached, when it is present now; the
     /// node never detaches it.
     pub attached: Option<Device>,
+    /// Ids of mounts this plugin made for the volume (a filesystem mounted
+    /// by type and source): such a mount is the volume's wherever it is.
+    pub mount_ids: Vec<u32>,
     /// Its source directory: a mount exactly there is the volume's own
     /// filesystem, not a use of it.
     pub directory: Option<PathBuf>,
@@ -116,7 +119,7 @@ impl Identities {
 
     /// Whether the mount `entry` shows this volume.
     pub fn owns(&self, entry: &MountInfo) -> bool {
-        self.ids.iter().any(|s| s.matches(entry, None))
+        self.mount_ids.contains(&entry.mount_id) || self.ids.iter().any(|s| s.matches(entry, None))
     }
 
     /// Mount points in `table` that show this volume, other than `except`
@@ -298,6 +301,7 @@ mod tests {
             ids: vec![filesystem_on(&loop3)],
             devices: vec![loop3],
             attached: None,
+            mount_ids: Vec::new(),
             directory: None,
         };
         let ours = entry(10, (7, 3), "/", "/staging", "/dev/loop3");

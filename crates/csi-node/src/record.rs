@@ -184,6 +184,51 @@ pub enum VolumeSource {
     /// mount access formatted only if it holds no filesystem (never
     /// reformatted) and mounted; never detached by the node.
     Device(PathBuf),
+    /// A filesystem mounted by type, source and options (NFS, SMB, CephFS,
+    /// FUSE, tmpfs), recognised as this volume's by the id of the mount
+    /// this plugin made, never by its source string.
+    Filesystem(FilesystemSource),
+}
+
+/// What a [`VolumeSource::Filesystem`] mounts. Recorded: nothing secret
+/// belongs here; secret options are named, and their values come from the
+/// NodeStage secrets at mount time only.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FilesystemSource {
+    /// The filesystem type (`nfs`, `cifs`, `ceph`, `fuse.sshfs`, `tmpfs`).
+    pub fs_type: String,
+    /// The mount source (`server:/export`, `//server/share`, `none`).
+    pub source: String,
+    /// Options that are not secret (`vers=4.1`, `size=1g`).
+    pub options: Vec<String>,
+    /// Names of NodeStage secrets, each passed to the mount call as
+    /// `name=value` and nowhere else (a missing one is INVALID_ARGUMENT
+    /// naming `secrets[name]`).
+    pub secret_options: Vec<String>,
+}
+
+impl FilesystemSource {
+    /// `fs_type` mounted from `source` with no options.
+    pub fn new(fs_type: impl Into<String>, source: impl Into<String>) -> Self {
+        FilesystemSource {
+            fs_type: fs_type.into(),
+            source: source.into(),
+            options: Vec::new(),
+            secret_options: Vec::new(),
+        }
+    }
+
+    /// With the options `options` (not secret).
+    pub fn options<S: Into<String>>(mut self, options: impl IntoIterator<Item = S>) -> Self {
+        self.options.extend(options.into_iter().map(Into::into));
+        self
+    }
+
+    /// With the NodeStage secret `name` passed as the option `name=value`.
+    pub fn secret_option(mut self, name: impl Into<String>) -> Self {
+        self.secret_options.push(name.into());
+        self
+    }
 }
 
 /// Progress of a stage: saved as `Staging` before the first effect, so a
@@ -227,6 +272,10 @@ pub struct StageRecord {
     /// A filesystem was mounted from the device at least once: it must
     /// never be formatted again.
     pub formatted: bool,
+    /// The id of the mount made for a [`VolumeSource::Filesystem`], saved
+    /// before it is moved to the staging path (a move keeps it).
+    #[serde(default)]
+    pub mount_id: Option<u32>,
     /// The publish context of the NodeStage call.
     pub publish_context: BTreeMap<String, String>,
     /// The volume context of the NodeStage call.
@@ -364,6 +413,7 @@ mod tests {
                 source: VolumeSource::Image("/img".into()),
                 device: None,
                 formatted: false,
+                mount_id: None,
                 publish_context: BTreeMap::new(),
                 volume_context: BTreeMap::new(),
                 state: StageState::Staging,

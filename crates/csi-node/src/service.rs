@@ -192,8 +192,13 @@ impl<D: NodeBackend> NodeServiceBuilder<D> {
         self
     }
 
-    /// Opens the record in csi-store files under `dir` (created if absent).
-    pub fn open_in(self, dir: &Path) -> Result<NodeService<D>, NodeError> {
+    /// Opens the record in csi-store files under `dir` (created if absent);
+    /// filesystem volumes are mounted in `dir/mounts` first unless
+    /// [`NodeVolumesBuilder::private_mounts`] said otherwise.
+    pub fn open_in(mut self, dir: &Path) -> Result<NodeService<D>, NodeError> {
+        if !self.volumes.has_private_mounts() {
+            self.volumes = self.volumes.private_mounts(dir.join("mounts"));
+        }
         let store = FileStore::open(dir).map_err(|e| NodeError::Store {
             full: e.is_no_space(),
             reason: format!("{}: {e}", dir.display()),
@@ -207,12 +212,15 @@ impl<D: NodeBackend> NodeServiceBuilder<D> {
     /// `separate_dir` (with [`open_in`](Self::open_in)) is used while that
     /// directory holds one.
     pub fn open_shared(
-        self,
+        mut self,
         store: &FileStore,
         separate_dir: &Path,
     ) -> Result<NodeService<D>, NodeError> {
         if separate_dir.join(csi_store::LOCK_FILE).exists() {
             return self.open_in(separate_dir);
+        }
+        if !self.volumes.has_private_mounts() {
+            self.volumes = self.volumes.private_mounts(separate_dir.join("mounts"));
         }
         self.open(Arc::new(store.clone()))
     }

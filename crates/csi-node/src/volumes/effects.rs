@@ -195,6 +195,10 @@ impl NodeVolumes {
         let mut out = Identities::default();
         for source in sources {
             match source {
+                VolumeSource::Filesystem(fs) => {
+                    let stage = record.and_then(|r| r.stage.as_ref());
+                    self.filesystem_identities(volume, stage, &fs, view, &mut out)?;
+                }
                 VolumeSource::Directory(d) => {
                     // mountinfo shows resolved paths. One without symlinks
                     // is its own: one openat2 instead of realpath's

@@ -45,6 +45,7 @@ const MAX_STACKED: usize = 16;
 
 mod condition;
 mod effects;
+mod filesystem;
 mod publish;
 mod restore;
 mod stage;
@@ -65,6 +66,7 @@ struct Inner {
     filesystems: Arc<dyn FilesystemMount>,
     devices: Arc<dyn BlockDevices>,
     device_timeout: Duration,
+    private_dir: Option<PathBuf>,
     single_node_multi_writer: bool,
     table: Mutex<Table>,
 }
@@ -97,6 +99,7 @@ pub struct NodeVolumesBuilder {
     filesystems: Option<Arc<dyn FilesystemMount>>,
     devices: Option<Arc<dyn BlockDevices>>,
     device_timeout: Duration,
+    private_dir: Option<PathBuf>,
     single_node_multi_writer: bool,
 }
 
@@ -129,6 +132,21 @@ impl NodeVolumesBuilder {
     pub fn device_timeout(mut self, timeout: Duration) -> Self {
         self.device_timeout = timeout;
         self
+    }
+
+    /// The directory only this plugin mounts in (under its state
+    /// directory; [`NodeServiceBuilder::open_in`](crate::NodeServiceBuilder::open_in)
+    /// uses `<dir>/mounts`): a filesystem volume
+    /// ([`VolumeSource::Filesystem`](crate::VolumeSource::Filesystem)) is
+    /// mounted there first, then moved to its staging path. On Linux it must
+    /// not be on a shared mount (`MS_MOVE` refuses one).
+    pub fn private_mounts(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.private_dir = Some(dir.into());
+        self
+    }
+
+    pub(crate) fn has_private_mounts(&self) -> bool {
+        self.private_dir.is_some()
     }
 
     /// Whether the plugin declares SINGLE_NODE_MULTI_WRITER (the repeat
@@ -171,6 +189,7 @@ impl NodeVolumesBuilder {
                 filesystems,
                 devices: self.devices.unwrap_or_else(|| Arc::new(LinuxBlockDevices)),
                 device_timeout: self.device_timeout,
+                private_dir: self.private_dir,
                 single_node_multi_writer: self.single_node_multi_writer,
                 table: Mutex::new(table),
             }),
@@ -228,6 +247,7 @@ impl NodeVolumes {
             filesystems: None,
             devices: None,
             device_timeout: DEFAULT_DEVICE_TIMEOUT,
+            private_dir: None,
             single_node_multi_writer: false,
         }
     }

@@ -98,7 +98,8 @@ impl NodeVolumes {
         }
         let options = mount_options(&s.capability, s.readonly)?;
         let mut undo = Undo::default();
-        let result = self.stage_effects(rec, &view, &ids, here.is_ours(), &options, &mut undo);
+        let result =
+            self.stage_effects(rec, &view, &ids, here.is_ours(), &options, None, &mut undo);
         if result.is_ok() && undo.mounted {
             tracing::info!(volume = %rec.volume_id, path = %s.path.display(), "restored staging mount");
         }

@@ -3,6 +3,8 @@
 use csi_proto::v1::NodeStageVolumeRequest;
 
 use super::{NodeOutcome, NodeVolumes, Part, Undo, View, absolute};
+use std::collections::HashMap;
+
 use crate::error::NodeError;
 use crate::observe::{Identities, PathKind};
 use crate::record::{Capability, NodeVolumeRecord, StageRecord, StageState, VolumeSource, sorted};
@@ -31,6 +33,11 @@ impl NodeVolumes {
         if cap.is_block() && matches!(source, VolumeSource::Directory(_)) {
             return Err(NodeError::failed_precondition(format!(
                 "volume {vol} is a directory and cannot be staged for block access"
+            )));
+        }
+        if cap.is_block() && matches!(source, VolumeSource::Filesystem(_)) {
+            return Err(NodeError::failed_precondition(format!(
+                "volume {vol} is a filesystem and cannot be staged for block access"
             )));
         }
         let _claim = self.claim(vol, &[&path])?;
@@ -65,6 +72,7 @@ impl NodeVolumes {
                 source,
                 device: None,
                 formatted: false,
+                mount_id: None,
                 publish_context: sorted(&req.publish_context),
                 volume_context: sorted(&req.volume_context),
                 state: StageState::Staging,
@@ -73,7 +81,8 @@ impl NodeVolumes {
         rec.stage = Some(stage);
         self.save(&rec, Part::Stage)?;
         let mut undo = Undo::default();
-        match self.stage_effects(&mut rec, &view, &ids, mounted, &options, &mut undo) {
+        let secrets = Some(&req.secrets);
+        match self.stage_effects(&mut rec, &view, &ids, mounted, &options, secrets, &mut undo) {
             Ok(()) => {
                 if let Some(s) = rec.stage.as_mut() {
                     s.state = StageState::Staged;
@@ -100,12 +109,16 @@ impl NodeVolumes {
         ids: &Identities,
         mounted: bool,
         options: &[String],
+        secrets: Option<&HashMap<String, String>>,
         undo: &mut Undo,
     ) -> Result<(), NodeError> {
         let Some(s) = rec.stage.clone() else {
             return Ok(());
         };
         let device = match &s.source {
+            VolumeSource::Filesystem(fs) => {
+                return self.stage_filesystem(rec, fs, view, mounted, options, secrets, undo);
+            }
             VolumeSource::Directory(_) => None,
             VolumeSource::Device(path) => {
                 let dev = match &ids.attached {
@@ -169,6 +182,7 @@ impl NodeVolumes {
                     !s.formatted,
                 )?
             }
+            (VolumeSource::Filesystem(_), _) => return Ok(()),
             (VolumeSource::Image(image) | VolumeSource::Device(image), None) => {
                 return Err(NodeError::failed_precondition(format!(
                     "no block device for {}",

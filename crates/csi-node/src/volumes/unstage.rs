@@ -1,6 +1,6 @@
 //! NodeUnstageVolume.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use csi_proto::v1::NodeUnstageVolumeRequest;
 
@@ -29,8 +29,12 @@ impl NodeVolumes {
             .iter()
             .flat_map(|r| r.publications.iter().map(|p| p.target.clone()))
             .collect();
+        // A mount in the volume's private directory is this plugin's
+        // half-made stage (a crash before the move), not a use.
+        let private = self.private_path(vol).ok();
         for p in ids.uses(&table, &resolve(&path)) {
-            if !in_use.iter().any(|t| resolve(t) == p) {
+            let half_made = private.as_deref().is_some_and(|d| p.starts_with(d));
+            if !half_made && !in_use.iter().any(|t| resolve(t) == p) {
                 in_use.push(p.to_path_buf());
             }
         }
@@ -60,6 +64,9 @@ impl NodeVolumes {
         for dev in &ids.devices {
             self.detach(dev)?;
             tracing::info!(volume = %vol, device = %dev.path.display(), "detached");
+        }
+        if private.as_deref().is_some_and(Path::exists) {
+            self.clear_private(vol);
         }
         rec.stage = None;
         self.save(&rec, Part::Stage)?;
