@@ -451,6 +451,7 @@ mod tests {
             source: VolumeSource::Image("/img".into()),
             device: None,
             formatted: true,
+            mount_id: None,
             publish_context: Default::default(),
             volume_context: Default::default(),
             state,

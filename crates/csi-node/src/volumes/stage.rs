@@ -102,6 +102,7 @@ impl NodeVolumes {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn stage_effects(
         &self,
         rec: &mut NodeVolumeRecord,
