@@ -38,9 +38,25 @@
 //! check, NodeGetVolumeStats with the condition and the filesystem usage
 //! or block size, NodeExpandVolume, NodeGetInfo, restore at start). The
 //! driver implements [`NodeBackend`]: which volumes exist, their access type
-//! and size, where their data is, and optionally a stage check, a stage
-//! lock and inline ephemeral volumes. A node plugin whose volumes are
-//! directories under `/var/lib/example/volumes`:
+//! and size, where their data is ([`VolumeSource`]), and optionally a stage
+//! check, a stage lock and inline ephemeral volumes. A source is one of:
+//!
+//! - a directory, bind-mounted;
+//! - an image file, attached as a loop device;
+//! - a block device the controller attached, by path or stable name
+//!   ([`device_by_name`]), waited for through mount-utils' `BlockDevices`
+//!   seam, formatted only when it holds no filesystem, never reformatted;
+//! - a filesystem mounted by type, source and options ([`FilesystemSource`]:
+//!   NFS, SMB, CephFS, FUSE, tmpfs), its secret options taken from the
+//!   NodeStage secrets for the mount call only, mounted in a directory only
+//!   this plugin mounts in and moved to the staging path, so after a crash
+//!   it is known by its mount id, never by its source string.
+//!
+//! Everything a driver needs can come from the request
+//! ([`VolumeLocator::source_in`], [`NodeBackend::volume_in`] get its
+//! [`VolumeContexts`]), so no controller has to run in the node's process.
+//! A node plugin whose volumes are directories under
+//! `/var/lib/example/volumes`:
 //!
 //! ```no_run
 //! use std::path::{Path, PathBuf};

@@ -109,6 +109,7 @@ mod block_devices;
 mod error;
 mod exec;
 mod fake;
+mod fake_block_devices;
 mod fake_loop;
 mod format;
 pub mod freeze;
@@ -126,12 +127,12 @@ pub mod testing;
 
 pub use block::{DeviceNumber, same_device};
 pub use block_devices::{
-    BlockDeviceError, BlockDeviceInfo, BlockDevices, DEVICE_POLL_INTERVAL, FakeBlockDevices,
-    LinuxBlockDevices,
+    BlockDeviceError, BlockDeviceInfo, BlockDevices, DEVICE_POLL_INTERVAL, LinuxBlockDevices,
 };
 pub use error::{MountError, is_corrupted_mount_errno};
 pub use exec::{Exec, ExecCall, ExecError, ExecOutput, FakeExec, SystemExec};
 pub use fake::{FakeAction, FakeMounter, FakeOp};
+pub use fake_block_devices::FakeBlockDevices;
 pub use fake_loop::{FakeLoopAction, FakeLoopDevices, FakeLoopOp};
 pub use format::{DEFAULT_FS_TYPE, DiskFormat, FormatError, SafeFormatAndMount};
 pub use linux::LinuxMounter;

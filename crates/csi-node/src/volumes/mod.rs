@@ -80,7 +80,8 @@ enum Part<'a> {
 
 /// What this node plugin staged and published, and the rules that guard
 /// it: NodeStage, NodeUnstage, NodePublish and NodeUnpublish done safely,
-/// for any driver whose volumes are directories or image files.
+/// for any [`VolumeSource`](crate::VolumeSource): directories, image files,
+/// attached devices and filesystems mounted by type.
 ///
 /// Cheap to clone; every method blocks (run it in `spawn_blocking`). Calls
 /// on a volume or path another call is working on are ABORTED.
