@@ -344,3 +344,57 @@ fn root_case6_8_restart_restores_and_never_reformats_a_damaged_volume() {
         assert_no_loop_device_for(&bad);
     });
 }
+
+/// A filesystem mounted by type and source (tmpfs) with the real kernel:
+/// made in the private directory, moved to the staging path with its mount
+/// id kept, published, cleaned up. The test's directory is made a shared
+/// mount first, as `/` is on most hosts: `MS_MOVE` refuses a mount under a
+/// shared parent, which the private directory's own private mount avoids.
+#[test]
+#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
+fn root_tmpfs_is_moved_to_its_staging_path_and_known_by_its_mount_id() {
+    as_root("root_tmpfs", |base| {
+        let mounter: Arc<dyn Mounter> = Arc::new(LinuxMounter::new());
+        let b = base.to_string_lossy();
+        mounter.mount(&b, base, "", &["bind", "shared"]).unwrap();
+        let tmpfs = csi_node::FilesystemSource::new("tmpfs", "csi-kit-test").options(["size=1m"]);
+        let locator: Arc<dyn csi_node::VolumeLocator> =
+            Arc::new(move |_: &str| Some(csi_node::VolumeSource::Filesystem(tmpfs.clone())));
+        let store = MemStore::new();
+        let v = NodeVolumes::builder(mounter.clone(), Arc::new(store), locator)
+            .private_mounts(base.join("private"))
+            .open()
+            .unwrap();
+        let cap = mount_cap(Mode::SingleNodeWriter);
+        let cap = csi_proto::v1::VolumeCapability {
+            access_type: Some(csi_proto::v1::volume_capability::AccessType::Mount(
+                Default::default(),
+            )),
+            ..cap
+        };
+        let (staging, target) = (base.join("staging"), base.join("pods/t"));
+        assert_eq!(
+            v.stage(&stage("fs-1", &staging, cap.clone())).unwrap(),
+            NodeOutcome::Changed
+        );
+        let here = mounts_at(&staging);
+        assert_eq!((here.len(), here[0].fs_type.as_str()), (1, "tmpfs"));
+        let saved = v.record("fs-1").unwrap().stage.unwrap().mount_id;
+        assert_eq!(saved, Some(here[0].mount_id), "MS_MOVE kept the id");
+        assert!(mounts_at(&base.join("private/fs-1")).is_empty());
+        std::fs::write(staging.join("file"), b"data").unwrap();
+
+        v.publish(&publish(
+            "fs-1",
+            Some(&staging),
+            &target,
+            cap.clone(),
+            false,
+        ))
+        .unwrap();
+        assert_eq!(std::fs::read(target.join("file")).unwrap(), b"data");
+        v.unpublish(&unpublish("fs-1", &target)).unwrap();
+        v.unstage(&unstage("fs-1", &staging)).unwrap();
+        assert!(mounts_at(&staging).is_empty() && v.records().is_empty());
+    });
+}

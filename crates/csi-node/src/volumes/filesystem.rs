@@ -141,12 +141,26 @@ impl NodeVolumes {
         self.verify(&rec.volume_id, rec, view, &s.path, s.readonly)
     }
 
+    /// Creates `private` (mode 0700) under the private root, which is made
+    /// a private mount of itself first: `MS_MOVE` refuses a mount whose
+    /// parent mount is shared, as `/` is on most hosts.
     fn make_private_dir(&self, private: &Path) -> Result<(), NodeError> {
         let mut builder = std::fs::DirBuilder::new();
         builder.recursive(true).mode(0o700);
         builder
             .create(private)
-            .map_err(|e| NodeError::io("creating", private, &e))
+            .map_err(|e| NodeError::io("creating", private, &e))?;
+        let Some(root) = self.inner.private_dir.as_deref() else {
+            return Ok(());
+        };
+        let mounter = &self.inner.mounter;
+        let mounted = mounter.is_mount_point(root);
+        if !mounted.map_err(|e| NodeError::mount("inspecting", root, &e))? {
+            let source = root.to_string_lossy();
+            let made = mounter.mount(&source, root, "", &["bind", "private"]);
+            made.map_err(|e| NodeError::mount("making a private mount of", root, &e))?;
+        }
+        Ok(())
     }
 
     /// Unmounts whatever is in `volume`'s private directory (only this
