@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use csi_controller::{Access, VolumeRecord, WeakEngine};
-use csi_node::{NodeBackend, NodeInfo, NodeService, VolumeSource, VolumeInfo, VolumeLocator};
+use csi_node::{NodeBackend, NodeInfo, NodeService, VolumeInfo, VolumeLocator, VolumeSource};
 use csi_proto::v1::NodePublishVolumeRequest;
 use csi_server::{CsiError, CsiResult};
 use csi_store::FileStore;
