@@ -104,8 +104,8 @@
 //! of the service to ask [`NodeService::volumes`] whether a volume is still
 //! staged or published here.
 //!
-//! The same calls with fakes ([`testing`]), as a driver's unit test would
-//! make them:
+//! The same calls with fakes (the `testing` module, with the `testing`
+//! feature), as a driver's unit test would make them:
 //!
 //! ```
 //! use std::sync::Arc;
@@ -154,6 +154,7 @@ mod record;
 pub mod rules;
 mod seams;
 mod service;
+#[cfg(feature = "testing")]
 pub mod testing;
 mod volumes;
 
