@@ -1,7 +1,8 @@
-//! The cases of issue #13 that concern the node record, with fakes (no
-//! root): FakeHost (FakeMounter + fake loop devices), csi-store's MemStore, and
-//! temporary directories for the paths. Test names start with the case
-//! number.
+//! The node record's rules with fakes (no root): FakeHost (FakeMounter +
+//! fake loop devices), csi-store's MemStore, and temporary directories for
+//! the paths. One file over 700 lines: every case runs on the `Node`
+//! harness below (and the `Twisted` mounter), which a split would have to
+//! share through `common`, where root.rs would not use it.
 
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{Receiver, Sender, channel};
@@ -165,7 +166,7 @@ fn mount_published(node: &Node, vol: &str) -> (PathBuf, PathBuf) {
 }
 
 #[test]
-fn case1_unstage_of_a_published_volume_is_refused_and_keeps_its_device() {
+fn unstage_of_a_published_volume_is_refused_and_keeps_its_device() {
     for block in [true, false] {
         let node = Node::new();
         let vol = node.image_volume("img-1");
@@ -206,7 +207,7 @@ fn case1_unstage_of_a_published_volume_is_refused_and_keeps_its_device() {
 }
 
 #[test]
-fn case2_read_only_wins_over_rw_flags() {
+fn read_only_wins_over_rw_flags() {
     let node = Node::new();
     let vol = node.dir_volume("dir-1");
     let asked = node.path("pods/asked");
@@ -373,7 +374,7 @@ fn twisted(node: &Node, twist: Twist) -> NodeVolumes {
 }
 
 #[test]
-fn case2_a_mount_that_did_not_become_read_only_is_undone() {
+fn a_mount_that_did_not_become_read_only_is_undone() {
     let node = Node::new();
     let vol = node.dir_volume("dir-1");
     let volumes = twisted(&node, Twist::IgnoreReadOnly);
@@ -394,7 +395,7 @@ fn case2_a_mount_that_did_not_become_read_only_is_undone() {
 }
 
 #[test]
-fn case3_flag_values_reach_no_error_record_debug_or_log_line() {
+fn flag_values_reach_no_error_record_debug_or_log_line() {
     let (logs, subscriber) = csi_node::testing::requests::log_capture();
     let mut seen = Vec::new();
     tracing::subscriber::with_default(subscriber, || {
@@ -439,7 +440,7 @@ fn case3_flag_values_reach_no_error_record_debug_or_log_line() {
 }
 
 #[test]
-fn case4_unpublish_never_touches_a_foreign_mount() {
+fn unpublish_never_touches_a_foreign_mount() {
     let node = Node::new();
     let vol = node.dir_volume("dir-1");
     let foreign = node.path("pods/foreign");
@@ -456,7 +457,7 @@ fn case4_unpublish_never_touches_a_foreign_mount() {
 }
 
 #[test]
-fn case4_a_target_is_unpublished_only_for_the_volume_recorded_there() {
+fn a_target_is_unpublished_only_for_the_volume_recorded_there() {
     let node = Node::new();
     let (a, b) = (node.image_volume("img-a"), node.image_volume("img-b"));
     let (staging_a, target_a) = mount_published(&node, &a);
@@ -487,7 +488,7 @@ fn case4_a_target_is_unpublished_only_for_the_volume_recorded_there() {
 }
 
 #[test]
-fn case4_stage_and_publish_refuse_a_path_holding_another_volume() {
+fn stage_and_publish_refuse_a_path_holding_another_volume() {
     let node = Node::new();
     let (a, b) = (node.image_volume("img-a"), node.image_volume("img-b"));
     let (staging_a, target_a) = mount_published(&node, &a);
@@ -536,7 +537,7 @@ fn case4_stage_and_publish_refuse_a_path_holding_another_volume() {
 }
 
 #[test]
-fn case4_a_repeat_stage_is_ok_only_when_the_path_shows_this_volume() {
+fn a_repeat_stage_is_ok_only_when_the_path_shows_this_volume() {
     let node = Node::new();
     let vol = node.image_volume("img-1");
     let staging = node.path("staging");
@@ -559,7 +560,7 @@ fn case4_a_repeat_stage_is_ok_only_when_the_path_shows_this_volume() {
 }
 
 #[test]
-fn case4_a_symlink_target_or_staging_path_is_never_followed() {
+fn a_symlink_target_or_staging_path_is_never_followed() {
     let node = Node::new();
     let vol = node.dir_volume("dir-1");
     let elsewhere = node.path("elsewhere");
@@ -589,7 +590,7 @@ fn case4_a_symlink_target_or_staging_path_is_never_followed() {
 }
 
 #[test]
-fn case5_block_publish_never_mounts_over_a_file_with_data() {
+fn block_publish_never_mounts_over_a_file_with_data() {
     let node = Node::new();
     let vol = node.image_volume("img-1");
     let staging = node.path("staging");
@@ -626,7 +627,7 @@ fn crashes(f: impl FnOnce()) {
 }
 
 #[test]
-fn case7_a_crash_between_publish_mount_and_save_is_completed_by_a_retry_or_undone_by_unpublish() {
+fn a_crash_between_publish_mount_and_save_is_completed_by_a_retry_or_undone_by_unpublish() {
     for retry in [true, false] {
         let node = Node::new();
         let vol = node.dir_volume("dir-1");
@@ -655,7 +656,7 @@ fn case7_a_crash_between_publish_mount_and_save_is_completed_by_a_retry_or_undon
 }
 
 #[test]
-fn case7_a_crash_while_staging_leaves_a_record_unstage_cleans_up() {
+fn a_crash_while_staging_leaves_a_record_unstage_cleans_up() {
     let node = Node::new();
     let vol = node.image_volume("img-1");
     let staging = node.path("staging");
@@ -678,7 +679,7 @@ fn case7_a_crash_while_staging_leaves_a_record_unstage_cleans_up() {
 }
 
 #[test]
-fn case7_a_lost_record_neither_leaks_a_mount_or_device_nor_frees_someone_elses() {
+fn a_lost_record_neither_leaks_a_mount_or_device_nor_frees_someone_elses() {
     let node = Node::new();
     let vol = node.image_volume("img-1");
     let staging = node.path("staging");
@@ -715,7 +716,7 @@ fn case7_a_lost_record_neither_leaks_a_mount_or_device_nor_frees_someone_elses()
 }
 
 #[test]
-fn case7_failed_calls_leave_no_record_mount_device_or_directory() {
+fn failed_calls_leave_no_record_mount_device_or_directory() {
     let node = Node::new();
     let vol = node.image_volume("img-1");
     let staging = node.path("staging");
@@ -756,7 +757,7 @@ fn case7_failed_calls_leave_no_record_mount_device_or_directory() {
 }
 
 #[test]
-fn case7_a_full_record_store_fails_before_anything_is_mounted() {
+fn a_full_record_store_fails_before_anything_is_mounted() {
     let node = Node::new();
     let vol = node.dir_volume("dir-1");
     let target = node.path("pods/t");
@@ -791,7 +792,7 @@ fn a_full_record_store_still_lets_unpublish_and_unstage_free_space() {
 }
 
 #[test]
-fn case6_a_formatted_volume_is_never_formatted_again() {
+fn a_formatted_volume_is_never_formatted_again() {
     let mut node = Node::new();
     let vol = node.image_volume("img-1");
     let staging = node.path("staging");
@@ -837,7 +838,7 @@ fn case6_a_formatted_volume_is_never_formatted_again() {
 }
 
 #[test]
-fn case8_bad_records_do_not_stop_the_plugin() {
+fn bad_records_do_not_stop_the_plugin() {
     let mut node = Node::new();
     let good = node.dir_volume("dir-good");
     let (good_staging, good_target) = mount_published(&node, &good);
