@@ -267,7 +267,8 @@ pub struct StageRecord {
     pub readonly: bool,
     /// Where the data comes from.
     pub source: VolumeSource,
-    /// The loop device of an [`VolumeSource::Image`], once attached.
+    /// The loop device of a [`VolumeSource::Image`], once attached, or the
+    /// node of a [`VolumeSource::Device`] once found.
     pub device: Option<Device>,
     /// A filesystem was mounted from the device at least once: it must
     /// never be formatted again.

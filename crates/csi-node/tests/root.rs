@@ -416,3 +416,68 @@ fn root_tmpfs_is_moved_to_its_staging_path_and_known_by_its_mount_id() {
         assert!(mounts_at(&staging).is_empty() && v.records().is_empty());
     });
 }
+
+/// A disk the controller attached (here a loop device), named by a link as
+/// udev's `/dev/disk/by-id` names are: found through the link (mounts never
+/// follow one, so the node behind it is what is mounted), formatted on
+/// first use only, never detached by the node, and not formatted again
+/// when staged a second time.
+#[test]
+#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
+fn root_an_attached_disk_named_by_a_link_is_formatted_once_and_never_detached() {
+    let name = "root_an_attached_disk_named_by_a_link_is_formatted_once_and_never_detached";
+    if !have_program(name, "mkfs.ext4") {
+        return;
+    }
+    as_root(name, |base| {
+        use mount_utils::{LinuxBlockDevices, LoopDevices, LoopOptions};
+        let img = image(base, "disk-1", 16 << 20);
+        let loops = LinuxLoopDevices::new();
+        // Left attached as a controller's attach leaves a disk (no autoclear).
+        let opts = LoopOptions {
+            autoclear: false,
+            ..LoopOptions::default()
+        };
+        let dev = loops.attach(&img, &opts).unwrap().keep();
+        let link = base.join("by-id/disk-1");
+        std::fs::create_dir(base.join("by-id")).unwrap();
+        std::os::unix::fs::symlink(&dev.path, &link).unwrap();
+        let source = link.clone();
+        let locator: Arc<dyn csi_node::VolumeLocator> =
+            Arc::new(move |_: &str| Some(csi_node::VolumeSource::Device(source.clone())));
+        let mounter: Arc<dyn Mounter> = Arc::new(LinuxMounter::new());
+        let formatter = SafeFormatAndMount::new(mounter.clone(), Arc::new(SystemExec::new()));
+        let v = NodeVolumes::builder(mounter, Arc::new(MemStore::new()), locator)
+            .block_devices(Arc::new(LinuxBlockDevices))
+            .filesystem_mount(Arc::new(formatter))
+            .open()
+            .unwrap();
+        let staging = base.join("staging");
+        let req = stage("disk-1", &staging, mount_cap(Mode::SingleNodeWriter));
+        v.stage(&req).unwrap();
+        let here = mounts_at(&staging);
+        assert_eq!(here.len(), 1);
+        assert_eq!(
+            (here[0].major, here[0].minor),
+            (dev.device.major, dev.device.minor)
+        );
+        let recorded = v.record("disk-1").unwrap().stage.unwrap().device.unwrap();
+        assert_eq!(recorded.path, dev.path, "the node behind the link");
+        std::fs::write(staging.join("file"), b"kept").unwrap();
+        v.unstage(&unstage("disk-1", &staging)).unwrap();
+        assert!(mounts_at(&staging).is_empty());
+        assert!(
+            loops.info(&dev.path).unwrap().is_some(),
+            "never detached by the node"
+        );
+
+        v.stage(&req).unwrap();
+        assert_eq!(
+            std::fs::read(staging.join("file")).unwrap(),
+            b"kept",
+            "not reformatted"
+        );
+        v.unstage(&unstage("disk-1", &staging)).unwrap();
+        assert!(mounts_at(&staging).is_empty() && v.records().is_empty());
+    });
+}

@@ -25,6 +25,9 @@ pub struct BlockDeviceInfo {
     /// The path it was asked for (a stable name stays a stable name: the
     /// node it points to may change across reboots).
     pub path: PathBuf,
+    /// The device node the path leads to now (`/dev/sdb` for a by-id link):
+    /// what to bind or mount, since mounts never follow a symlink.
+    pub node: PathBuf,
     /// Its `st_rdev`: what mountinfo shows for a filesystem on it.
     pub device: DeviceNumber,
     /// Its size in bytes.
@@ -115,9 +118,11 @@ impl BlockDevices for LinuxBlockDevices {
                 path: path.to_path_buf(),
             });
         }
-        let size = crate::block::device_size(path).map_err(|e| io("reading the size of", e))?;
+        let node = std::fs::canonicalize(path).map_err(|e| io("resolving", e))?;
+        let size = crate::block::device_size(&node).map_err(|e| io("reading the size of", e))?;
         Ok(Some(BlockDeviceInfo {
             path: path.to_path_buf(),
+            node,
             device: DeviceNumber::from_dev_t(meta.rdev()),
             size,
         }))

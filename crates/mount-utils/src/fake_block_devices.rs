@@ -53,6 +53,7 @@ impl FakeBlockDevices {
         let at = st.now + delay;
         let info = BlockDeviceInfo {
             path: path.clone(),
+            node: path.clone(),
             device,
             size,
         };

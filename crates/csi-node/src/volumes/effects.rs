@@ -132,12 +132,13 @@ impl NodeVolumes {
         Ok(Device::of(&attached.keep()))
     }
 
-    /// The attached device at `path`, if it is there now.
+    /// The attached device at `path` (its node: a link such as a by-id
+    /// name resolved), if it is there now.
     pub(super) fn find_device(&self, path: &Path) -> Result<Option<Device>, NodeError> {
         let found = self.inner.devices.find(path);
         let found = found.map_err(|e| NodeError::block_device(path, &e))?;
         Ok(found.map(|d| Device {
-            path: d.path,
+            path: d.node,
             major: d.device.major,
             minor: d.device.minor,
         }))
@@ -149,7 +150,7 @@ impl NodeVolumes {
         let timeout = self.inner.device_timeout;
         match self.inner.devices.wait_for(path, timeout) {
             Ok(d) => Ok(Device {
-                path: d.path,
+                path: d.node,
                 major: d.device.major,
                 minor: d.device.minor,
             }),
