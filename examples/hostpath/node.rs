@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use csi_controller::{Access, VolumeRecord, WeakControllerService};
-use csi_node::{NodeDriver, NodeInfo, NodeService, Source, VolumeInfo, VolumeLocator};
+use csi_node::{NodeBackend, NodeInfo, NodeService, VolumeInfo, VolumeLocator, VolumeSource};
 use csi_proto::v1::NodePublishVolumeRequest;
 use csi_server::{CsiError, CsiResult};
 use csi_store::FileStore;
@@ -17,7 +17,7 @@ use mount_utils::{LoopDevices, Mounter};
 use crate::backend::Backend;
 use crate::config::{Config, TOPOLOGY_KEY};
 
-/// hostpath's half of the node service. Weak: the controller's backend holds
+/// hostpath's half of the node service. Weak: the engine's backend holds
 /// the node side.
 pub struct NodeSide(pub WeakControllerService<Backend>);
 
@@ -57,7 +57,7 @@ fn info(v: &VolumeRecord) -> VolumeInfo {
 }
 
 impl VolumeLocator for NodeSide {
-    fn source(&self, volume_id: &str) -> Option<Source> {
+    fn source(&self, volume_id: &str) -> Option<VolumeSource> {
         let volume = self.find(volume_id)?;
         let path = self
             .0
@@ -65,13 +65,13 @@ impl VolumeLocator for NodeSide {
             .backend()
             .volume_path(&volume.id, volume.access);
         Some(match volume.access {
-            Access::Mount => Source::Directory(path),
-            Access::Block => Source::Image(path),
+            Access::Mount => VolumeSource::Directory(path),
+            Access::Block => VolumeSource::Image(path),
         })
     }
 }
 
-impl NodeDriver for NodeSide {
+impl NodeBackend for NodeSide {
     fn volume(&self, volume_id: &str) -> Option<VolumeInfo> {
         self.find(volume_id).as_ref().map(info)
     }

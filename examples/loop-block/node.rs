@@ -10,7 +10,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use csi_controller::{Access, WeakControllerService};
-use csi_node::{Device, NodeDriver, NodeError, NodeInfo, NodeService, Source, VolumeInfo};
+use csi_node::{
+    Device, NodeBackend, NodeError, NodeInfo, NodeService, VolumeContexts, VolumeInfo, VolumeSource,
+};
 use csi_proto::v1::NodeStageVolumeRequest;
 use csi_server::{CsiError, CsiResult};
 use csi_store::FileStore;
@@ -53,10 +55,26 @@ pub fn open_node(
 }
 
 impl csi_node::VolumeLocator for NodeSide {
-    fn source(&self, volume_id: &str) -> Option<Source> {
+    /// For a volume whose record was lost (its devices are found by this
+    /// backing file) and for unstage and unpublish, which carry no context.
+    fn source(&self, volume_id: &str) -> Option<VolumeSource> {
         let engine = self.engine.upgrade()?;
         engine.known_volume(volume_id).ok()?;
-        Some(Source::Image(engine.backend().volume_path(volume_id)))
+        Some(VolumeSource::Image(engine.backend().volume_path(volume_id)))
+    }
+
+    /// NodeStage learns the backing file from the publish context
+    /// (ControllerPublishVolume's answer; `check_stage` has made sure it is
+    /// this volume's), not from the controller's records.
+    fn source_in(
+        &self,
+        volume_id: &str,
+        contexts: &VolumeContexts,
+    ) -> Result<Option<VolumeSource>, NodeError> {
+        match contexts.publish_context.get(BACKING_FILE_KEY) {
+            Some(file) => Ok(Some(VolumeSource::Image(PathBuf::from(file)))),
+            None => Ok(self.source(volume_id)),
+        }
     }
 
     fn prepare_device(&self, volume_id: &str, device: &Device) -> Result<(), NodeError> {
@@ -71,7 +89,7 @@ impl csi_node::VolumeLocator for NodeSide {
     }
 }
 
-impl NodeDriver for NodeSide {
+impl NodeBackend for NodeSide {
     fn volume(&self, volume_id: &str) -> Option<VolumeInfo> {
         let v = self.engine.upgrade()?.known_volume(volume_id).ok()?;
         Some(VolumeInfo::new(v.access == Access::Block, v.capacity_bytes))

@@ -1,7 +1,8 @@
-//! The cases of issue #13 that concern the node record, with fakes (no
-//! root): FakeHost (FakeMounter + fake loop devices), csi-store's MemStore, and
-//! temporary directories for the paths. Test names start with the case
-//! number.
+//! The node record's rules with fakes (no root): FakeHost (FakeMounter +
+//! fake loop devices), csi-store's MemStore, and temporary directories for
+//! the paths. One file over 700 lines: every case runs on the `Node`
+//! harness below (and the `Twisted` mounter), which a split would have to
+//! share through `common`, where root.rs would not use it.
 
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{Receiver, Sender, channel};
@@ -10,8 +11,8 @@ use std::sync::{Arc, Mutex};
 use csi_driver::CsiError;
 use csi_node::testing::FakeHost;
 use csi_node::{
-    Device, FilesystemMount, NodeError, NodeVolumes, Outcome, PUBLISHED_TABLE, PublishState,
-    STAGED_TABLE, Source, StageState, VolumeLocator,
+    Device, FilesystemMount, NodeError, NodeOutcome, NodeVolumes, PUBLISHED_TABLE, PublishState,
+    STAGED_TABLE, StageState, VolumeLocator, VolumeSource,
 };
 use csi_proto::v1::volume_capability::access_mode::Mode;
 use csi_store::{CodecId, MemStore, RawRecord, RecordStore};
@@ -165,7 +166,7 @@ fn mount_published(node: &Node, vol: &str) -> (PathBuf, PathBuf) {
 }
 
 #[test]
-fn case1_unstage_of_a_published_volume_is_refused_and_keeps_its_device() {
+fn unstage_of_a_published_volume_is_refused_and_keeps_its_device() {
     for block in [true, false] {
         let node = Node::new();
         let vol = node.image_volume("img-1");
@@ -192,7 +193,7 @@ fn case1_unstage_of_a_published_volume_is_refused_and_keeps_its_device() {
         assert_eq!(node.attached(), 1);
 
         node.volumes.unpublish(&unpublish(&vol, &target)).unwrap();
-        for outcome in [Outcome::Changed, Outcome::Unchanged] {
+        for outcome in [NodeOutcome::Changed, NodeOutcome::Unchanged] {
             assert_eq!(
                 node.volumes.unstage(&unstage(&vol, &staging)).unwrap(),
                 outcome
@@ -206,7 +207,7 @@ fn case1_unstage_of_a_published_volume_is_refused_and_keeps_its_device() {
 }
 
 #[test]
-fn case2_read_only_wins_over_rw_flags() {
+fn read_only_wins_over_rw_flags() {
     let node = Node::new();
     let vol = node.dir_volume("dir-1");
     let asked = node.path("pods/asked");
@@ -373,7 +374,7 @@ fn twisted(node: &Node, twist: Twist) -> NodeVolumes {
 }
 
 #[test]
-fn case2_a_mount_that_did_not_become_read_only_is_undone() {
+fn a_mount_that_did_not_become_read_only_is_undone() {
     let node = Node::new();
     let vol = node.dir_volume("dir-1");
     let volumes = twisted(&node, Twist::IgnoreReadOnly);
@@ -394,7 +395,7 @@ fn case2_a_mount_that_did_not_become_read_only_is_undone() {
 }
 
 #[test]
-fn case3_flag_values_reach_no_error_record_debug_or_log_line() {
+fn flag_values_reach_no_error_record_debug_or_log_line() {
     let (logs, subscriber) = csi_node::testing::requests::log_capture();
     let mut seen = Vec::new();
     tracing::subscriber::with_default(subscriber, || {
@@ -439,7 +440,7 @@ fn case3_flag_values_reach_no_error_record_debug_or_log_line() {
 }
 
 #[test]
-fn case4_unpublish_never_touches_a_foreign_mount() {
+fn unpublish_never_touches_a_foreign_mount() {
     let node = Node::new();
     let vol = node.dir_volume("dir-1");
     let foreign = node.path("pods/foreign");
@@ -456,7 +457,7 @@ fn case4_unpublish_never_touches_a_foreign_mount() {
 }
 
 #[test]
-fn case4_a_target_is_unpublished_only_for_the_volume_recorded_there() {
+fn a_target_is_unpublished_only_for_the_volume_recorded_there() {
     let node = Node::new();
     let (a, b) = (node.image_volume("img-a"), node.image_volume("img-b"));
     let (staging_a, target_a) = mount_published(&node, &a);
@@ -487,7 +488,7 @@ fn case4_a_target_is_unpublished_only_for_the_volume_recorded_there() {
 }
 
 #[test]
-fn case4_stage_and_publish_refuse_a_path_holding_another_volume() {
+fn stage_and_publish_refuse_a_path_holding_another_volume() {
     let node = Node::new();
     let (a, b) = (node.image_volume("img-a"), node.image_volume("img-b"));
     let (staging_a, target_a) = mount_published(&node, &a);
@@ -536,14 +537,14 @@ fn case4_stage_and_publish_refuse_a_path_holding_another_volume() {
 }
 
 #[test]
-fn case4_a_repeat_stage_is_ok_only_when_the_path_shows_this_volume() {
+fn a_repeat_stage_is_ok_only_when_the_path_shows_this_volume() {
     let node = Node::new();
     let vol = node.image_volume("img-1");
     let staging = node.path("staging");
     let req = stage(&vol, &staging, mount_cap(Mode::SingleNodeWriter));
     node.volumes.stage(&req).unwrap();
     node.host.fake().clear_actions();
-    assert_eq!(node.volumes.stage(&req).unwrap(), Outcome::Unchanged);
+    assert_eq!(node.volumes.stage(&req).unwrap(), NodeOutcome::Unchanged);
     assert!(node.host.fake().actions().is_empty());
 
     // Someone unmounts it and mounts their own filesystem there.
@@ -553,13 +554,13 @@ fn case4_a_repeat_stage_is_ok_only_when_the_path_shows_this_volume() {
 
     // Once that is gone, a repeat mounts this volume again.
     node.host.unmount(&staging, false).unwrap();
-    assert_eq!(node.volumes.stage(&req).unwrap(), Outcome::Changed);
+    assert_eq!(node.volumes.stage(&req).unwrap(), NodeOutcome::Changed);
     let m = node.mounted(&staging);
     assert_eq!((m.len(), m[0].source.as_str()), (1, "/dev/loop0"));
 }
 
 #[test]
-fn case4_a_symlink_target_or_staging_path_is_never_followed() {
+fn a_symlink_target_or_staging_path_is_never_followed() {
     let node = Node::new();
     let vol = node.dir_volume("dir-1");
     let elsewhere = node.path("elsewhere");
@@ -583,13 +584,13 @@ fn case4_a_symlink_target_or_staging_path_is_never_followed() {
     // Unpublish of an unrecorded symlink: OK, the link is left alone.
     assert_eq!(
         node.volumes.unpublish(&unpublish(&vol, &link)).unwrap(),
-        Outcome::Unchanged
+        NodeOutcome::Unchanged
     );
     assert!(link.is_symlink() && elsewhere.is_dir());
 }
 
 #[test]
-fn case5_block_publish_never_mounts_over_a_file_with_data() {
+fn block_publish_never_mounts_over_a_file_with_data() {
     let node = Node::new();
     let vol = node.image_volume("img-1");
     let staging = node.path("staging");
@@ -626,7 +627,7 @@ fn crashes(f: impl FnOnce()) {
 }
 
 #[test]
-fn case7_a_crash_between_publish_mount_and_save_is_completed_by_a_retry_or_undone_by_unpublish() {
+fn a_crash_between_publish_mount_and_save_is_completed_by_a_retry_or_undone_by_unpublish() {
     for retry in [true, false] {
         let node = Node::new();
         let vol = node.dir_volume("dir-1");
@@ -642,10 +643,10 @@ fn case7_a_crash_between_publish_mount_and_save_is_completed_by_a_retry_or_undon
         let saved_first = state(&restarted);
         assert_eq!(saved_first, PublishState::Publishing, "the intent first");
         if retry {
-            assert_eq!(restarted.publish(&req).unwrap(), Outcome::Changed);
+            assert_eq!(restarted.publish(&req).unwrap(), NodeOutcome::Changed);
             assert_eq!(node.mounted(&target).len(), 1, "not mounted twice");
             assert_eq!(state(&restarted), PublishState::Published);
-            assert_eq!(restarted.publish(&req).unwrap(), Outcome::Unchanged);
+            assert_eq!(restarted.publish(&req).unwrap(), NodeOutcome::Unchanged);
         } else {
             restarted.unpublish(&unpublish(&vol, &target)).unwrap();
             assert!(node.mounted(&target).is_empty() && !target.exists());
@@ -655,7 +656,7 @@ fn case7_a_crash_between_publish_mount_and_save_is_completed_by_a_retry_or_undon
 }
 
 #[test]
-fn case7_a_crash_while_staging_leaves_a_record_unstage_cleans_up() {
+fn a_crash_while_staging_leaves_a_record_unstage_cleans_up() {
     let node = Node::new();
     let vol = node.image_volume("img-1");
     let staging = node.path("staging");
@@ -678,7 +679,7 @@ fn case7_a_crash_while_staging_leaves_a_record_unstage_cleans_up() {
 }
 
 #[test]
-fn case7_a_lost_record_neither_leaks_a_mount_or_device_nor_frees_someone_elses() {
+fn a_lost_record_neither_leaks_a_mount_or_device_nor_frees_someone_elses() {
     let node = Node::new();
     let vol = node.image_volume("img-1");
     let staging = node.path("staging");
@@ -690,7 +691,7 @@ fn case7_a_lost_record_neither_leaks_a_mount_or_device_nor_frees_someone_elses()
     };
     attach();
     let outcome = node.volumes.unstage(&unstage(&vol, &staging)).unwrap();
-    assert_eq!(outcome, Outcome::Changed);
+    assert_eq!(outcome, NodeOutcome::Changed);
     assert_eq!(node.host.detached(), [PathBuf::from("/dev/loop0")]);
 
     node.volumes
@@ -715,7 +716,7 @@ fn case7_a_lost_record_neither_leaks_a_mount_or_device_nor_frees_someone_elses()
 }
 
 #[test]
-fn case7_failed_calls_leave_no_record_mount_device_or_directory() {
+fn failed_calls_leave_no_record_mount_device_or_directory() {
     let node = Node::new();
     let vol = node.image_volume("img-1");
     let staging = node.path("staging");
@@ -756,7 +757,7 @@ fn case7_failed_calls_leave_no_record_mount_device_or_directory() {
 }
 
 #[test]
-fn case7_a_full_record_store_fails_before_anything_is_mounted() {
+fn a_full_record_store_fails_before_anything_is_mounted() {
     let node = Node::new();
     let vol = node.dir_volume("dir-1");
     let target = node.path("pods/t");
@@ -791,7 +792,7 @@ fn a_full_record_store_still_lets_unpublish_and_unstage_free_space() {
 }
 
 #[test]
-fn case6_a_formatted_volume_is_never_formatted_again() {
+fn a_formatted_volume_is_never_formatted_again() {
     let mut node = Node::new();
     let vol = node.image_volume("img-1");
     let staging = node.path("staging");
@@ -837,7 +838,7 @@ fn case6_a_formatted_volume_is_never_formatted_again() {
 }
 
 #[test]
-fn case8_bad_records_do_not_stop_the_plugin() {
+fn bad_records_do_not_stop_the_plugin() {
     let mut node = Node::new();
     let good = node.dir_volume("dir-good");
     let (good_staging, good_target) = mount_published(&node, &good);
@@ -1013,7 +1014,7 @@ fn a_call_on_a_busy_volume_or_path_is_aborted() {
         Code::Aborted
     );
     release.send(()).unwrap();
-    assert_eq!(first.join().unwrap().unwrap(), Outcome::Changed);
+    assert_eq!(first.join().unwrap().unwrap(), NodeOutcome::Changed);
     assert_eq!(code(volumes.publish(&other)), Code::AlreadyExists);
 }
 
@@ -1050,13 +1051,13 @@ struct Tuning {
 }
 
 impl VolumeLocator for Tuning {
-    fn source(&self, volume_id: &str) -> Option<Source> {
+    fn source(&self, volume_id: &str) -> Option<VolumeSource> {
         locator(&self.base).source(volume_id)
     }
 
     fn prepare_device(&self, volume_id: &str, device: &Device) -> Result<(), NodeError> {
         if self.fail {
-            return Err(NodeError::FailedPrecondition("cannot tune".into()));
+            return Err(NodeError::failed_precondition("cannot tune"));
         }
         self.prepared
             .lock()

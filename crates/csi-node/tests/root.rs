@@ -7,7 +7,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use csi_node::{NodeVolumes, Outcome};
+use csi_node::{NodeOutcome, NodeVolumes};
 use csi_proto::v1::volume_capability::access_mode::Mode;
 use csi_store::{FileStore, MemStore, RecordStore};
 use mount_utils::testing::{
@@ -67,61 +67,64 @@ fn mounts_at(path: &Path) -> Vec<mount_utils::MountInfo> {
 
 #[test]
 #[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
-fn root_case1_block_unstage_while_published_keeps_the_device() {
-    as_root("root_case1", |base| {
-        let img = image(base, "img-1", 8 << 20);
-        let store = MemStore::new();
-        let v = volumes(base, &store);
-        let (staging, target) = (base.join("staging"), base.join("pods/t"));
-        v.stage(&stage("img-1", &staging, block_cap())).unwrap();
-        v.publish(&publish(
-            "img-1",
-            Some(&staging),
-            &target,
-            block_cap(),
-            false,
-        ))
-        .unwrap();
-        let device = v.record("img-1").unwrap().stage.unwrap().device.unwrap();
-        assert_eq!(
-            mounts_at(&target)[0].root,
-            Path::new("/").join(device.path.file_name().unwrap())
-        );
-        // Writes through the target reach the image.
-        std::fs::write(&target, b"through the target").unwrap();
-        // The pod's volumeDevices path (a link to the device) reports it healthy.
-        let link = base.join("pods/device-link");
-        std::os::unix::fs::symlink(&device.path, &link).unwrap();
-        assert!(!v.volume_condition("img-1", &s(&link)).unwrap().abnormal);
-        assert_eq!(
-            code(v.volume_condition("img-1", &s(&base.join("images")))),
-            Code::NotFound
-        );
-        std::fs::remove_file(&link).unwrap();
+fn root_block_unstage_while_published_keeps_the_device() {
+    as_root(
+        "root_block_unstage_while_published_keeps_the_device",
+        |base| {
+            let img = image(base, "img-1", 8 << 20);
+            let store = MemStore::new();
+            let v = volumes(base, &store);
+            let (staging, target) = (base.join("staging"), base.join("pods/t"));
+            v.stage(&stage("img-1", &staging, block_cap())).unwrap();
+            v.publish(&publish(
+                "img-1",
+                Some(&staging),
+                &target,
+                block_cap(),
+                false,
+            ))
+            .unwrap();
+            let device = v.record("img-1").unwrap().stage.unwrap().device.unwrap();
+            assert_eq!(
+                mounts_at(&target)[0].root,
+                Path::new("/").join(device.path.file_name().unwrap())
+            );
+            // Writes through the target reach the image.
+            std::fs::write(&target, b"through the target").unwrap();
+            // The pod's volumeDevices path (a link to the device) reports it healthy.
+            let link = base.join("pods/device-link");
+            std::os::unix::fs::symlink(&device.path, &link).unwrap();
+            assert!(!v.volume_condition("img-1", &s(&link)).unwrap().abnormal);
+            assert_eq!(
+                code(v.volume_condition("img-1", &s(&base.join("images")))),
+                Code::NotFound
+            );
+            std::fs::remove_file(&link).unwrap();
 
-        assert_eq!(
-            code(v.unstage(&unstage("img-1", &staging))),
-            Code::FailedPrecondition
-        );
-        let attached = mount_utils::loopdev::find_by_backing_file(&img).unwrap();
-        assert_eq!(attached, std::slice::from_ref(&device.path));
+            assert_eq!(
+                code(v.unstage(&unstage("img-1", &staging))),
+                Code::FailedPrecondition
+            );
+            let attached = mount_utils::loopdev::find_by_backing_file(&img).unwrap();
+            assert_eq!(attached, std::slice::from_ref(&device.path));
 
-        v.unpublish(&unpublish("img-1", &target)).unwrap();
-        assert!(!target.exists());
-        v.unstage(&unstage("img-1", &staging)).unwrap();
-        assert_no_loop_device_for(&img);
-        assert!(
-            std::fs::read(&img)
-                .unwrap()
-                .starts_with(b"through the target")
-        );
-    });
+            v.unpublish(&unpublish("img-1", &target)).unwrap();
+            assert!(!target.exists());
+            v.unstage(&unstage("img-1", &staging)).unwrap();
+            assert_no_loop_device_for(&img);
+            assert!(
+                std::fs::read(&img)
+                    .unwrap()
+                    .starts_with(b"through the target")
+            );
+        },
+    );
 }
 
 #[test]
 #[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
-fn root_case2_read_only_wins_over_rw() {
-    as_root("root_case2", |base| {
+fn root_read_only_wins_over_rw() {
+    as_root("root_read_only_wins_over_rw", |base| {
         std::fs::create_dir(base.join("data/dir-1")).unwrap();
         let v = volumes(base, &MemStore::new());
         for (name, mode, readonly) in [
@@ -142,62 +145,65 @@ fn root_case2_read_only_wins_over_rw() {
 
 #[test]
 #[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
-fn root_case4_foreign_mounts_and_symlinks_are_never_touched() {
-    as_root("root_case4", |base| {
-        std::fs::create_dir(base.join("data/dir-1")).unwrap();
-        let v = volumes(base, &MemStore::new());
-        let cap = mount_cap(Mode::SingleNodeWriter);
-        let foreign = base.join("pods/foreign");
-        std::fs::create_dir(&foreign).unwrap();
-        LinuxMounter::new()
-            .mount("tmpfs", &foreign, "tmpfs", &["size=1m"])
-            .unwrap();
-        std::fs::write(foreign.join("theirs"), b"x").unwrap();
+fn root_foreign_mounts_and_symlinks_are_never_touched() {
+    as_root(
+        "root_foreign_mounts_and_symlinks_are_never_touched",
+        |base| {
+            std::fs::create_dir(base.join("data/dir-1")).unwrap();
+            let v = volumes(base, &MemStore::new());
+            let cap = mount_cap(Mode::SingleNodeWriter);
+            let foreign = base.join("pods/foreign");
+            std::fs::create_dir(&foreign).unwrap();
+            LinuxMounter::new()
+                .mount("tmpfs", &foreign, "tmpfs", &["size=1m"])
+                .unwrap();
+            std::fs::write(foreign.join("theirs"), b"x").unwrap();
 
-        assert_eq!(
-            code(v.unpublish(&unpublish("dir-1", &foreign))),
-            Code::NotFound
-        );
-        assert_eq!(
-            code(v.publish(&publish("dir-1", None, &foreign, cap.clone(), false))),
-            Code::AlreadyExists
-        );
-        assert_eq!(
-            code(v.stage(&stage("dir-1", &foreign, cap.clone()))),
-            Code::AlreadyExists
-        );
-        assert_eq!(mounts_at(&foreign)[0].fs_type, "tmpfs");
-        assert!(foreign.join("theirs").exists());
+            assert_eq!(
+                code(v.unpublish(&unpublish("dir-1", &foreign))),
+                Code::NotFound
+            );
+            assert_eq!(
+                code(v.publish(&publish("dir-1", None, &foreign, cap.clone(), false))),
+                Code::AlreadyExists
+            );
+            assert_eq!(
+                code(v.stage(&stage("dir-1", &foreign, cap.clone()))),
+                Code::AlreadyExists
+            );
+            assert_eq!(mounts_at(&foreign)[0].fs_type, "tmpfs");
+            assert!(foreign.join("theirs").exists());
 
-        // A symlink target: refused, its destination never mounted on.
-        let elsewhere = base.join("elsewhere");
-        std::fs::create_dir(&elsewhere).unwrap();
-        let link = base.join("pods/link");
-        std::os::unix::fs::symlink(&elsewhere, &link).unwrap();
-        assert_eq!(
-            code(v.publish(&publish("dir-1", None, &link, cap.clone(), false))),
-            Code::FailedPrecondition
-        );
-        assert!(mounts_at(&elsewhere).is_empty() && mounts_at(&link).is_empty());
+            // A symlink target: refused, its destination never mounted on.
+            let elsewhere = base.join("elsewhere");
+            std::fs::create_dir(&elsewhere).unwrap();
+            let link = base.join("pods/link");
+            std::os::unix::fs::symlink(&elsewhere, &link).unwrap();
+            assert_eq!(
+                code(v.publish(&publish("dir-1", None, &link, cap.clone(), false))),
+                Code::FailedPrecondition
+            );
+            assert!(mounts_at(&elsewhere).is_empty() && mounts_at(&link).is_empty());
 
-        // Another volume id at a recorded target: NOT_FOUND, still mounted.
-        let target = base.join("pods/t");
-        v.publish(&publish("dir-1", None, &target, cap, false))
-            .unwrap();
-        assert_eq!(
-            code(v.unpublish(&unpublish("vol-x", &target))),
-            Code::NotFound
-        );
-        assert_eq!(mounts_at(&target).len(), 1);
-        v.unpublish(&unpublish("dir-1", &target)).unwrap();
-        assert!(mounts_at(&target).is_empty() && !target.exists());
-    });
+            // Another volume id at a recorded target: NOT_FOUND, still mounted.
+            let target = base.join("pods/t");
+            v.publish(&publish("dir-1", None, &target, cap, false))
+                .unwrap();
+            assert_eq!(
+                code(v.unpublish(&unpublish("vol-x", &target))),
+                Code::NotFound
+            );
+            assert_eq!(mounts_at(&target).len(), 1);
+            v.unpublish(&unpublish("dir-1", &target)).unwrap();
+            assert!(mounts_at(&target).is_empty() && !target.exists());
+        },
+    );
 }
 
 #[test]
 #[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
-fn root_case5_block_publish_refuses_a_file_with_data() {
-    as_root("root_case5", |base| {
+fn root_block_publish_refuses_a_file_with_data() {
+    as_root("root_block_publish_refuses_a_file_with_data", |base| {
         let img = image(base, "img-1", 8 << 20);
         let v = volumes(base, &MemStore::new());
         let staging = base.join("staging");
@@ -229,118 +235,249 @@ fn root_case5_block_publish_refuses_a_file_with_data() {
 
 #[test]
 #[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
-fn root_case7_a_lost_record_is_cleaned_up_by_device_number() {
-    if !have_program("root_case7", "mkfs.ext4") {
+fn root_a_lost_record_is_cleaned_up_by_device_number() {
+    if !have_program(
+        "root_a_lost_record_is_cleaned_up_by_device_number",
+        "mkfs.ext4",
+    ) {
         return;
     }
-    as_root("root_case7", |base| {
-        let img = image(base, "img-1", 32 << 20);
-        let v = volumes(base, &MemStore::new());
-        let staging = base.join("staging");
-        v.stage(&stage("img-1", &staging, mount_cap(Mode::SingleNodeWriter)))
-            .unwrap();
-        assert_eq!(mounts_at(&staging)[0].fs_type, "ext4");
+    as_root(
+        "root_a_lost_record_is_cleaned_up_by_device_number",
+        |base| {
+            let img = image(base, "img-1", 32 << 20);
+            let v = volumes(base, &MemStore::new());
+            let staging = base.join("staging");
+            v.stage(&stage("img-1", &staging, mount_cap(Mode::SingleNodeWriter)))
+                .unwrap();
+            assert_eq!(mounts_at(&staging)[0].fs_type, "ext4");
 
-        // The record is lost: a fresh store. The mount is recognised by its
-        // device number and cleaned up; the device is found by its image.
-        let forgetful = volumes(base, &MemStore::new());
-        assert_eq!(
-            forgetful.unstage(&unstage("img-1", &staging)).unwrap(),
-            Outcome::Changed
-        );
-        assert!(mounts_at(&staging).is_empty());
-        assert_no_loop_device_for(&img);
+            // The record is lost: a fresh store. The mount is recognised by its
+            // device number and cleaned up; the device is found by its image.
+            let forgetful = volumes(base, &MemStore::new());
+            assert_eq!(
+                forgetful.unstage(&unstage("img-1", &staging)).unwrap(),
+                NodeOutcome::Changed
+            );
+            assert!(mounts_at(&staging).is_empty());
+            assert_no_loop_device_for(&img);
 
-        // A device left attached by a crash before any record: detached.
-        let dev = mount_utils::LoopDevice::attach(
-            &img,
-            &mount_utils::LoopOptions {
-                autoclear: false,
-                ..Default::default()
-            },
-        )
-        .unwrap()
-        .keep();
-        assert!(dev.exists());
-        forgetful.unstage(&unstage("img-1", &staging)).unwrap();
-        assert_no_loop_device_for(&img);
-    });
+            // A device left attached by a crash before any record: detached.
+            let dev = mount_utils::LoopDevice::attach(
+                &img,
+                &mount_utils::LoopOptions {
+                    autoclear: false,
+                    ..Default::default()
+                },
+            )
+            .unwrap()
+            .keep();
+            assert!(dev.exists());
+            forgetful.unstage(&unstage("img-1", &staging)).unwrap();
+            assert_no_loop_device_for(&img);
+        },
+    );
 }
 
 #[test]
 #[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
-fn root_case6_8_restart_restores_and_never_reformats_a_damaged_volume() {
-    if !have_program("root_case6_8", "mkfs.ext4") {
+fn root_restart_restores_and_never_reformats_a_damaged_volume() {
+    if !have_program(
+        "root_restart_restores_and_never_reformats_a_damaged_volume",
+        "mkfs.ext4",
+    ) {
         return;
     }
-    as_root("root_case6_8", |base| {
-        let good = image(base, "img-good", 32 << 20);
-        let bad = image(base, "img-bad", 32 << 20);
-        // Records on disk, as a driver keeps them.
-        let store = FileStore::open(base.join("state")).unwrap();
-        let v = volumes(base, &store);
+    as_root(
+        "root_restart_restores_and_never_reformats_a_damaged_volume",
+        |base| {
+            let good = image(base, "img-good", 32 << 20);
+            let bad = image(base, "img-bad", 32 << 20);
+            // Records on disk, as a driver keeps them.
+            let store = FileStore::open(base.join("state")).unwrap();
+            let v = volumes(base, &store);
+            let cap = mount_cap(Mode::SingleNodeWriter);
+            let mut paths = Vec::new();
+            for id in ["img-good", "img-bad"] {
+                let staging = base.join(format!("staging-{id}"));
+                let target = base.join("pods").join(id);
+                v.stage(&stage(id, &staging, cap.clone())).unwrap();
+                v.publish(&publish(id, Some(&staging), &target, cap.clone(), false))
+                    .unwrap();
+                std::fs::write(target.join("data"), id).unwrap();
+                paths.push((staging, target));
+            }
+            // "Reboot": every mount and device is gone; img-bad's first blocks
+            // are wiped.
+            let m = LinuxMounter::new();
+            for (staging, target) in &paths {
+                m.unmount(target, false).unwrap();
+                m.unmount(staging, false).unwrap();
+            }
+            detach_loop_devices_under(base);
+            assert_no_loop_device_for(&good);
+            assert_no_loop_device_for(&bad);
+            let f = std::fs::OpenOptions::new().write(true).open(&bad).unwrap();
+            std::os::unix::fs::FileExt::write_all_at(&f, &[0u8; 1 << 20], 0).unwrap();
+            drop(f);
+
+            let restarted = volumes(base, &store);
+            let report = restarted.restore();
+            assert_eq!(report.healthy, ["img-good"]);
+            assert!(
+                report.abnormal["img-bad"].contains("refusing to format"),
+                "{report:?}"
+            );
+            let (good_staging, good_target) = &paths[0];
+            assert_eq!(
+                std::fs::read(good_target.join("data")).unwrap(),
+                b"img-good"
+            );
+            assert!(
+                !restarted
+                    .volume_condition("img-good", &s(good_target))
+                    .unwrap()
+                    .abnormal
+            );
+            let (bad_staging, bad_target) = &paths[1];
+            assert!(
+                restarted
+                    .volume_condition("img-bad", &s(bad_target))
+                    .unwrap()
+                    .abnormal
+            );
+            assert!(mounts_at(bad_staging).is_empty());
+            // Never formatted again: still no filesystem on it.
+            let blkid = SystemExec::new();
+            let out = mount_utils::Exec::run(&blkid, "blkid", &["-p", &s(&bad)]).unwrap();
+            assert_eq!(out.code, Some(2), "img-bad was reformatted");
+
+            for (id, (staging, target)) in ["img-good", "img-bad"].into_iter().zip(&paths) {
+                restarted.unpublish(&unpublish(id, target)).unwrap();
+                restarted.unstage(&unstage(id, staging)).unwrap();
+            }
+            assert!(mounts_at(good_staging).is_empty());
+            assert_no_loop_device_for(&good);
+            assert_no_loop_device_for(&bad);
+        },
+    );
+}
+
+/// A filesystem mounted by type and source (tmpfs) with the real kernel:
+/// made in the private directory, moved to the staging path with its mount
+/// id kept, published, cleaned up. The test's directory is made a shared
+/// mount first, as `/` is on most hosts: `MS_MOVE` refuses a mount under a
+/// shared parent, which the private directory's own private mount avoids.
+#[test]
+#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
+fn root_tmpfs_is_moved_to_its_staging_path_and_known_by_its_mount_id() {
+    as_root("root_tmpfs", |base| {
+        let mounter: Arc<dyn Mounter> = Arc::new(LinuxMounter::new());
+        let b = base.to_string_lossy();
+        mounter.mount(&b, base, "", &["bind", "shared"]).unwrap();
+        let tmpfs = csi_node::FilesystemSource::new("tmpfs", "csi-kit-test").options(["size=1m"]);
+        let locator: Arc<dyn csi_node::VolumeLocator> =
+            Arc::new(move |_: &str| Some(csi_node::VolumeSource::Filesystem(tmpfs.clone())));
+        let store = MemStore::new();
+        let v = NodeVolumes::builder(mounter.clone(), Arc::new(store), locator)
+            .private_mounts(base.join("private"))
+            .open()
+            .unwrap();
         let cap = mount_cap(Mode::SingleNodeWriter);
-        let mut paths = Vec::new();
-        for id in ["img-good", "img-bad"] {
-            let staging = base.join(format!("staging-{id}"));
-            let target = base.join("pods").join(id);
-            v.stage(&stage(id, &staging, cap.clone())).unwrap();
-            v.publish(&publish(id, Some(&staging), &target, cap.clone(), false))
-                .unwrap();
-            std::fs::write(target.join("data"), id).unwrap();
-            paths.push((staging, target));
-        }
-        // "Reboot": every mount and device is gone; img-bad's first blocks
-        // are wiped.
-        let m = LinuxMounter::new();
-        for (staging, target) in &paths {
-            m.unmount(target, false).unwrap();
-            m.unmount(staging, false).unwrap();
-        }
-        detach_loop_devices_under(base);
-        assert_no_loop_device_for(&good);
-        assert_no_loop_device_for(&bad);
-        let f = std::fs::OpenOptions::new().write(true).open(&bad).unwrap();
-        std::os::unix::fs::FileExt::write_all_at(&f, &[0u8; 1 << 20], 0).unwrap();
-        drop(f);
-
-        let restarted = volumes(base, &store);
-        let report = restarted.restore();
-        assert_eq!(report.healthy, ["img-good"]);
-        assert!(
-            report.abnormal["img-bad"].contains("refusing to format"),
-            "{report:?}"
-        );
-        let (good_staging, good_target) = &paths[0];
+        let cap = csi_proto::v1::VolumeCapability {
+            access_type: Some(csi_proto::v1::volume_capability::AccessType::Mount(
+                Default::default(),
+            )),
+            ..cap
+        };
+        let (staging, target) = (base.join("staging"), base.join("pods/t"));
         assert_eq!(
-            std::fs::read(good_target.join("data")).unwrap(),
-            b"img-good"
+            v.stage(&stage("fs-1", &staging, cap.clone())).unwrap(),
+            NodeOutcome::Changed
         );
-        assert!(
-            !restarted
-                .volume_condition("img-good", &s(good_target))
-                .unwrap()
-                .abnormal
-        );
-        let (bad_staging, bad_target) = &paths[1];
-        assert!(
-            restarted
-                .volume_condition("img-bad", &s(bad_target))
-                .unwrap()
-                .abnormal
-        );
-        assert!(mounts_at(bad_staging).is_empty());
-        // Never formatted again: still no filesystem on it.
-        let blkid = SystemExec::new();
-        let out = mount_utils::Exec::run(&blkid, "blkid", &["-p", &s(&bad)]).unwrap();
-        assert_eq!(out.code, Some(2), "img-bad was reformatted");
+        let here = mounts_at(&staging);
+        assert_eq!((here.len(), here[0].fs_type.as_str()), (1, "tmpfs"));
+        let saved = v.record("fs-1").unwrap().stage.unwrap().mount_id;
+        assert_eq!(saved, Some(here[0].mount_id), "MS_MOVE kept the id");
+        assert!(mounts_at(&base.join("private/fs-1")).is_empty());
+        std::fs::write(staging.join("file"), b"data").unwrap();
 
-        for (id, (staging, target)) in ["img-good", "img-bad"].into_iter().zip(&paths) {
-            restarted.unpublish(&unpublish(id, target)).unwrap();
-            restarted.unstage(&unstage(id, staging)).unwrap();
-        }
-        assert!(mounts_at(good_staging).is_empty());
-        assert_no_loop_device_for(&good);
-        assert_no_loop_device_for(&bad);
+        v.publish(&publish(
+            "fs-1",
+            Some(&staging),
+            &target,
+            cap.clone(),
+            false,
+        ))
+        .unwrap();
+        assert_eq!(std::fs::read(target.join("file")).unwrap(), b"data");
+        v.unpublish(&unpublish("fs-1", &target)).unwrap();
+        v.unstage(&unstage("fs-1", &staging)).unwrap();
+        assert!(mounts_at(&staging).is_empty() && v.records().is_empty());
+    });
+}
+
+/// A disk the controller attached (here a loop device), named by a link as
+/// udev's `/dev/disk/by-id` names are: found through the link (mounts never
+/// follow one, so the node behind it is what is mounted), formatted on
+/// first use only, never detached by the node, and not formatted again
+/// when staged a second time.
+#[test]
+#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
+fn root_an_attached_disk_named_by_a_link_is_formatted_once_and_never_detached() {
+    let name = "root_an_attached_disk_named_by_a_link_is_formatted_once_and_never_detached";
+    if !have_program(name, "mkfs.ext4") {
+        return;
+    }
+    as_root(name, |base| {
+        use mount_utils::{LinuxBlockDevices, LoopDevices, LoopOptions};
+        let img = image(base, "disk-1", 16 << 20);
+        let loops = LinuxLoopDevices::new();
+        // Left attached as a controller's attach leaves a disk (no autoclear).
+        let opts = LoopOptions {
+            autoclear: false,
+            ..LoopOptions::default()
+        };
+        let dev = loops.attach(&img, &opts).unwrap().keep();
+        let link = base.join("by-id/disk-1");
+        std::fs::create_dir(base.join("by-id")).unwrap();
+        std::os::unix::fs::symlink(&dev.path, &link).unwrap();
+        let source = link.clone();
+        let locator: Arc<dyn csi_node::VolumeLocator> =
+            Arc::new(move |_: &str| Some(csi_node::VolumeSource::Device(source.clone())));
+        let mounter: Arc<dyn Mounter> = Arc::new(LinuxMounter::new());
+        let formatter = SafeFormatAndMount::new(mounter.clone(), Arc::new(SystemExec::new()));
+        let v = NodeVolumes::builder(mounter, Arc::new(MemStore::new()), locator)
+            .block_devices(Arc::new(LinuxBlockDevices))
+            .filesystem_mount(Arc::new(formatter))
+            .open()
+            .unwrap();
+        let staging = base.join("staging");
+        let req = stage("disk-1", &staging, mount_cap(Mode::SingleNodeWriter));
+        v.stage(&req).unwrap();
+        let here = mounts_at(&staging);
+        assert_eq!(here.len(), 1);
+        assert_eq!(
+            (here[0].major, here[0].minor),
+            (dev.device.major, dev.device.minor)
+        );
+        let recorded = v.record("disk-1").unwrap().stage.unwrap().device.unwrap();
+        assert_eq!(recorded.path, dev.path, "the node behind the link");
+        std::fs::write(staging.join("file"), b"kept").unwrap();
+        v.unstage(&unstage("disk-1", &staging)).unwrap();
+        assert!(mounts_at(&staging).is_empty());
+        assert!(
+            loops.info(&dev.path).unwrap().is_some(),
+            "never detached by the node"
+        );
+
+        v.stage(&req).unwrap();
+        assert_eq!(
+            std::fs::read(staging.join("file")).unwrap(),
+            b"kept",
+            "not reformatted"
+        );
+        v.unstage(&unstage("disk-1", &staging)).unwrap();
+        assert!(mounts_at(&staging).is_empty() && v.records().is_empty());
     });
 }

@@ -103,11 +103,13 @@
 //! assert!(mounter.mount_refs(staging).unwrap().is_empty());
 //! ```
 pub mod block;
+mod block_devices;
 #[cfg(feature = "csi")]
 mod csi;
 mod error;
 mod exec;
 mod fake;
+mod fake_block_devices;
 mod fake_loop;
 mod format;
 pub mod freeze;
@@ -124,9 +126,13 @@ mod statmount;
 pub mod testing;
 
 pub use block::{DeviceNumber, same_device};
+pub use block_devices::{
+    BlockDeviceError, BlockDeviceInfo, BlockDevices, DEVICE_POLL_INTERVAL, LinuxBlockDevices,
+};
 pub use error::{MountError, is_corrupted_mount_errno};
 pub use exec::{Exec, ExecCall, ExecError, ExecOutput, FakeExec, SystemExec};
 pub use fake::{FakeAction, FakeMounter, FakeOp};
+pub use fake_block_devices::FakeBlockDevices;
 pub use fake_loop::{FakeLoopAction, FakeLoopDevices, FakeLoopOp};
 pub use format::{DEFAULT_FS_TYPE, DiskFormat, FormatError, SafeFormatAndMount};
 pub use linux::LinuxMounter;
