@@ -8,9 +8,10 @@
 //! secrets never reaching the driver's log). Checks follow the driver's
 //! advertised capabilities and say why they were skipped.
 //!
-//! [`mock`] holds an in-memory reference driver, built on the csi-driver
-//! traits and served by csi-server like any driver: a test double for
-//! CO-side code, and, with [`mock::Fault`]s, a deliberately broken driver.
+//! With the `testing` feature, `fake` holds an in-memory reference driver,
+//! built on the csi-driver traits and served by csi-server like any driver:
+//! a test double for CO-side code, and, with its `Fault`s, a deliberately
+//! broken driver. The suite itself does not need it.
 //! [`run_in_process`] runs the whole suite against a driver served in the
 //! test's own process, in one call.
 //!
@@ -33,8 +34,9 @@
 
 mod checks;
 mod config;
+#[cfg(feature = "testing")]
+pub mod fake;
 mod in_process;
-pub mod mock;
 mod report;
 mod suite;
 
@@ -55,9 +57,9 @@ pub use suite::{CheckInfo, Error, Suite, code_name};
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
-/// use csi_conformance::mock::MockDriver;
+/// use csi_conformance::fake::FakeDriver;
 ///
-/// let report = csi_conformance::run_in_process(MockDriver::new().server_builder()).await;
+/// let report = csi_conformance::run_in_process(FakeDriver::new().server_builder()).await;
 /// assert!(report.is_success());
 /// # }
 /// ```
