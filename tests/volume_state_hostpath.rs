@@ -12,13 +12,13 @@ use csi_kit::proto::v1::volume_capability::access_mode::Mode;
 use csi_kit::proto::v1::*;
 use csi_kit::state::csi::CsiVolumePlugin;
 use csi_kit::state::node::PodMountState;
-use csi_kit::state::node::{ActualStateOfWorld, AttachMode, DesiredStateOfWorld, Reconciler};
+use csi_kit::state::node::{ActualNodeState, AttachMode, DesiredNodeState, NodeReconciler};
 use csi_kit::state::{AccessMode, VolumeSpec};
 use support::{Driver, mounts_under, run_isolated};
 
 /// Runs reconcile passes until `done` holds (bounded: 30 s), sleeping
 /// between rounds so backoff windows can pass.
-async fn converge(reconciler: &Reconciler<String, String, String>, done: impl Fn() -> bool) {
+async fn converge(reconciler: &NodeReconciler<String, String, String>, done: impl Fn() -> bool) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     while !done() {
         assert!(
@@ -72,10 +72,10 @@ fn reconciler_mounts_pods_through_hostpath_and_tears_everything_down() {
         }
         let (solo, shared) = (ids[0].clone(), ids[1].clone());
 
-        let desired = Arc::new(DesiredStateOfWorld::<String, String>::new());
-        let actual = Arc::new(ActualStateOfWorld::new());
+        let desired = Arc::new(DesiredNodeState::<String, String>::new());
+        let actual = Arc::new(ActualNodeState::new());
         let plugin = Arc::new(CsiVolumePlugin::new(client.clone()));
-        let reconciler = Reconciler::new(
+        let reconciler = NodeReconciler::new(
             node_id.clone(),
             AttachMode::ByNode,
             desired.clone(),

@@ -3,7 +3,7 @@
 //! NodePublishVolume, and back, expand → NodeExpandVolume.
 //!
 //! gRPC codes become [`ErrorKind`](crate::ErrorKind)s through
-//! [`PluginError::from_grpc`](crate::PluginError::from_grpc): a
+//! [`PluginError::from_code`](crate::PluginError::from_code): a
 //! timeout, cancellation, `UNAVAILABLE`, `ABORTED` or `RESOURCE_EXHAUSTED`
 //! leaves the operation uncertain, so the reconciler re-runs or tears down
 //! rather than assuming nothing happened.
@@ -63,7 +63,7 @@ pub fn default_capability(spec: &VolumeSpec) -> VolumeCapability {
 }
 
 fn status_error(rpc: &str, status: tonic::Status) -> PluginError {
-    PluginError::from_grpc(status.code() as i32, format!("{rpc}: {}", status.message()))
+    PluginError::from_code(status.code(), format!("{rpc}: {}", status.message()))
 }
 
 fn context(attributes: &BTreeMap<String, String>) -> HashMap<String, String> {

@@ -4,15 +4,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use volume_state::controller::{
-    ActualStateOfWorld, ControllerConfig, DesiredStateOfWorld, NodeHealth, Operation, Reconciler,
+    ActualAttachState, AttachConfig, AttachOperation, AttachReconciler, DesiredAttachState,
+    NodeHealth,
 };
 use volume_state::node::AttachState;
 use volume_state::{
     AccessMode, ErrorKind, FakeClock, FakeVolumePlugin, PluginCall, PluginMethod, VolumeSpec,
 };
 
-type Desired = DesiredStateOfWorld<String, String, String>;
-type Actual = ActualStateOfWorld<String, String>;
+type Desired = DesiredAttachState<String, String, String>;
+type Actual = ActualAttachState<String, String>;
 type Plugin = FakeVolumePlugin<String, String>;
 
 struct Env {
@@ -20,16 +21,16 @@ struct Env {
     actual: Arc<Actual>,
     plugin: Arc<Plugin>,
     clock: FakeClock,
-    reconciler: Arc<Reconciler<String, String, String>>,
+    reconciler: Arc<AttachReconciler<String, String, String>>,
 }
 
-fn env(config: ControllerConfig) -> Env {
+fn env(config: AttachConfig) -> Env {
     let desired = Arc::new(Desired::new());
     let actual = Arc::new(Actual::new());
     let plugin = Arc::new(Plugin::new());
     let clock = FakeClock::new();
     let reconciler = Arc::new(
-        Reconciler::new(config, desired.clone(), actual.clone(), plugin.clone())
+        AttachReconciler::new(config, desired.clone(), actual.clone(), plugin.clone())
             .with_clock(Arc::new(clock.clone())),
     );
     Env {
@@ -113,7 +114,7 @@ fn n(method: PluginMethod, node: &str) -> (PluginMethod, String) {
 
 #[tokio::test]
 async fn attach_then_detach_once_the_node_stops_using_the_volume() {
-    let env = env(ControllerConfig::default());
+    let env = env(AttachConfig::default());
     env.add("n1", AccessMode::SingleNode);
     env.reconciler.run_until_idle(5).await;
     assert_eq!(env.calls(), [n(PluginMethod::Attach, "n1")]);
@@ -145,18 +146,19 @@ async fn attach_then_detach_once_the_node_stops_using_the_volume() {
 
 #[tokio::test]
 async fn detach_before_attach_for_single_node_volumes() {
-    let env = env(ControllerConfig::default());
+    let env = env(AttachConfig::default());
     env.attached_unused("n1", AccessMode::SingleNode).await;
     env.move_pod("n1", "n2", AccessMode::SingleNode);
     // Single-node attaches share a volume-level key, so wait out n1's backoff.
     env.clock.advance(Duration::from_millis(500));
     let plan = env.reconciler.plan();
+    assert!(plan.iter().any(
+        |op| matches!(op, AttachOperation::Detach { node, forced: false, .. } if node == "n1")
+    ));
     assert!(
-        plan.iter()
-            .any(|op| matches!(op, Operation::Detach { node, forced: false, .. } if node == "n1"))
-    );
-    assert!(
-        !plan.iter().any(|op| matches!(op, Operation::Attach { .. })),
+        !plan
+            .iter()
+            .any(|op| matches!(op, AttachOperation::Attach { .. })),
         "{plan:?}"
     );
     env.reconciler.run_until_idle(5).await;
@@ -166,7 +168,7 @@ async fn detach_before_attach_for_single_node_volumes() {
 #[tokio::test]
 async fn multi_attach_is_blocked_by_confirmed_attachments_not_by_uncertain_attaches() {
     // Confirmed on n1, still used there: n2 must wait.
-    let env = env(ControllerConfig::default());
+    let env = env(AttachConfig::default());
     env.add("n1", AccessMode::SingleNode);
     env.reconciler.run_until_idle(5).await;
     env.add("n2", AccessMode::SingleNode);
@@ -175,7 +177,7 @@ async fn multi_attach_is_blocked_by_confirmed_attachments_not_by_uncertain_attac
     assert_eq!(env.state("n2"), None);
 
     // Multi-node volumes attach everywhere.
-    let env = crate::env(ControllerConfig::default());
+    let env = crate::env(AttachConfig::default());
     env.add("n1", AccessMode::MultiNode);
     env.add("n2", AccessMode::MultiNode);
     env.reconciler.run_until_idle(5).await;
@@ -185,7 +187,7 @@ async fn multi_attach_is_blocked_by_confirmed_attachments_not_by_uncertain_attac
     );
 
     // An uncertain attachment elsewhere does not block.
-    let env = crate::env(ControllerConfig::default());
+    let env = crate::env(AttachConfig::default());
     env.plugin
         .fail_once(PluginMethod::Attach, None, ErrorKind::Uncertain);
     env.add("n1", AccessMode::SingleNode);
@@ -197,14 +199,14 @@ async fn multi_attach_is_blocked_by_confirmed_attachments_not_by_uncertain_attac
     let plan = env.reconciler.plan();
     assert!(
         plan.iter()
-            .any(|op| matches!(op, Operation::Attach { node, .. } if node == "n2")),
+            .any(|op| matches!(op, AttachOperation::Attach { node, .. } if node == "n2")),
         "{plan:?}"
     );
 }
 
 #[tokio::test]
 async fn force_detach_only_for_an_unhealthy_node_past_the_max_wait() {
-    let env = env(ControllerConfig::default());
+    let env = env(AttachConfig::default());
     env.add("n1", AccessMode::SingleNode);
     env.reconciler.run_until_idle(5).await;
     env.calls();
@@ -226,7 +228,10 @@ async fn force_detach_only_for_an_unhealthy_node_past_the_max_wait() {
     );
     let plan = env.reconciler.plan();
     assert!(
-        matches!(plan.as_slice(), [Operation::Detach { forced: true, .. }]),
+        matches!(
+            plan.as_slice(),
+            [AttachOperation::Detach { forced: true, .. }]
+        ),
         "{plan:?}"
     );
     env.reconciler.run_until_idle(5).await;
@@ -236,11 +241,11 @@ async fn force_detach_only_for_an_unhealthy_node_past_the_max_wait() {
 #[tokio::test]
 async fn unhealthy_node_within_the_max_wait_or_with_force_disabled_is_not_detached() {
     for (config, advance) in [
-        (ControllerConfig::default(), Duration::from_secs(5 * 60)),
+        (AttachConfig::default(), Duration::from_secs(5 * 60)),
         (
-            ControllerConfig {
+            AttachConfig {
                 max_wait_for_unmount: None,
-                ..ControllerConfig::default()
+                ..AttachConfig::default()
             },
             Duration::from_secs(3600),
         ),
@@ -267,9 +272,9 @@ async fn unhealthy_node_within_the_max_wait_or_with_force_disabled_is_not_detach
 
 #[tokio::test]
 async fn out_of_service_node_is_detached_at_once() {
-    let env = env(ControllerConfig {
+    let env = env(AttachConfig {
         max_wait_for_unmount: None,
-        ..ControllerConfig::default()
+        ..AttachConfig::default()
     });
     env.add("n1", AccessMode::SingleNode);
     env.reconciler.run_until_idle(5).await;
@@ -289,7 +294,7 @@ async fn out_of_service_node_is_detached_at_once() {
 
 #[tokio::test]
 async fn failed_detach_is_detach_uncertain_reported_again_and_retried_after_backoff() {
-    let env = env(ControllerConfig::default());
+    let env = env(AttachConfig::default());
     env.add("n1", AccessMode::SingleNode);
     env.reconciler.run_until_idle(5).await;
     env.calls();
@@ -315,7 +320,7 @@ async fn failed_detach_is_detach_uncertain_reported_again_and_retried_after_back
 
 #[tokio::test(start_paused = true)]
 async fn never_detached_while_an_operation_on_the_volume_is_pending() {
-    let env = env(ControllerConfig::default());
+    let env = env(AttachConfig::default());
     env.add("n1", AccessMode::SingleNode);
     env.reconciler.run_until_idle(5).await;
     env.not_in_use("n1");
@@ -332,14 +337,14 @@ async fn never_detached_while_an_operation_on_the_volume_is_pending() {
     env.add("n2", AccessMode::SingleNode);
     let plan = env.reconciler.plan();
     assert!(plan.is_empty(), "{plan:?}");
-    let attach = Operation::Attach {
+    let attach = AttachOperation::Attach {
         volume: "v1".into(),
         node: "n2".into(),
         spec: Arc::new(spec(AccessMode::SingleNode)),
     };
     assert_eq!(
         env.reconciler.execute(attach).await,
-        volume_state::node::ExecutionResult::Skipped(volume_state::GateError::AlreadyExists)
+        volume_state::ExecutionResult::Skipped(volume_state::GateError::AlreadyExists)
     );
     assert_eq!(env.state("n1"), Some(AttachState::Attached));
     detach.await.unwrap();
@@ -354,7 +359,7 @@ async fn never_detached_while_an_operation_on_the_volume_is_pending() {
 /// at once).
 #[tokio::test]
 async fn failed_detach_blocks_attaching_a_single_node_volume_elsewhere_until_it_succeeds() {
-    let env = env(ControllerConfig::default());
+    let env = env(AttachConfig::default());
     env.attached_unused("n1", AccessMode::SingleNode).await;
     env.plugin
         .fail_once(PluginMethod::Detach, None, ErrorKind::Uncertain);
@@ -376,12 +381,12 @@ async fn failed_detach_blocks_attaching_a_single_node_volume_elsewhere_until_it_
 #[tokio::test]
 async fn a_failed_detach_does_not_block_a_multi_node_volume_or_when_opted_out() {
     for (mode, config) in [
-        (AccessMode::MultiNode, ControllerConfig::default()),
+        (AccessMode::MultiNode, AttachConfig::default()),
         (
             AccessMode::SingleNode,
-            ControllerConfig {
+            AttachConfig {
                 attach_while_detach_uncertain: true,
-                ..ControllerConfig::default()
+                ..AttachConfig::default()
             },
         ),
     ] {
@@ -402,7 +407,7 @@ async fn a_failed_detach_does_not_block_a_multi_node_volume_or_when_opted_out() 
 
 #[tokio::test]
 async fn a_failed_attach_never_clears_detach_uncertain() {
-    let env = env(ControllerConfig::default());
+    let env = env(AttachConfig::default());
     env.attached_unused("n1", AccessMode::SingleNode).await;
     env.plugin
         .fail_once(PluginMethod::Detach, None, ErrorKind::Uncertain);
@@ -425,7 +430,7 @@ async fn a_failed_attach_never_clears_detach_uncertain() {
 /// wants and nothing holds are dropped.
 #[tokio::test]
 async fn gate_records_of_forgotten_volumes_are_purged() {
-    let env = env(ControllerConfig::default());
+    let env = env(AttachConfig::default());
     env.plugin
         .fail_always(PluginMethod::Attach, None, ErrorKind::Final);
     env.add("n1", AccessMode::SingleNode);

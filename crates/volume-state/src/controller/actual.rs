@@ -6,7 +6,7 @@ use tokio::sync::Notify;
 
 use crate::error::PluginError;
 use crate::node::AttachState;
-use crate::transition::Outcome;
+use crate::transition::StepOutcome;
 use crate::types::{AttachInfo, Key, VolumeSpec};
 
 /// One volume's attachment to one node.
@@ -46,12 +46,12 @@ pub struct NodeHealth {
 
 /// An immutable view of the controller's actual state.
 #[derive(Debug, Clone)]
-pub struct ActualSnapshot<V, N> {
+pub struct ActualAttachSnapshot<V, N> {
     volumes: BTreeMap<V, Arc<AttachedVolume<N>>>,
     health: BTreeMap<N, NodeHealth>,
 }
 
-impl<V: Key, N: Key> ActualSnapshot<V, N> {
+impl<V: Key, N: Key> ActualAttachSnapshot<V, N> {
     /// Volumes with at least one attachment, in key order.
     pub fn volumes(&self) -> impl Iterator<Item = (&V, &AttachedVolume<N>)> {
         self.volumes.iter().map(|(v, a)| (v, a.as_ref()))
@@ -118,22 +118,22 @@ impl<V: Key, N: Key> ActualSnapshot<V, N> {
 /// Which volumes are attached where (the attach/detach controller's actual
 /// state of world), plus node health. Change it only through its updaters.
 #[derive(Debug)]
-pub struct ActualStateOfWorld<V, N> {
-    state: RwLock<Arc<ActualSnapshot<V, N>>>,
+pub struct ActualAttachState<V, N> {
+    state: RwLock<Arc<ActualAttachSnapshot<V, N>>>,
     changed: Arc<Notify>,
 }
 
-impl<V: Key, N: Key> Default for ActualStateOfWorld<V, N> {
+impl<V: Key, N: Key> Default for ActualAttachState<V, N> {
     fn default() -> Self {
         Self::new()
     }
 }
 
-impl<V: Key, N: Key> ActualStateOfWorld<V, N> {
+impl<V: Key, N: Key> ActualAttachState<V, N> {
     /// An empty actual state.
     pub fn new() -> Self {
         Self {
-            state: RwLock::new(Arc::new(ActualSnapshot {
+            state: RwLock::new(Arc::new(ActualAttachSnapshot {
                 volumes: BTreeMap::new(),
                 health: BTreeMap::new(),
             })),
@@ -142,7 +142,7 @@ impl<V: Key, N: Key> ActualStateOfWorld<V, N> {
     }
 
     /// The current state.
-    pub fn snapshot(&self) -> Arc<ActualSnapshot<V, N>> {
+    pub fn snapshot(&self) -> Arc<ActualAttachSnapshot<V, N>> {
         self.state.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
@@ -151,7 +151,7 @@ impl<V: Key, N: Key> ActualStateOfWorld<V, N> {
         self.changed.clone()
     }
 
-    fn update<T>(&self, f: impl FnOnce(&mut ActualSnapshot<V, N>) -> T) -> T {
+    fn update<T>(&self, f: impl FnOnce(&mut ActualAttachSnapshot<V, N>) -> T) -> T {
         let mut guard = self.state.write().unwrap_or_else(|e| e.into_inner());
         let out = f(Arc::make_mut(&mut guard));
         drop(guard);
@@ -189,7 +189,7 @@ impl<V: Key, N: Key> ActualStateOfWorld<V, N> {
                 .nodes
                 .get(node)
                 .map_or(AttachState::Detached, |a| a.state);
-            let state = match previous.after_attach(Outcome::of(result)) {
+            let state = match previous.after_attach(StepOutcome::of(result)) {
                 AttachState::Detached => {
                     entry.nodes.remove(node);
                     if entry.nodes.is_empty() {
@@ -231,7 +231,7 @@ impl<V: Key, N: Key> ActualStateOfWorld<V, N> {
                 return;
             };
             let entry_mut = Arc::make_mut(entry);
-            match previous.after_detach(Outcome::of(result)) {
+            match previous.after_detach(StepOutcome::of(result)) {
                 AttachState::Detached => {
                     entry_mut.nodes.remove(node);
                     if entry_mut.nodes.is_empty() {

@@ -16,11 +16,11 @@ pub struct DesiredAttachment<P> {
 
 /// An immutable view of the controller's desired state: node → volume → pods.
 #[derive(Debug, Clone)]
-pub struct DesiredSnapshot<V, P, N> {
+pub struct DesiredAttachSnapshot<V, P, N> {
     nodes: BTreeMap<N, Arc<BTreeMap<V, DesiredAttachment<P>>>>,
 }
 
-impl<V: Key, P: Key, N: Key> DesiredSnapshot<V, P, N> {
+impl<V: Key, P: Key, N: Key> DesiredAttachSnapshot<V, P, N> {
     /// Every (node, volume) pair wanted, in key order.
     pub fn attachments(&self) -> impl Iterator<Item = (&N, &V, &DesiredAttachment<P>)> {
         self.nodes
@@ -54,22 +54,22 @@ impl<V: Key, P: Key, N: Key> DesiredSnapshot<V, P, N> {
 /// Which volumes each node's pods want (the attach/detach controller's
 /// desired state of world). Thread-safe with copy-on-write snapshots.
 #[derive(Debug)]
-pub struct DesiredStateOfWorld<V, P, N> {
-    state: RwLock<Arc<DesiredSnapshot<V, P, N>>>,
+pub struct DesiredAttachState<V, P, N> {
+    state: RwLock<Arc<DesiredAttachSnapshot<V, P, N>>>,
     changed: Arc<Notify>,
 }
 
-impl<V: Key, P: Key, N: Key> Default for DesiredStateOfWorld<V, P, N> {
+impl<V: Key, P: Key, N: Key> Default for DesiredAttachState<V, P, N> {
     fn default() -> Self {
         Self::new()
     }
 }
 
-impl<V: Key, P: Key, N: Key> DesiredStateOfWorld<V, P, N> {
+impl<V: Key, P: Key, N: Key> DesiredAttachState<V, P, N> {
     /// An empty desired state.
     pub fn new() -> Self {
         Self {
-            state: RwLock::new(Arc::new(DesiredSnapshot {
+            state: RwLock::new(Arc::new(DesiredAttachSnapshot {
                 nodes: BTreeMap::new(),
             })),
             changed: Arc::new(Notify::new()),
@@ -77,7 +77,7 @@ impl<V: Key, P: Key, N: Key> DesiredStateOfWorld<V, P, N> {
     }
 
     /// The current state.
-    pub fn snapshot(&self) -> Arc<DesiredSnapshot<V, P, N>> {
+    pub fn snapshot(&self) -> Arc<DesiredAttachSnapshot<V, P, N>> {
         self.state.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
@@ -86,7 +86,7 @@ impl<V: Key, P: Key, N: Key> DesiredStateOfWorld<V, P, N> {
         self.changed.clone()
     }
 
-    fn update<T>(&self, f: impl FnOnce(&mut DesiredSnapshot<V, P, N>) -> (T, bool)) -> T {
+    fn update<T>(&self, f: impl FnOnce(&mut DesiredAttachSnapshot<V, P, N>) -> (T, bool)) -> T {
         let mut guard = self.state.write().unwrap_or_else(|e| e.into_inner());
         let (out, changed) = f(Arc::make_mut(&mut guard));
         drop(guard);

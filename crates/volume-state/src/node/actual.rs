@@ -5,10 +5,10 @@ use std::sync::{Arc, RwLock};
 use tokio::sync::Notify;
 
 use crate::error::{ErrorKind, PluginError};
-use crate::journal::VolumeRecord;
-use crate::mounts::{MountCheck, MountTable};
+use crate::journal::VolumeIntent;
+use crate::mounts::{MountEvidence, MountTable};
 use crate::plugin::MountResult;
-use crate::transition::{Outcome, Progress, after_setup, after_teardown};
+use crate::transition::{Progress, StepOutcome, after_setup, after_teardown};
 use crate::types::{AttachInfo, Key, VolumeSpec};
 
 /// Whether a volume is attached to a node.
@@ -49,9 +49,9 @@ impl AttachState {
     /// As [`after_setup`], except that a failed attach never clears
     /// [`DetachUncertain`](Self::DetachUncertain): the earlier confirmed
     /// attachment may still be there whatever this call says.
-    pub fn after_attach(self, outcome: Outcome) -> Self {
+    pub fn after_attach(self, outcome: StepOutcome) -> Self {
         match (self, outcome) {
-            (AttachState::DetachUncertain, Outcome::Failed(_)) => AttachState::DetachUncertain,
+            (AttachState::DetachUncertain, StepOutcome::Failed(_)) => AttachState::DetachUncertain,
             (state, outcome) => Self::from_progress(after_setup(state.progress(), outcome)),
         }
     }
@@ -62,11 +62,11 @@ impl AttachState {
     /// As [`after_teardown`], except that a failed detach of a confirmed (or
     /// already detach-uncertain) attachment becomes
     /// [`DetachUncertain`](Self::DetachUncertain).
-    pub fn after_detach(self, outcome: Outcome) -> Self {
+    pub fn after_detach(self, outcome: StepOutcome) -> Self {
         match (self, outcome) {
             // The call did not start: nothing changed.
-            (state, Outcome::Failed(ErrorKind::Transient)) => state,
-            (AttachState::Attached | AttachState::DetachUncertain, Outcome::Failed(_)) => {
+            (state, StepOutcome::Failed(ErrorKind::Transient)) => state,
+            (AttachState::Attached | AttachState::DetachUncertain, StepOutcome::Failed(_)) => {
                 AttachState::DetachUncertain
             }
             (state, outcome) => Self::from_progress(after_teardown(state.progress(), outcome)),
@@ -183,10 +183,10 @@ pub struct DiscoveredMount<V, P> {
     /// still attached.
     pub device_path: Option<PathBuf>,
     /// What is mounted at `target_path`.
-    pub target: MountCheck,
+    pub target: MountEvidence,
     /// What is mounted at the staging path (the discovered one, else the
     /// spec's).
-    pub staging: MountCheck,
+    pub staging: MountEvidence,
 }
 
 impl<V, P> DiscoveredMount<V, P> {
@@ -198,8 +198,8 @@ impl<V, P> DiscoveredMount<V, P> {
             target_path: target_path.into(),
             staging_path: None,
             device_path: None,
-            target: MountCheck::Unchecked,
-            staging: MountCheck::Unchecked,
+            target: MountEvidence::Unchecked,
+            staging: MountEvidence::Unchecked,
         }
     }
 
@@ -217,9 +217,9 @@ impl<V, P> DiscoveredMount<V, P> {
 
     /// Looks up what is mounted at the target and staging paths.
     pub fn checked(mut self, table: &dyn MountTable) -> Self {
-        self.target = MountCheck::of(table, &self.target_path);
+        self.target = MountEvidence::of(table, &self.target_path);
         if let Some(path) = &self.staging_path {
-            self.staging = MountCheck::of(table, path);
+            self.staging = MountEvidence::of(table, path);
         }
         self
     }
@@ -227,13 +227,13 @@ impl<V, P> DiscoveredMount<V, P> {
     /// The caller verified that this volume is mounted at both paths: it
     /// is not staged or published again.
     pub fn verified(mut self) -> Self {
-        self.target = MountCheck::Verified;
-        self.staging = MountCheck::Verified;
+        self.target = MountEvidence::Verified;
+        self.staging = MountEvidence::Verified;
         self
     }
 }
 
-/// What [`ActualStateOfWorld::reconstruct`] did.
+/// What [`ActualNodeState::reconstruct`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ReconstructionReport {
     /// Pod mounts added (uncertain unless verified).
@@ -253,12 +253,12 @@ pub struct ReconstructionReport {
 
 /// An immutable view of the actual state of world.
 #[derive(Debug, Clone)]
-pub struct ActualSnapshot<V, P> {
+pub struct ActualNodeSnapshot<V, P> {
     volumes: BTreeMap<V, Arc<ActualVolume<P>>>,
     orphans: BTreeMap<(V, P), DiscoveredMount<V, P>>,
 }
 
-impl<V: Key, P: Key> ActualSnapshot<V, P> {
+impl<V: Key, P: Key> ActualNodeSnapshot<V, P> {
     /// Volumes with any state on this node, in key order.
     pub fn volumes(&self) -> impl Iterator<Item = (&V, &ActualVolume<P>)> {
         self.volumes.iter().map(|(v, a)| (v, a.as_ref()))
@@ -299,24 +299,24 @@ impl<V: Key, P: Key> ActualSnapshot<V, P> {
 /// state of world). Change it only through the updater methods.
 ///
 /// Thread-safe, with copy-on-write `Arc` snapshots like
-/// [`DesiredStateOfWorld`](super::DesiredStateOfWorld).
+/// [`DesiredNodeState`](super::DesiredStateOfWorld).
 #[derive(Debug)]
-pub struct ActualStateOfWorld<V, P> {
-    state: RwLock<Arc<ActualSnapshot<V, P>>>,
+pub struct ActualNodeState<V, P> {
+    state: RwLock<Arc<ActualNodeSnapshot<V, P>>>,
     changed: Arc<Notify>,
 }
 
-impl<V: Key, P: Key> Default for ActualStateOfWorld<V, P> {
+impl<V: Key, P: Key> Default for ActualNodeState<V, P> {
     fn default() -> Self {
         Self::new()
     }
 }
 
-impl<V: Key, P: Key> ActualStateOfWorld<V, P> {
+impl<V: Key, P: Key> ActualNodeState<V, P> {
     /// An empty actual state.
     pub fn new() -> Self {
         Self {
-            state: RwLock::new(Arc::new(ActualSnapshot {
+            state: RwLock::new(Arc::new(ActualNodeSnapshot {
                 volumes: BTreeMap::new(),
                 orphans: BTreeMap::new(),
             })),
@@ -325,7 +325,7 @@ impl<V: Key, P: Key> ActualStateOfWorld<V, P> {
     }
 
     /// The current state.
-    pub fn snapshot(&self) -> Arc<ActualSnapshot<V, P>> {
+    pub fn snapshot(&self) -> Arc<ActualNodeSnapshot<V, P>> {
         self.state.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
@@ -334,7 +334,7 @@ impl<V: Key, P: Key> ActualStateOfWorld<V, P> {
         self.changed.clone()
     }
 
-    fn update<T>(&self, f: impl FnOnce(&mut ActualSnapshot<V, P>) -> T) -> T {
+    fn update<T>(&self, f: impl FnOnce(&mut ActualNodeSnapshot<V, P>) -> T) -> T {
         let mut guard = self.state.write().unwrap_or_else(|e| e.into_inner());
         let out = f(Arc::make_mut(&mut guard));
         drop(guard);
@@ -363,7 +363,7 @@ impl<V: Key, P: Key> ActualStateOfWorld<V, P> {
                 .entry(volume.clone())
                 .or_insert_with(|| Arc::new(ActualVolume::new(spec.clone())));
             let entry = Arc::make_mut(entry);
-            entry.attach = entry.attach.after_attach(Outcome::of(result));
+            entry.attach = entry.attach.after_attach(StepOutcome::of(result));
             if let Ok(info) = result {
                 entry.attach_info = Arc::new(info.clone());
                 entry.spec = spec.clone();
@@ -382,7 +382,7 @@ impl<V: Key, P: Key> ActualStateOfWorld<V, P> {
             let Some(entry) = s.volumes.get_mut(volume) else {
                 return;
             };
-            match entry.attach.after_detach(Outcome::of(result)) {
+            match entry.attach.after_detach(StepOutcome::of(result)) {
                 AttachState::Detached => {
                     s.volumes.remove(volume);
                 }
@@ -408,7 +408,7 @@ impl<V: Key, P: Key> ActualStateOfWorld<V, P> {
     ) {
         self.update_volume(volume, |entry| {
             entry.staging_path = Some(staging_path.to_path_buf());
-            entry.device = match after_setup(entry.device.progress(), Outcome::of(result)) {
+            entry.device = match after_setup(entry.device.progress(), StepOutcome::of(result)) {
                 Progress::Done => match &entry.device {
                     // A failed re-stage keeps the existing mount as it is.
                     mounted @ DeviceState::Mounted { .. } if result.is_err() => mounted.clone(),
@@ -427,7 +427,7 @@ impl<V: Key, P: Key> ActualStateOfWorld<V, P> {
     /// Applies an unstage result; the attach info (device path) is kept.
     pub fn apply_unstage(&self, volume: &V, result: &Result<(), PluginError>) {
         self.update_volume(volume, |entry| {
-            entry.device = match after_teardown(entry.device.progress(), Outcome::of(result)) {
+            entry.device = match after_teardown(entry.device.progress(), StepOutcome::of(result)) {
                 Progress::Absent => DeviceState::NotMounted,
                 Progress::Uncertain => DeviceState::Uncertain,
                 Progress::Done => entry.device.clone(),
@@ -452,7 +452,7 @@ impl<V: Key, P: Key> ActualStateOfWorld<V, P> {
                 Some(PodMountState::Mounted) => Progress::Done,
             };
             let remount_required = previous.is_some_and(|m| m.remount_required) && result.is_err();
-            let state = match after_setup(progress, Outcome::of(result)) {
+            let state = match after_setup(progress, StepOutcome::of(result)) {
                 Progress::Absent => None,
                 Progress::Uncertain => Some(PodMountState::Uncertain),
                 Progress::Done => Some(PodMountState::Mounted),
@@ -486,7 +486,7 @@ impl<V: Key, P: Key> ActualStateOfWorld<V, P> {
                 PodMountState::Uncertain => Progress::Uncertain,
                 PodMountState::Mounted => Progress::Done,
             };
-            match after_teardown(progress, Outcome::of(result)) {
+            match after_teardown(progress, StepOutcome::of(result)) {
                 Progress::Absent => {
                     entry.pods.remove(pod);
                 }
@@ -558,7 +558,7 @@ impl<V: Key, P: Key> ActualStateOfWorld<V, P> {
     pub fn reconstruct_with_journal(
         &self,
         mounts: impl IntoIterator<Item = DiscoveredMount<V, P>>,
-        journal: &BTreeMap<V, VolumeRecord<P>>,
+        journal: &BTreeMap<V, VolumeIntent<P>>,
         mut metadata: impl FnMut(&V) -> Option<VolumeSpec>,
     ) -> ReconstructionReport {
         let mut report = ReconstructionReport::default();
@@ -599,7 +599,7 @@ impl<V: Key, P: Key> ActualStateOfWorld<V, P> {
 }
 
 /// Enough of a spec to tear down what a journal record says is owed.
-fn fallback_spec<P>(record: &VolumeRecord<P>) -> VolumeSpec {
+fn fallback_spec<P>(record: &VolumeIntent<P>) -> VolumeSpec {
     VolumeSpec {
         attachable: record.attached,
         staging_path: record.staging_path.clone(),
@@ -611,7 +611,7 @@ fn fallback_spec<P>(record: &VolumeRecord<P>) -> VolumeSpec {
 fn rebuild<V: Key, P: Key>(
     spec: &Arc<VolumeSpec>,
     mounts: &[DiscoveredMount<V, P>],
-    record: Option<&VolumeRecord<P>>,
+    record: Option<&VolumeIntent<P>>,
     report: &mut ReconstructionReport,
 ) -> ActualVolume<P> {
     let mut entry = ActualVolume::new(spec.clone());
@@ -648,8 +648,10 @@ fn rebuild<V: Key, P: Key>(
             report.mismatched += 1;
             tracing::warn!(path = %mount.target_path.display(), "another source is mounted than the journal recorded; not used");
         }
-        let is_mount = matches!(mount.target, MountCheck::Verified | MountCheck::Mounted(_))
-            && !mount.target.is_absent(recorded);
+        let is_mount = matches!(
+            mount.target,
+            MountEvidence::Verified | MountEvidence::Mounted(_)
+        ) && !mount.target.is_absent(recorded);
         evidence |= is_mount;
         let mounted = mount.target.is_verified(recorded) && (!staged || staging_verified);
         report.reconstructed += 1;
@@ -723,11 +725,11 @@ mod tests {
     #[test]
     fn attach_state_transitions_exhaustive() {
         let states = [Attached, Uncertain, DetachUncertain, Detached];
-        let final_ = Outcome::Failed(ErrorKind::Final);
-        let unsure = Outcome::Failed(ErrorKind::Uncertain);
-        let transient = Outcome::Failed(ErrorKind::Transient);
+        let final_ = StepOutcome::Failed(ErrorKind::Final);
+        let unsure = StepOutcome::Failed(ErrorKind::Uncertain);
+        let transient = StepOutcome::Failed(ErrorKind::Transient);
         let attach = |s: AttachState, o| match (s, o) {
-            (_, Outcome::Succeeded) => Attached,
+            (_, StepOutcome::Succeeded) => Attached,
             (DetachUncertain, _) => DetachUncertain,
             (Attached, _) => Attached,
             (s, o) if o == transient => s,
@@ -735,14 +737,14 @@ mod tests {
             _ => Uncertain,
         };
         let detach = |s: AttachState, o| match (s, o) {
-            (_, Outcome::Succeeded) => Detached,
+            (_, StepOutcome::Succeeded) => Detached,
             (s, o) if o == transient => s,
             (Attached | DetachUncertain, _) => DetachUncertain,
             _ => Uncertain,
         };
         let mut cases = 0;
         for s in states {
-            for o in Outcome::ALL {
+            for o in StepOutcome::ALL {
                 assert_eq!(s.after_attach(o), attach(s, o), "attach {s:?} {o:?}");
                 assert_eq!(s.after_detach(o), detach(s, o), "detach {s:?} {o:?}");
                 cases += 1;

@@ -7,9 +7,9 @@ mod plan;
 mod reconciler;
 
 pub use actual::{
-    ActualSnapshot, ActualStateOfWorld, ActualVolume, AttachState, DeviceState, DiscoveredMount,
+    ActualNodeSnapshot, ActualNodeState, ActualVolume, AttachState, DeviceState, DiscoveredMount,
     PodMount, PodMountState, ReconstructionReport,
 };
-pub use desired::{DesiredSnapshot, DesiredStateOfWorld, DesiredVolume};
-pub use plan::{AttachMode, Operation, Phase, plan, volumes_in_use};
-pub use reconciler::{ExecutionResult, PassReport, Reconciler};
+pub use desired::{DesiredNodeSnapshot, DesiredNodeState, DesiredVolume};
+pub use plan::{AttachMode, NodeOperation, Phase, plan, volumes_in_use};
+pub use reconciler::NodeReconciler;
