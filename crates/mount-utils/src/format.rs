@@ -429,7 +429,7 @@ impl Drop for Permit<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::exec::FakeExec;
+    use crate::FakeExec;
     use crate::fake::{FakeAction, FakeMounter};
     use std::sync::atomic::{AtomicUsize, Ordering};
 
