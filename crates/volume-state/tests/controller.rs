@@ -353,7 +353,7 @@ async fn never_detached_while_an_operation_on_the_volume_is_pending() {
     assert_eq!(env.state("n2"), Some(AttachState::Attached));
 }
 
-/// Issue 15, item 3: a failed detach from n1 leaves a single-node volume
+/// A failed detach from n1 leaves a single-node volume
 /// maybe attached there; it must not be attached to n2 until the detach
 /// succeeds (Kubernetes counts only confirmed attachments and attaches n2
 /// at once).
@@ -426,7 +426,7 @@ async fn a_failed_attach_never_clears_detach_uncertain() {
     assert_eq!(env.state("n1"), Some(AttachState::Attached));
 }
 
-/// Issue 15, item 1 (controller side): gate records of a volume nobody
+/// Gate records of a volume nobody
 /// wants and nothing holds are dropped.
 #[tokio::test]
 async fn gate_records_of_forgotten_volumes_are_purged() {

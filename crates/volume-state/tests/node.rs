@@ -537,7 +537,7 @@ async fn restart_reconstruction_waits_for_populated_desired_state_and_cleans_orp
     );
 }
 
-/// Issue 15, item 1: Stage fails for a while (backoff up to 16 s), the pod
+/// Stage fails for a while (backoff up to 16 s), the pod
 /// goes away, the volume is detached and forgotten; hours later a new pod's
 /// first failure waits the initial 500 ms, and nothing was kept meanwhile
 /// (kubernetes#116886: Kubernetes waits 32 s here, and keeps the record).
@@ -581,7 +581,7 @@ async fn backoff_is_forgotten_once_the_volume_left_both_states() {
     assert_eq!(backoff(&env), Some(Duration::from_millis(500)));
 }
 
-/// Issue 15, item 4: the spec had no size at first mount; the size the
+/// The spec had no size at first mount; the size the
 /// plugin reports from stage/publish lets a later larger size expand.
 #[tokio::test]
 async fn expansion_happens_when_the_size_was_unknown_at_first_mount() {
@@ -615,7 +615,7 @@ async fn expansion_happens_when_the_size_was_unknown_at_first_mount() {
     assert_eq!(env.plugin.size(&"v1".into()), Some(20));
 }
 
-/// Issue 15, item 6: a held stage keeps every other operation on its volume
+/// A held stage keeps every other operation on its volume
 /// out, while other volumes go on; the fake's events prove it.
 #[tokio::test]
 async fn a_held_stage_excludes_its_volume_but_not_others() {

@@ -1,6 +1,6 @@
 //! Restarts and reboots of the node side: reconstruction from mounts found
-//! on disk and from the intent journal (issue 15: items 2 and 5,
-//! kubernetes#85476, #117513 and #120853).
+//! on disk and from the intent journal (kubernetes#85476, #117513 and
+//! #120853).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -273,7 +273,7 @@ async fn concurrent_publishes_of_one_volume_keep_each_others_intents() {
     assert_eq!(node.journal.get(&"v1".into()).unwrap().pods.len(), 3);
 }
 
-/// Issue 15, item 2: after a process restart the volume's mounts are still
+/// After a process restart the volume's mounts are still
 /// there. Attached, not attached again; trusted mounts are neither staged
 /// nor published again.
 #[tokio::test]
@@ -399,7 +399,7 @@ async fn after_a_reboot_leftover_or_foreign_mounts_are_never_used() {
     }
 }
 
-/// Issue 15, item 5: in controller-attach mode the node must report in use
+/// In controller-attach mode the node must report in use
 /// both what is wanted and what is still mounted. After a restart the list
 /// covers the reconstructed volumes, and reporting it lets the wanted one
 /// leave the uncertain state.

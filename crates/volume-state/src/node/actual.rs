@@ -751,7 +751,7 @@ mod tests {
             }
         }
         assert_eq!(cases, 16);
-        // The cases the issue is about, spelled out.
+        // The detach cases that matter most, spelled out.
         assert_eq!(Attached.after_detach(unsure), DetachUncertain);
         assert_eq!(Uncertain.after_detach(final_), Uncertain);
         assert!(DetachUncertain.may_hold() && Attached.may_hold());
