@@ -128,6 +128,7 @@ pub mod node;
 mod pass;
 mod plugin;
 mod runner;
+mod state_cell;
 pub mod transition;
 mod types;
 

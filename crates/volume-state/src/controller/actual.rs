@@ -1,11 +1,12 @@
 use std::collections::BTreeMap;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Instant;
 
 use tokio::sync::Notify;
 
 use crate::error::PluginError;
 use crate::node::AttachState;
+use crate::state_cell::StateCell;
 use crate::transition::StepOutcome;
 use crate::types::{AttachInfo, Key, VolumeSpec};
 
@@ -119,8 +120,7 @@ impl<V: Key, N: Key> ActualAttachSnapshot<V, N> {
 /// state of world), plus node health. Change it only through its updaters.
 #[derive(Debug)]
 pub struct ActualAttachState<V, N> {
-    state: RwLock<Arc<ActualAttachSnapshot<V, N>>>,
-    changed: Arc<Notify>,
+    cell: StateCell<ActualAttachSnapshot<V, N>>,
 }
 
 impl<V: Key, N: Key> Default for ActualAttachState<V, N> {
@@ -133,30 +133,25 @@ impl<V: Key, N: Key> ActualAttachState<V, N> {
     /// An empty actual state.
     pub fn new() -> Self {
         Self {
-            state: RwLock::new(Arc::new(ActualAttachSnapshot {
+            cell: StateCell::new(ActualAttachSnapshot {
                 volumes: BTreeMap::new(),
                 health: BTreeMap::new(),
-            })),
-            changed: Arc::new(Notify::new()),
+            }),
         }
     }
 
     /// The current state.
     pub fn snapshot(&self) -> Arc<ActualAttachSnapshot<V, N>> {
-        self.state.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.cell.snapshot()
     }
 
     /// Signalled after every change.
     pub fn changed(&self) -> Arc<Notify> {
-        self.changed.clone()
+        self.cell.changed()
     }
 
     fn update<T>(&self, f: impl FnOnce(&mut ActualAttachSnapshot<V, N>) -> T) -> T {
-        let mut guard = self.state.write().unwrap_or_else(|e| e.into_inner());
-        let out = f(Arc::make_mut(&mut guard));
-        drop(guard);
-        self.changed.notify_one();
-        out
+        self.cell.update(|s| (f(s), true))
     }
 
     fn update_attachment(&self, volume: &V, node: &N, f: impl FnOnce(&mut NodeAttachment)) {

@@ -1,8 +1,9 @@
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
 use tokio::sync::Notify;
 
+use crate::state_cell::StateCell;
 use crate::types::{Key, VolumeSpec};
 
 /// A volume wanted on one node.
@@ -55,8 +56,7 @@ impl<V: Key, P: Key, N: Key> DesiredAttachSnapshot<V, P, N> {
 /// desired state of world). Thread-safe with copy-on-write snapshots.
 #[derive(Debug)]
 pub struct DesiredAttachState<V, P, N> {
-    state: RwLock<Arc<DesiredAttachSnapshot<V, P, N>>>,
-    changed: Arc<Notify>,
+    cell: StateCell<DesiredAttachSnapshot<V, P, N>>,
 }
 
 impl<V: Key, P: Key, N: Key> Default for DesiredAttachState<V, P, N> {
@@ -69,31 +69,24 @@ impl<V: Key, P: Key, N: Key> DesiredAttachState<V, P, N> {
     /// An empty desired state.
     pub fn new() -> Self {
         Self {
-            state: RwLock::new(Arc::new(DesiredAttachSnapshot {
+            cell: StateCell::new(DesiredAttachSnapshot {
                 nodes: BTreeMap::new(),
-            })),
-            changed: Arc::new(Notify::new()),
+            }),
         }
     }
 
     /// The current state.
     pub fn snapshot(&self) -> Arc<DesiredAttachSnapshot<V, P, N>> {
-        self.state.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.cell.snapshot()
     }
 
     /// Signalled after every change.
     pub fn changed(&self) -> Arc<Notify> {
-        self.changed.clone()
+        self.cell.changed()
     }
 
     fn update<T>(&self, f: impl FnOnce(&mut DesiredAttachSnapshot<V, P, N>) -> (T, bool)) -> T {
-        let mut guard = self.state.write().unwrap_or_else(|e| e.into_inner());
-        let (out, changed) = f(Arc::make_mut(&mut guard));
-        drop(guard);
-        if changed {
-            self.changed.notify_one();
-        }
-        out
+        self.cell.update(f)
     }
 
     /// Records that `pod` on `node` wants `volume`.

@@ -1,6 +1,6 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
 use tokio::sync::Notify;
 
@@ -8,6 +8,7 @@ use crate::error::{ErrorKind, PluginError};
 use crate::journal::VolumeIntent;
 use crate::mounts::{MountEvidence, MountTable};
 use crate::plugin::MountResult;
+use crate::state_cell::StateCell;
 use crate::transition::{Progress, StepOutcome, after_setup, after_teardown};
 use crate::types::{AttachInfo, Key, VolumeSpec};
 
@@ -302,8 +303,7 @@ impl<V: Key, P: Key> ActualNodeSnapshot<V, P> {
 /// [`DesiredNodeState`](super::DesiredStateOfWorld).
 #[derive(Debug)]
 pub struct ActualNodeState<V, P> {
-    state: RwLock<Arc<ActualNodeSnapshot<V, P>>>,
-    changed: Arc<Notify>,
+    cell: StateCell<ActualNodeSnapshot<V, P>>,
 }
 
 impl<V: Key, P: Key> Default for ActualNodeState<V, P> {
@@ -316,30 +316,25 @@ impl<V: Key, P: Key> ActualNodeState<V, P> {
     /// An empty actual state.
     pub fn new() -> Self {
         Self {
-            state: RwLock::new(Arc::new(ActualNodeSnapshot {
+            cell: StateCell::new(ActualNodeSnapshot {
                 volumes: BTreeMap::new(),
                 orphans: BTreeMap::new(),
-            })),
-            changed: Arc::new(Notify::new()),
+            }),
         }
     }
 
     /// The current state.
     pub fn snapshot(&self) -> Arc<ActualNodeSnapshot<V, P>> {
-        self.state.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.cell.snapshot()
     }
 
     /// Signalled after every change.
     pub fn changed(&self) -> Arc<Notify> {
-        self.changed.clone()
+        self.cell.changed()
     }
 
     fn update<T>(&self, f: impl FnOnce(&mut ActualNodeSnapshot<V, P>) -> T) -> T {
-        let mut guard = self.state.write().unwrap_or_else(|e| e.into_inner());
-        let out = f(Arc::make_mut(&mut guard));
-        drop(guard);
-        self.changed.notify_one();
-        out
+        self.cell.update(|s| (f(s), true))
     }
 
     fn update_volume(&self, volume: &V, f: impl FnOnce(&mut ActualVolume<P>)) {

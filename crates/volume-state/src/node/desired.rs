@@ -1,9 +1,10 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
 use tokio::sync::Notify;
 
+use crate::state_cell::StateCell;
 use crate::types::{Key, VolumeSpec};
 
 /// A volume some pods on this node want.
@@ -64,8 +65,7 @@ impl<V: Key, P: Key> DesiredNodeSnapshot<V, P> {
 /// copies only if a snapshot is still held (copy-on-write).
 #[derive(Debug)]
 pub struct DesiredNodeState<V, P> {
-    state: RwLock<Arc<DesiredNodeSnapshot<V, P>>>,
-    changed: Arc<Notify>,
+    cell: StateCell<DesiredNodeSnapshot<V, P>>,
 }
 
 impl<V: Key, P: Key> Default for DesiredNodeState<V, P> {
@@ -78,32 +78,25 @@ impl<V: Key, P: Key> DesiredNodeState<V, P> {
     /// An empty, not yet populated desired state.
     pub fn new() -> Self {
         Self {
-            state: RwLock::new(Arc::new(DesiredNodeSnapshot {
+            cell: StateCell::new(DesiredNodeSnapshot {
                 volumes: BTreeMap::new(),
                 populated: false,
-            })),
-            changed: Arc::new(Notify::new()),
+            }),
         }
     }
 
     /// The current state.
     pub fn snapshot(&self) -> Arc<DesiredNodeSnapshot<V, P>> {
-        self.state.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.cell.snapshot()
     }
 
     /// Signalled after every change (used by the runner).
     pub fn changed(&self) -> Arc<Notify> {
-        self.changed.clone()
+        self.cell.changed()
     }
 
     fn update<T>(&self, f: impl FnOnce(&mut DesiredNodeSnapshot<V, P>) -> (T, bool)) -> T {
-        let mut guard = self.state.write().unwrap_or_else(|e| e.into_inner());
-        let (out, changed) = f(Arc::make_mut(&mut guard));
-        drop(guard);
-        if changed {
-            self.changed.notify_one();
-        }
-        out
+        self.cell.update(f)
     }
 
     /// Records that `pod` wants `volume` published at `target_path`. A changed
