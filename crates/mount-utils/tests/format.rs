@@ -4,7 +4,7 @@
 mod common;
 
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use common::{assert_no_loop_device_for, fs_size, have_program, in_private_mount_ns, sparse_file};
@@ -34,6 +34,23 @@ fn main() {
 
 const MIB: u64 = 1 << 20;
 
+/// A sparse backing file on a loop device and an empty mount target, in a
+/// temporary directory (gone when it is dropped): (directory, backing
+/// file, target, device, device path).
+fn loop_disk(
+    file: impl AsRef<Path>,
+    size: u64,
+) -> (tempfile::TempDir, PathBuf, PathBuf, LoopDevice, String) {
+    let tmp = tempfile::tempdir().unwrap();
+    let backing = tmp.path().join(file);
+    sparse_file(&backing, size);
+    let target = tmp.path().join("mnt");
+    fs::create_dir(&target).unwrap();
+    let dev = LoopDevice::attach(&backing, &LoopOptions::default()).unwrap();
+    let device = dev.path().to_str().unwrap().to_owned();
+    (tmp, backing, target, dev, device)
+}
+
 fn sfm() -> SafeFormatAndMount {
     SafeFormatAndMount::new(Arc::new(LinuxMounter::new()), Arc::new(SystemExec::new()))
 }
@@ -53,13 +70,7 @@ fn format_and_mount_ext4_then_refuse_to_reformat() {
         return;
     }
     in_private_mount_ns("format_and_mount_ext4_then_refuse_to_reformat", || {
-        let tmp = tempfile::tempdir().unwrap();
-        let backing = tmp.path().join("ext4.img");
-        sparse_file(&backing, 64 * MIB);
-        let target = tmp.path().join("mnt");
-        fs::create_dir(&target).unwrap();
-        let dev = LoopDevice::attach(&backing, &LoopOptions::default()).unwrap();
-        let device = dev.path().to_str().unwrap().to_owned();
+        let (_tmp, backing, target, dev, device) = loop_disk("ext4.img", 64 * MIB);
         let s = sfm();
         let m = LinuxMounter::new();
 
@@ -116,13 +127,7 @@ fn resize_ext4_after_growing_the_backing_file() {
         return;
     }
     in_private_mount_ns("resize_ext4_after_growing_the_backing_file", || {
-        let tmp = tempfile::tempdir().unwrap();
-        let backing = tmp.path().join("grow.img");
-        sparse_file(&backing, 64 * MIB);
-        let target = tmp.path().join("mnt");
-        fs::create_dir(&target).unwrap();
-        let dev = LoopDevice::attach(&backing, &LoopOptions::default()).unwrap();
-        let device = dev.path().to_str().unwrap().to_owned();
+        let (_tmp, backing, target, dev, device) = loop_disk("grow.img", 64 * MIB);
         sfm()
             .format_and_mount(&device, &target, "ext4", &[], &[])
             .unwrap();
@@ -182,13 +187,7 @@ fn has_cap_sys_resource() -> bool {
 /// xfs and btrfs share the flow: format, mount, grow, check.
 fn format_mount_grow(test: &'static str, fstype: &'static str, size: u64) {
     in_private_mount_ns(test, move || {
-        let tmp = tempfile::tempdir().unwrap();
-        let backing = tmp.path().join(format!("{fstype}.img"));
-        sparse_file(&backing, size);
-        let target = tmp.path().join("mnt");
-        fs::create_dir(&target).unwrap();
-        let dev = LoopDevice::attach(&backing, &LoopOptions::default()).unwrap();
-        let device = dev.path().to_str().unwrap().to_owned();
+        let (tmp, backing, target, dev, device) = loop_disk(format!("{fstype}.img"), size);
         let s = sfm();
         s.format_and_mount(&device, &target, fstype, &[], &[])
             .unwrap();
