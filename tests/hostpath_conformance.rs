@@ -10,7 +10,7 @@
 
 mod support;
 
-use csi_kit::conformance::{Config, Report, Suite};
+use csi_kit::conformance::{Report, Suite};
 use csi_kit::mount::require_root;
 use csi_kit::mount::testing::ScratchFilesystem;
 use support::{Driver, mounts_under, run_isolated};
@@ -40,13 +40,7 @@ async fn run_suite(block: bool, attach: bool) -> Report {
     };
     let driver = Driver::start("hostpath", &statedir, &args);
     driver.client().await;
-    let staging = dir.path().join("staging");
-    let targets = dir.path().join("targets");
-    std::fs::create_dir_all(&staging).unwrap();
-    std::fs::create_dir_all(&targets).unwrap();
-    let mut config = Config::new(driver.endpoint.clone()).driver_log(&driver.log);
-    config.staging_dir = staging;
-    config.target_dir = targets;
+    let mut config = driver.suite_config(dir.path());
     config.volume_size = 16 << 20;
     if block {
         config = config.block();

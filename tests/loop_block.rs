@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use csi_kit::client::CsiClient;
-use csi_kit::conformance::{AccessType, Config, Report, Status, Suite};
+use csi_kit::conformance::{AccessType, Report, Status, Suite};
 use csi_kit::mount::testing::{assert_no_loop_device_for, have_program};
 use csi_kit::mount::{LinuxMounter, Mounter, require_root};
 use csi_kit::proto::v1::volume_capability::access_mode::Mode;
@@ -27,13 +27,7 @@ async fn run_suite(fs_type: Option<&str>, size: i64, skip: &[&str]) -> Report {
     let statedir = dir.path().join("state");
     let driver = Driver::start("loop-block", &statedir, &[]);
     driver.client().await;
-    let staging = dir.path().join("staging");
-    let targets = dir.path().join("targets");
-    std::fs::create_dir_all(&staging).unwrap();
-    std::fs::create_dir_all(&targets).unwrap();
-    let mut config = Config::new(driver.endpoint.clone()).driver_log(&driver.log);
-    config.staging_dir = staging;
-    config.target_dir = targets;
+    let mut config = driver.suite_config(dir.path());
     config.volume_size = size;
     config.access_type = match fs_type {
         Some(fs) => AccessType::Mount {

@@ -7,6 +7,7 @@ mod support;
 
 use std::sync::Arc;
 
+use csi_kit::client::CsiClient;
 use csi_kit::mount::require_root;
 use csi_kit::proto::v1::volume_capability::access_mode::Mode;
 use csi_kit::proto::v1::*;
@@ -28,6 +29,19 @@ async fn converge(reconciler: &NodeReconciler<String, String, String>, done: imp
         reconciler.run_until_idle(20).await;
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
+}
+
+/// The nodes the driver says `volume` is attached to.
+async fn published_node_ids(client: &CsiClient, volume: &str) -> Vec<String> {
+    let got = client
+        .controller()
+        .controller_get_volume(ControllerGetVolumeRequest {
+            volume_id: volume.to_owned(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    got.status.unwrap_or_default().published_node_ids
 }
 
 #[test]
@@ -117,16 +131,8 @@ fn reconciler_mounts_pods_through_hostpath_and_tears_everything_down() {
         let mounts = mounts_under(dir.path());
         assert_eq!(mounts.len(), 5, "2 staging + 3 pod mounts: {mounts:?}");
         for vol in [&solo, &shared] {
-            let got = client
-                .controller()
-                .controller_get_volume(ControllerGetVolumeRequest {
-                    volume_id: vol.clone(),
-                })
-                .await
-                .unwrap()
-                .into_inner();
             assert_eq!(
-                got.status.unwrap().published_node_ids,
+                published_node_ids(&client, vol).await,
                 vec![node_id.clone()],
                 "{vol} attached"
             );
@@ -148,16 +154,8 @@ fn reconciler_mounts_pods_through_hostpath_and_tears_everything_down() {
             "clean mount table"
         );
         for vol in [&solo, &shared] {
-            let got = client
-                .controller()
-                .controller_get_volume(ControllerGetVolumeRequest {
-                    volume_id: vol.clone(),
-                })
-                .await
-                .unwrap()
-                .into_inner();
             assert!(
-                got.status.unwrap().published_node_ids.is_empty(),
+                published_node_ids(&client, vol).await.is_empty(),
                 "{vol} detached"
             );
             client

@@ -127,6 +127,20 @@ impl Driver {
         self.spawn();
     }
 
+    /// A conformance suite configuration for this driver, its staging and
+    /// target directories made under `dir`.
+    pub fn suite_config(&self, dir: &Path) -> csi_kit::conformance::Config {
+        let staging = dir.join("staging");
+        let targets = dir.join("targets");
+        std::fs::create_dir_all(&staging).expect("staging dir");
+        std::fs::create_dir_all(&targets).expect("targets dir");
+        let mut config =
+            csi_kit::conformance::Config::new(self.endpoint.clone()).driver_log(&self.log);
+        config.staging_dir = staging;
+        config.target_dir = targets;
+        config
+    }
+
     /// Everything the driver logged so far.
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
