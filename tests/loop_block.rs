@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use csi_kit::client::CsiClient;
-use csi_kit::conformance::{AccessType, Report, Status, Suite};
+use csi_kit::conformance::{Report, Status, Suite, SuiteAccessType};
 use csi_kit::mount::testing::{assert_no_loop_device_for, have_program};
 use csi_kit::mount::{LinuxMounter, Mounter, require_root};
 use csi_kit::proto::v1::volume_capability::access_mode::Mode;
@@ -30,10 +30,10 @@ async fn run_suite(fs_type: Option<&str>, size: i64, skip: &[&str]) -> Report {
     let mut config = driver.suite_config(dir.path());
     config.volume_size = size;
     config.access_type = match fs_type {
-        Some(fs) => AccessType::Mount {
+        Some(fs) => SuiteAccessType::Mount {
             fs_type: fs.to_owned(),
         },
-        None => AccessType::Block,
+        None => SuiteAccessType::Block,
     };
     for pattern in skip {
         config = config.skip(*pattern);

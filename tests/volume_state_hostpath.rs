@@ -14,7 +14,7 @@ use csi_kit::proto::v1::*;
 use csi_kit::state::csi::CsiVolumePlugin;
 use csi_kit::state::node::PodMountState;
 use csi_kit::state::node::{ActualNodeState, AttachMode, DesiredNodeState, NodeReconciler};
-use csi_kit::state::{AccessMode, VolumeSpec};
+use csi_kit::state::{NodeAccess, VolumeSpec};
 use support::{Driver, mounts_under, run_isolated};
 
 /// Runs reconcile passes until `done` holds (bounded: 30 s), sleeping
@@ -96,7 +96,7 @@ fn reconciler_mounts_pods_through_hostpath_and_tears_everything_down() {
             actual.clone(),
             plugin,
         );
-        let spec = |vol: &str, access: AccessMode| VolumeSpec {
+        let spec = |vol: &str, access: NodeAccess| VolumeSpec {
             attachable: true,
             staging_path: Some(dir.path().join("staging").join(vol)),
             access_mode: access,
@@ -106,9 +106,9 @@ fn reconciler_mounts_pods_through_hostpath_and_tears_everything_down() {
             std::fs::create_dir_all(dir.path().join("staging").join(vol)).unwrap();
         }
         let pods = [
-            (solo.clone(), AccessMode::SingleNode, "pod-a"),
-            (shared.clone(), AccessMode::MultiNode, "pod-b"),
-            (shared.clone(), AccessMode::MultiNode, "pod-c"),
+            (solo.clone(), NodeAccess::SingleNode, "pod-a"),
+            (shared.clone(), NodeAccess::MultiNode, "pod-b"),
+            (shared.clone(), NodeAccess::MultiNode, "pod-c"),
         ];
         for (vol, access, pod) in &pods {
             let target = dir.path().join("pods").join(pod).join("vol");

@@ -129,13 +129,13 @@ impl Driver {
 
     /// A conformance suite configuration for this driver, its staging and
     /// target directories made under `dir`.
-    pub fn suite_config(&self, dir: &Path) -> csi_kit::conformance::Config {
+    pub fn suite_config(&self, dir: &Path) -> csi_kit::conformance::SuiteConfig {
         let staging = dir.join("staging");
         let targets = dir.join("targets");
         std::fs::create_dir_all(&staging).expect("staging dir");
         std::fs::create_dir_all(&targets).expect("targets dir");
         let mut config =
-            csi_kit::conformance::Config::new(self.endpoint.clone()).driver_log(&self.log);
+            csi_kit::conformance::SuiteConfig::new(self.endpoint.clone()).driver_log(&self.log);
         config.staging_dir = staging;
         config.target_dir = targets;
         config

@@ -2,7 +2,7 @@
 //! types, and each fault caught by the check meant to catch it.
 
 use csi_conformance::fake::{FakeDriver, FakeServer, Fault};
-use csi_conformance::{Config, Report, Status, Suite, run_and_assert};
+use csi_conformance::{Report, Status, Suite, SuiteConfig, run_and_assert};
 
 struct Env {
     server: FakeServer,
@@ -16,8 +16,8 @@ async fn start(driver: FakeDriver) -> Env {
     }
 }
 
-fn config(env: &Env) -> Config {
-    let mut c = Config::new(env.server.endpoint()).driver_log(env.server.log_path());
+fn config(env: &Env) -> SuiteConfig {
+    let mut c = SuiteConfig::new(env.server.endpoint()).driver_log(env.server.log_path());
     c.staging_dir = env.dirs.path().join("staging");
     c.target_dir = env.dirs.path().join("target");
     c
@@ -433,7 +433,7 @@ fn checks_are_listed_with_unique_ids() {
 #[tokio::test]
 async fn unreachable_endpoint_is_an_error() {
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = Config::new(format!("unix://{}/nothing.sock", dir.path().display()));
+    let mut cfg = SuiteConfig::new(format!("unix://{}/nothing.sock", dir.path().display()));
     cfg.timeouts.connect = std::time::Duration::from_millis(200);
     cfg.staging_dir = dir.path().join("s");
     cfg.target_dir = dir.path().join("t");

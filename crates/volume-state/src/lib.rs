@@ -144,4 +144,4 @@ pub use gate::{BackoffConfig, GateState, OperationGate, OperationKey, next_wait_
 pub use pass::{ExecutionResult, PassReport};
 pub use plugin::{ExpandRequest, MountResult, PublishRequest, StageRequest, VolumePlugin};
 pub use runner::{Reconcile, Runner, RunnerConfig};
-pub use types::{AccessMode, AttachInfo, Key, OperationKind, VolumeSpec};
+pub use types::{AttachInfo, Key, NodeAccess, OperationKind, VolumeSpec};

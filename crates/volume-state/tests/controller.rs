@@ -9,7 +9,7 @@ use volume_state::controller::{
 };
 use volume_state::node::AttachState;
 use volume_state::{
-    AccessMode, ErrorKind, FakeClock, FakeVolumePlugin, PluginCall, PluginMethod, VolumeSpec,
+    ErrorKind, FakeClock, FakeVolumePlugin, NodeAccess, PluginCall, PluginMethod, VolumeSpec,
 };
 
 type Desired = DesiredAttachState<String, String, String>;
@@ -42,7 +42,7 @@ fn env(config: AttachConfig) -> Env {
     }
 }
 
-fn spec(mode: AccessMode) -> VolumeSpec {
+fn spec(mode: NodeAccess) -> VolumeSpec {
     VolumeSpec {
         attachable: true,
         access_mode: mode,
@@ -51,7 +51,7 @@ fn spec(mode: AccessMode) -> VolumeSpec {
 }
 
 impl Env {
-    fn add(&self, node: &str, mode: AccessMode) {
+    fn add(&self, node: &str, mode: NodeAccess) {
         self.desired
             .add_pod(node.into(), "v1".into(), spec(mode), format!("pod-{node}"));
     }
@@ -75,7 +75,7 @@ impl Env {
     }
 
     /// Attached to `node`, which no longer uses it; calls forgotten.
-    async fn attached_unused(&self, node: &str, mode: AccessMode) {
+    async fn attached_unused(&self, node: &str, mode: NodeAccess) {
         self.add(node, mode);
         self.reconciler.run_until_idle(5).await;
         self.not_in_use(node);
@@ -83,7 +83,7 @@ impl Env {
     }
 
     /// The pod moves from `from` to `to`.
-    fn move_pod(&self, from: &str, to: &str, mode: AccessMode) {
+    fn move_pod(&self, from: &str, to: &str, mode: NodeAccess) {
         self.remove(from);
         self.add(to, mode);
     }
@@ -115,7 +115,7 @@ fn n(method: PluginMethod, node: &str) -> (PluginMethod, String) {
 #[tokio::test]
 async fn attach_then_detach_once_the_node_stops_using_the_volume() {
     let env = env(AttachConfig::default());
-    env.add("n1", AccessMode::SingleNode);
+    env.add("n1", NodeAccess::SingleNode);
     env.reconciler.run_until_idle(5).await;
     assert_eq!(env.calls(), [n(PluginMethod::Attach, "n1")]);
     let snapshot = env.actual.snapshot();
@@ -147,8 +147,8 @@ async fn attach_then_detach_once_the_node_stops_using_the_volume() {
 #[tokio::test]
 async fn detach_before_attach_for_single_node_volumes() {
     let env = env(AttachConfig::default());
-    env.attached_unused("n1", AccessMode::SingleNode).await;
-    env.move_pod("n1", "n2", AccessMode::SingleNode);
+    env.attached_unused("n1", NodeAccess::SingleNode).await;
+    env.move_pod("n1", "n2", NodeAccess::SingleNode);
     // Single-node attaches share a volume-level key, so wait out n1's backoff.
     env.clock.advance(Duration::from_millis(500));
     let plan = env.reconciler.plan();
@@ -169,17 +169,17 @@ async fn detach_before_attach_for_single_node_volumes() {
 async fn multi_attach_is_blocked_by_confirmed_attachments_not_by_uncertain_attaches() {
     // Confirmed on n1, still used there: n2 must wait.
     let env = env(AttachConfig::default());
-    env.add("n1", AccessMode::SingleNode);
+    env.add("n1", NodeAccess::SingleNode);
     env.reconciler.run_until_idle(5).await;
-    env.add("n2", AccessMode::SingleNode);
+    env.add("n2", NodeAccess::SingleNode);
     env.reconciler.run_until_idle(5).await;
     assert_eq!(env.calls(), [n(PluginMethod::Attach, "n1")]);
     assert_eq!(env.state("n2"), None);
 
     // Multi-node volumes attach everywhere.
     let env = crate::env(AttachConfig::default());
-    env.add("n1", AccessMode::MultiNode);
-    env.add("n2", AccessMode::MultiNode);
+    env.add("n1", NodeAccess::MultiNode);
+    env.add("n2", NodeAccess::MultiNode);
     env.reconciler.run_until_idle(5).await;
     assert_eq!(
         env.calls(),
@@ -190,10 +190,10 @@ async fn multi_attach_is_blocked_by_confirmed_attachments_not_by_uncertain_attac
     let env = crate::env(AttachConfig::default());
     env.plugin
         .fail_once(PluginMethod::Attach, None, ErrorKind::Uncertain);
-    env.add("n1", AccessMode::SingleNode);
+    env.add("n1", NodeAccess::SingleNode);
     env.reconciler.run_pass().await;
     assert_eq!(env.state("n1"), Some(AttachState::Uncertain));
-    env.add("n2", AccessMode::SingleNode);
+    env.add("n2", NodeAccess::SingleNode);
     // Single-node attaches share a volume-level key, so wait out n1's backoff.
     env.clock.advance(Duration::from_millis(500));
     let plan = env.reconciler.plan();
@@ -207,7 +207,7 @@ async fn multi_attach_is_blocked_by_confirmed_attachments_not_by_uncertain_attac
 #[tokio::test]
 async fn force_detach_only_for_an_unhealthy_node_past_the_max_wait() {
     let env = env(AttachConfig::default());
-    env.add("n1", AccessMode::SingleNode);
+    env.add("n1", NodeAccess::SingleNode);
     env.reconciler.run_until_idle(5).await;
     env.calls();
     env.remove("n1");
@@ -251,7 +251,7 @@ async fn unhealthy_node_within_the_max_wait_or_with_force_disabled_is_not_detach
         ),
     ] {
         let env = env(config);
-        env.add("n1", AccessMode::SingleNode);
+        env.add("n1", NodeAccess::SingleNode);
         env.reconciler.run_until_idle(5).await;
         env.calls();
         env.actual.set_node_health(
@@ -276,7 +276,7 @@ async fn out_of_service_node_is_detached_at_once() {
         max_wait_for_unmount: None,
         ..AttachConfig::default()
     });
-    env.add("n1", AccessMode::SingleNode);
+    env.add("n1", NodeAccess::SingleNode);
     env.reconciler.run_until_idle(5).await;
     env.calls();
     env.actual.set_node_health(
@@ -295,7 +295,7 @@ async fn out_of_service_node_is_detached_at_once() {
 #[tokio::test]
 async fn failed_detach_is_detach_uncertain_reported_again_and_retried_after_backoff() {
     let env = env(AttachConfig::default());
-    env.add("n1", AccessMode::SingleNode);
+    env.add("n1", NodeAccess::SingleNode);
     env.reconciler.run_until_idle(5).await;
     env.calls();
     env.plugin
@@ -321,7 +321,7 @@ async fn failed_detach_is_detach_uncertain_reported_again_and_retried_after_back
 #[tokio::test(start_paused = true)]
 async fn never_detached_while_an_operation_on_the_volume_is_pending() {
     let env = env(AttachConfig::default());
-    env.add("n1", AccessMode::SingleNode);
+    env.add("n1", NodeAccess::SingleNode);
     env.reconciler.run_until_idle(5).await;
     env.not_in_use("n1");
     env.plugin
@@ -334,13 +334,13 @@ async fn never_detached_while_an_operation_on_the_volume_is_pending() {
     }
     // Pending: no second detach, and no attach elsewhere for this
     // single-node volume (volume-level key).
-    env.add("n2", AccessMode::SingleNode);
+    env.add("n2", NodeAccess::SingleNode);
     let plan = env.reconciler.plan();
     assert!(plan.is_empty(), "{plan:?}");
     let attach = AttachOperation::Attach {
         volume: "v1".into(),
         node: "n2".into(),
-        spec: Arc::new(spec(AccessMode::SingleNode)),
+        spec: Arc::new(spec(NodeAccess::SingleNode)),
     };
     assert_eq!(
         env.reconciler.execute(attach).await,
@@ -360,10 +360,10 @@ async fn never_detached_while_an_operation_on_the_volume_is_pending() {
 #[tokio::test]
 async fn failed_detach_blocks_attaching_a_single_node_volume_elsewhere_until_it_succeeds() {
     let env = env(AttachConfig::default());
-    env.attached_unused("n1", AccessMode::SingleNode).await;
+    env.attached_unused("n1", NodeAccess::SingleNode).await;
     env.plugin
         .fail_once(PluginMethod::Detach, None, ErrorKind::Uncertain);
-    env.move_pod("n1", "n2", AccessMode::SingleNode);
+    env.move_pod("n1", "n2", NodeAccess::SingleNode);
     env.reconciler.run_until_idle(5).await;
     assert_eq!(env.calls(), [n(PluginMethod::Detach, "n1")]);
     assert_eq!(env.state("n2"), None, "attached while n1 may hold it");
@@ -381,9 +381,9 @@ async fn failed_detach_blocks_attaching_a_single_node_volume_elsewhere_until_it_
 #[tokio::test]
 async fn a_failed_detach_does_not_block_a_multi_node_volume_or_when_opted_out() {
     for (mode, config) in [
-        (AccessMode::MultiNode, AttachConfig::default()),
+        (NodeAccess::MultiNode, AttachConfig::default()),
         (
-            AccessMode::SingleNode,
+            NodeAccess::SingleNode,
             AttachConfig {
                 attach_while_detach_uncertain: true,
                 ..AttachConfig::default()
@@ -408,7 +408,7 @@ async fn a_failed_detach_does_not_block_a_multi_node_volume_or_when_opted_out() 
 #[tokio::test]
 async fn a_failed_attach_never_clears_detach_uncertain() {
     let env = env(AttachConfig::default());
-    env.attached_unused("n1", AccessMode::SingleNode).await;
+    env.attached_unused("n1", NodeAccess::SingleNode).await;
     env.plugin
         .fail_once(PluginMethod::Detach, None, ErrorKind::Uncertain);
     env.remove("n1");
@@ -418,7 +418,7 @@ async fn a_failed_attach_never_clears_detach_uncertain() {
     // nothing about the earlier attachment.
     env.plugin
         .fail_once(PluginMethod::Attach, None, ErrorKind::Final);
-    env.add("n1", AccessMode::SingleNode);
+    env.add("n1", NodeAccess::SingleNode);
     env.reconciler.run_pass().await;
     assert_eq!(env.state("n1"), Some(AttachState::DetachUncertain));
     env.clock.advance(Duration::from_secs(1));
@@ -433,7 +433,7 @@ async fn gate_records_of_forgotten_volumes_are_purged() {
     let env = env(AttachConfig::default());
     env.plugin
         .fail_always(PluginMethod::Attach, None, ErrorKind::Final);
-    env.add("n1", AccessMode::SingleNode);
+    env.add("n1", NodeAccess::SingleNode);
     env.reconciler.run_until_idle(5).await;
     assert_eq!(env.reconciler.gate().state().len(), 1);
     env.remove("n1");

@@ -5,7 +5,7 @@ use super::actual::{ActualAttachSnapshot, NodeAttachment, NodeHealth};
 use super::desired::DesiredAttachSnapshot;
 use crate::gate::{GateState, OperationKey};
 use crate::node::AttachState;
-use crate::types::{AccessMode, Key, OperationKind, VolumeSpec};
+use crate::types::{Key, NodeAccess, OperationKind, VolumeSpec};
 
 /// Controller settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,7 +55,7 @@ pub enum AttachOperation<V, N> {
         /// The node.
         node: N,
         /// Single- or multi-node (decides the gate key).
-        access_mode: AccessMode,
+        access_mode: NodeAccess,
         /// The node still reported the volume in use (unhealthy past the
         /// max wait, or out of service).
         forced: bool,
@@ -100,15 +100,15 @@ impl<V: Key, N: Key> AttachOperation<V, N> {
 fn key<V: Clone, P, N: Clone>(
     volume: &V,
     node: &N,
-    mode: AccessMode,
+    mode: NodeAccess,
     operation: OperationKind,
 ) -> OperationKey<V, P, N> {
     OperationKey {
         volume: volume.clone(),
         pod: None,
         node: match mode {
-            AccessMode::SingleNode => None,
-            AccessMode::MultiNode => Some(node.clone()),
+            NodeAccess::SingleNode => None,
+            NodeAccess::MultiNode => Some(node.clone()),
         },
         operation,
     }
@@ -155,7 +155,7 @@ pub fn plan<V: Key, P: Key, N: Key>(
                 continue;
             }
             // Never detach while anything on this volume/node runs.
-            let node_part = (mode == AccessMode::MultiNode).then_some(node);
+            let node_part = (mode == NodeAccess::MultiNode).then_some(node);
             if gate.is_pending(volume, None, node_part) {
                 continue;
             }
@@ -205,14 +205,14 @@ pub fn plan<V: Key, P: Key, N: Key>(
             state == AttachState::Attached
                 || (state == AttachState::DetachUncertain && !config.attach_while_detach_uncertain)
         };
-        if mode == AccessMode::SingleNode
+        if mode == NodeAccess::SingleNode
             && actual
                 .get(volume)
                 .is_some_and(|a| a.nodes.iter().any(|(n, at)| n != node && blocks(at.state)))
         {
             continue;
         }
-        let node_part = (mode == AccessMode::MultiNode).then_some(node);
+        let node_part = (mode == NodeAccess::MultiNode).then_some(node);
         if gate.can_start_parts(volume, None, node_part, OperationKind::Attach, now) {
             out.push(AttachOperation::Attach {
                 volume: volume.clone(),
