@@ -300,7 +300,7 @@ impl<V: Key, P: Key> ActualNodeSnapshot<V, P> {
 /// state of world). Change it only through the updater methods.
 ///
 /// Thread-safe, with copy-on-write `Arc` snapshots like
-/// [`DesiredNodeState`](super::DesiredStateOfWorld).
+/// [`DesiredNodeState`](super::DesiredNodeState).
 #[derive(Debug)]
 pub struct ActualNodeState<V, P> {
     cell: StateCell<ActualNodeSnapshot<V, P>>,

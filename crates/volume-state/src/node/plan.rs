@@ -229,7 +229,7 @@ fn seek<'a, K: Ord + 'a, T: 'a>(
 /// reconstructed ones and orphans not yet cleaned. Sorted, no duplicates.
 ///
 /// In [`AttachMode::ByController`], report this list, then pass it to
-/// [`DesiredNodeState::mark_volumes_reported_in_use`](super::DesiredStateOfWorld::mark_volumes_reported_in_use)
+/// [`DesiredNodeState::mark_volumes_reported_in_use`](super::DesiredNodeState::mark_volumes_reported_in_use)
 /// once the report is stored (kubelet's order), so verify-attached can
 /// proceed.
 pub fn volumes_in_use<V: Key, P: Key>(
