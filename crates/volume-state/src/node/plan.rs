@@ -2,8 +2,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::actual::{ActualNodeSnapshot, AttachState, DeviceState, DiscoveredMount, PodMountState};
+use super::actual::{ActualNodeSnapshot, AttachState, DeviceState, PodMountState};
 use super::desired::DesiredNodeSnapshot;
+use super::reconstruct::DiscoveredMount;
 use crate::gate::{GateState, OperationKey};
 use crate::types::{AttachInfo, Key, OperationKind, VolumeSpec};
 
