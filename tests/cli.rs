@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::Output;
 use std::time::Duration;
 
-use csi_kit::conformance::fake::{Fault, FakeDriver};
+use csi_kit::conformance::fake::{FakeDriver, Fault};
 use csi_kit::mount::require_root;
 use csi_kit::mount::testing::ScratchFilesystem;
 use csi_kit::proto::v1::{ListSnapshotsRequest, ListVolumesRequest};
