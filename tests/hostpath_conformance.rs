@@ -10,7 +10,7 @@
 
 mod support;
 
-use csi_kit::conformance::{Report, Suite};
+use csi_kit::conformance::Report;
 use csi_kit::mount::require_root;
 use csi_kit::mount::testing::ScratchFilesystem;
 use support::{Driver, mounts_under, run_isolated};
@@ -45,13 +45,7 @@ async fn run_suite(block: bool, attach: bool) -> Report {
     if block {
         config = config.block();
     }
-    let report = Suite::new(config).run().await.expect("suite runs");
-    println!("{report}");
-    assert!(
-        report.is_success(),
-        "conformance failures:\n{report}\n--- driver log tail ---\n{}",
-        tail(&driver.log_text())
-    );
+    let report = driver.run_suite(config).await;
     // Everything but the scratch filesystem holding the state must be gone.
     let leftover: Vec<_> = mounts_under(dir.path())
         .into_iter()
@@ -62,11 +56,6 @@ async fn run_suite(block: bool, attach: bool) -> Report {
         "mounts left after the suite: {leftover:?}"
     );
     report
-}
-
-fn tail(text: &str) -> String {
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(60)..].join("\n")
 }
 
 /// Skips expected without attach and with the default layout.

@@ -141,6 +141,32 @@ impl Driver {
         config
     }
 
+    /// Runs the conformance suite with `config` against this driver; panics
+    /// with the report and the end of the driver's log on a failure.
+    pub async fn run_suite(
+        &self,
+        config: csi_kit::conformance::SuiteConfig,
+    ) -> csi_kit::conformance::Report {
+        let report = csi_kit::conformance::Suite::new(config)
+            .run()
+            .await
+            .expect("suite runs");
+        println!("{report}");
+        assert!(
+            report.is_success(),
+            "conformance failures:\n{report}\n--- driver log tail ---\n{}",
+            self.log_tail(80)
+        );
+        report
+    }
+
+    /// The last `lines` lines the driver logged.
+    pub fn log_tail(&self, lines: usize) -> String {
+        let text = self.log_text();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
     /// Everything the driver logged so far.
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()

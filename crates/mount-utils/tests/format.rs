@@ -51,6 +51,30 @@ fn loop_disk(
     (tmp, backing, target, dev, device)
 }
 
+/// Grows the backing file to `len` and the loop device with it, checking
+/// that the filesystem at `target` needed no resize before and needs one
+/// now. Returns the resizer and the filesystem's size before.
+fn grow_disk(
+    backing: &Path,
+    dev: &LoopDevice,
+    device: &str,
+    target: &Path,
+    len: u64,
+) -> (ResizeFs, u64) {
+    let resizer = ResizeFs::new(Arc::new(SystemExec::new()));
+    assert!(!resizer.need_resize(device, target).unwrap());
+    let before = fs_size(target);
+    fs::OpenOptions::new()
+        .write(true)
+        .open(backing)
+        .unwrap()
+        .set_len(len)
+        .unwrap();
+    dev.set_capacity().unwrap();
+    assert!(resizer.need_resize(device, target).unwrap());
+    (resizer, before)
+}
+
 fn sfm() -> SafeFormatAndMount {
     SafeFormatAndMount::new(Arc::new(LinuxMounter::new()), Arc::new(SystemExec::new()))
 }
@@ -131,19 +155,8 @@ fn resize_ext4_after_growing_the_backing_file() {
         sfm()
             .format_and_mount(&device, &target, "ext4", &[], &[])
             .unwrap();
-        let resizer = ResizeFs::new(Arc::new(SystemExec::new()));
-        assert!(!resizer.need_resize(&device, &target).unwrap());
-        let before = fs_size(&target);
-
-        fs::OpenOptions::new()
-            .write(true)
-            .open(&backing)
-            .unwrap()
-            .set_len(128 * MIB)
-            .unwrap();
-        dev.set_capacity().unwrap();
+        let (resizer, before) = grow_disk(&backing, &dev, &device, &target, 128 * MIB);
         assert_eq!(mount_utils::block::device_size(&device).unwrap(), 128 * MIB);
-        assert!(resizer.need_resize(&device, &target).unwrap());
         let m = LinuxMounter::new();
         if has_cap_sys_resource() {
             resizer.resize(&device, &target).unwrap();
@@ -200,17 +213,7 @@ fn format_mount_grow(test: &'static str, fstype: &'static str, size: u64) {
             "{err}"
         );
 
-        let resizer = ResizeFs::new(Arc::new(SystemExec::new()));
-        assert!(!resizer.need_resize(&device, &target).unwrap());
-        let before = fs_size(&target);
-        fs::OpenOptions::new()
-            .write(true)
-            .open(&backing)
-            .unwrap()
-            .set_len(size * 2)
-            .unwrap();
-        dev.set_capacity().unwrap();
-        assert!(resizer.need_resize(&device, &target).unwrap());
+        let (resizer, before) = grow_disk(&backing, &dev, &device, &target, size * 2);
         resizer.resize(&device, &target).unwrap();
         let after = fs_size(&target);
         assert!(after > before, "before {before}, after {after}");
