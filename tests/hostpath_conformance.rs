@@ -10,7 +10,7 @@
 
 mod support;
 
-use csi_kit::conformance::{Config, Report, Suite};
+use csi_kit::conformance::Report;
 use csi_kit::mount::require_root;
 use csi_kit::mount::testing::ScratchFilesystem;
 use support::{Driver, mounts_under, run_isolated};
@@ -40,24 +40,12 @@ async fn run_suite(block: bool, attach: bool) -> Report {
     };
     let driver = Driver::start("hostpath", &statedir, &args);
     driver.client().await;
-    let staging = dir.path().join("staging");
-    let targets = dir.path().join("targets");
-    std::fs::create_dir_all(&staging).unwrap();
-    std::fs::create_dir_all(&targets).unwrap();
-    let mut config = Config::new(driver.endpoint.clone()).driver_log(&driver.log);
-    config.staging_dir = staging;
-    config.target_dir = targets;
+    let mut config = driver.suite_config(dir.path());
     config.volume_size = 16 << 20;
     if block {
         config = config.block();
     }
-    let report = Suite::new(config).run().await.expect("suite runs");
-    println!("{report}");
-    assert!(
-        report.is_success(),
-        "conformance failures:\n{report}\n--- driver log tail ---\n{}",
-        tail(&driver.log_text())
-    );
+    let report = driver.run_suite(config).await;
     // Everything but the scratch filesystem holding the state must be gone.
     let leftover: Vec<_> = mounts_under(dir.path())
         .into_iter()
@@ -68,11 +56,6 @@ async fn run_suite(block: bool, attach: bool) -> Report {
         "mounts left after the suite: {leftover:?}"
     );
     report
-}
-
-fn tail(text: &str) -> String {
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(60)..].join("\n")
 }
 
 /// Skips expected without attach and with the default layout.

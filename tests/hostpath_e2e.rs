@@ -74,6 +74,23 @@ fn publish_req(
 }
 
 /// Tears a staged and published volume down and deletes it.
+/// Makes `staging` and the parent of `target`, then stages and publishes
+/// mount volume `id` there.
+async fn stage_and_publish(client: &CsiClient, id: &str, staging: &Path, target: &Path) {
+    std::fs::create_dir_all(staging).unwrap();
+    std::fs::create_dir_all(target.parent().unwrap()).unwrap();
+    client
+        .node()
+        .node_stage_volume(stage_req(id, staging, mount_cap()))
+        .await
+        .unwrap();
+    client
+        .node()
+        .node_publish_volume(publish_req(id, staging, target, mount_cap()))
+        .await
+        .unwrap();
+}
+
 async fn unpublish_unstage_delete(client: &CsiClient, id: &str, staging: &Path, target: &Path) {
     let req = NodeUnpublishVolumeRequest {
         volume_id: id.into(),
@@ -769,18 +786,7 @@ fn group_snapshots_are_write_order_consistent() {
                 .volume_id;
             let staging = dir.path().join(format!("staging-{name}"));
             let target = dir.path().join(format!("pod/{name}"));
-            std::fs::create_dir_all(&staging).unwrap();
-            std::fs::create_dir_all(target.parent().unwrap()).unwrap();
-            client
-                .node()
-                .node_stage_volume(stage_req(&id, &staging, mount_cap()))
-                .await
-                .unwrap();
-            client
-                .node()
-                .node_publish_volume(publish_req(&id, &staging, &target, mount_cap()))
-                .await
-                .unwrap();
+            stage_and_publish(&client, &id, &staging, &target).await;
             targets.push(target);
             ids.push(id);
         }
@@ -917,18 +923,7 @@ fn directory_volume_capacity_is_a_quota_that_expansion_raises() {
             .unwrap()
             .volume_id;
         let (staging, target) = (dir.path().join("staging"), dir.path().join("pod/vol"));
-        std::fs::create_dir_all(&staging).unwrap();
-        std::fs::create_dir_all(target.parent().unwrap()).unwrap();
-        client
-            .node()
-            .node_stage_volume(stage_req(&id, &staging, mount_cap()))
-            .await
-            .unwrap();
-        client
-            .node()
-            .node_publish_volume(publish_req(&id, &staging, &target, mount_cap()))
-            .await
-            .unwrap();
+        stage_and_publish(&client, &id, &staging, &target).await;
         let size = |p: &Path| {
             let st = nix::sys::statvfs::statvfs(p).unwrap();
             st.blocks() * st.fragment_size()

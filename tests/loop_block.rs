@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use csi_kit::client::CsiClient;
-use csi_kit::conformance::{AccessType, Config, Report, Status, Suite};
+use csi_kit::conformance::{Report, Status, SuiteAccessType};
 use csi_kit::mount::testing::{assert_no_loop_device_for, have_program};
 use csi_kit::mount::{LinuxMounter, Mounter, require_root};
 use csi_kit::proto::v1::volume_capability::access_mode::Mode;
@@ -27,30 +27,18 @@ async fn run_suite(fs_type: Option<&str>, size: i64, skip: &[&str]) -> Report {
     let statedir = dir.path().join("state");
     let driver = Driver::start("loop-block", &statedir, &[]);
     driver.client().await;
-    let staging = dir.path().join("staging");
-    let targets = dir.path().join("targets");
-    std::fs::create_dir_all(&staging).unwrap();
-    std::fs::create_dir_all(&targets).unwrap();
-    let mut config = Config::new(driver.endpoint.clone()).driver_log(&driver.log);
-    config.staging_dir = staging;
-    config.target_dir = targets;
+    let mut config = driver.suite_config(dir.path());
     config.volume_size = size;
     config.access_type = match fs_type {
-        Some(fs) => AccessType::Mount {
+        Some(fs) => SuiteAccessType::Mount {
             fs_type: fs.to_owned(),
         },
-        None => AccessType::Block,
+        None => SuiteAccessType::Block,
     };
     for pattern in skip {
         config = config.skip(*pattern);
     }
-    let report = Suite::new(config).run().await.expect("suite runs");
-    println!("{report}");
-    assert!(
-        report.is_success(),
-        "conformance failures:\n{report}\n--- driver log tail ---\n{}",
-        tail(&driver.log_text())
-    );
+    let report = driver.run_suite(config).await;
     let skipped: Vec<String> = report
         .results
         .iter()
@@ -86,11 +74,6 @@ fn images(statedir: &Path) -> Vec<PathBuf> {
         .filter_map(|d| std::fs::read_dir(statedir.join(d)).ok())
         .flat_map(|entries| entries.flatten().map(|e| e.path()))
         .collect()
-}
-
-fn tail(text: &str) -> String {
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(80)..].join("\n")
 }
 
 /// Whether this process may grow a mounted ext4 (EXT4_IOC_RESIZE_FS needs
@@ -444,7 +427,7 @@ async fn grow_published_filesystem(fs: &str) {
     let capacity = disk.expand(640 * MIB).await.unwrap_or_else(|e| {
         panic!(
             "expanding {fs}: {e}\n--- driver log ---\n{}",
-            tail(&driver.log_text())
+            driver.log_tail(80)
         )
     });
     assert_eq!(
@@ -865,7 +848,7 @@ fn group_snapshots_freeze_the_members_and_cut_them_at_one_point_in_time() {
         for round in 0..3 {
             let group = group_snapshot(&client, &format!("group-{round}"), &ids)
                 .await
-                .unwrap_or_else(|e| panic!("{e}\n{}", tail(&driver.log_text())));
+                .unwrap_or_else(|e| panic!("{e}\n{}", driver.log_tail(80)));
             assert_eq!(group.snapshots.len(), 2);
             let mut counts = HashMap::new();
             for snap in &group.snapshots {

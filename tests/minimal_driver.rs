@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use csi_kit::conformance::{Config, Status, Suite};
+use csi_kit::conformance::{Status, Suite, SuiteConfig};
 use csi_kit::proto::v1::{NodeGetInfoRequest, NodeGetInfoResponse};
 use csi_kit::server::{
     CallContext, Capabilities, CsiResult, DefaultIdentity, Endpoint, Node, PluginInfo, ServeMode,
@@ -44,7 +44,7 @@ async fn a_minimal_driver_passes_the_identity_checks() {
         let _ = stopped.await;
     }));
 
-    let report = Suite::new(Config::new(endpoint.to_string()).focus("identity"))
+    let report = Suite::new(SuiteConfig::new(endpoint.to_string()).focus("identity"))
         .run()
         .await
         .unwrap();

@@ -7,18 +7,19 @@ mod support;
 
 use std::sync::Arc;
 
+use csi_kit::client::CsiClient;
 use csi_kit::mount::require_root;
 use csi_kit::proto::v1::volume_capability::access_mode::Mode;
 use csi_kit::proto::v1::*;
 use csi_kit::state::csi::CsiVolumePlugin;
 use csi_kit::state::node::PodMountState;
-use csi_kit::state::node::{ActualStateOfWorld, AttachMode, DesiredStateOfWorld, Reconciler};
-use csi_kit::state::{AccessMode, VolumeSpec};
+use csi_kit::state::node::{ActualNodeState, AttachMode, DesiredNodeState, NodeReconciler};
+use csi_kit::state::{NodeAccess, VolumeSpec};
 use support::{Driver, mounts_under, run_isolated};
 
 /// Runs reconcile passes until `done` holds (bounded: 30 s), sleeping
 /// between rounds so backoff windows can pass.
-async fn converge(reconciler: &Reconciler<String, String, String>, done: impl Fn() -> bool) {
+async fn converge(reconciler: &NodeReconciler<String, String, String>, done: impl Fn() -> bool) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     while !done() {
         assert!(
@@ -28,6 +29,19 @@ async fn converge(reconciler: &Reconciler<String, String, String>, done: impl Fn
         reconciler.run_until_idle(20).await;
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
+}
+
+/// The nodes the driver says `volume` is attached to.
+async fn published_node_ids(client: &CsiClient, volume: &str) -> Vec<String> {
+    let got = client
+        .controller()
+        .controller_get_volume(ControllerGetVolumeRequest {
+            volume_id: volume.to_owned(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    got.status.unwrap_or_default().published_node_ids
 }
 
 #[test]
@@ -72,17 +86,17 @@ fn reconciler_mounts_pods_through_hostpath_and_tears_everything_down() {
         }
         let (solo, shared) = (ids[0].clone(), ids[1].clone());
 
-        let desired = Arc::new(DesiredStateOfWorld::<String, String>::new());
-        let actual = Arc::new(ActualStateOfWorld::new());
+        let desired = Arc::new(DesiredNodeState::<String, String>::new());
+        let actual = Arc::new(ActualNodeState::new());
         let plugin = Arc::new(CsiVolumePlugin::new(client.clone()));
-        let reconciler = Reconciler::new(
+        let reconciler = NodeReconciler::new(
             node_id.clone(),
             AttachMode::ByNode,
             desired.clone(),
             actual.clone(),
             plugin,
         );
-        let spec = |vol: &str, access: AccessMode| VolumeSpec {
+        let spec = |vol: &str, access: NodeAccess| VolumeSpec {
             attachable: true,
             staging_path: Some(dir.path().join("staging").join(vol)),
             access_mode: access,
@@ -92,9 +106,9 @@ fn reconciler_mounts_pods_through_hostpath_and_tears_everything_down() {
             std::fs::create_dir_all(dir.path().join("staging").join(vol)).unwrap();
         }
         let pods = [
-            (solo.clone(), AccessMode::SingleNode, "pod-a"),
-            (shared.clone(), AccessMode::MultiNode, "pod-b"),
-            (shared.clone(), AccessMode::MultiNode, "pod-c"),
+            (solo.clone(), NodeAccess::SingleNode, "pod-a"),
+            (shared.clone(), NodeAccess::MultiNode, "pod-b"),
+            (shared.clone(), NodeAccess::MultiNode, "pod-c"),
         ];
         for (vol, access, pod) in &pods {
             let target = dir.path().join("pods").join(pod).join("vol");
@@ -117,16 +131,8 @@ fn reconciler_mounts_pods_through_hostpath_and_tears_everything_down() {
         let mounts = mounts_under(dir.path());
         assert_eq!(mounts.len(), 5, "2 staging + 3 pod mounts: {mounts:?}");
         for vol in [&solo, &shared] {
-            let got = client
-                .controller()
-                .controller_get_volume(ControllerGetVolumeRequest {
-                    volume_id: vol.clone(),
-                })
-                .await
-                .unwrap()
-                .into_inner();
             assert_eq!(
-                got.status.unwrap().published_node_ids,
+                published_node_ids(&client, vol).await,
                 vec![node_id.clone()],
                 "{vol} attached"
             );
@@ -148,16 +154,8 @@ fn reconciler_mounts_pods_through_hostpath_and_tears_everything_down() {
             "clean mount table"
         );
         for vol in [&solo, &shared] {
-            let got = client
-                .controller()
-                .controller_get_volume(ControllerGetVolumeRequest {
-                    volume_id: vol.clone(),
-                })
-                .await
-                .unwrap()
-                .into_inner();
             assert!(
-                got.status.unwrap().published_node_ids.is_empty(),
+                published_node_ids(&client, vol).await.is_empty(),
                 "{vol} detached"
             );
             client

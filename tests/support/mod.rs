@@ -127,6 +127,46 @@ impl Driver {
         self.spawn();
     }
 
+    /// A conformance suite configuration for this driver, its staging and
+    /// target directories made under `dir`.
+    pub fn suite_config(&self, dir: &Path) -> csi_kit::conformance::SuiteConfig {
+        let staging = dir.join("staging");
+        let targets = dir.join("targets");
+        std::fs::create_dir_all(&staging).expect("staging dir");
+        std::fs::create_dir_all(&targets).expect("targets dir");
+        let mut config =
+            csi_kit::conformance::SuiteConfig::new(self.endpoint.clone()).driver_log(&self.log);
+        config.staging_dir = staging;
+        config.target_dir = targets;
+        config
+    }
+
+    /// Runs the conformance suite with `config` against this driver; panics
+    /// with the report and the end of the driver's log on a failure.
+    pub async fn run_suite(
+        &self,
+        config: csi_kit::conformance::SuiteConfig,
+    ) -> csi_kit::conformance::Report {
+        let report = csi_kit::conformance::Suite::new(config)
+            .run()
+            .await
+            .expect("suite runs");
+        println!("{report}");
+        assert!(
+            report.is_success(),
+            "conformance failures:\n{report}\n--- driver log tail ---\n{}",
+            self.log_tail(80)
+        );
+        report
+    }
+
+    /// The last `lines` lines the driver logged.
+    pub fn log_tail(&self, lines: usize) -> String {
+        let text = self.log_text();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
     /// Everything the driver logged so far.
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use csi_conformance::{Config, Secrets, Suite, secret_kinds};
+use csi_conformance::{Secrets, Suite, SuiteConfig, secret_kinds};
 
 use crate::args::{parse_kv, parse_size};
 
@@ -67,7 +67,7 @@ pub async fn run(
         }
         return Ok(ExitCode::SUCCESS);
     }
-    let mut config = Config::new(endpoint);
+    let mut config = SuiteConfig::new(endpoint);
     if let Some(d) = args.staging_dir {
         config.staging_dir = d;
     }
@@ -80,7 +80,7 @@ pub async fn run(
     if args.block {
         config = config.block();
     } else {
-        config.access_type = csi_conformance::AccessType::Mount {
+        config.access_type = csi_conformance::SuiteAccessType::Mount {
             fs_type: args.fs_type,
         };
     }

@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::Output;
 use std::time::Duration;
 
-use csi_kit::conformance::mock::{Fault, MockDriver};
+use csi_kit::conformance::fake::{FakeDriver, Fault};
 use csi_kit::mount::require_root;
 use csi_kit::mount::testing::ScratchFilesystem;
 use csi_kit::proto::v1::{ListSnapshotsRequest, ListVolumesRequest};
@@ -299,7 +299,7 @@ fn sanity_passes_on_hostpath_and_fails_on_a_broken_driver() {
             "{xml}"
         );
 
-        let broken = MockDriver::new()
+        let broken = FakeDriver::new()
             .with_fault(Fault::NoPaging)
             .serve()
             .await

@@ -9,7 +9,7 @@ use csi_proto::v1::volume_capability::access_mode::Mode;
 
 /// How test volumes are accessed: through a filesystem or as a raw block device.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum AccessType {
+pub enum SuiteAccessType {
     /// A mounted filesystem; an empty `fs_type` lets the driver pick.
     Mount {
         /// Filesystem type passed in `MountVolume.fs_type`.
@@ -146,7 +146,7 @@ impl Default for Timeouts {
 /// Everything the suite needs to run against one driver.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
-pub struct Config {
+pub struct SuiteConfig {
     /// The driver's endpoint, e.g. `unix:///run/csi/csi.sock`.
     pub endpoint: String,
     /// Parent of the staging paths; the suite creates (and removes) a unique
@@ -168,7 +168,7 @@ pub struct Config {
     /// Secrets per request kind.
     pub secrets: Secrets,
     /// Mount or block volumes.
-    pub access_type: AccessType,
+    pub access_type: SuiteAccessType,
     /// The access mode of ordinary test volumes.
     pub access_mode: Mode,
     /// Checks to skip: an exact id, a group name (`node`), or a prefix ending
@@ -197,7 +197,7 @@ pub struct Config {
     pub check_target_paths: bool,
 }
 
-impl Config {
+impl SuiteConfig {
     /// Defaults for `endpoint`: paths under the system temp directory, 1 GiB
     /// mount volumes (driver-chosen fs), SINGLE_NODE_WRITER, marker secrets.
     pub fn new(endpoint: impl Into<String>) -> Self {
@@ -211,7 +211,7 @@ impl Config {
             snapshot_parameters: HashMap::new(),
             mutable_parameters: HashMap::new(),
             secrets: Secrets::with_marker(&format!("csi-conformance-secret-{run}")),
-            access_type: AccessType::Mount {
+            access_type: SuiteAccessType::Mount {
                 fs_type: String::new(),
             },
             access_mode: Mode::SingleNodeWriter,
@@ -229,7 +229,7 @@ impl Config {
 
     /// Uses raw block volumes.
     pub fn block(mut self) -> Self {
-        self.access_type = AccessType::Block;
+        self.access_type = SuiteAccessType::Block;
         self
     }
 

@@ -1,5 +1,5 @@
 //! Serving a driver in this process on a socket in a temporary directory,
-//! for the mock and for [`run_in_process`](crate::run_in_process).
+//! for the fake driver and for [`run_in_process`](crate::run_in_process).
 
 use std::time::Duration;
 

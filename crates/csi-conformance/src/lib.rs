@@ -1,6 +1,6 @@
 //! A strict, reusable conformance suite for CSI drivers, run from `cargo test`.
 //!
-//! Point a [`Config`] at a driver's endpoint, run the [`Suite`], and get a
+//! Point a [`SuiteConfig`] at a driver's endpoint, run the [`Suite`], and get a
 //! [`Report`] with one result per check: the identity, controller, node and
 //! group-controller rules of CSI v1.12.0 that a client can observe, including
 //! what common suites skip (ABORTED under concurrency, ListVolumes paging,
@@ -8,17 +8,18 @@
 //! secrets never reaching the driver's log). Checks follow the driver's
 //! advertised capabilities and say why they were skipped.
 //!
-//! [`mock`] holds an in-memory reference driver, built on the csi-driver
-//! traits and served by csi-server like any driver: a test double for
-//! CO-side code, and, with [`mock::Fault`]s, a deliberately broken driver.
+//! With the `testing` feature, `fake` holds an in-memory reference driver,
+//! built on the csi-driver traits and served by csi-server like any driver:
+//! a test double for CO-side code, and, with its `Fault`s, a deliberately
+//! broken driver. The suite itself does not need it.
 //! [`run_in_process`] runs the whole suite against a driver served in the
 //! test's own process, in one call.
 //!
 //! ```no_run
-//! use csi_conformance::{Config, run_and_assert};
+//! use csi_conformance::{SuiteConfig, run_and_assert};
 //!
 //! # async fn example() {
-//! let config = Config::new("unix:///run/csi/csi.sock")
+//! let config = SuiteConfig::new("unix:///run/csi/csi.sock")
 //!     .driver_log("/var/log/my-driver.log")
 //!     .skip("controller.list_volumes.paging");
 //! // Panics with the full report when any check fails.
@@ -31,14 +32,15 @@
 //! renders the result for CI systems.
 mod checks;
 mod config;
+#[cfg(feature = "testing")]
+pub mod fake;
 mod in_process;
-pub mod mock;
 mod report;
 mod suite;
 
 pub use config::{
-    AccessType, Config, SecretKind, Secrets, Timeouts, from_secrets_file_key, secret_kinds,
-    secrets_file_key,
+    SecretKind, Secrets, SuiteAccessType, SuiteConfig, Timeouts, from_secrets_file_key,
+    secret_kinds, secrets_file_key,
 };
 pub use report::{CheckResult, Failure, Group, Report, Status};
 pub use suite::{CheckInfo, Error, Suite, code_name};
@@ -53,9 +55,9 @@ pub use suite::{CheckInfo, Error, Suite, code_name};
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
-/// use csi_conformance::mock::MockDriver;
+/// use csi_conformance::fake::FakeDriver;
 ///
-/// let report = csi_conformance::run_in_process(MockDriver::new().server_builder()).await;
+/// let report = csi_conformance::run_in_process(FakeDriver::new().server_builder()).await;
 /// assert!(report.is_success());
 /// # }
 /// ```
@@ -63,11 +65,11 @@ pub async fn run_in_process(server: csi_server::ServerBuilder) -> Report {
     run_in_process_with(server, |config| config).await
 }
 
-/// [`run_in_process`] with the suite's [`Config`] adjusted by `configure`
+/// [`run_in_process`] with the suite's [`SuiteConfig`] adjusted by `configure`
 /// (skips, focus, access type, parameters, ...).
 pub async fn run_in_process_with(
     server: csi_server::ServerBuilder,
-    configure: impl FnOnce(Config) -> Config,
+    configure: impl FnOnce(SuiteConfig) -> SuiteConfig,
 ) -> Report {
     let dir = match tempfile::tempdir() {
         Ok(d) => d,
@@ -77,7 +79,7 @@ pub async fn run_in_process_with(
         Ok(r) => r,
         Err(e) => panic!("CSI conformance suite could not run: the driver did not start: {e}"),
     };
-    let mut config = Config::new(running.endpoint());
+    let mut config = SuiteConfig::new(running.endpoint());
     config.staging_dir = running.dir().join("staging");
     config.target_dir = running.dir().join("target");
     let result = Suite::new(configure(config)).run().await;
@@ -92,7 +94,7 @@ pub async fn run_in_process_with(
 
 /// Runs the suite and panics with the report when a check failed or the
 /// suite could not run; returns the report otherwise.
-pub async fn run_and_assert(config: Config) -> Report {
+pub async fn run_and_assert(config: SuiteConfig) -> Report {
     let report = match Suite::new(config).run().await {
         Ok(r) => r,
         Err(e) => panic!("CSI conformance suite could not run: {e}"),

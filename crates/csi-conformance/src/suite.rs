@@ -16,7 +16,7 @@ use csi_proto::v1::*;
 use futures::future::BoxFuture;
 use tonic::{Code, Status as GrpcStatus};
 
-use crate::config::{AccessType, Config, SecretKind, pattern_matches};
+use crate::config::{SecretKind, SuiteAccessType, SuiteConfig, pattern_matches};
 use crate::report::{CheckResult, Failure, Group, Report, Status};
 
 /// Why the suite could not run at all (as opposed to a check failing).
@@ -39,9 +39,9 @@ pub enum Error {
 /// Metadata of one check, as listed by [`Suite::checks`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CheckInfo {
-    /// Stable id, usable in [`Config::skip`].
+    /// Stable id, usable in [`SuiteConfig::skip`].
     pub id: &'static str,
-    /// The group, also usable in [`Config::skip`].
+    /// The group, also usable in [`SuiteConfig::skip`].
     pub group: Group,
     /// What the check verifies.
     pub description: &'static str,
@@ -71,28 +71,7 @@ pub(crate) fn skip<T>(reason: impl Into<String>) -> Outcome<T> {
     Err(Stop::Skip(reason.into()))
 }
 
-/// The gRPC code's canonical name, as the spec writes it.
-pub fn code_name(code: Code) -> &'static str {
-    match code {
-        Code::Ok => "OK",
-        Code::Cancelled => "CANCELLED",
-        Code::Unknown => "UNKNOWN",
-        Code::InvalidArgument => "INVALID_ARGUMENT",
-        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
-        Code::NotFound => "NOT_FOUND",
-        Code::AlreadyExists => "ALREADY_EXISTS",
-        Code::PermissionDenied => "PERMISSION_DENIED",
-        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
-        Code::FailedPrecondition => "FAILED_PRECONDITION",
-        Code::Aborted => "ABORTED",
-        Code::OutOfRange => "OUT_OF_RANGE",
-        Code::Unimplemented => "UNIMPLEMENTED",
-        Code::Internal => "INTERNAL",
-        Code::Unavailable => "UNAVAILABLE",
-        Code::DataLoss => "DATA_LOSS",
-        Code::Unauthenticated => "UNAUTHENTICATED",
-    }
-}
+pub use csi_proto::code_name;
 
 /// The answer to one RPC, kept with the redacted request for failure reports.
 pub(crate) struct Call<T> {
@@ -226,7 +205,7 @@ pub(crate) struct Caps {
 /// advertised and the cleanup registry.
 pub(crate) struct Ctx {
     pub client: CsiClient,
-    pub config: Config,
+    pub config: SuiteConfig,
     pub caps: Caps,
     cleanup: Vec<Resource>,
     run_id: String,
@@ -346,8 +325,8 @@ impl Ctx {
     /// The configured capability with another access mode.
     pub fn capability_with(&self, mode: Mode) -> VolumeCapability {
         match &self.config.access_type {
-            AccessType::Mount { fs_type } => VolumeCapability::mount(fs_type.clone()),
-            AccessType::Block => VolumeCapability::block(),
+            SuiteAccessType::Mount { fs_type } => VolumeCapability::mount(fs_type.clone()),
+            SuiteAccessType::Block => VolumeCapability::block(),
         }
         .with_access_mode(mode)
     }
@@ -358,7 +337,7 @@ impl Ctx {
     }
 
     pub fn is_block(&self) -> bool {
-        self.config.access_type == AccessType::Block
+        self.config.access_type == SuiteAccessType::Block
     }
 
     pub fn create_request(&mut self, what: &str) -> CreateVolumeRequest {
@@ -513,12 +492,12 @@ fn accept<T>(call: Call<T>) -> Result<(), Failure> {
 /// Runs the conformance checks against one driver.
 #[derive(Debug, Clone)]
 pub struct Suite {
-    config: Config,
+    config: SuiteConfig,
 }
 
 impl Suite {
     /// A suite for `config`.
-    pub fn new(config: Config) -> Self {
+    pub fn new(config: SuiteConfig) -> Self {
         Self { config }
     }
 
@@ -528,7 +507,7 @@ impl Suite {
     }
 
     /// The configuration.
-    pub fn config(&self) -> &Config {
+    pub fn config(&self) -> &SuiteConfig {
         &self.config
     }
 

@@ -29,10 +29,13 @@
 //! ```
 //!
 //! [`VolumeCapability`]: v1::VolumeCapability
+mod code;
 mod helpers;
 pub mod methods;
 pub mod redact;
 pub mod size;
+
+pub use code::code_name;
 
 /// The CSI specification version this crate implements.
 pub const SPEC_VERSION: &str = "1.12.0";

@@ -17,7 +17,6 @@ use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use mount_utils::{LinuxMounter, Mounter, parse_mountinfo};
-use nix::mount::MsFlags;
 
 /// A kubelet-like mount table: escaped paths, optional fields, SELinux
 /// contexts, overlay options.
@@ -74,15 +73,7 @@ struct MountTable {
 
 impl MountTable {
     fn new() -> Self {
-        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS).expect("unshare");
-        nix::mount::mount(
-            None::<&str>,
-            "/",
-            None::<&str>,
-            MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-            None::<&str>,
-        )
-        .expect("make / private");
+        mount_utils::testing::enter_private_mount_ns();
         let dir = tempfile::tempdir().unwrap();
         let base = dir.path().to_path_buf();
         // A tmpfs holds the 10,000 directories so the host disk is untouched.

@@ -429,7 +429,7 @@ impl Drop for Permit<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::exec::FakeExec;
+    use crate::FakeExec;
     use crate::fake::{FakeAction, FakeMounter};
     use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -593,11 +593,10 @@ mod tests {
     #[test]
     fn mount_failure_keeps_sensitive_options_out_of_the_error() {
         let (m, e, s) = setup();
-        m.inject_error(crate::fake::FakeOp::Mount, "/st", nix::errno::Errno::EPERM);
-        e.expect("blkid", ExecOutput::ok("TYPE=ext4\n"));
-        e.expect("e2fsck", ExecOutput::ok(""));
-        let err = s
-            .format_and_mount_sensitive(
+        let mount_ext4 = || {
+            e.expect("blkid", ExecOutput::ok("TYPE=ext4\n"));
+            e.expect("e2fsck", ExecOutput::ok(""));
+            s.format_and_mount_sensitive(
                 "/dev/sdb",
                 Path::new("/st"),
                 "",
@@ -605,21 +604,13 @@ mod tests {
                 &[Sensitive::new("key=s3cret")],
                 &[],
             )
-            .unwrap_err();
+        };
+        m.inject_error(crate::fake::FakeOp::Mount, "/st", nix::errno::Errno::EPERM);
+        let err = mount_ext4().unwrap_err();
         assert!(!err.to_string().contains("s3cret"));
         assert!(!format!("{err:?}").contains("s3cret"));
         m.clear_errors();
-        e.expect("blkid", ExecOutput::ok("TYPE=ext4\n"));
-        e.expect("e2fsck", ExecOutput::ok(""));
-        s.format_and_mount_sensitive(
-            "/dev/sdb",
-            Path::new("/st"),
-            "",
-            &[],
-            &[Sensitive::new("key=s3cret")],
-            &[],
-        )
-        .unwrap();
+        mount_ext4().unwrap();
         assert!(
             matches!(&m.actions()[0], FakeAction::Mount { sensitive_options, .. } if sensitive_options.len() == 1)
         );

@@ -10,15 +10,18 @@
 //!   [`Mounter::mounts_at`], [`Mounter::is_mount_point`],
 //!   [`Mounter::fs_usage`], ...). [`LinuxMounter`] does it for real
 //!   (`mounts_at` from `statmount(2)` where the kernel has it, so its cost
-//!   does not grow with the mount table), [`FakeMounter`] in memory.
+//!   does not grow with the mount table), `FakeMounter` in memory.
 //! - [`LoopDevices`]: attach, find by backing file, info, set capacity,
-//!   detach; [`LinuxLoopDevices`] and [`FakeLoopDevices`].
+//!   detach; [`LinuxLoopDevices`] and `FakeLoopDevices`.
 //! - [`parse_mountinfo`]: the full `/proc/<pid>/mountinfo` format.
 //! - [`SafeFormatAndMount`]: format only provably empty devices, fsck before
 //!   mounting, typed refusals.
 //! - [`ResizeFs`], [`freeze`], [`quota`], [`block`] queries
-//!   ([`same_device`], [`DeviceNumber`]), and [`testing`] helpers for
+//!   ([`same_device`], [`DeviceNumber`]), and `testing` helpers for
 //!   real-mount tests.
+//! - With the `testing` feature, for tests: the fakes (`FakeMounter`,
+//!   `FakeLoopDevices`, `FakeExec`), which keep the rules below, and the
+//!   `testing` module.
 //!
 //! # Safety rules
 //!
@@ -108,8 +111,13 @@ mod block_devices;
 mod csi;
 mod error;
 mod exec;
+#[cfg(feature = "testing")]
 mod fake;
+#[cfg(feature = "testing")]
 mod fake_block_devices;
+#[cfg(feature = "testing")]
+mod fake_exec;
+#[cfg(feature = "testing")]
 mod fake_loop;
 mod format;
 pub mod freeze;
@@ -123,6 +131,7 @@ pub mod quota;
 mod resize;
 mod source;
 mod statmount;
+#[cfg(feature = "testing")]
 pub mod testing;
 
 pub use block::{DeviceNumber, same_device};
@@ -130,9 +139,14 @@ pub use block_devices::{
     BlockDeviceError, BlockDeviceInfo, BlockDevices, DEVICE_POLL_INTERVAL, LinuxBlockDevices,
 };
 pub use error::{MountError, is_corrupted_mount_errno};
-pub use exec::{Exec, ExecCall, ExecError, ExecOutput, FakeExec, SystemExec};
+pub use exec::{Exec, ExecError, ExecOutput, SystemExec};
+#[cfg(feature = "testing")]
 pub use fake::{FakeAction, FakeMounter, FakeOp};
+#[cfg(feature = "testing")]
 pub use fake_block_devices::FakeBlockDevices;
+#[cfg(feature = "testing")]
+pub use fake_exec::{ExecCall, FakeExec};
+#[cfg(feature = "testing")]
 pub use fake_loop::{FakeLoopAction, FakeLoopDevices, FakeLoopOp};
 pub use format::{DEFAULT_FS_TYPE, DiskFormat, FormatError, SafeFormatAndMount};
 pub use linux::LinuxMounter;

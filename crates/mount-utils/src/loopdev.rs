@@ -1,7 +1,7 @@
 //! Loop devices with raw ioctls (no libclang, no `losetup`).
 //!
 //! [`LoopDevices`] is the seam drivers hold (`Arc<dyn LoopDevices>`):
-//! [`LinuxLoopDevices`] in production, [`FakeLoopDevices`](crate::FakeLoopDevices)
+//! [`LinuxLoopDevices`] in production, `FakeLoopDevices` (feature `testing`)
 //! in unit tests. [`LoopDevice`] is the handle-based API underneath.
 //! The kernel structures from `<linux/loop.h>` are defined here by hand.
 //!
@@ -475,7 +475,7 @@ pub struct LoopDeviceInfo {
 }
 
 /// Loop device operations a node plugin needs, behind a trait so its node
-/// code can be unit tested without root ([`FakeLoopDevices`](crate::FakeLoopDevices)).
+/// code can be unit tested without root (with `FakeLoopDevices`, feature `testing`).
 ///
 /// Device numbers are reused: after a detach the next attach may get the
 /// same `/dev/loopN` for another file. Check [`info`](LoopDevices::info)'s

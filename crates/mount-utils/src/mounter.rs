@@ -14,7 +14,7 @@ pub(crate) const MAX_STACKED_UNMOUNTS: u32 = 32;
 /// Mount-table operations a CSI node plugin needs.
 ///
 /// Implemented by [`LinuxMounter`](crate::LinuxMounter) (real syscalls) and
-/// [`FakeMounter`](crate::FakeMounter) (in memory, for unit tests). The trait
+/// `FakeMounter` (in memory, for unit tests; feature `testing`). The trait
 /// is object safe, so drivers can hold an `Arc<dyn Mounter>` and swap in the
 /// fake in tests.
 ///

@@ -249,7 +249,7 @@ fn parse_btrfs_show(out: &str, device: &str) -> Result<u64, ResizeError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::exec::FakeExec;
+    use crate::FakeExec;
 
     fn with(size: u64) -> (Arc<FakeExec>, ResizeFs) {
         let e = Arc::new(FakeExec::new());

@@ -44,6 +44,21 @@ macro_rules! require_root {
     };
 }
 
+/// Moves the calling thread into a mount namespace of its own, with `/`
+/// recursively private so nothing mounted here reaches the host. Panics
+/// if that fails. [`in_private_mount_ns`] does it on a thread of its own.
+pub fn enter_private_mount_ns() {
+    nix::sched::unshare(CloneFlags::CLONE_NEWNS).expect("unshare(CLONE_NEWNS)");
+    nix::mount::mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .expect("make / recursively private");
+}
+
 /// Runs `f` on a new thread with its own private mount namespace and
 /// returns its result; a panic in `f` is re-raised here.
 ///
@@ -59,15 +74,7 @@ pub fn in_private_mount_ns<T: Send + 'static>(
     let handle = std::thread::Builder::new()
         .name(name.to_owned())
         .spawn(move || {
-            nix::sched::unshare(CloneFlags::CLONE_NEWNS).expect("unshare(CLONE_NEWNS)");
-            nix::mount::mount(
-                None::<&str>,
-                "/",
-                None::<&str>,
-                MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-                None::<&str>,
-            )
-            .expect("make / recursively private");
+            enter_private_mount_ns();
             f()
         })
         .expect("spawn test thread");

@@ -4,7 +4,7 @@
 mod common;
 
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use common::{assert_no_loop_device_for, fs_size, have_program, in_private_mount_ns, sparse_file};
@@ -34,6 +34,47 @@ fn main() {
 
 const MIB: u64 = 1 << 20;
 
+/// A sparse backing file on a loop device and an empty mount target, in a
+/// temporary directory (gone when it is dropped): (directory, backing
+/// file, target, device, device path).
+fn loop_disk(
+    file: impl AsRef<Path>,
+    size: u64,
+) -> (tempfile::TempDir, PathBuf, PathBuf, LoopDevice, String) {
+    let tmp = tempfile::tempdir().unwrap();
+    let backing = tmp.path().join(file);
+    sparse_file(&backing, size);
+    let target = tmp.path().join("mnt");
+    fs::create_dir(&target).unwrap();
+    let dev = LoopDevice::attach(&backing, &LoopOptions::default()).unwrap();
+    let device = dev.path().to_str().unwrap().to_owned();
+    (tmp, backing, target, dev, device)
+}
+
+/// Grows the backing file to `len` and the loop device with it, checking
+/// that the filesystem at `target` needed no resize before and needs one
+/// now. Returns the resizer and the filesystem's size before.
+fn grow_disk(
+    backing: &Path,
+    dev: &LoopDevice,
+    device: &str,
+    target: &Path,
+    len: u64,
+) -> (ResizeFs, u64) {
+    let resizer = ResizeFs::new(Arc::new(SystemExec::new()));
+    assert!(!resizer.need_resize(device, target).unwrap());
+    let before = fs_size(target);
+    fs::OpenOptions::new()
+        .write(true)
+        .open(backing)
+        .unwrap()
+        .set_len(len)
+        .unwrap();
+    dev.set_capacity().unwrap();
+    assert!(resizer.need_resize(device, target).unwrap());
+    (resizer, before)
+}
+
 fn sfm() -> SafeFormatAndMount {
     SafeFormatAndMount::new(Arc::new(LinuxMounter::new()), Arc::new(SystemExec::new()))
 }
@@ -53,13 +94,7 @@ fn format_and_mount_ext4_then_refuse_to_reformat() {
         return;
     }
     in_private_mount_ns("format_and_mount_ext4_then_refuse_to_reformat", || {
-        let tmp = tempfile::tempdir().unwrap();
-        let backing = tmp.path().join("ext4.img");
-        sparse_file(&backing, 64 * MIB);
-        let target = tmp.path().join("mnt");
-        fs::create_dir(&target).unwrap();
-        let dev = LoopDevice::attach(&backing, &LoopOptions::default()).unwrap();
-        let device = dev.path().to_str().unwrap().to_owned();
+        let (_tmp, backing, target, dev, device) = loop_disk("ext4.img", 64 * MIB);
         let s = sfm();
         let m = LinuxMounter::new();
 
@@ -116,29 +151,12 @@ fn resize_ext4_after_growing_the_backing_file() {
         return;
     }
     in_private_mount_ns("resize_ext4_after_growing_the_backing_file", || {
-        let tmp = tempfile::tempdir().unwrap();
-        let backing = tmp.path().join("grow.img");
-        sparse_file(&backing, 64 * MIB);
-        let target = tmp.path().join("mnt");
-        fs::create_dir(&target).unwrap();
-        let dev = LoopDevice::attach(&backing, &LoopOptions::default()).unwrap();
-        let device = dev.path().to_str().unwrap().to_owned();
+        let (_tmp, backing, target, dev, device) = loop_disk("grow.img", 64 * MIB);
         sfm()
             .format_and_mount(&device, &target, "ext4", &[], &[])
             .unwrap();
-        let resizer = ResizeFs::new(Arc::new(SystemExec::new()));
-        assert!(!resizer.need_resize(&device, &target).unwrap());
-        let before = fs_size(&target);
-
-        fs::OpenOptions::new()
-            .write(true)
-            .open(&backing)
-            .unwrap()
-            .set_len(128 * MIB)
-            .unwrap();
-        dev.set_capacity().unwrap();
+        let (resizer, before) = grow_disk(&backing, &dev, &device, &target, 128 * MIB);
         assert_eq!(mount_utils::block::device_size(&device).unwrap(), 128 * MIB);
-        assert!(resizer.need_resize(&device, &target).unwrap());
         let m = LinuxMounter::new();
         if has_cap_sys_resource() {
             resizer.resize(&device, &target).unwrap();
@@ -182,13 +200,7 @@ fn has_cap_sys_resource() -> bool {
 /// xfs and btrfs share the flow: format, mount, grow, check.
 fn format_mount_grow(test: &'static str, fstype: &'static str, size: u64) {
     in_private_mount_ns(test, move || {
-        let tmp = tempfile::tempdir().unwrap();
-        let backing = tmp.path().join(format!("{fstype}.img"));
-        sparse_file(&backing, size);
-        let target = tmp.path().join("mnt");
-        fs::create_dir(&target).unwrap();
-        let dev = LoopDevice::attach(&backing, &LoopOptions::default()).unwrap();
-        let device = dev.path().to_str().unwrap().to_owned();
+        let (tmp, backing, target, dev, device) = loop_disk(format!("{fstype}.img"), size);
         let s = sfm();
         s.format_and_mount(&device, &target, fstype, &[], &[])
             .unwrap();
@@ -201,17 +213,7 @@ fn format_mount_grow(test: &'static str, fstype: &'static str, size: u64) {
             "{err}"
         );
 
-        let resizer = ResizeFs::new(Arc::new(SystemExec::new()));
-        assert!(!resizer.need_resize(&device, &target).unwrap());
-        let before = fs_size(&target);
-        fs::OpenOptions::new()
-            .write(true)
-            .open(&backing)
-            .unwrap()
-            .set_len(size * 2)
-            .unwrap();
-        dev.set_capacity().unwrap();
-        assert!(resizer.need_resize(&device, &target).unwrap());
+        let (resizer, before) = grow_disk(&backing, &dev, &device, &target, size * 2);
         resizer.resize(&device, &target).unwrap();
         let after = fs_size(&target);
         assert!(after > before, "before {before}, after {after}");

@@ -7,24 +7,24 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use volume_state::node::{ActualStateOfWorld, AttachMode, DesiredStateOfWorld, Reconciler};
+use volume_state::node::{ActualNodeState, AttachMode, DesiredNodeState, NodeReconciler};
 use volume_state::{FakeVolumePlugin, VolumeSpec};
 
 const VOLUMES: u32 = 10_000;
 
-type Node = Reconciler<String, String, String>;
+type Node = NodeReconciler<String, String, String>;
 type Setup = (
-    Arc<DesiredStateOfWorld<String, String>>,
-    Arc<ActualStateOfWorld<String, String>>,
+    Arc<DesiredNodeState<String, String>>,
+    Arc<ActualNodeState<String, String>>,
     Node,
 );
 
 fn setup() -> Setup {
-    let desired = Arc::new(DesiredStateOfWorld::new());
-    let actual = Arc::new(ActualStateOfWorld::new());
+    let desired = Arc::new(DesiredNodeState::new());
+    let actual = Arc::new(ActualNodeState::new());
     let plugin = Arc::new(FakeVolumePlugin::<String, String>::new());
     plugin.set_recording(false);
-    let reconciler = Reconciler::new(
+    let reconciler = NodeReconciler::new(
         "node".to_string(),
         AttachMode::ByNode,
         desired.clone(),

@@ -3,7 +3,7 @@
 //! NodePublishVolume, and back, expand → NodeExpandVolume.
 //!
 //! gRPC codes become [`ErrorKind`](crate::ErrorKind)s through
-//! [`PluginError::from_grpc`](crate::PluginError::from_grpc): a
+//! [`PluginError::from_code`](crate::PluginError::from_code): a
 //! timeout, cancellation, `UNAVAILABLE`, `ABORTED` or `RESOURCE_EXHAUSTED`
 //! leaves the operation uncertain, so the reconciler re-runs or tears down
 //! rather than assuming nothing happened.
@@ -23,7 +23,7 @@ use csi_proto::v1::{
 
 use crate::error::PluginError;
 use crate::plugin::{ExpandRequest, MountResult, PublishRequest, StageRequest, VolumePlugin};
-use crate::types::{AccessMode, AttachInfo, Key, VolumeSpec};
+use crate::types::{AttachInfo, Key, NodeAccess, VolumeSpec};
 
 /// Builds the CSI capability of a volume from its spec.
 pub type CapabilityFn = dyn Fn(&VolumeSpec) -> VolumeCapability + Send + Sync;
@@ -52,10 +52,10 @@ impl std::fmt::Debug for CsiVolumePlugin {
 /// mode of either when the spec is read-only.
 pub fn default_capability(spec: &VolumeSpec) -> VolumeCapability {
     let mode = match (spec.access_mode, spec.read_only) {
-        (AccessMode::SingleNode, false) => Mode::SingleNodeWriter,
-        (AccessMode::SingleNode, true) => Mode::SingleNodeReaderOnly,
-        (AccessMode::MultiNode, false) => Mode::MultiNodeMultiWriter,
-        (AccessMode::MultiNode, true) => Mode::MultiNodeReaderOnly,
+        (NodeAccess::SingleNode, false) => Mode::SingleNodeWriter,
+        (NodeAccess::SingleNode, true) => Mode::SingleNodeReaderOnly,
+        (NodeAccess::MultiNode, false) => Mode::MultiNodeMultiWriter,
+        (NodeAccess::MultiNode, true) => Mode::MultiNodeReaderOnly,
     };
     VolumeCapability::mount(spec.fs_type.clone().unwrap_or_default())
         .with_mount_flags(spec.mount_options.clone())
@@ -63,7 +63,7 @@ pub fn default_capability(spec: &VolumeSpec) -> VolumeCapability {
 }
 
 fn status_error(rpc: &str, status: tonic::Status) -> PluginError {
-    PluginError::from_grpc(status.code() as i32, format!("{rpc}: {}", status.message()))
+    PluginError::from_code(status.code(), format!("{rpc}: {}", status.message()))
 }
 
 fn context(attributes: &BTreeMap<String, String>) -> HashMap<String, String> {
@@ -307,7 +307,7 @@ mod tests {
         assert_eq!(cap.access_mode(), Mode::SingleNodeWriter);
         assert_eq!(cap.mount_volume().unwrap().fs_type, "xfs");
         spec.read_only = true;
-        spec.access_mode = AccessMode::MultiNode;
+        spec.access_mode = NodeAccess::MultiNode;
         assert_eq!(
             default_capability(&spec).access_mode(),
             Mode::MultiNodeReaderOnly

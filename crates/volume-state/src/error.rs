@@ -50,9 +50,10 @@ impl PluginError {
         Self::new(ErrorKind::Transient, message)
     }
 
-    /// Builds an error from a gRPC status code (see [`error_kind_for_grpc_code`]).
-    pub fn from_grpc(code: i32, message: impl Into<String>) -> Self {
-        Self::new(error_kind_for_grpc_code(code), message)
+    /// An error for a CSI call that failed with `code` (see [`error_kind_for_code`]).
+    #[cfg(feature = "csi")]
+    pub fn from_code(code: tonic::Code, message: impl Into<String>) -> Self {
+        Self::new(error_kind_for_code(code), message)
     }
 }
 
@@ -72,111 +73,58 @@ pub enum GateError {
     },
 }
 
-/// gRPC status codes (numeric values as on the wire).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(i32)]
-#[allow(missing_docs)] // the names are the gRPC spec's
-pub enum GrpcCode {
-    Ok = 0,
-    Cancelled = 1,
-    Unknown = 2,
-    InvalidArgument = 3,
-    DeadlineExceeded = 4,
-    NotFound = 5,
-    AlreadyExists = 6,
-    PermissionDenied = 7,
-    ResourceExhausted = 8,
-    FailedPrecondition = 9,
-    Aborted = 10,
-    OutOfRange = 11,
-    Unimplemented = 12,
-    Internal = 13,
-    Unavailable = 14,
-    DataLoss = 15,
-    Unauthenticated = 16,
-}
-
-impl GrpcCode {
-    /// All codes, in numeric order.
-    pub const ALL: [GrpcCode; 17] = [
-        GrpcCode::Ok,
-        GrpcCode::Cancelled,
-        GrpcCode::Unknown,
-        GrpcCode::InvalidArgument,
-        GrpcCode::DeadlineExceeded,
-        GrpcCode::NotFound,
-        GrpcCode::AlreadyExists,
-        GrpcCode::PermissionDenied,
-        GrpcCode::ResourceExhausted,
-        GrpcCode::FailedPrecondition,
-        GrpcCode::Aborted,
-        GrpcCode::OutOfRange,
-        GrpcCode::Unimplemented,
-        GrpcCode::Internal,
-        GrpcCode::Unavailable,
-        GrpcCode::DataLoss,
-        GrpcCode::Unauthenticated,
-    ];
-
-    /// The code for a numeric value; unknown values map to `Unknown`, as gRPC does.
-    pub fn from_i32(code: i32) -> Self {
-        usize::try_from(code)
-            .ok()
-            .and_then(|i| Self::ALL.get(i).copied())
-            .unwrap_or(GrpcCode::Unknown)
-    }
-
-    /// The error kind a failed CSI call with this code implies.
-    ///
-    /// Like kubelet's CSI plugin: only codes saying "the call may still be in
-    /// progress" are uncertain; every other failure means the driver finished
-    /// the call. `Ok` is not a failure and maps to `Final` only for totality.
-    pub fn error_kind(self) -> ErrorKind {
-        match self {
-            GrpcCode::Cancelled
-            | GrpcCode::DeadlineExceeded
-            | GrpcCode::Unavailable
-            | GrpcCode::Aborted
-            | GrpcCode::ResourceExhausted => ErrorKind::Uncertain,
-            GrpcCode::Ok
-            | GrpcCode::Unknown
-            | GrpcCode::InvalidArgument
-            | GrpcCode::NotFound
-            | GrpcCode::AlreadyExists
-            | GrpcCode::PermissionDenied
-            | GrpcCode::FailedPrecondition
-            | GrpcCode::OutOfRange
-            | GrpcCode::Unimplemented
-            | GrpcCode::Internal
-            | GrpcCode::DataLoss
-            | GrpcCode::Unauthenticated => ErrorKind::Final,
-        }
+/// The error kind a failed CSI call with `code` implies.
+///
+/// Like kubelet's CSI plugin: only codes saying "the call may still be in
+/// progress" are uncertain; every other failure means the driver finished
+/// the call. `Ok` is not a failure and maps to `Final` only for totality.
+#[cfg(feature = "csi")]
+pub fn error_kind_for_code(code: tonic::Code) -> ErrorKind {
+    use tonic::Code;
+    match code {
+        Code::Cancelled
+        | Code::DeadlineExceeded
+        | Code::Unavailable
+        | Code::Aborted
+        | Code::ResourceExhausted => ErrorKind::Uncertain,
+        Code::Ok
+        | Code::Unknown
+        | Code::InvalidArgument
+        | Code::NotFound
+        | Code::AlreadyExists
+        | Code::PermissionDenied
+        | Code::FailedPrecondition
+        | Code::OutOfRange
+        | Code::Unimplemented
+        | Code::Internal
+        | Code::DataLoss
+        | Code::Unauthenticated => ErrorKind::Final,
     }
 }
 
-/// Maps a numeric gRPC status code to an [`ErrorKind`] (see [`GrpcCode::error_kind`]).
-pub fn error_kind_for_grpc_code(code: i32) -> ErrorKind {
-    GrpcCode::from_i32(code).error_kind()
-}
-
-#[cfg(test)]
+#[cfg(all(test, feature = "csi"))]
 mod tests {
     use super::*;
 
     #[test]
-    fn grpc_codes_round_trip_and_map_to_kinds() {
-        for (i, code) in GrpcCode::ALL.iter().enumerate() {
-            assert_eq!(GrpcCode::from_i32(i as i32), *code);
-            assert_eq!(*code as i32, i as i32);
-        }
+    fn only_codes_of_calls_maybe_in_progress_are_uncertain() {
         let uncertain: Vec<i32> = (0..17)
-            .filter(|c| error_kind_for_grpc_code(*c) == ErrorKind::Uncertain)
+            .filter(|c| error_kind_for_code(tonic::Code::from_i32(*c)) == ErrorKind::Uncertain)
             .collect();
         // Cancelled, DeadlineExceeded, ResourceExhausted, Aborted, Unavailable.
         assert_eq!(uncertain, vec![1, 4, 8, 10, 14]);
-        assert_eq!(error_kind_for_grpc_code(-1), ErrorKind::Final);
-        assert_eq!(error_kind_for_grpc_code(99), ErrorKind::Final);
-        assert_eq!(PluginError::from_grpc(4, "t").kind, ErrorKind::Uncertain);
-        assert_eq!(PluginError::from_grpc(5, "nf").kind, ErrorKind::Final);
+        // Numbers gRPC does not know are UNKNOWN: final.
+        assert_eq!(
+            error_kind_for_code(tonic::Code::from_i32(-1)),
+            ErrorKind::Final
+        );
+        assert_eq!(
+            error_kind_for_code(tonic::Code::from_i32(99)),
+            ErrorKind::Final
+        );
+        let timeout = PluginError::from_code(tonic::Code::DeadlineExceeded, "t");
+        assert_eq!(timeout.kind, ErrorKind::Uncertain);
+        let missing = PluginError::from_code(tonic::Code::NotFound, "nf");
+        assert_eq!(missing.kind, ErrorKind::Final);
     }
 }

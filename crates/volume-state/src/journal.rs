@@ -4,13 +4,13 @@
 //! Mounts found on disk do not tell everything after a restart: once the
 //! last pod's mount is gone, a staged volume has no pod directory left to
 //! find, and kubelet forgets to unstage it (kubernetes#85476). The node
-//! [`Reconciler`](crate::node::Reconciler) writes an intent *before* each
+//! [`NodeReconciler`](crate::node::NodeReconciler) writes an intent *before* each
 //! attach, stage and publish and clears it only *after* the matching
 //! detach, unstage or unpublish succeeded, so
-//! [`ActualStateOfWorld::reconstruct_with_journal`](crate::node::ActualStateOfWorld::reconstruct_with_journal)
+//! [`ActualNodeState::reconstruct_with_journal`](crate::node::ActualNodeState::reconstruct_with_journal)
 //! knows every step still owed.
 //!
-//! Records live behind a [`JournalStore`]: [`MemoryJournalStore`] for tests
+//! Records live behind a [`JournalStore`]: `FakeJournalStore` for tests
 //! and [`RecordJournalStore`] on a csi-store [`RecordStore`]: with a
 //! [`FileStore`], one small file per volume replaced
 //! atomically (temp file, fsync, rename, fsync of the directory) in a
@@ -25,22 +25,22 @@ use csi_store::{FileStore, RecordStore, Table};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::mounts::MountSource;
+use crate::mounts::MountIdentity;
 use crate::types::{AttachInfo, Key};
 
 /// A pod's publish intent.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PublishRecord {
+pub struct PublishIntent {
     /// The pod's target path.
     pub target_path: PathBuf,
     /// What was mounted there once publish succeeded (if a mount table is
     /// configured); `None` while the publish is only intended.
-    pub source: Option<MountSource>,
+    pub source: Option<MountIdentity>,
 }
 
 /// Everything owed for one volume on this node.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct VolumeRecord<P> {
+pub struct VolumeIntent<P> {
     /// The node attached the volume itself and owes a detach.
     pub attached: bool,
     /// What the last attach or verify-attached reported (device path,
@@ -49,12 +49,12 @@ pub struct VolumeRecord<P> {
     /// Where the volume is (or may be) staged.
     pub staging_path: Option<PathBuf>,
     /// What was mounted at the staging path once stage succeeded.
-    pub staged: Option<MountSource>,
+    pub staged: Option<MountIdentity>,
     /// Pods the volume is (or may be) published for.
-    pub pods: BTreeMap<P, PublishRecord>,
+    pub pods: BTreeMap<P, PublishIntent>,
 }
 
-impl<P> Default for VolumeRecord<P> {
+impl<P> Default for VolumeIntent<P> {
     fn default() -> Self {
         Self {
             attached: false,
@@ -66,7 +66,7 @@ impl<P> Default for VolumeRecord<P> {
     }
 }
 
-impl<P> VolumeRecord<P> {
+impl<P> VolumeIntent<P> {
     /// Whether nothing is owed (the record can be dropped).
     pub fn is_empty(&self) -> bool {
         !self.attached && self.staging_path.is_none() && self.pods.is_empty()
@@ -83,39 +83,42 @@ pub enum JournalError {
     /// A volume key could not be encoded as a record key.
     #[error("journal key does not encode: {0}")]
     Encode(serde_json::Error),
-    /// A write was refused (fault injection in [`MemoryJournalStore`]) or
+    /// A write was refused (fault injection in `FakeJournalStore`) or
     /// its task died.
     #[error("journal write failed: {0}")]
     Unavailable(String),
 }
 
-/// Durable storage of [`VolumeRecord`]s, one per volume.
+/// Durable storage of [`VolumeIntent`]s, one per volume.
 pub trait JournalStore<V, P>: Debug + Send + Sync {
     /// Every stored record.
-    fn load(&self) -> Result<BTreeMap<V, VolumeRecord<P>>, JournalError>;
+    fn load(&self) -> Result<BTreeMap<V, VolumeIntent<P>>, JournalError>;
 
     /// Stores `record` for `volume`; once this returns it survives a crash.
-    fn put(&self, volume: &V, record: &VolumeRecord<P>) -> Result<(), JournalError>;
+    fn put(&self, volume: &V, record: &VolumeIntent<P>) -> Result<(), JournalError>;
 
     /// Drops the record of `volume` (no error if there is none).
     fn remove(&self, volume: &V) -> Result<(), JournalError>;
 }
 
-/// A [`JournalStore`] in memory, for tests. Share it (`Arc`) between the
-/// journals of a "process" and its "restart".
+/// A [`JournalStore`] in memory, for tests, with injected write failures.
+/// Share it (`Arc`) between the journals of a "process" and its "restart".
+#[cfg(feature = "testing")]
 #[derive(Debug)]
-pub struct MemoryJournalStore<V, P> {
-    records: Mutex<BTreeMap<V, VolumeRecord<P>>>,
+pub struct FakeJournalStore<V, P> {
+    records: Mutex<BTreeMap<V, VolumeIntent<P>>>,
     failing: std::sync::atomic::AtomicBool,
 }
 
-impl<V: Key, P: Key> Default for MemoryJournalStore<V, P> {
+#[cfg(feature = "testing")]
+impl<V: Key, P: Key> Default for FakeJournalStore<V, P> {
     fn default() -> Self {
         Self::new()
     }
 }
 
-impl<V: Key, P: Key> MemoryJournalStore<V, P> {
+#[cfg(feature = "testing")]
+impl<V: Key, P: Key> FakeJournalStore<V, P> {
     /// An empty store.
     pub fn new() -> Self {
         Self {
@@ -130,7 +133,7 @@ impl<V: Key, P: Key> MemoryJournalStore<V, P> {
             .store(failing, std::sync::atomic::Ordering::Relaxed);
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<V, VolumeRecord<P>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<V, VolumeIntent<P>>> {
         self.records.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -142,12 +145,13 @@ impl<V: Key, P: Key> MemoryJournalStore<V, P> {
     }
 }
 
-impl<V: Key, P: Key> JournalStore<V, P> for MemoryJournalStore<V, P> {
-    fn load(&self) -> Result<BTreeMap<V, VolumeRecord<P>>, JournalError> {
+#[cfg(feature = "testing")]
+impl<V: Key, P: Key> JournalStore<V, P> for FakeJournalStore<V, P> {
+    fn load(&self) -> Result<BTreeMap<V, VolumeIntent<P>>, JournalError> {
         Ok(self.lock().clone())
     }
 
-    fn put(&self, volume: &V, record: &VolumeRecord<P>) -> Result<(), JournalError> {
+    fn put(&self, volume: &V, record: &VolumeIntent<P>) -> Result<(), JournalError> {
         self.check()?;
         self.lock().insert(volume.clone(), record.clone());
         Ok(())
@@ -177,9 +181,9 @@ struct FileRecord<V, P> {
     attached: bool,
     attach_info: Option<AttachInfo>,
     staging_path: Option<PathBuf>,
-    staged: Option<MountSource>,
+    staged: Option<MountIdentity>,
     // A list, not a map: JSON map keys must be strings.
-    pods: Vec<(P, PublishRecord)>,
+    pods: Vec<(P, PublishIntent)>,
 }
 
 /// The record key of a volume: a string key as is, anything else as JSON.
@@ -218,7 +222,7 @@ where
     V: Key + Serialize + DeserializeOwned,
     P: Key + Serialize + DeserializeOwned,
 {
-    fn load(&self) -> Result<BTreeMap<V, VolumeRecord<P>>, JournalError> {
+    fn load(&self) -> Result<BTreeMap<V, VolumeIntent<P>>, JournalError> {
         let scan = self.table.scan()?;
         for q in &scan.quarantined {
             // Set aside by the store (kept for an operator); what it owed
@@ -229,7 +233,7 @@ where
             .records
             .into_iter()
             .map(|(_, file)| {
-                let record = VolumeRecord {
+                let record = VolumeIntent {
                     attached: file.attached,
                     attach_info: file.attach_info,
                     staging_path: file.staging_path,
@@ -241,7 +245,7 @@ where
             .collect())
     }
 
-    fn put(&self, volume: &V, record: &VolumeRecord<P>) -> Result<(), JournalError> {
+    fn put(&self, volume: &V, record: &VolumeIntent<P>) -> Result<(), JournalError> {
         let file = FileRecord {
             volume: volume.clone(),
             attached: record.attached,
@@ -269,7 +273,7 @@ where
 #[derive(Debug)]
 pub struct Journal<V, P> {
     store: Arc<dyn JournalStore<V, P>>,
-    records: Mutex<BTreeMap<V, VolumeRecord<P>>>,
+    records: Mutex<BTreeMap<V, VolumeIntent<P>>>,
     writer: tokio::sync::Mutex<()>,
 }
 
@@ -285,17 +289,17 @@ impl<V: Key, P: Key> Journal<V, P> {
         })
     }
 
-    /// All records, for [`reconstruct_with_journal`](crate::node::ActualStateOfWorld::reconstruct_with_journal).
-    pub fn records(&self) -> BTreeMap<V, VolumeRecord<P>> {
+    /// All records, for [`reconstruct_with_journal`](crate::node::ActualNodeState::reconstruct_with_journal).
+    pub fn records(&self) -> BTreeMap<V, VolumeIntent<P>> {
         self.lock().clone()
     }
 
     /// One volume's record.
-    pub fn get(&self, volume: &V) -> Option<VolumeRecord<P>> {
+    pub fn get(&self, volume: &V) -> Option<VolumeIntent<P>> {
         self.lock().get(volume).cloned()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<V, VolumeRecord<P>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<V, VolumeIntent<P>>> {
         self.records.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -304,7 +308,7 @@ impl<V: Key, P: Key> Journal<V, P> {
     pub async fn update(
         &self,
         volume: &V,
-        change: impl FnOnce(&mut VolumeRecord<P>),
+        change: impl FnOnce(&mut VolumeIntent<P>),
     ) -> Result<(), JournalError> {
         let _writing = self.writer.lock().await;
         let before = self.get(volume);
@@ -337,15 +341,15 @@ impl<V: Key, P: Key> Journal<V, P> {
 mod tests {
     use super::*;
 
-    fn record(pod: &str) -> VolumeRecord<String> {
-        let mut r = VolumeRecord {
+    fn record(pod: &str) -> VolumeIntent<String> {
+        let mut r = VolumeIntent {
             attached: true,
             attach_info: Some(AttachInfo {
                 device_path: Some("/dev/vdb".into()),
                 publish_context: [("lun".to_string(), "3".to_string())].into(),
             }),
             staging_path: Some("/staging/v".into()),
-            staged: Some(MountSource {
+            staged: Some(MountIdentity {
                 device: (8, 16),
                 root: "/".into(),
                 fs_type: "ext4".into(),
@@ -356,7 +360,7 @@ mod tests {
         };
         r.pods.insert(
             pod.to_string(),
-            PublishRecord {
+            PublishIntent {
                 target_path: format!("/pods/{pod}/v").into(),
                 source: None,
             },
@@ -399,13 +403,13 @@ mod tests {
     fn integer_keys_work_in_files() {
         let dir = tempfile::tempdir().unwrap();
         let store = RecordJournalStore::<u32, u64>::open(dir.path()).unwrap();
-        let mut r = VolumeRecord::<u64> {
+        let mut r = VolumeIntent::<u64> {
             staging_path: Some("/s".into()),
-            ..VolumeRecord::default()
+            ..VolumeIntent::default()
         };
         r.pods.insert(
             7,
-            PublishRecord {
+            PublishIntent {
                 target_path: "/t".into(),
                 source: None,
             },
@@ -428,9 +432,10 @@ mod tests {
         assert!(matches!(err, JournalError::Store(_)), "{err}");
     }
 
+    #[cfg(feature = "testing")]
     #[tokio::test]
     async fn journal_updates_are_durable_and_empty_records_disappear() {
-        let store = Arc::new(MemoryJournalStore::<String, String>::new());
+        let store = Arc::new(FakeJournalStore::<String, String>::new());
         let journal = Journal::open(store.clone()).unwrap();
         let v = "v".to_string();
         journal

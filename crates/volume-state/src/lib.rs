@@ -11,15 +11,15 @@
 //!
 //! ```
 //! use std::sync::Arc;
-//! use volume_state::node::{ActualStateOfWorld, AttachMode, DesiredStateOfWorld, Reconciler};
+//! use volume_state::node::{ActualNodeState, AttachMode, DesiredNodeState, NodeReconciler};
 //! use volume_state::{FakeVolumePlugin, PluginMethod, VolumeSpec};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() {
-//! let desired = Arc::new(DesiredStateOfWorld::<String, String>::new());
-//! let actual = Arc::new(ActualStateOfWorld::new());
+//! let desired = Arc::new(DesiredNodeState::<String, String>::new());
+//! let actual = Arc::new(ActualNodeState::new());
 //! let plugin = Arc::new(FakeVolumePlugin::<String, String>::new());
-//! let reconciler = Reconciler::new(
+//! let reconciler = NodeReconciler::new(
 //!     "node-1".to_string(),
 //!     AttachMode::ByNode,
 //!     desired.clone(),
@@ -58,16 +58,16 @@
 //! use volume_state::journal::{Journal, RecordJournalStore};
 //! use volume_state::mounts::FakeMountTable;
 //! use volume_state::node::{
-//!     ActualStateOfWorld, AttachMode, DesiredStateOfWorld, DiscoveredMount, Reconciler,
+//!     ActualNodeState, AttachMode, DesiredNodeState, DiscoveredMount, NodeReconciler,
 //! };
 //! use volume_state::{FakeVolumePlugin, PluginMethod, VolumeSpec};
 //!
 //! type Plugin = FakeVolumePlugin<String, String>;
-//! type Desired = DesiredStateOfWorld<String, String>;
+//! type Desired = DesiredNodeState<String, String>;
 //!
 //! /// One run of the agent, its state rebuilt from a mount scan and the
 //! /// journal the previous run left in `dir`.
-//! fn start(dir: &Path, plugin: Arc<Plugin>) -> (Reconciler<String, String, String>, Arc<Desired>) {
+//! fn start(dir: &Path, plugin: Arc<Plugin>) -> (NodeReconciler<String, String, String>, Arc<Desired>) {
 //!     let store = RecordJournalStore::open(dir).unwrap(); // a csi-store FileStore
 //!     let journal = Arc::new(Journal::open(Arc::new(store)).unwrap());
 //!     // On a node: `MounterTable::new()`, and the mounts found under the
@@ -75,11 +75,11 @@
 //!     let mounts = Arc::new(FakeMountTable::new());
 //!     let found: Vec<DiscoveredMount<String, String>> = Vec::new();
 //!     let found = found.into_iter().map(|m| m.checked(mounts.as_ref()));
-//!     let actual = Arc::new(ActualStateOfWorld::new());
+//!     let actual = Arc::new(ActualNodeState::new());
 //!     // No metadata either: the journal alone knows enough to tear down.
 //!     actual.reconstruct_with_journal(found, &journal.records(), |_| None);
 //!     let desired = Arc::new(Desired::new());
-//!     let node = Reconciler::new("node-1".into(), AttachMode::ByNode, desired.clone(), actual, plugin)
+//!     let node = NodeReconciler::new("node-1".into(), AttachMode::ByNode, desired.clone(), actual, plugin)
 //!         .with_journal(journal)
 //!         .with_mount_table(mounts);
 //!     (node, desired)
@@ -117,21 +117,29 @@ pub mod controller;
 #[cfg(feature = "csi")]
 pub mod csi;
 mod error;
+#[cfg(feature = "testing")]
+mod fake_plugin;
 mod gate;
 pub mod journal;
 pub mod mounts;
 pub mod node;
+mod pass;
 mod plugin;
 mod runner;
+mod state_cell;
 pub mod transition;
 mod types;
 
-pub use clock::{Clock, FakeClock, SystemClock, TokioClock};
-pub use error::{ErrorKind, GateError, GrpcCode, PluginError, error_kind_for_grpc_code};
+#[cfg(feature = "testing")]
+pub use clock::FakeClock;
+pub use clock::{Clock, SystemClock, TokioClock};
+#[cfg(feature = "csi")]
+pub use error::error_kind_for_code;
+pub use error::{ErrorKind, GateError, PluginError};
+#[cfg(feature = "testing")]
+pub use fake_plugin::{CallHold, FakeVolumePlugin, PluginCall, PluginEvent, PluginMethod};
 pub use gate::{BackoffConfig, GateState, OperationGate, OperationKey, next_wait_after_failure};
-pub use plugin::{
-    CallHold, ExpandRequest, FakeVolumePlugin, MountResult, PluginCall, PluginEvent, PluginMethod,
-    PublishRequest, StageRequest, VolumePlugin,
-};
+pub use pass::{ExecutionResult, PassReport};
+pub use plugin::{ExpandRequest, MountResult, PublishRequest, StageRequest, VolumePlugin};
 pub use runner::{Reconcile, Runner, RunnerConfig};
-pub use types::{AccessMode, AttachInfo, Key, OperationKind, VolumeSpec};
+pub use types::{AttachInfo, Key, NodeAccess, OperationKind, VolumeSpec};

@@ -2,14 +2,12 @@
 //!
 //! A path alone says nothing after a reboot: the directory survives, the
 //! mount does not, and a device name may now belong to another volume. The
-//! node reconciler records the [`MountSource`] of every stage and publish
+//! node reconciler records the [`MountIdentity`] of every stage and publish
 //! in the [journal](crate::journal); reconstruction trusts a mount found
 //! after a restart only when the same source is mounted there again.
 
-use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
 
@@ -22,7 +20,7 @@ use serde::{Deserialize, Serialize};
 /// replaced by an identical-looking one (same device number, which
 /// anonymous devices such as tmpfs reuse) cannot be told apart.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct MountSource {
+pub struct MountIdentity {
     /// `major:minor` of the mounted filesystem's device.
     pub device: (u32, u32),
     /// Directory of that filesystem mounted here (`/` unless a bind mount
@@ -38,7 +36,7 @@ pub struct MountSource {
 
 /// What a restart-time scan found at a path of a [`DiscoveredMount`](crate::node::DiscoveredMount).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
-pub enum MountCheck {
+pub enum MountEvidence {
     /// Not looked at: the path is taken to be a mount of the volume, but not
     /// trusted enough to skip stage or publish.
     #[default]
@@ -51,44 +49,44 @@ pub enum MountCheck {
     /// This is mounted there. Trusted (as [`Verified`](Self::Verified)) only
     /// if the journal recorded the same source for the path; a different
     /// source means another volume's mount and is never used.
-    Mounted(MountSource),
+    Mounted(MountIdentity),
 }
 
-impl MountCheck {
+impl MountEvidence {
     /// Looks `path` up in `table`; a lookup error leaves it unchecked.
     pub fn of(table: &dyn MountTable, path: &Path) -> Self {
         match table.source_at(path) {
-            Ok(Some(source)) => MountCheck::Mounted(source),
-            Ok(None) => MountCheck::NotMounted,
+            Ok(Some(source)) => MountEvidence::Mounted(source),
+            Ok(None) => MountEvidence::NotMounted,
             Err(e) => {
                 tracing::warn!(path = %path.display(), error = %e, "mount table lookup failed");
-                MountCheck::Unchecked
+                MountEvidence::Unchecked
             }
         }
     }
 
     /// Whether the scan saw no mount of this volume there (nothing, or
     /// something else).
-    pub(crate) fn is_absent(&self, recorded: Option<&MountSource>) -> bool {
+    pub(crate) fn is_absent(&self, recorded: Option<&MountIdentity>) -> bool {
         match self {
-            MountCheck::NotMounted => true,
-            MountCheck::Mounted(source) => recorded.is_some_and(|r| r != source),
-            MountCheck::Unchecked | MountCheck::Verified => false,
+            MountEvidence::NotMounted => true,
+            MountEvidence::Mounted(source) => recorded.is_some_and(|r| r != source),
+            MountEvidence::Unchecked | MountEvidence::Verified => false,
         }
     }
 
     /// Whether the mount is this volume's beyond doubt.
-    pub(crate) fn is_verified(&self, recorded: Option<&MountSource>) -> bool {
+    pub(crate) fn is_verified(&self, recorded: Option<&MountIdentity>) -> bool {
         match self {
-            MountCheck::Verified => true,
-            MountCheck::Mounted(source) => recorded == Some(source),
-            MountCheck::Unchecked | MountCheck::NotMounted => false,
+            MountEvidence::Verified => true,
+            MountEvidence::Mounted(source) => recorded == Some(source),
+            MountEvidence::Unchecked | MountEvidence::NotMounted => false,
         }
     }
 
     /// Whether a different source than the recorded one is mounted there.
-    pub(crate) fn is_mismatch(&self, recorded: Option<&MountSource>) -> bool {
-        matches!((self, recorded), (MountCheck::Mounted(s), Some(r)) if s != r)
+    pub(crate) fn is_mismatch(&self, recorded: Option<&MountIdentity>) -> bool {
+        matches!((self, recorded), (MountEvidence::Mounted(s), Some(r)) if s != r)
     }
 }
 
@@ -96,44 +94,56 @@ impl MountCheck {
 pub trait MountTable: Debug + Send + Sync {
     /// The topmost mount at exactly `path`, or `None` if `path` is not a
     /// mount point.
-    fn source_at(&self, path: &Path) -> std::io::Result<Option<MountSource>>;
+    fn source_at(&self, path: &Path) -> std::io::Result<Option<MountIdentity>>;
 }
 
-/// An in-memory [`MountTable`] for tests.
-#[derive(Debug, Default)]
-pub struct FakeMountTable {
-    mounts: Mutex<BTreeMap<PathBuf, MountSource>>,
-}
+#[cfg(feature = "testing")]
+pub use fake::FakeMountTable;
 
-impl FakeMountTable {
-    /// An empty table.
-    pub fn new() -> Self {
-        Self::default()
+#[cfg(feature = "testing")]
+mod fake {
+    use std::collections::BTreeMap;
+    use std::path::{Path, PathBuf};
+    use std::sync::Mutex;
+
+    use super::{MountIdentity, MountTable};
+
+    /// An in-memory [`MountTable`] for tests.
+    #[derive(Debug, Default)]
+    pub struct FakeMountTable {
+        mounts: Mutex<BTreeMap<PathBuf, MountIdentity>>,
     }
 
-    /// Mounts `source` at `path` (replacing what was there).
-    pub fn mount(&self, path: impl Into<PathBuf>, source: MountSource) {
-        self.lock().insert(path.into(), source);
+    impl FakeMountTable {
+        /// An empty table.
+        pub fn new() -> Self {
+            Self::default()
+        }
+
+        /// Mounts `source` at `path` (replacing what was there).
+        pub fn mount(&self, path: impl Into<PathBuf>, source: MountIdentity) {
+            self.lock().insert(path.into(), source);
+        }
+
+        /// Unmounts `path`; returns whether something was mounted.
+        pub fn unmount(&self, path: &Path) -> bool {
+            self.lock().remove(path).is_some()
+        }
+
+        /// Unmounts everything (a reboot).
+        pub fn clear(&self) {
+            self.lock().clear()
+        }
+
+        fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<PathBuf, MountIdentity>> {
+            self.mounts.lock().unwrap_or_else(|e| e.into_inner())
+        }
     }
 
-    /// Unmounts `path`; returns whether something was mounted.
-    pub fn unmount(&self, path: &Path) -> bool {
-        self.lock().remove(path).is_some()
-    }
-
-    /// Unmounts everything (a reboot).
-    pub fn clear(&self) {
-        self.lock().clear()
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<PathBuf, MountSource>> {
-        self.mounts.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
-
-impl MountTable for FakeMountTable {
-    fn source_at(&self, path: &Path) -> std::io::Result<Option<MountSource>> {
-        Ok(self.lock().get(path).cloned())
+    impl MountTable for FakeMountTable {
+        fn source_at(&self, path: &Path) -> std::io::Result<Option<MountIdentity>> {
+            Ok(self.lock().get(path).cloned())
+        }
     }
 }
 
@@ -146,12 +156,12 @@ mod mounter_table {
 
     use mount_utils::{LinuxMounter, Mounter};
 
-    use super::{MountSource, MountTable};
+    use super::{MountIdentity, MountTable};
 
-    impl MountSource {
+    impl MountIdentity {
         /// The source of a mountinfo line, seen in boot `boot_id`.
         pub fn from_mountinfo(info: &mount_utils::MountInfo, boot_id: Option<String>) -> Self {
-            MountSource {
+            MountIdentity {
                 device: (info.major, info.minor),
                 root: info.root.clone(),
                 fs_type: info.fs_type.clone(),
@@ -209,7 +219,7 @@ mod mounter_table {
     }
 
     impl<M: Mounter + std::fmt::Debug> MountTable for MounterTable<M> {
-        fn source_at(&self, path: &Path) -> std::io::Result<Option<MountSource>> {
+        fn source_at(&self, path: &Path) -> std::io::Result<Option<MountIdentity>> {
             // mountinfo lists canonical paths; a missing path is not mounted.
             let path = match std::fs::canonicalize(path) {
                 Ok(p) => p,
@@ -222,7 +232,7 @@ mod mounter_table {
                 .iter()
                 .rev()
                 .find(|m| m.mount_point == path)
-                .map(|m| MountSource::from_mountinfo(m, self.boot_id.clone())))
+                .map(|m| MountIdentity::from_mountinfo(m, self.boot_id.clone())))
         }
     }
 
@@ -246,12 +256,12 @@ mod mounter_table {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "testing"))]
 mod tests {
     use super::*;
 
-    fn source(minor: u32) -> MountSource {
-        MountSource {
+    fn source(minor: u32) -> MountIdentity {
+        MountIdentity {
             device: (8, minor),
             root: "/".into(),
             fs_type: "ext4".into(),
@@ -264,11 +274,11 @@ mod tests {
     fn checks_compare_with_the_recorded_source() {
         let table = FakeMountTable::new();
         table.mount("/a", source(1));
-        let found = MountCheck::of(&table, Path::new("/a"));
-        assert_eq!(found, MountCheck::Mounted(source(1)));
+        let found = MountEvidence::of(&table, Path::new("/a"));
+        assert_eq!(found, MountEvidence::Mounted(source(1)));
         assert_eq!(
-            MountCheck::of(&table, Path::new("/b")),
-            MountCheck::NotMounted
+            MountEvidence::of(&table, Path::new("/b")),
+            MountEvidence::NotMounted
         );
         assert!(found.is_verified(Some(&source(1))));
         assert!(!found.is_verified(None), "nothing recorded: not verified");
@@ -276,10 +286,10 @@ mod tests {
         assert!(found.is_mismatch(Some(&source(2))));
         assert!(found.is_absent(Some(&source(2))));
         assert!(!found.is_absent(None));
-        assert!(MountCheck::Verified.is_verified(None));
-        assert!(MountCheck::NotMounted.is_absent(None));
-        assert!(!MountCheck::Unchecked.is_absent(Some(&source(1))));
-        assert!(!MountCheck::Unchecked.is_verified(Some(&source(1))));
+        assert!(MountEvidence::Verified.is_verified(None));
+        assert!(MountEvidence::NotMounted.is_absent(None));
+        assert!(!MountEvidence::Unchecked.is_absent(Some(&source(1))));
+        assert!(!MountEvidence::Unchecked.is_verified(Some(&source(1))));
         assert!(table.unmount(Path::new("/a")));
         table.mount("/c", source(3));
         table.clear();

@@ -20,27 +20,27 @@ pub enum Progress {
 
 /// The result of an operation, as far as state is concerned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Outcome {
+pub enum StepOutcome {
     /// The call succeeded.
     Succeeded,
     /// The call failed with this kind.
     Failed(ErrorKind),
 }
 
-impl Outcome {
+impl StepOutcome {
     /// All outcomes, for exhaustive tests.
-    pub const ALL: [Outcome; 4] = [
-        Outcome::Succeeded,
-        Outcome::Failed(ErrorKind::Final),
-        Outcome::Failed(ErrorKind::Uncertain),
-        Outcome::Failed(ErrorKind::Transient),
+    pub const ALL: [StepOutcome; 4] = [
+        StepOutcome::Succeeded,
+        StepOutcome::Failed(ErrorKind::Final),
+        StepOutcome::Failed(ErrorKind::Uncertain),
+        StepOutcome::Failed(ErrorKind::Transient),
     ];
 
     /// The outcome of a plugin result.
     pub fn of<T>(result: &Result<T, crate::PluginError>) -> Self {
         match result {
-            Ok(_) => Outcome::Succeeded,
-            Err(e) => Outcome::Failed(e.kind),
+            Ok(_) => StepOutcome::Succeeded,
+            Err(e) => StepOutcome::Failed(e.kind),
         }
     }
 }
@@ -53,13 +53,13 @@ impl Outcome {
 ///   uncertain state becomes absent;
 /// - an uncertain error turns absent into uncertain;
 /// - a transient error changes nothing.
-pub fn after_setup(previous: Progress, outcome: Outcome) -> Progress {
+pub fn after_setup(previous: Progress, outcome: StepOutcome) -> Progress {
     match (previous, outcome) {
-        (_, Outcome::Succeeded) => Progress::Done,
-        (Progress::Done, Outcome::Failed(_)) => Progress::Done,
-        (state, Outcome::Failed(ErrorKind::Transient)) => state,
-        (_, Outcome::Failed(ErrorKind::Final)) => Progress::Absent,
-        (_, Outcome::Failed(ErrorKind::Uncertain)) => Progress::Uncertain,
+        (_, StepOutcome::Succeeded) => Progress::Done,
+        (Progress::Done, StepOutcome::Failed(_)) => Progress::Done,
+        (state, StepOutcome::Failed(ErrorKind::Transient)) => state,
+        (_, StepOutcome::Failed(ErrorKind::Final)) => Progress::Absent,
+        (_, StepOutcome::Failed(ErrorKind::Uncertain)) => Progress::Uncertain,
     }
 }
 
@@ -69,11 +69,11 @@ pub fn after_setup(previous: Progress, outcome: Outcome) -> Progress {
 /// - a transient error changes nothing (the call did not start);
 /// - any other failure → uncertain: the tear-down may be half done, so a new
 ///   user must run the set-up again (kubelet does the same).
-pub fn after_teardown(previous: Progress, outcome: Outcome) -> Progress {
+pub fn after_teardown(previous: Progress, outcome: StepOutcome) -> Progress {
     match (previous, outcome) {
-        (_, Outcome::Succeeded) => Progress::Absent,
-        (state, Outcome::Failed(ErrorKind::Transient)) => state,
-        (_, Outcome::Failed(ErrorKind::Final | ErrorKind::Uncertain)) => Progress::Uncertain,
+        (_, StepOutcome::Succeeded) => Progress::Absent,
+        (state, StepOutcome::Failed(ErrorKind::Transient)) => state,
+        (_, StepOutcome::Failed(ErrorKind::Final | ErrorKind::Uncertain)) => Progress::Uncertain,
     }
 }
 
@@ -87,20 +87,20 @@ mod tests {
 
     #[test]
     fn setup_transitions_exhaustive() {
-        let expected = |p: Progress, o: Outcome| match (p, o) {
-            (Absent, Outcome::Succeeded) => Done,
-            (Absent, Outcome::Failed(Final)) => Absent,
-            (Absent, Outcome::Failed(ErrorKind::Uncertain)) => Progress::Uncertain,
-            (Absent, Outcome::Failed(Transient)) => Absent,
-            (Progress::Uncertain, Outcome::Succeeded) => Done,
-            (Progress::Uncertain, Outcome::Failed(Final)) => Absent,
-            (Progress::Uncertain, Outcome::Failed(ErrorKind::Uncertain)) => Progress::Uncertain,
-            (Progress::Uncertain, Outcome::Failed(Transient)) => Progress::Uncertain,
+        let expected = |p: Progress, o: StepOutcome| match (p, o) {
+            (Absent, StepOutcome::Succeeded) => Done,
+            (Absent, StepOutcome::Failed(Final)) => Absent,
+            (Absent, StepOutcome::Failed(ErrorKind::Uncertain)) => Progress::Uncertain,
+            (Absent, StepOutcome::Failed(Transient)) => Absent,
+            (Progress::Uncertain, StepOutcome::Succeeded) => Done,
+            (Progress::Uncertain, StepOutcome::Failed(Final)) => Absent,
+            (Progress::Uncertain, StepOutcome::Failed(ErrorKind::Uncertain)) => Progress::Uncertain,
+            (Progress::Uncertain, StepOutcome::Failed(Transient)) => Progress::Uncertain,
             (Done, _) => Done,
         };
         let mut cases = 0;
         for p in STATES {
-            for o in Outcome::ALL {
+            for o in StepOutcome::ALL {
                 assert_eq!(after_setup(p, o), expected(p, o), "{p:?} {o:?}");
                 cases += 1;
             }
@@ -110,27 +110,27 @@ mod tests {
 
     #[test]
     fn teardown_transitions_exhaustive() {
-        let expected = |p: Progress, o: Outcome| match (p, o) {
-            (_, Outcome::Succeeded) => Absent,
-            (p, Outcome::Failed(Transient)) => p,
-            (_, Outcome::Failed(_)) => Progress::Uncertain,
+        let expected = |p: Progress, o: StepOutcome| match (p, o) {
+            (_, StepOutcome::Succeeded) => Absent,
+            (p, StepOutcome::Failed(Transient)) => p,
+            (_, StepOutcome::Failed(_)) => Progress::Uncertain,
         };
         for p in STATES {
-            for o in Outcome::ALL {
+            for o in StepOutcome::ALL {
                 assert_eq!(after_teardown(p, o), expected(p, o), "{p:?} {o:?}");
             }
         }
         assert_eq!(
-            after_teardown(Done, Outcome::Failed(Final)),
+            after_teardown(Done, StepOutcome::Failed(Final)),
             Progress::Uncertain
         );
-        assert_eq!(after_teardown(Done, Outcome::Failed(Transient)), Done);
+        assert_eq!(after_teardown(Done, StepOutcome::Failed(Transient)), Done);
     }
 
     #[test]
     fn remount_failure_never_downgrades() {
         for kind in [Final, ErrorKind::Uncertain, Transient] {
-            assert_eq!(after_setup(Done, Outcome::Failed(kind)), Done);
+            assert_eq!(after_setup(Done, StepOutcome::Failed(kind)), Done);
         }
     }
 }

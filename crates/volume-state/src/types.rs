@@ -14,7 +14,7 @@ impl<T: Clone + Eq + Hash + Ord + Debug + Send + Sync + 'static> Key for T {}
 
 /// Whether a volume may be attached to more than one node at a time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum AccessMode {
+pub enum NodeAccess {
     /// At most one node (ReadWriteOnce-like): multi-attach is forbidden.
     #[default]
     SingleNode,
@@ -33,7 +33,7 @@ pub struct VolumeSpec {
     /// device-mountable and goes straight to publish.
     pub staging_path: Option<PathBuf>,
     /// Single- or multi-node access.
-    pub access_mode: AccessMode,
+    pub access_mode: NodeAccess,
     /// Publish read-only.
     pub read_only: bool,
     /// Mount options for stage and publish.

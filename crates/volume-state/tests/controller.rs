@@ -4,15 +4,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use volume_state::controller::{
-    ActualStateOfWorld, ControllerConfig, DesiredStateOfWorld, NodeHealth, Operation, Reconciler,
+    ActualAttachState, AttachConfig, AttachOperation, AttachReconciler, DesiredAttachState,
+    NodeHealth,
 };
 use volume_state::node::AttachState;
 use volume_state::{
-    AccessMode, ErrorKind, FakeClock, FakeVolumePlugin, PluginCall, PluginMethod, VolumeSpec,
+    ErrorKind, FakeClock, FakeVolumePlugin, NodeAccess, PluginCall, PluginMethod, VolumeSpec,
 };
 
-type Desired = DesiredStateOfWorld<String, String, String>;
-type Actual = ActualStateOfWorld<String, String>;
+type Desired = DesiredAttachState<String, String, String>;
+type Actual = ActualAttachState<String, String>;
 type Plugin = FakeVolumePlugin<String, String>;
 
 struct Env {
@@ -20,16 +21,16 @@ struct Env {
     actual: Arc<Actual>,
     plugin: Arc<Plugin>,
     clock: FakeClock,
-    reconciler: Arc<Reconciler<String, String, String>>,
+    reconciler: Arc<AttachReconciler<String, String, String>>,
 }
 
-fn env(config: ControllerConfig) -> Env {
+fn env(config: AttachConfig) -> Env {
     let desired = Arc::new(Desired::new());
     let actual = Arc::new(Actual::new());
     let plugin = Arc::new(Plugin::new());
     let clock = FakeClock::new();
     let reconciler = Arc::new(
-        Reconciler::new(config, desired.clone(), actual.clone(), plugin.clone())
+        AttachReconciler::new(config, desired.clone(), actual.clone(), plugin.clone())
             .with_clock(Arc::new(clock.clone())),
     );
     Env {
@@ -41,7 +42,7 @@ fn env(config: ControllerConfig) -> Env {
     }
 }
 
-fn spec(mode: AccessMode) -> VolumeSpec {
+fn spec(mode: NodeAccess) -> VolumeSpec {
     VolumeSpec {
         attachable: true,
         access_mode: mode,
@@ -50,7 +51,7 @@ fn spec(mode: AccessMode) -> VolumeSpec {
 }
 
 impl Env {
-    fn add(&self, node: &str, mode: AccessMode) {
+    fn add(&self, node: &str, mode: NodeAccess) {
         self.desired
             .add_pod(node.into(), "v1".into(), spec(mode), format!("pod-{node}"));
     }
@@ -74,7 +75,7 @@ impl Env {
     }
 
     /// Attached to `node`, which no longer uses it; calls forgotten.
-    async fn attached_unused(&self, node: &str, mode: AccessMode) {
+    async fn attached_unused(&self, node: &str, mode: NodeAccess) {
         self.add(node, mode);
         self.reconciler.run_until_idle(5).await;
         self.not_in_use(node);
@@ -82,7 +83,7 @@ impl Env {
     }
 
     /// The pod moves from `from` to `to`.
-    fn move_pod(&self, from: &str, to: &str, mode: AccessMode) {
+    fn move_pod(&self, from: &str, to: &str, mode: NodeAccess) {
         self.remove(from);
         self.add(to, mode);
     }
@@ -113,8 +114,8 @@ fn n(method: PluginMethod, node: &str) -> (PluginMethod, String) {
 
 #[tokio::test]
 async fn attach_then_detach_once_the_node_stops_using_the_volume() {
-    let env = env(ControllerConfig::default());
-    env.add("n1", AccessMode::SingleNode);
+    let env = env(AttachConfig::default());
+    env.add("n1", NodeAccess::SingleNode);
     env.reconciler.run_until_idle(5).await;
     assert_eq!(env.calls(), [n(PluginMethod::Attach, "n1")]);
     let snapshot = env.actual.snapshot();
@@ -145,18 +146,19 @@ async fn attach_then_detach_once_the_node_stops_using_the_volume() {
 
 #[tokio::test]
 async fn detach_before_attach_for_single_node_volumes() {
-    let env = env(ControllerConfig::default());
-    env.attached_unused("n1", AccessMode::SingleNode).await;
-    env.move_pod("n1", "n2", AccessMode::SingleNode);
+    let env = env(AttachConfig::default());
+    env.attached_unused("n1", NodeAccess::SingleNode).await;
+    env.move_pod("n1", "n2", NodeAccess::SingleNode);
     // Single-node attaches share a volume-level key, so wait out n1's backoff.
     env.clock.advance(Duration::from_millis(500));
     let plan = env.reconciler.plan();
+    assert!(plan.iter().any(
+        |op| matches!(op, AttachOperation::Detach { node, forced: false, .. } if node == "n1")
+    ));
     assert!(
-        plan.iter()
-            .any(|op| matches!(op, Operation::Detach { node, forced: false, .. } if node == "n1"))
-    );
-    assert!(
-        !plan.iter().any(|op| matches!(op, Operation::Attach { .. })),
+        !plan
+            .iter()
+            .any(|op| matches!(op, AttachOperation::Attach { .. })),
         "{plan:?}"
     );
     env.reconciler.run_until_idle(5).await;
@@ -166,18 +168,18 @@ async fn detach_before_attach_for_single_node_volumes() {
 #[tokio::test]
 async fn multi_attach_is_blocked_by_confirmed_attachments_not_by_uncertain_attaches() {
     // Confirmed on n1, still used there: n2 must wait.
-    let env = env(ControllerConfig::default());
-    env.add("n1", AccessMode::SingleNode);
+    let env = env(AttachConfig::default());
+    env.add("n1", NodeAccess::SingleNode);
     env.reconciler.run_until_idle(5).await;
-    env.add("n2", AccessMode::SingleNode);
+    env.add("n2", NodeAccess::SingleNode);
     env.reconciler.run_until_idle(5).await;
     assert_eq!(env.calls(), [n(PluginMethod::Attach, "n1")]);
     assert_eq!(env.state("n2"), None);
 
     // Multi-node volumes attach everywhere.
-    let env = crate::env(ControllerConfig::default());
-    env.add("n1", AccessMode::MultiNode);
-    env.add("n2", AccessMode::MultiNode);
+    let env = crate::env(AttachConfig::default());
+    env.add("n1", NodeAccess::MultiNode);
+    env.add("n2", NodeAccess::MultiNode);
     env.reconciler.run_until_idle(5).await;
     assert_eq!(
         env.calls(),
@@ -185,27 +187,27 @@ async fn multi_attach_is_blocked_by_confirmed_attachments_not_by_uncertain_attac
     );
 
     // An uncertain attachment elsewhere does not block.
-    let env = crate::env(ControllerConfig::default());
+    let env = crate::env(AttachConfig::default());
     env.plugin
         .fail_once(PluginMethod::Attach, None, ErrorKind::Uncertain);
-    env.add("n1", AccessMode::SingleNode);
+    env.add("n1", NodeAccess::SingleNode);
     env.reconciler.run_pass().await;
     assert_eq!(env.state("n1"), Some(AttachState::Uncertain));
-    env.add("n2", AccessMode::SingleNode);
+    env.add("n2", NodeAccess::SingleNode);
     // Single-node attaches share a volume-level key, so wait out n1's backoff.
     env.clock.advance(Duration::from_millis(500));
     let plan = env.reconciler.plan();
     assert!(
         plan.iter()
-            .any(|op| matches!(op, Operation::Attach { node, .. } if node == "n2")),
+            .any(|op| matches!(op, AttachOperation::Attach { node, .. } if node == "n2")),
         "{plan:?}"
     );
 }
 
 #[tokio::test]
 async fn force_detach_only_for_an_unhealthy_node_past_the_max_wait() {
-    let env = env(ControllerConfig::default());
-    env.add("n1", AccessMode::SingleNode);
+    let env = env(AttachConfig::default());
+    env.add("n1", NodeAccess::SingleNode);
     env.reconciler.run_until_idle(5).await;
     env.calls();
     env.remove("n1");
@@ -226,7 +228,10 @@ async fn force_detach_only_for_an_unhealthy_node_past_the_max_wait() {
     );
     let plan = env.reconciler.plan();
     assert!(
-        matches!(plan.as_slice(), [Operation::Detach { forced: true, .. }]),
+        matches!(
+            plan.as_slice(),
+            [AttachOperation::Detach { forced: true, .. }]
+        ),
         "{plan:?}"
     );
     env.reconciler.run_until_idle(5).await;
@@ -236,17 +241,17 @@ async fn force_detach_only_for_an_unhealthy_node_past_the_max_wait() {
 #[tokio::test]
 async fn unhealthy_node_within_the_max_wait_or_with_force_disabled_is_not_detached() {
     for (config, advance) in [
-        (ControllerConfig::default(), Duration::from_secs(5 * 60)),
+        (AttachConfig::default(), Duration::from_secs(5 * 60)),
         (
-            ControllerConfig {
+            AttachConfig {
                 max_wait_for_unmount: None,
-                ..ControllerConfig::default()
+                ..AttachConfig::default()
             },
             Duration::from_secs(3600),
         ),
     ] {
         let env = env(config);
-        env.add("n1", AccessMode::SingleNode);
+        env.add("n1", NodeAccess::SingleNode);
         env.reconciler.run_until_idle(5).await;
         env.calls();
         env.actual.set_node_health(
@@ -267,11 +272,11 @@ async fn unhealthy_node_within_the_max_wait_or_with_force_disabled_is_not_detach
 
 #[tokio::test]
 async fn out_of_service_node_is_detached_at_once() {
-    let env = env(ControllerConfig {
+    let env = env(AttachConfig {
         max_wait_for_unmount: None,
-        ..ControllerConfig::default()
+        ..AttachConfig::default()
     });
-    env.add("n1", AccessMode::SingleNode);
+    env.add("n1", NodeAccess::SingleNode);
     env.reconciler.run_until_idle(5).await;
     env.calls();
     env.actual.set_node_health(
@@ -289,8 +294,8 @@ async fn out_of_service_node_is_detached_at_once() {
 
 #[tokio::test]
 async fn failed_detach_is_detach_uncertain_reported_again_and_retried_after_backoff() {
-    let env = env(ControllerConfig::default());
-    env.add("n1", AccessMode::SingleNode);
+    let env = env(AttachConfig::default());
+    env.add("n1", NodeAccess::SingleNode);
     env.reconciler.run_until_idle(5).await;
     env.calls();
     env.plugin
@@ -315,8 +320,8 @@ async fn failed_detach_is_detach_uncertain_reported_again_and_retried_after_back
 
 #[tokio::test(start_paused = true)]
 async fn never_detached_while_an_operation_on_the_volume_is_pending() {
-    let env = env(ControllerConfig::default());
-    env.add("n1", AccessMode::SingleNode);
+    let env = env(AttachConfig::default());
+    env.add("n1", NodeAccess::SingleNode);
     env.reconciler.run_until_idle(5).await;
     env.not_in_use("n1");
     env.plugin
@@ -329,17 +334,17 @@ async fn never_detached_while_an_operation_on_the_volume_is_pending() {
     }
     // Pending: no second detach, and no attach elsewhere for this
     // single-node volume (volume-level key).
-    env.add("n2", AccessMode::SingleNode);
+    env.add("n2", NodeAccess::SingleNode);
     let plan = env.reconciler.plan();
     assert!(plan.is_empty(), "{plan:?}");
-    let attach = Operation::Attach {
+    let attach = AttachOperation::Attach {
         volume: "v1".into(),
         node: "n2".into(),
-        spec: Arc::new(spec(AccessMode::SingleNode)),
+        spec: Arc::new(spec(NodeAccess::SingleNode)),
     };
     assert_eq!(
         env.reconciler.execute(attach).await,
-        volume_state::node::ExecutionResult::Skipped(volume_state::GateError::AlreadyExists)
+        volume_state::ExecutionResult::Skipped(volume_state::GateError::AlreadyExists)
     );
     assert_eq!(env.state("n1"), Some(AttachState::Attached));
     detach.await.unwrap();
@@ -348,17 +353,17 @@ async fn never_detached_while_an_operation_on_the_volume_is_pending() {
     assert_eq!(env.state("n2"), Some(AttachState::Attached));
 }
 
-/// Issue 15, item 3: a failed detach from n1 leaves a single-node volume
+/// A failed detach from n1 leaves a single-node volume
 /// maybe attached there; it must not be attached to n2 until the detach
 /// succeeds (Kubernetes counts only confirmed attachments and attaches n2
 /// at once).
 #[tokio::test]
 async fn failed_detach_blocks_attaching_a_single_node_volume_elsewhere_until_it_succeeds() {
-    let env = env(ControllerConfig::default());
-    env.attached_unused("n1", AccessMode::SingleNode).await;
+    let env = env(AttachConfig::default());
+    env.attached_unused("n1", NodeAccess::SingleNode).await;
     env.plugin
         .fail_once(PluginMethod::Detach, None, ErrorKind::Uncertain);
-    env.move_pod("n1", "n2", AccessMode::SingleNode);
+    env.move_pod("n1", "n2", NodeAccess::SingleNode);
     env.reconciler.run_until_idle(5).await;
     assert_eq!(env.calls(), [n(PluginMethod::Detach, "n1")]);
     assert_eq!(env.state("n2"), None, "attached while n1 may hold it");
@@ -376,12 +381,12 @@ async fn failed_detach_blocks_attaching_a_single_node_volume_elsewhere_until_it_
 #[tokio::test]
 async fn a_failed_detach_does_not_block_a_multi_node_volume_or_when_opted_out() {
     for (mode, config) in [
-        (AccessMode::MultiNode, ControllerConfig::default()),
+        (NodeAccess::MultiNode, AttachConfig::default()),
         (
-            AccessMode::SingleNode,
-            ControllerConfig {
+            NodeAccess::SingleNode,
+            AttachConfig {
                 attach_while_detach_uncertain: true,
-                ..ControllerConfig::default()
+                ..AttachConfig::default()
             },
         ),
     ] {
@@ -402,8 +407,8 @@ async fn a_failed_detach_does_not_block_a_multi_node_volume_or_when_opted_out() 
 
 #[tokio::test]
 async fn a_failed_attach_never_clears_detach_uncertain() {
-    let env = env(ControllerConfig::default());
-    env.attached_unused("n1", AccessMode::SingleNode).await;
+    let env = env(AttachConfig::default());
+    env.attached_unused("n1", NodeAccess::SingleNode).await;
     env.plugin
         .fail_once(PluginMethod::Detach, None, ErrorKind::Uncertain);
     env.remove("n1");
@@ -413,7 +418,7 @@ async fn a_failed_attach_never_clears_detach_uncertain() {
     // nothing about the earlier attachment.
     env.plugin
         .fail_once(PluginMethod::Attach, None, ErrorKind::Final);
-    env.add("n1", AccessMode::SingleNode);
+    env.add("n1", NodeAccess::SingleNode);
     env.reconciler.run_pass().await;
     assert_eq!(env.state("n1"), Some(AttachState::DetachUncertain));
     env.clock.advance(Duration::from_secs(1));
@@ -421,14 +426,14 @@ async fn a_failed_attach_never_clears_detach_uncertain() {
     assert_eq!(env.state("n1"), Some(AttachState::Attached));
 }
 
-/// Issue 15, item 1 (controller side): gate records of a volume nobody
+/// Gate records of a volume nobody
 /// wants and nothing holds are dropped.
 #[tokio::test]
 async fn gate_records_of_forgotten_volumes_are_purged() {
-    let env = env(ControllerConfig::default());
+    let env = env(AttachConfig::default());
     env.plugin
         .fail_always(PluginMethod::Attach, None, ErrorKind::Final);
-    env.add("n1", AccessMode::SingleNode);
+    env.add("n1", NodeAccess::SingleNode);
     env.reconciler.run_until_idle(5).await;
     assert_eq!(env.reconciler.gate().state().len(), 1);
     env.remove("n1");

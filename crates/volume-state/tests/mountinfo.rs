@@ -11,9 +11,9 @@ use std::sync::Arc;
 use mount_utils::testing::in_private_mount_ns;
 use mount_utils::{LinuxMounter, Mounter};
 use volume_state::VolumeSpec;
-use volume_state::journal::{Journal, MemoryJournalStore, PublishRecord};
-use volume_state::mounts::{MountCheck, MountTable, MounterTable};
-use volume_state::node::{ActualStateOfWorld, DeviceState, DiscoveredMount, PodMountState};
+use volume_state::journal::{FakeJournalStore, Journal, PublishIntent};
+use volume_state::mounts::{MountEvidence, MountTable, MounterTable};
+use volume_state::node::{ActualNodeState, DeviceState, DiscoveredMount, PodMountState};
 
 fn tmpfs(mounter: &LinuxMounter, at: &Path) {
     std::fs::create_dir_all(at).unwrap();
@@ -39,7 +39,7 @@ fn a_different_filesystem_at_the_same_paths_is_not_the_volume() {
         assert_eq!(staged.fs_type, "tmpfs");
         assert_eq!(staged, published, "a bind shows the same source");
 
-        let store = Arc::new(MemoryJournalStore::<String, String>::new());
+        let store = Arc::new(FakeJournalStore::<String, String>::new());
         let runtime = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();
@@ -50,7 +50,7 @@ fn a_different_filesystem_at_the_same_paths_is_not_the_volume() {
                 r.staged = Some(staged.clone());
                 r.pods.insert(
                     "a".to_string(),
-                    PublishRecord {
+                    PublishIntent {
                         target_path: target.clone(),
                         source: Some(published.clone()),
                     },
@@ -70,7 +70,7 @@ fn a_different_filesystem_at_the_same_paths_is_not_the_volume() {
         };
 
         // A process restart: the same mounts are found and trusted.
-        let actual = ActualStateOfWorld::<String, String>::new();
+        let actual = ActualNodeState::<String, String>::new();
         let report =
             actual.reconstruct_with_journal(scan(), &journal.records(), |_| Some(spec.clone()));
         assert_eq!(report.verified, 1);
@@ -92,8 +92,8 @@ fn a_different_filesystem_at_the_same_paths_is_not_the_volume() {
                 .with_staging_path(&staging)
                 .checked(&table),
         ];
-        assert!(matches!(&found[0].target, MountCheck::Mounted(s) if *s != published));
-        let actual = ActualStateOfWorld::<String, String>::new();
+        assert!(matches!(&found[0].target, MountEvidence::Mounted(s) if *s != published));
+        let actual = ActualNodeState::<String, String>::new();
         let report =
             actual.reconstruct_with_journal(found, &journal.records(), |_| Some(spec.clone()));
         assert_eq!((report.verified, report.mismatched), (0, 2));
@@ -105,7 +105,7 @@ fn a_different_filesystem_at_the_same_paths_is_not_the_volume() {
         // Nothing mounted at all (only directories left): not mounted.
         mounter.unmount(&target, false).unwrap();
         mounter.unmount(&staging, false).unwrap();
-        assert_eq!(scan()[0].target, MountCheck::NotMounted);
-        assert_eq!(scan()[0].staging, MountCheck::NotMounted);
+        assert_eq!(scan()[0].target, MountEvidence::NotMounted);
+        assert_eq!(scan()[0].staging, MountEvidence::NotMounted);
     });
 }

@@ -7,13 +7,15 @@ use std::time::Duration;
 
 use PluginMethod::*;
 use volume_state::node::{
-    ActualStateOfWorld, AttachMode, AttachState, DesiredStateOfWorld, DeviceState, DiscoveredMount,
-    ExecutionResult, Operation, Phase, PodMountState, Reconciler,
+    ActualNodeState, AttachMode, AttachState, DesiredNodeState, DeviceState, DiscoveredMount,
+    NodeOperation, NodeReconciler, Phase, PodMountState,
 };
-use volume_state::{ErrorKind, FakeClock, FakeVolumePlugin, GateError, PluginMethod, VolumeSpec};
+use volume_state::{
+    ErrorKind, ExecutionResult, FakeClock, FakeVolumePlugin, GateError, PluginMethod, VolumeSpec,
+};
 
-type Desired = DesiredStateOfWorld<String, String>;
-type Actual = ActualStateOfWorld<String, String>;
+type Desired = DesiredNodeState<String, String>;
+type Actual = ActualNodeState<String, String>;
 type Plugin = FakeVolumePlugin<String, String>;
 
 struct Env {
@@ -21,7 +23,7 @@ struct Env {
     actual: Arc<Actual>,
     plugin: Arc<Plugin>,
     clock: FakeClock,
-    reconciler: Arc<Reconciler<String, String, String>>,
+    reconciler: Arc<NodeReconciler<String, String, String>>,
 }
 
 fn env(mode: AttachMode) -> Env {
@@ -30,7 +32,7 @@ fn env(mode: AttachMode) -> Env {
     let plugin = Arc::new(Plugin::new());
     let clock = FakeClock::new();
     let reconciler = Arc::new(
-        Reconciler::new(
+        NodeReconciler::new(
             "node-1".to_string(),
             mode,
             desired.clone(),
@@ -189,8 +191,8 @@ async fn volume_moves_between_pods_without_restaging() {
     env.add("v1", "b");
     let plan = env.reconciler.plan();
     assert_eq!(plan.len(), 2);
-    assert!(matches!(&plan[0], Operation::Unpublish { pod, .. } if pod == "a"));
-    assert!(matches!(&plan[1], Operation::Publish { pod, .. } if pod == "b"));
+    assert!(matches!(&plan[0], NodeOperation::Unpublish { pod, .. } if pod == "a"));
+    assert!(matches!(&plan[1], NodeOperation::Publish { pod, .. } if pod == "b"));
     env.settle().await;
     let calls = env.plugin.take_calls();
     let paths: Vec<_> = calls
@@ -368,7 +370,7 @@ async fn plan_emits_operations_in_the_fixed_phase_order() {
     env.add("a", "a"); // needs attach
     env.remove("u", "a"); // needs unpublish
     env.reconciler
-        .execute(Operation::Unpublish {
+        .execute(NodeOperation::Unpublish {
             volume: "x".into(),
             pod: "a".into(),
             target_path: target("a", "x"),
@@ -376,14 +378,14 @@ async fn plan_emits_operations_in_the_fixed_phase_order() {
         .await;
     env.remove("x", "a"); // mounted device, no pods: needs unstage
     env.reconciler
-        .execute(Operation::Unpublish {
+        .execute(NodeOperation::Unpublish {
             volume: "d".into(),
             pod: "a".into(),
             target_path: target("a", "d"),
         })
         .await;
     env.reconciler
-        .execute(Operation::Unstage {
+        .execute(NodeOperation::Unstage {
             volume: "d".into(),
             staging_path: staging("d"),
         })
@@ -430,7 +432,7 @@ async fn never_detached_while_an_operation_on_the_volume_is_pending() {
     assert!(env.reconciler.plan().is_empty());
     assert_eq!(
         env.reconciler
-            .execute(Operation::MarkDetached {
+            .execute(NodeOperation::MarkDetached {
                 volume: "v1".into()
             })
             .await,
@@ -438,7 +440,7 @@ async fn never_detached_while_an_operation_on_the_volume_is_pending() {
     );
     assert_eq!(
         env.reconciler
-            .execute(Operation::Detach {
+            .execute(NodeOperation::Detach {
                 volume: "v1".into()
             })
             .await,
@@ -463,7 +465,7 @@ async fn restart_reconstruction_waits_for_populated_desired_state_and_cleans_orp
     let desired = Arc::new(Desired::new());
     let actual = Arc::new(Actual::new());
     let plugin = Arc::new(Plugin::new());
-    let reconciler = Reconciler::new(
+    let reconciler = NodeReconciler::new(
         "node-1".to_string(),
         AttachMode::ByNode,
         desired.clone(),
@@ -535,7 +537,7 @@ async fn restart_reconstruction_waits_for_populated_desired_state_and_cleans_orp
     );
 }
 
-/// Issue 15, item 1: Stage fails for a while (backoff up to 16 s), the pod
+/// Stage fails for a while (backoff up to 16 s), the pod
 /// goes away, the volume is detached and forgotten; hours later a new pod's
 /// first failure waits the initial 500 ms, and nothing was kept meanwhile
 /// (kubernetes#116886: Kubernetes waits 32 s here, and keeps the record).
@@ -579,7 +581,7 @@ async fn backoff_is_forgotten_once_the_volume_left_both_states() {
     assert_eq!(backoff(&env), Some(Duration::from_millis(500)));
 }
 
-/// Issue 15, item 4: the spec had no size at first mount; the size the
+/// The spec had no size at first mount; the size the
 /// plugin reports from stage/publish lets a later larger size expand.
 #[tokio::test]
 async fn expansion_happens_when_the_size_was_unknown_at_first_mount() {
@@ -613,7 +615,7 @@ async fn expansion_happens_when_the_size_was_unknown_at_first_mount() {
     assert_eq!(env.plugin.size(&"v1".into()), Some(20));
 }
 
-/// Issue 15, item 6: a held stage keeps every other operation on its volume
+/// A held stage keeps every other operation on its volume
 /// out, while other volumes go on; the fake's events prove it.
 #[tokio::test]
 async fn a_held_stage_excludes_its_volume_but_not_others() {

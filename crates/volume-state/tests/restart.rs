@@ -1,42 +1,42 @@
 //! Restarts and reboots of the node side: reconstruction from mounts found
-//! on disk and from the intent journal (issue 15: items 2 and 5,
-//! kubernetes#85476, #117513 and #120853).
+//! on disk and from the intent journal (kubernetes#85476, #117513 and
+//! #120853).
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use PluginMethod::*;
-use volume_state::journal::{Journal, JournalStore, MemoryJournalStore};
-use volume_state::mounts::{FakeMountTable, MountCheck, MountSource};
+use volume_state::journal::{FakeJournalStore, Journal, JournalStore};
+use volume_state::mounts::{FakeMountTable, MountEvidence, MountIdentity};
 use volume_state::node::{
-    ActualStateOfWorld, AttachMode, AttachState, DesiredStateOfWorld, DeviceState, DiscoveredMount,
-    PodMountState, Reconciler,
+    ActualNodeState, AttachMode, AttachState, DesiredNodeState, DeviceState, DiscoveredMount,
+    NodeReconciler, PodMountState,
 };
 use volume_state::{FakeClock, FakeVolumePlugin, PluginMethod, VolumeSpec};
 
-type Store = MemoryJournalStore<String, String>;
+type Store = FakeJournalStore<String, String>;
 type Plugin = FakeVolumePlugin<String, String>;
 
 /// One run of the node agent: fresh in-memory state over a journal store
 /// and a mount table that outlive it.
 struct Node {
-    desired: Arc<DesiredStateOfWorld<String, String>>,
-    actual: Arc<ActualStateOfWorld<String, String>>,
+    desired: Arc<DesiredNodeState<String, String>>,
+    actual: Arc<ActualNodeState<String, String>>,
     plugin: Arc<Plugin>,
     journal: Arc<Journal<String, String>>,
     clock: FakeClock,
-    reconciler: Arc<Reconciler<String, String, String>>,
+    reconciler: Arc<NodeReconciler<String, String, String>>,
 }
 
 fn start(mode: AttachMode, store: &Arc<Store>, mounts: &Arc<FakeMountTable>) -> Node {
-    let desired = Arc::new(DesiredStateOfWorld::new());
-    let actual = Arc::new(ActualStateOfWorld::new());
+    let desired = Arc::new(DesiredNodeState::new());
+    let actual = Arc::new(ActualNodeState::new());
     let plugin = Arc::new(Plugin::new());
     let journal = Arc::new(Journal::open(store.clone()).unwrap());
     let clock = FakeClock::new();
     let reconciler = Arc::new(
-        Reconciler::new(
+        NodeReconciler::new(
             "node-1".to_string(),
             mode,
             desired.clone(),
@@ -73,8 +73,8 @@ fn target(pod: &str, volume: &str) -> PathBuf {
     PathBuf::from(format!("/pods/{pod}/{volume}"))
 }
 
-fn disk(minor: u32) -> MountSource {
-    MountSource {
+fn disk(minor: u32) -> MountIdentity {
+    MountIdentity {
         device: (8, minor),
         root: "/".into(),
         fs_type: "ext4".into(),
@@ -133,7 +133,7 @@ async fn mounted_run(
     mounts: &Arc<FakeMountTable>,
     volume: &str,
     pod: &str,
-    source: MountSource,
+    source: MountIdentity,
 ) -> Node {
     mounts.mount(staging(volume), source.clone());
     mounts.mount(target(pod, volume), source.clone());
@@ -273,7 +273,7 @@ async fn concurrent_publishes_of_one_volume_keep_each_others_intents() {
     assert_eq!(node.journal.get(&"v1".into()).unwrap().pods.len(), 3);
 }
 
-/// Issue 15, item 2: after a process restart the volume's mounts are still
+/// After a process restart the volume's mounts are still
 /// there. Attached, not attached again; trusted mounts are neither staged
 /// nor published again.
 #[tokio::test]
@@ -284,7 +284,7 @@ async fn after_a_restart_mounts_that_prove_themselves_are_left_alone() {
 
     let second = start(AttachMode::ByNode, &store, &mounts);
     let found = second.scan(&mounts, "v1", &["a"]);
-    assert_eq!(found[0].target, MountCheck::Mounted(disk(1)));
+    assert_eq!(found[0].target, MountEvidence::Mounted(disk(1)));
     let report = second
         .actual
         .reconstruct_with_journal(found, &second.journal.records(), |v| Some(spec(v)));
@@ -399,7 +399,7 @@ async fn after_a_reboot_leftover_or_foreign_mounts_are_never_used() {
     }
 }
 
-/// Issue 15, item 5: in controller-attach mode the node must report in use
+/// In controller-attach mode the node must report in use
 /// both what is wanted and what is still mounted. After a restart the list
 /// covers the reconstructed volumes, and reporting it lets the wanted one
 /// leave the uncertain state.
@@ -416,7 +416,7 @@ async fn volumes_in_use_after_a_restart_cover_desired_and_still_mounted_volumes(
                 for pod in pods {
                     r.pods.insert(
                         pod.to_string(),
-                        volume_state::journal::PublishRecord {
+                        volume_state::journal::PublishIntent {
                             target_path: target(pod, volume),
                             source: None,
                         },

@@ -4,25 +4,25 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use volume_state::node::{
-    ActualStateOfWorld, AttachMode, DesiredStateOfWorld, PodMountState, Reconciler,
+    ActualNodeState, AttachMode, DesiredNodeState, NodeReconciler, PodMountState,
 };
 use volume_state::{
     ErrorKind, FakeVolumePlugin, PluginMethod, Runner, RunnerConfig, TokioClock, VolumeSpec,
 };
 
 type Setup = (
-    Arc<DesiredStateOfWorld<u32, u32>>,
-    Arc<ActualStateOfWorld<u32, u32>>,
+    Arc<DesiredNodeState<u32, u32>>,
+    Arc<ActualNodeState<u32, u32>>,
     Arc<FakeVolumePlugin<u32, String>>,
-    Arc<Reconciler<u32, u32, String>>,
+    Arc<NodeReconciler<u32, u32, String>>,
 );
 
 fn setup() -> Setup {
-    let desired = Arc::new(DesiredStateOfWorld::new());
-    let actual = Arc::new(ActualStateOfWorld::new());
+    let desired = Arc::new(DesiredNodeState::new());
+    let actual = Arc::new(ActualNodeState::new());
     let plugin = Arc::new(FakeVolumePlugin::new());
     let reconciler = Arc::new(
-        Reconciler::new(
+        NodeReconciler::new(
             "node".to_string(),
             AttachMode::ByNode,
             desired.clone(),
@@ -43,7 +43,7 @@ fn spec(volume: u32) -> VolumeSpec {
     }
 }
 
-fn mounted(actual: &ActualStateOfWorld<u32, u32>, count: usize) -> bool {
+fn mounted(actual: &ActualNodeState<u32, u32>, count: usize) -> bool {
     let snapshot = actual.snapshot();
     snapshot.len() == count
         && snapshot.volumes().all(|(_, v)| {

@@ -650,7 +650,7 @@ pub(super) async fn publish_attach_limit(ctx: &mut Ctx) -> Outcome {
     }
     if limit > ctx.config.attach_limit_max {
         return skip(format!(
-            "max_volumes_per_node {limit} is above Config::attach_limit_max ({})",
+            "max_volumes_per_node {limit} is above SuiteConfig::attach_limit_max ({})",
             ctx.config.attach_limit_max
         ));
     }

@@ -66,7 +66,7 @@ pub(super) async fn any_authority(ctx: &mut Ctx) -> Outcome {
 
 pub(super) async fn secrets_not_in_logs(ctx: &mut Ctx) -> Outcome {
     let Some(path) = ctx.config.driver_log.clone() else {
-        return skip("no driver log configured (Config::driver_log)");
+        return skip("no driver log configured (SuiteConfig::driver_log)");
     };
     let markers = ctx.config.secrets.log_markers();
     if markers.is_empty() {

@@ -1,12 +1,13 @@
 use std::collections::BTreeMap;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Instant;
 
 use tokio::sync::Notify;
 
 use crate::error::PluginError;
 use crate::node::AttachState;
-use crate::transition::Outcome;
+use crate::state_cell::StateCell;
+use crate::transition::StepOutcome;
 use crate::types::{AttachInfo, Key, VolumeSpec};
 
 /// One volume's attachment to one node.
@@ -46,12 +47,12 @@ pub struct NodeHealth {
 
 /// An immutable view of the controller's actual state.
 #[derive(Debug, Clone)]
-pub struct ActualSnapshot<V, N> {
+pub struct ActualAttachSnapshot<V, N> {
     volumes: BTreeMap<V, Arc<AttachedVolume<N>>>,
     health: BTreeMap<N, NodeHealth>,
 }
 
-impl<V: Key, N: Key> ActualSnapshot<V, N> {
+impl<V: Key, N: Key> ActualAttachSnapshot<V, N> {
     /// Volumes with at least one attachment, in key order.
     pub fn volumes(&self) -> impl Iterator<Item = (&V, &AttachedVolume<N>)> {
         self.volumes.iter().map(|(v, a)| (v, a.as_ref()))
@@ -118,45 +119,39 @@ impl<V: Key, N: Key> ActualSnapshot<V, N> {
 /// Which volumes are attached where (the attach/detach controller's actual
 /// state of world), plus node health. Change it only through its updaters.
 #[derive(Debug)]
-pub struct ActualStateOfWorld<V, N> {
-    state: RwLock<Arc<ActualSnapshot<V, N>>>,
-    changed: Arc<Notify>,
+pub struct ActualAttachState<V, N> {
+    cell: StateCell<ActualAttachSnapshot<V, N>>,
 }
 
-impl<V: Key, N: Key> Default for ActualStateOfWorld<V, N> {
+impl<V: Key, N: Key> Default for ActualAttachState<V, N> {
     fn default() -> Self {
         Self::new()
     }
 }
 
-impl<V: Key, N: Key> ActualStateOfWorld<V, N> {
+impl<V: Key, N: Key> ActualAttachState<V, N> {
     /// An empty actual state.
     pub fn new() -> Self {
         Self {
-            state: RwLock::new(Arc::new(ActualSnapshot {
+            cell: StateCell::new(ActualAttachSnapshot {
                 volumes: BTreeMap::new(),
                 health: BTreeMap::new(),
-            })),
-            changed: Arc::new(Notify::new()),
+            }),
         }
     }
 
     /// The current state.
-    pub fn snapshot(&self) -> Arc<ActualSnapshot<V, N>> {
-        self.state.read().unwrap_or_else(|e| e.into_inner()).clone()
+    pub fn snapshot(&self) -> Arc<ActualAttachSnapshot<V, N>> {
+        self.cell.snapshot()
     }
 
     /// Signalled after every change.
     pub fn changed(&self) -> Arc<Notify> {
-        self.changed.clone()
+        self.cell.changed()
     }
 
-    fn update<T>(&self, f: impl FnOnce(&mut ActualSnapshot<V, N>) -> T) -> T {
-        let mut guard = self.state.write().unwrap_or_else(|e| e.into_inner());
-        let out = f(Arc::make_mut(&mut guard));
-        drop(guard);
-        self.changed.notify_one();
-        out
+    fn update<T>(&self, f: impl FnOnce(&mut ActualAttachSnapshot<V, N>) -> T) -> T {
+        self.cell.update(|s| (f(s), true))
     }
 
     fn update_attachment(&self, volume: &V, node: &N, f: impl FnOnce(&mut NodeAttachment)) {
@@ -189,7 +184,7 @@ impl<V: Key, N: Key> ActualStateOfWorld<V, N> {
                 .nodes
                 .get(node)
                 .map_or(AttachState::Detached, |a| a.state);
-            let state = match previous.after_attach(Outcome::of(result)) {
+            let state = match previous.after_attach(StepOutcome::of(result)) {
                 AttachState::Detached => {
                     entry.nodes.remove(node);
                     if entry.nodes.is_empty() {
@@ -231,7 +226,7 @@ impl<V: Key, N: Key> ActualStateOfWorld<V, N> {
                 return;
             };
             let entry_mut = Arc::make_mut(entry);
-            match previous.after_detach(Outcome::of(result)) {
+            match previous.after_detach(StepOutcome::of(result)) {
                 AttachState::Detached => {
                     entry_mut.nodes.remove(node);
                     if entry_mut.nodes.is_empty() {

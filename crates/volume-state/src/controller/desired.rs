@@ -1,8 +1,9 @@
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
 use tokio::sync::Notify;
 
+use crate::state_cell::StateCell;
 use crate::types::{Key, VolumeSpec};
 
 /// A volume wanted on one node.
@@ -16,11 +17,11 @@ pub struct DesiredAttachment<P> {
 
 /// An immutable view of the controller's desired state: node → volume → pods.
 #[derive(Debug, Clone)]
-pub struct DesiredSnapshot<V, P, N> {
+pub struct DesiredAttachSnapshot<V, P, N> {
     nodes: BTreeMap<N, Arc<BTreeMap<V, DesiredAttachment<P>>>>,
 }
 
-impl<V: Key, P: Key, N: Key> DesiredSnapshot<V, P, N> {
+impl<V: Key, P: Key, N: Key> DesiredAttachSnapshot<V, P, N> {
     /// Every (node, volume) pair wanted, in key order.
     pub fn attachments(&self) -> impl Iterator<Item = (&N, &V, &DesiredAttachment<P>)> {
         self.nodes
@@ -54,46 +55,38 @@ impl<V: Key, P: Key, N: Key> DesiredSnapshot<V, P, N> {
 /// Which volumes each node's pods want (the attach/detach controller's
 /// desired state of world). Thread-safe with copy-on-write snapshots.
 #[derive(Debug)]
-pub struct DesiredStateOfWorld<V, P, N> {
-    state: RwLock<Arc<DesiredSnapshot<V, P, N>>>,
-    changed: Arc<Notify>,
+pub struct DesiredAttachState<V, P, N> {
+    cell: StateCell<DesiredAttachSnapshot<V, P, N>>,
 }
 
-impl<V: Key, P: Key, N: Key> Default for DesiredStateOfWorld<V, P, N> {
+impl<V: Key, P: Key, N: Key> Default for DesiredAttachState<V, P, N> {
     fn default() -> Self {
         Self::new()
     }
 }
 
-impl<V: Key, P: Key, N: Key> DesiredStateOfWorld<V, P, N> {
+impl<V: Key, P: Key, N: Key> DesiredAttachState<V, P, N> {
     /// An empty desired state.
     pub fn new() -> Self {
         Self {
-            state: RwLock::new(Arc::new(DesiredSnapshot {
+            cell: StateCell::new(DesiredAttachSnapshot {
                 nodes: BTreeMap::new(),
-            })),
-            changed: Arc::new(Notify::new()),
+            }),
         }
     }
 
     /// The current state.
-    pub fn snapshot(&self) -> Arc<DesiredSnapshot<V, P, N>> {
-        self.state.read().unwrap_or_else(|e| e.into_inner()).clone()
+    pub fn snapshot(&self) -> Arc<DesiredAttachSnapshot<V, P, N>> {
+        self.cell.snapshot()
     }
 
     /// Signalled after every change.
     pub fn changed(&self) -> Arc<Notify> {
-        self.changed.clone()
+        self.cell.changed()
     }
 
-    fn update<T>(&self, f: impl FnOnce(&mut DesiredSnapshot<V, P, N>) -> (T, bool)) -> T {
-        let mut guard = self.state.write().unwrap_or_else(|e| e.into_inner());
-        let (out, changed) = f(Arc::make_mut(&mut guard));
-        drop(guard);
-        if changed {
-            self.changed.notify_one();
-        }
-        out
+    fn update<T>(&self, f: impl FnOnce(&mut DesiredAttachSnapshot<V, P, N>) -> (T, bool)) -> T {
+        self.cell.update(f)
     }
 
     /// Records that `pod` on `node` wants `volume`.

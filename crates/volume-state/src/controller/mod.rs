@@ -7,7 +7,9 @@ mod desired;
 mod plan;
 mod reconciler;
 
-pub use actual::{ActualSnapshot, ActualStateOfWorld, AttachedVolume, NodeAttachment, NodeHealth};
-pub use desired::{DesiredAttachment, DesiredSnapshot, DesiredStateOfWorld};
-pub use plan::{ControllerConfig, Operation, detach_decision, plan};
-pub use reconciler::Reconciler;
+pub use actual::{
+    ActualAttachSnapshot, ActualAttachState, AttachedVolume, NodeAttachment, NodeHealth,
+};
+pub use desired::{DesiredAttachSnapshot, DesiredAttachState, DesiredAttachment};
+pub use plan::{AttachConfig, AttachOperation, detach_decision, plan};
+pub use reconciler::AttachReconciler;

@@ -1,15 +1,15 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::actual::{ActualSnapshot, NodeAttachment, NodeHealth};
-use super::desired::DesiredSnapshot;
+use super::actual::{ActualAttachSnapshot, NodeAttachment, NodeHealth};
+use super::desired::DesiredAttachSnapshot;
 use crate::gate::{GateState, OperationKey};
 use crate::node::AttachState;
-use crate::types::{AccessMode, Key, OperationKind, VolumeSpec};
+use crate::types::{Key, NodeAccess, OperationKind, VolumeSpec};
 
 /// Controller settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ControllerConfig {
+pub struct AttachConfig {
     /// Detach a volume the node still reports in use once the node has been
     /// unhealthy and the detach pending this long; `None` never forces
     /// (Kubernetes: 6 min, `disable-force-detach-on-timeout`).
@@ -22,7 +22,7 @@ pub struct ControllerConfig {
     pub attach_while_detach_uncertain: bool,
 }
 
-impl Default for ControllerConfig {
+impl Default for AttachConfig {
     fn default() -> Self {
         Self {
             max_wait_for_unmount: Some(Duration::from_secs(360)),
@@ -33,7 +33,7 @@ impl Default for ControllerConfig {
 
 /// One step the controller decided to take.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Operation<V, N> {
+pub enum AttachOperation<V, N> {
     /// Remember when detaching was first wanted (bookkeeping).
     MarkDetachRequested {
         /// The volume.
@@ -55,7 +55,7 @@ pub enum Operation<V, N> {
         /// The node.
         node: N,
         /// Single- or multi-node (decides the gate key).
-        access_mode: AccessMode,
+        access_mode: NodeAccess,
         /// The node still reported the volume in use (unhealthy past the
         /// max wait, or out of service).
         forced: bool,
@@ -71,7 +71,7 @@ pub enum Operation<V, N> {
     },
 }
 
-impl<V: Key, N: Key> Operation<V, N> {
+impl<V: Key, N: Key> AttachOperation<V, N> {
     /// The gate key, or `None` for bookkeeping.
     ///
     /// Like Kubernetes, single-node volumes use volume-level keys so attach
@@ -79,16 +79,17 @@ impl<V: Key, N: Key> Operation<V, N> {
     /// use node keys.
     pub fn gate_key<P>(&self) -> Option<OperationKey<V, P, N>> {
         let (volume, node, mode, operation) = match self {
-            Operation::Detach {
+            AttachOperation::Detach {
                 volume,
                 node,
                 access_mode,
                 ..
             } => (volume, node, *access_mode, OperationKind::Detach),
-            Operation::Attach { volume, node, spec } => {
+            AttachOperation::Attach { volume, node, spec } => {
                 (volume, node, spec.access_mode, OperationKind::Attach)
             }
-            Operation::MarkDetachRequested { .. } | Operation::ResetDetachRequest { .. } => {
+            AttachOperation::MarkDetachRequested { .. }
+            | AttachOperation::ResetDetachRequest { .. } => {
                 return None;
             }
         };
@@ -99,15 +100,15 @@ impl<V: Key, N: Key> Operation<V, N> {
 fn key<V: Clone, P, N: Clone>(
     volume: &V,
     node: &N,
-    mode: AccessMode,
+    mode: NodeAccess,
     operation: OperationKind,
 ) -> OperationKey<V, P, N> {
     OperationKey {
         volume: volume.clone(),
         pod: None,
         node: match mode {
-            AccessMode::SingleNode => None,
-            AccessMode::MultiNode => Some(node.clone()),
+            NodeAccess::SingleNode => None,
+            NodeAccess::MultiNode => Some(node.clone()),
         },
         operation,
     }
@@ -140,12 +141,12 @@ pub fn detach_decision(
 
 /// One controller pass: detaches first, then attaches. Pure.
 pub fn plan<V: Key, P: Key, N: Key>(
-    desired: &DesiredSnapshot<V, P, N>,
-    actual: &ActualSnapshot<V, N>,
+    desired: &DesiredAttachSnapshot<V, P, N>,
+    actual: &ActualAttachSnapshot<V, N>,
     gate: &GateState<V, P, N>,
     now: Instant,
-    config: &ControllerConfig,
-) -> Vec<Operation<V, N>> {
+    config: &AttachConfig,
+) -> Vec<AttachOperation<V, N>> {
     let mut out = Vec::new();
     for (volume, attached) in actual.volumes() {
         let mode = attached.spec.access_mode;
@@ -154,12 +155,12 @@ pub fn plan<V: Key, P: Key, N: Key>(
                 continue;
             }
             // Never detach while anything on this volume/node runs.
-            let node_part = (mode == AccessMode::MultiNode).then_some(node);
+            let node_part = (mode == NodeAccess::MultiNode).then_some(node);
             if gate.is_pending(volume, None, node_part) {
                 continue;
             }
             if attachment.detach_requested_at.is_none() {
-                out.push(Operation::MarkDetachRequested {
+                out.push(AttachOperation::MarkDetachRequested {
                     volume: volume.clone(),
                     node: node.clone(),
                 });
@@ -173,7 +174,7 @@ pub fn plan<V: Key, P: Key, N: Key>(
                 continue;
             };
             if gate.can_start_parts(volume, None, node_part, OperationKind::Detach, now) {
-                out.push(Operation::Detach {
+                out.push(AttachOperation::Detach {
                     volume: volume.clone(),
                     node: node.clone(),
                     access_mode: mode,
@@ -188,7 +189,7 @@ pub fn plan<V: Key, P: Key, N: Key>(
             && a.state == AttachState::Attached
         {
             if a.detach_requested_at.is_some() {
-                out.push(Operation::ResetDetachRequest {
+                out.push(AttachOperation::ResetDetachRequest {
                     volume: volume.clone(),
                     node: node.clone(),
                 });
@@ -204,16 +205,16 @@ pub fn plan<V: Key, P: Key, N: Key>(
             state == AttachState::Attached
                 || (state == AttachState::DetachUncertain && !config.attach_while_detach_uncertain)
         };
-        if mode == AccessMode::SingleNode
+        if mode == NodeAccess::SingleNode
             && actual
                 .get(volume)
                 .is_some_and(|a| a.nodes.iter().any(|(n, at)| n != node && blocks(at.state)))
         {
             continue;
         }
-        let node_part = (mode == AccessMode::MultiNode).then_some(node);
+        let node_part = (mode == NodeAccess::MultiNode).then_some(node);
         if gate.can_start_parts(volume, None, node_part, OperationKind::Attach, now) {
-            out.push(Operation::Attach {
+            out.push(AttachOperation::Attach {
                 volume: volume.clone(),
                 node: node.clone(),
                 spec: wanted.spec.clone(),

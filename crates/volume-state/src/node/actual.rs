@@ -1,14 +1,14 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
 use tokio::sync::Notify;
 
+use super::reconstruct::DiscoveredMount;
 use crate::error::{ErrorKind, PluginError};
-use crate::journal::VolumeRecord;
-use crate::mounts::{MountCheck, MountTable};
 use crate::plugin::MountResult;
-use crate::transition::{Outcome, Progress, after_setup, after_teardown};
+use crate::state_cell::StateCell;
+use crate::transition::{Progress, StepOutcome, after_setup, after_teardown};
 use crate::types::{AttachInfo, Key, VolumeSpec};
 
 /// Whether a volume is attached to a node.
@@ -49,9 +49,9 @@ impl AttachState {
     /// As [`after_setup`], except that a failed attach never clears
     /// [`DetachUncertain`](Self::DetachUncertain): the earlier confirmed
     /// attachment may still be there whatever this call says.
-    pub fn after_attach(self, outcome: Outcome) -> Self {
+    pub fn after_attach(self, outcome: StepOutcome) -> Self {
         match (self, outcome) {
-            (AttachState::DetachUncertain, Outcome::Failed(_)) => AttachState::DetachUncertain,
+            (AttachState::DetachUncertain, StepOutcome::Failed(_)) => AttachState::DetachUncertain,
             (state, outcome) => Self::from_progress(after_setup(state.progress(), outcome)),
         }
     }
@@ -62,11 +62,11 @@ impl AttachState {
     /// As [`after_teardown`], except that a failed detach of a confirmed (or
     /// already detach-uncertain) attachment becomes
     /// [`DetachUncertain`](Self::DetachUncertain).
-    pub fn after_detach(self, outcome: Outcome) -> Self {
+    pub fn after_detach(self, outcome: StepOutcome) -> Self {
         match (self, outcome) {
             // The call did not start: nothing changed.
-            (state, Outcome::Failed(ErrorKind::Transient)) => state,
-            (AttachState::Attached | AttachState::DetachUncertain, Outcome::Failed(_)) => {
+            (state, StepOutcome::Failed(ErrorKind::Transient)) => state,
+            (AttachState::Attached | AttachState::DetachUncertain, StepOutcome::Failed(_)) => {
                 AttachState::DetachUncertain
             }
             (state, outcome) => Self::from_progress(after_teardown(state.progress(), outcome)),
@@ -147,7 +147,7 @@ pub struct ActualVolume<P> {
 }
 
 impl<P> ActualVolume<P> {
-    fn new(spec: Arc<VolumeSpec>) -> Self {
+    pub(super) fn new(spec: Arc<VolumeSpec>) -> Self {
         Self {
             spec,
             attach: AttachState::Detached,
@@ -160,105 +160,14 @@ impl<P> ActualVolume<P> {
     }
 }
 
-/// A mount found on disk after a restart (convert from your mount table
-/// scanner, e.g. mount-utils), with what is actually mounted at its paths.
-///
-/// Build it with [`DiscoveredMount::new`] and say what you know:
-/// [`checked`](Self::checked) looks both paths up in a [`MountTable`], so
-/// reconstruction can compare what is mounted with what the journal
-/// recorded; [`verified`](Self::verified) vouches for the mounts yourself.
-/// An unchecked mount is trusted for nothing: it is staged and published
-/// again, and its volume attached again.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DiscoveredMount<V, P> {
-    /// The volume.
-    pub volume: V,
-    /// The pod whose directory holds the mount.
-    pub pod: P,
-    /// The pod's target path.
-    pub target_path: PathBuf,
-    /// The staging path, if the volume looks staged.
-    pub staging_path: Option<PathBuf>,
-    /// The device path, if known; used only when a mount proves the volume
-    /// still attached.
-    pub device_path: Option<PathBuf>,
-    /// What is mounted at `target_path`.
-    pub target: MountCheck,
-    /// What is mounted at the staging path (the discovered one, else the
-    /// spec's).
-    pub staging: MountCheck,
-}
-
-impl<V, P> DiscoveredMount<V, P> {
-    /// A mount of `volume` for `pod` at `target_path`, nothing checked.
-    pub fn new(volume: V, pod: P, target_path: impl Into<PathBuf>) -> Self {
-        Self {
-            volume,
-            pod,
-            target_path: target_path.into(),
-            staging_path: None,
-            device_path: None,
-            target: MountCheck::Unchecked,
-            staging: MountCheck::Unchecked,
-        }
-    }
-
-    /// The volume looks staged at `path`.
-    pub fn with_staging_path(mut self, path: impl Into<PathBuf>) -> Self {
-        self.staging_path = Some(path.into());
-        self
-    }
-
-    /// The device path the scanner found.
-    pub fn with_device_path(mut self, path: impl Into<PathBuf>) -> Self {
-        self.device_path = Some(path.into());
-        self
-    }
-
-    /// Looks up what is mounted at the target and staging paths.
-    pub fn checked(mut self, table: &dyn MountTable) -> Self {
-        self.target = MountCheck::of(table, &self.target_path);
-        if let Some(path) = &self.staging_path {
-            self.staging = MountCheck::of(table, path);
-        }
-        self
-    }
-
-    /// The caller verified that this volume is mounted at both paths: it
-    /// is not staged or published again.
-    pub fn verified(mut self) -> Self {
-        self.target = MountCheck::Verified;
-        self.staging = MountCheck::Verified;
-        self
-    }
-}
-
-/// What [`ActualStateOfWorld::reconstruct`] did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct ReconstructionReport {
-    /// Pod mounts added (uncertain unless verified).
-    pub reconstructed: usize,
-    /// Pod mounts trusted as mounted: verified, or the same source as the
-    /// journal recorded.
-    pub verified: usize,
-    /// Paths where something else than the journal recorded is mounted
-    /// (another volume): never used as this volume's mount.
-    pub mismatched: usize,
-    /// Volumes known only from the journal (no mount found), e.g. staged
-    /// with no pod left: torn down if unwanted.
-    pub from_journal: usize,
-    /// Mounts without metadata or journal record, to be cleaned up once.
-    pub orphans: usize,
-}
-
 /// An immutable view of the actual state of world.
 #[derive(Debug, Clone)]
-pub struct ActualSnapshot<V, P> {
-    volumes: BTreeMap<V, Arc<ActualVolume<P>>>,
-    orphans: BTreeMap<(V, P), DiscoveredMount<V, P>>,
+pub struct ActualNodeSnapshot<V, P> {
+    pub(super) volumes: BTreeMap<V, Arc<ActualVolume<P>>>,
+    pub(super) orphans: BTreeMap<(V, P), DiscoveredMount<V, P>>,
 }
 
-impl<V: Key, P: Key> ActualSnapshot<V, P> {
+impl<V: Key, P: Key> ActualNodeSnapshot<V, P> {
     /// Volumes with any state on this node, in key order.
     pub fn volumes(&self) -> impl Iterator<Item = (&V, &ActualVolume<P>)> {
         self.volumes.iter().map(|(v, a)| (v, a.as_ref()))
@@ -299,47 +208,41 @@ impl<V: Key, P: Key> ActualSnapshot<V, P> {
 /// state of world). Change it only through the updater methods.
 ///
 /// Thread-safe, with copy-on-write `Arc` snapshots like
-/// [`DesiredStateOfWorld`](super::DesiredStateOfWorld).
+/// [`DesiredNodeState`](super::DesiredNodeState).
 #[derive(Debug)]
-pub struct ActualStateOfWorld<V, P> {
-    state: RwLock<Arc<ActualSnapshot<V, P>>>,
-    changed: Arc<Notify>,
+pub struct ActualNodeState<V, P> {
+    cell: StateCell<ActualNodeSnapshot<V, P>>,
 }
 
-impl<V: Key, P: Key> Default for ActualStateOfWorld<V, P> {
+impl<V: Key, P: Key> Default for ActualNodeState<V, P> {
     fn default() -> Self {
         Self::new()
     }
 }
 
-impl<V: Key, P: Key> ActualStateOfWorld<V, P> {
+impl<V: Key, P: Key> ActualNodeState<V, P> {
     /// An empty actual state.
     pub fn new() -> Self {
         Self {
-            state: RwLock::new(Arc::new(ActualSnapshot {
+            cell: StateCell::new(ActualNodeSnapshot {
                 volumes: BTreeMap::new(),
                 orphans: BTreeMap::new(),
-            })),
-            changed: Arc::new(Notify::new()),
+            }),
         }
     }
 
     /// The current state.
-    pub fn snapshot(&self) -> Arc<ActualSnapshot<V, P>> {
-        self.state.read().unwrap_or_else(|e| e.into_inner()).clone()
+    pub fn snapshot(&self) -> Arc<ActualNodeSnapshot<V, P>> {
+        self.cell.snapshot()
     }
 
     /// Signalled after every change.
     pub fn changed(&self) -> Arc<Notify> {
-        self.changed.clone()
+        self.cell.changed()
     }
 
-    fn update<T>(&self, f: impl FnOnce(&mut ActualSnapshot<V, P>) -> T) -> T {
-        let mut guard = self.state.write().unwrap_or_else(|e| e.into_inner());
-        let out = f(Arc::make_mut(&mut guard));
-        drop(guard);
-        self.changed.notify_one();
-        out
+    pub(super) fn update<T>(&self, f: impl FnOnce(&mut ActualNodeSnapshot<V, P>) -> T) -> T {
+        self.cell.update(|s| (f(s), true))
     }
 
     fn update_volume(&self, volume: &V, f: impl FnOnce(&mut ActualVolume<P>)) {
@@ -363,7 +266,7 @@ impl<V: Key, P: Key> ActualStateOfWorld<V, P> {
                 .entry(volume.clone())
                 .or_insert_with(|| Arc::new(ActualVolume::new(spec.clone())));
             let entry = Arc::make_mut(entry);
-            entry.attach = entry.attach.after_attach(Outcome::of(result));
+            entry.attach = entry.attach.after_attach(StepOutcome::of(result));
             if let Ok(info) = result {
                 entry.attach_info = Arc::new(info.clone());
                 entry.spec = spec.clone();
@@ -382,7 +285,7 @@ impl<V: Key, P: Key> ActualStateOfWorld<V, P> {
             let Some(entry) = s.volumes.get_mut(volume) else {
                 return;
             };
-            match entry.attach.after_detach(Outcome::of(result)) {
+            match entry.attach.after_detach(StepOutcome::of(result)) {
                 AttachState::Detached => {
                     s.volumes.remove(volume);
                 }
@@ -408,7 +311,7 @@ impl<V: Key, P: Key> ActualStateOfWorld<V, P> {
     ) {
         self.update_volume(volume, |entry| {
             entry.staging_path = Some(staging_path.to_path_buf());
-            entry.device = match after_setup(entry.device.progress(), Outcome::of(result)) {
+            entry.device = match after_setup(entry.device.progress(), StepOutcome::of(result)) {
                 Progress::Done => match &entry.device {
                     // A failed re-stage keeps the existing mount as it is.
                     mounted @ DeviceState::Mounted { .. } if result.is_err() => mounted.clone(),
@@ -427,7 +330,7 @@ impl<V: Key, P: Key> ActualStateOfWorld<V, P> {
     /// Applies an unstage result; the attach info (device path) is kept.
     pub fn apply_unstage(&self, volume: &V, result: &Result<(), PluginError>) {
         self.update_volume(volume, |entry| {
-            entry.device = match after_teardown(entry.device.progress(), Outcome::of(result)) {
+            entry.device = match after_teardown(entry.device.progress(), StepOutcome::of(result)) {
                 Progress::Absent => DeviceState::NotMounted,
                 Progress::Uncertain => DeviceState::Uncertain,
                 Progress::Done => entry.device.clone(),
@@ -452,7 +355,7 @@ impl<V: Key, P: Key> ActualStateOfWorld<V, P> {
                 Some(PodMountState::Mounted) => Progress::Done,
             };
             let remount_required = previous.is_some_and(|m| m.remount_required) && result.is_err();
-            let state = match after_setup(progress, Outcome::of(result)) {
+            let state = match after_setup(progress, StepOutcome::of(result)) {
                 Progress::Absent => None,
                 Progress::Uncertain => Some(PodMountState::Uncertain),
                 Progress::Done => Some(PodMountState::Mounted),
@@ -486,7 +389,7 @@ impl<V: Key, P: Key> ActualStateOfWorld<V, P> {
                 PodMountState::Uncertain => Progress::Uncertain,
                 PodMountState::Mounted => Progress::Done,
             };
-            match after_teardown(progress, Outcome::of(result)) {
+            match after_teardown(progress, StepOutcome::of(result)) {
                 Progress::Absent => {
                     entry.pods.remove(pod);
                 }
@@ -518,191 +421,6 @@ impl<V: Key, P: Key> ActualStateOfWorld<V, P> {
             s.orphans.remove(&(volume.clone(), pod.clone()));
         })
     }
-
-    /// Rebuilds state after a restart from mounts found on disk; see
-    /// [`reconstruct_with_journal`](Self::reconstruct_with_journal), here
-    /// without a journal.
-    pub fn reconstruct(
-        &self,
-        mounts: impl IntoIterator<Item = DiscoveredMount<V, P>>,
-        metadata: impl FnMut(&V) -> Option<VolumeSpec>,
-    ) -> ReconstructionReport {
-        self.reconstruct_with_journal(mounts, &BTreeMap::new(), metadata)
-    }
-
-    /// Rebuilds state after a restart from mounts found on disk and the
-    /// [journal](crate::journal) of the previous run. Call it before the
-    /// reconciler runs; volumes already in the actual state are left as
-    /// they are.
-    ///
-    /// `metadata` returns the spec saved for a volume (e.g. the driver's
-    /// per-volume JSON); without it, a journal record still gives what
-    /// tear-down needs (staging path, whether to detach).
-    ///
-    /// - A volume with a mount of its own (verified, or whose source the
-    ///   journal confirms, or a mount the journal has no source for) is
-    ///   still attached: it is marked attached, with the journal's attach
-    ///   info, and not attached again.
-    /// - A mount is trusted as mounted only if verified or if the journal
-    ///   recorded the same source for the path; a staged volume's pod mount
-    ///   also needs its staging mount trusted. Anything else is uncertain:
-    ///   staged and published again if wanted, torn down once the desired
-    ///   state is populated if not. A path where another source is mounted
-    ///   is counted as mismatched and never used; nothing is published
-    ///   before the volume is staged again.
-    /// - Journal records no mount was found for (e.g. staged, last pod
-    ///   unpublished, then a restart) become uncertain state, so the
-    ///   unstage and detach still happen.
-    /// - Mounts with neither metadata nor a journal record become orphans,
-    ///   unmounted once.
-    pub fn reconstruct_with_journal(
-        &self,
-        mounts: impl IntoIterator<Item = DiscoveredMount<V, P>>,
-        journal: &BTreeMap<V, VolumeRecord<P>>,
-        mut metadata: impl FnMut(&V) -> Option<VolumeSpec>,
-    ) -> ReconstructionReport {
-        let mut report = ReconstructionReport::default();
-        let mut found: BTreeMap<V, Vec<DiscoveredMount<V, P>>> = BTreeMap::new();
-        for mount in mounts {
-            found.entry(mount.volume.clone()).or_default().push(mount);
-        }
-        for volume in journal.keys() {
-            found.entry(volume.clone()).or_default();
-        }
-        self.update(|s| {
-            for (volume, mounts) in found {
-                // Already known (e.g. set up since the start): leave it.
-                if s.volumes.contains_key(&volume) {
-                    continue;
-                }
-                let record = journal.get(&volume);
-                let spec = metadata(&volume)
-                    .or_else(|| record.map(fallback_spec))
-                    .map(Arc::new);
-                let Some(spec) = spec else {
-                    for mount in mounts {
-                        report.orphans += 1;
-                        s.orphans
-                            .insert((mount.volume.clone(), mount.pod.clone()), mount);
-                    }
-                    continue;
-                };
-                if mounts.is_empty() {
-                    report.from_journal += 1;
-                }
-                let rebuilt = rebuild(&spec, &mounts, record, &mut report);
-                s.volumes.insert(volume, Arc::new(rebuilt));
-            }
-        });
-        report
-    }
-}
-
-/// Enough of a spec to tear down what a journal record says is owed.
-fn fallback_spec<P>(record: &VolumeRecord<P>) -> VolumeSpec {
-    VolumeSpec {
-        attachable: record.attached,
-        staging_path: record.staging_path.clone(),
-        ..VolumeSpec::default()
-    }
-}
-
-/// One volume's reconstructed state from its discovered mounts and record.
-fn rebuild<V: Key, P: Key>(
-    spec: &Arc<VolumeSpec>,
-    mounts: &[DiscoveredMount<V, P>],
-    record: Option<&VolumeRecord<P>>,
-    report: &mut ReconstructionReport,
-) -> ActualVolume<P> {
-    let mut entry = ActualVolume::new(spec.clone());
-    let staged_source = record.and_then(|r| r.staged.as_ref());
-    let recorded_staging = record.and_then(|r| r.staging_path.clone());
-    let staging_path = if mounts.is_empty() {
-        // Known only from the journal: staged only if it says so.
-        recorded_staging
-    } else {
-        mounts
-            .iter()
-            .find_map(|m| m.staging_path.clone())
-            .or(recorded_staging)
-            .or_else(|| spec.staging_path.clone())
-    };
-    let staged = staging_path.is_some();
-
-    // Trusted only if every scan that looked at the staging path agrees.
-    let staging_checks = || mounts.iter().map(|m| &m.staging);
-    let staging_verified = staged
-        && staging_checks().any(|c| c.is_verified(staged_source))
-        && !staging_checks().any(|c| c.is_absent(staged_source));
-    report.mismatched += staging_checks()
-        .filter(|c| c.is_mismatch(staged_source))
-        .count()
-        .min(1);
-
-    let mut evidence = staging_verified;
-    for mount in mounts {
-        let recorded = record
-            .and_then(|r| r.pods.get(&mount.pod))
-            .and_then(|p| p.source.as_ref());
-        if mount.target.is_mismatch(recorded) {
-            report.mismatched += 1;
-            tracing::warn!(path = %mount.target_path.display(), "another source is mounted than the journal recorded; not used");
-        }
-        let is_mount = matches!(mount.target, MountCheck::Verified | MountCheck::Mounted(_))
-            && !mount.target.is_absent(recorded);
-        evidence |= is_mount;
-        let mounted = mount.target.is_verified(recorded) && (!staged || staging_verified);
-        report.reconstructed += 1;
-        report.verified += usize::from(mounted);
-        entry.pods.insert(
-            mount.pod.clone(),
-            PodMount {
-                state: if mounted {
-                    PodMountState::Mounted
-                } else {
-                    PodMountState::Uncertain
-                },
-                target_path: mount.target_path.clone(),
-                remount_required: false,
-            },
-        );
-    }
-    // Publishes the journal knows of but the scan did not find.
-    for (pod, publish) in record.map(|r| &r.pods).into_iter().flatten() {
-        entry.pods.entry(pod.clone()).or_insert_with(|| PodMount {
-            state: PodMountState::Uncertain,
-            target_path: publish.target_path.clone(),
-            remount_required: false,
-        });
-    }
-
-    // Attached only if a mount proves it: after a reboot the pod
-    // directories remain but the device may be gone or renamed.
-    entry.attach = if !spec.attachable || evidence {
-        AttachState::Attached
-    } else {
-        AttachState::Uncertain
-    };
-    if let Some(info) = record.and_then(|r| r.attach_info.as_ref()) {
-        entry.attach_info = Arc::new(info.clone());
-    } else if evidence && let Some(device_path) = mounts.iter().find_map(|m| m.device_path.clone())
-    {
-        entry.attach_info = Arc::new(AttachInfo {
-            device_path: Some(device_path),
-            ..AttachInfo::default()
-        });
-    }
-    if staged {
-        entry.staging_path = staging_path.clone();
-        entry.device = match staging_path {
-            Some(staging_path) if staging_verified => DeviceState::Mounted {
-                device_path: entry.attach_info.device_path.clone(),
-                staging_path,
-            },
-            _ => DeviceState::Uncertain,
-        };
-    }
-    entry
 }
 
 /// Records a successful stage or publish's size: the size the plugin
@@ -723,11 +441,11 @@ mod tests {
     #[test]
     fn attach_state_transitions_exhaustive() {
         let states = [Attached, Uncertain, DetachUncertain, Detached];
-        let final_ = Outcome::Failed(ErrorKind::Final);
-        let unsure = Outcome::Failed(ErrorKind::Uncertain);
-        let transient = Outcome::Failed(ErrorKind::Transient);
+        let final_ = StepOutcome::Failed(ErrorKind::Final);
+        let unsure = StepOutcome::Failed(ErrorKind::Uncertain);
+        let transient = StepOutcome::Failed(ErrorKind::Transient);
         let attach = |s: AttachState, o| match (s, o) {
-            (_, Outcome::Succeeded) => Attached,
+            (_, StepOutcome::Succeeded) => Attached,
             (DetachUncertain, _) => DetachUncertain,
             (Attached, _) => Attached,
             (s, o) if o == transient => s,
@@ -735,21 +453,21 @@ mod tests {
             _ => Uncertain,
         };
         let detach = |s: AttachState, o| match (s, o) {
-            (_, Outcome::Succeeded) => Detached,
+            (_, StepOutcome::Succeeded) => Detached,
             (s, o) if o == transient => s,
             (Attached | DetachUncertain, _) => DetachUncertain,
             _ => Uncertain,
         };
         let mut cases = 0;
         for s in states {
-            for o in Outcome::ALL {
+            for o in StepOutcome::ALL {
                 assert_eq!(s.after_attach(o), attach(s, o), "attach {s:?} {o:?}");
                 assert_eq!(s.after_detach(o), detach(s, o), "detach {s:?} {o:?}");
                 cases += 1;
             }
         }
         assert_eq!(cases, 16);
-        // The cases the issue is about, spelled out.
+        // The detach cases that matter most, spelled out.
         assert_eq!(Attached.after_detach(unsure), DetachUncertain);
         assert_eq!(Uncertain.after_detach(final_), Uncertain);
         assert!(DetachUncertain.may_hold() && Attached.may_hold());

@@ -1,9 +1,10 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
 use tokio::sync::Notify;
 
+use crate::state_cell::StateCell;
 use crate::types::{Key, VolumeSpec};
 
 /// A volume some pods on this node want.
@@ -20,12 +21,12 @@ pub struct DesiredVolume<P> {
 
 /// An immutable view of the desired state of world.
 #[derive(Debug, Clone)]
-pub struct DesiredSnapshot<V, P> {
+pub struct DesiredNodeSnapshot<V, P> {
     volumes: BTreeMap<V, Arc<DesiredVolume<P>>>,
     populated: bool,
 }
 
-impl<V: Key, P: Key> DesiredSnapshot<V, P> {
+impl<V: Key, P: Key> DesiredNodeSnapshot<V, P> {
     /// The wanted volumes, in key order.
     pub fn volumes(&self) -> impl Iterator<Item = (&V, &DesiredVolume<P>)> {
         self.volumes.iter().map(|(v, d)| (v, d.as_ref()))
@@ -63,47 +64,39 @@ impl<V: Key, P: Key> DesiredSnapshot<V, P> {
 /// Thread-safe. Snapshots are `Arc`s: taking one is O(1) and the next write
 /// copies only if a snapshot is still held (copy-on-write).
 #[derive(Debug)]
-pub struct DesiredStateOfWorld<V, P> {
-    state: RwLock<Arc<DesiredSnapshot<V, P>>>,
-    changed: Arc<Notify>,
+pub struct DesiredNodeState<V, P> {
+    cell: StateCell<DesiredNodeSnapshot<V, P>>,
 }
 
-impl<V: Key, P: Key> Default for DesiredStateOfWorld<V, P> {
+impl<V: Key, P: Key> Default for DesiredNodeState<V, P> {
     fn default() -> Self {
         Self::new()
     }
 }
 
-impl<V: Key, P: Key> DesiredStateOfWorld<V, P> {
+impl<V: Key, P: Key> DesiredNodeState<V, P> {
     /// An empty, not yet populated desired state.
     pub fn new() -> Self {
         Self {
-            state: RwLock::new(Arc::new(DesiredSnapshot {
+            cell: StateCell::new(DesiredNodeSnapshot {
                 volumes: BTreeMap::new(),
                 populated: false,
-            })),
-            changed: Arc::new(Notify::new()),
+            }),
         }
     }
 
     /// The current state.
-    pub fn snapshot(&self) -> Arc<DesiredSnapshot<V, P>> {
-        self.state.read().unwrap_or_else(|e| e.into_inner()).clone()
+    pub fn snapshot(&self) -> Arc<DesiredNodeSnapshot<V, P>> {
+        self.cell.snapshot()
     }
 
     /// Signalled after every change (used by the runner).
     pub fn changed(&self) -> Arc<Notify> {
-        self.changed.clone()
+        self.cell.changed()
     }
 
-    fn update<T>(&self, f: impl FnOnce(&mut DesiredSnapshot<V, P>) -> (T, bool)) -> T {
-        let mut guard = self.state.write().unwrap_or_else(|e| e.into_inner());
-        let (out, changed) = f(Arc::make_mut(&mut guard));
-        drop(guard);
-        if changed {
-            self.changed.notify_one();
-        }
-        out
+    fn update<T>(&self, f: impl FnOnce(&mut DesiredNodeSnapshot<V, P>) -> (T, bool)) -> T {
+        self.cell.update(f)
     }
 
     /// Records that `pod` wants `volume` published at `target_path`. A changed

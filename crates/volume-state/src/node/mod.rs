@@ -5,11 +5,13 @@ mod actual;
 mod desired;
 mod plan;
 mod reconciler;
+mod reconstruct;
 
 pub use actual::{
-    ActualSnapshot, ActualStateOfWorld, ActualVolume, AttachState, DeviceState, DiscoveredMount,
-    PodMount, PodMountState, ReconstructionReport,
+    ActualNodeSnapshot, ActualNodeState, ActualVolume, AttachState, DeviceState, PodMount,
+    PodMountState,
 };
-pub use desired::{DesiredSnapshot, DesiredStateOfWorld, DesiredVolume};
-pub use plan::{AttachMode, Operation, Phase, plan, volumes_in_use};
-pub use reconciler::{ExecutionResult, PassReport, Reconciler};
+pub use desired::{DesiredNodeSnapshot, DesiredNodeState, DesiredVolume};
+pub use plan::{AttachMode, NodeOperation, Phase, plan, volumes_in_use};
+pub use reconciler::NodeReconciler;
+pub use reconstruct::{DiscoveredMount, ReconstructionReport};

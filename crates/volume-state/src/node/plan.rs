@@ -2,8 +2,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::actual::{ActualSnapshot, AttachState, DeviceState, DiscoveredMount, PodMountState};
-use super::desired::DesiredSnapshot;
+use super::actual::{ActualNodeSnapshot, AttachState, DeviceState, PodMountState};
+use super::desired::DesiredNodeSnapshot;
+use super::reconstruct::DiscoveredMount;
 use crate::gate::{GateState, OperationKey};
 use crate::types::{AttachInfo, Key, OperationKind, VolumeSpec};
 
@@ -37,7 +38,7 @@ pub enum Phase {
 
 /// One step the node reconciler decided to take.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Operation<V, P> {
+pub enum NodeOperation<V, P> {
     /// Unpublish `volume` from `pod`'s target path.
     Unpublish {
         /// The volume.
@@ -139,39 +140,39 @@ pub enum Operation<V, P> {
     },
 }
 
-impl<V: Key, P: Key> Operation<V, P> {
+impl<V: Key, P: Key> NodeOperation<V, P> {
     /// The phase this operation belongs to.
     pub fn phase(&self) -> Phase {
         match self {
-            Operation::Unpublish { .. } => Phase::Unpublish,
-            Operation::MarkAttached { .. }
-            | Operation::Attach { .. }
-            | Operation::VerifyAttached { .. } => Phase::Attach,
-            Operation::Stage { .. } => Phase::Stage,
-            Operation::Publish { .. } | Operation::Expand { .. } => Phase::Publish,
-            Operation::Unstage { .. } => Phase::Unstage,
-            Operation::Detach { .. }
-            | Operation::MarkDetached { .. }
-            | Operation::CleanupOrphan { .. }
-            | Operation::ForgetOrphan { .. } => Phase::Detach,
+            NodeOperation::Unpublish { .. } => Phase::Unpublish,
+            NodeOperation::MarkAttached { .. }
+            | NodeOperation::Attach { .. }
+            | NodeOperation::VerifyAttached { .. } => Phase::Attach,
+            NodeOperation::Stage { .. } => Phase::Stage,
+            NodeOperation::Publish { .. } | NodeOperation::Expand { .. } => Phase::Publish,
+            NodeOperation::Unstage { .. } => Phase::Unstage,
+            NodeOperation::Detach { .. }
+            | NodeOperation::MarkDetached { .. }
+            | NodeOperation::CleanupOrphan { .. }
+            | NodeOperation::ForgetOrphan { .. } => Phase::Detach,
         }
     }
 
     /// The volume concerned.
     pub fn volume(&self) -> &V {
         match self {
-            Operation::Unpublish { volume, .. }
-            | Operation::MarkAttached { volume, .. }
-            | Operation::Attach { volume, .. }
-            | Operation::VerifyAttached { volume, .. }
-            | Operation::Stage { volume, .. }
-            | Operation::Publish { volume, .. }
-            | Operation::Expand { volume, .. }
-            | Operation::Unstage { volume, .. }
-            | Operation::Detach { volume }
-            | Operation::MarkDetached { volume }
-            | Operation::ForgetOrphan { volume, .. } => volume,
-            Operation::CleanupOrphan { mount } => &mount.volume,
+            NodeOperation::Unpublish { volume, .. }
+            | NodeOperation::MarkAttached { volume, .. }
+            | NodeOperation::Attach { volume, .. }
+            | NodeOperation::VerifyAttached { volume, .. }
+            | NodeOperation::Stage { volume, .. }
+            | NodeOperation::Publish { volume, .. }
+            | NodeOperation::Expand { volume, .. }
+            | NodeOperation::Unstage { volume, .. }
+            | NodeOperation::Detach { volume }
+            | NodeOperation::MarkDetached { volume }
+            | NodeOperation::ForgetOrphan { volume, .. } => volume,
+            NodeOperation::CleanupOrphan { mount } => &mount.volume,
         }
     }
 
@@ -181,26 +182,28 @@ impl<V: Key, P: Key> Operation<V, P> {
     /// volume-level keys so they exclude each other and all per-pod work.
     pub fn gate_key<N>(&self) -> Option<OperationKey<V, P, N>> {
         let (volume, pod, operation) = match self {
-            Operation::Unpublish { volume, pod, .. } => {
+            NodeOperation::Unpublish { volume, pod, .. } => {
                 (volume, Some(pod), OperationKind::Unpublish)
             }
-            Operation::Attach { volume, .. } => (volume, None, OperationKind::Attach),
-            Operation::VerifyAttached { volume, .. } => {
+            NodeOperation::Attach { volume, .. } => (volume, None, OperationKind::Attach),
+            NodeOperation::VerifyAttached { volume, .. } => {
                 (volume, None, OperationKind::VerifyAttached)
             }
-            Operation::Stage { volume, .. } => (volume, None, OperationKind::Stage),
-            Operation::Publish { volume, pod, .. } => (volume, Some(pod), OperationKind::Publish),
-            Operation::Expand { volume, .. } => (volume, None, OperationKind::Expand),
-            Operation::Unstage { volume, .. } => (volume, None, OperationKind::Unstage),
-            Operation::Detach { volume } => (volume, None, OperationKind::Detach),
-            Operation::CleanupOrphan { mount } => (
+            NodeOperation::Stage { volume, .. } => (volume, None, OperationKind::Stage),
+            NodeOperation::Publish { volume, pod, .. } => {
+                (volume, Some(pod), OperationKind::Publish)
+            }
+            NodeOperation::Expand { volume, .. } => (volume, None, OperationKind::Expand),
+            NodeOperation::Unstage { volume, .. } => (volume, None, OperationKind::Unstage),
+            NodeOperation::Detach { volume } => (volume, None, OperationKind::Detach),
+            NodeOperation::CleanupOrphan { mount } => (
                 &mount.volume,
                 Some(&mount.pod),
                 OperationKind::CleanupOrphan,
             ),
-            Operation::MarkAttached { .. }
-            | Operation::MarkDetached { .. }
-            | Operation::ForgetOrphan { .. } => return None,
+            NodeOperation::MarkAttached { .. }
+            | NodeOperation::MarkDetached { .. }
+            | NodeOperation::ForgetOrphan { .. } => return None,
         };
         Some(OperationKey {
             volume: volume.clone(),
@@ -227,12 +230,12 @@ fn seek<'a, K: Ord + 'a, T: 'a>(
 /// reconstructed ones and orphans not yet cleaned. Sorted, no duplicates.
 ///
 /// In [`AttachMode::ByController`], report this list, then pass it to
-/// [`DesiredStateOfWorld::mark_volumes_reported_in_use`](super::DesiredStateOfWorld::mark_volumes_reported_in_use)
+/// [`DesiredNodeState::mark_volumes_reported_in_use`](super::DesiredNodeState::mark_volumes_reported_in_use)
 /// once the report is stored (kubelet's order), so verify-attached can
 /// proceed.
 pub fn volumes_in_use<V: Key, P: Key>(
-    desired: &DesiredSnapshot<V, P>,
-    actual: &ActualSnapshot<V, P>,
+    desired: &DesiredNodeSnapshot<V, P>,
+    actual: &ActualNodeSnapshot<V, P>,
 ) -> Vec<V> {
     let mounted = actual
         .volumes()
@@ -256,12 +259,12 @@ pub fn volumes_in_use<V: Key, P: Key>(
 /// Operations that could not start (something nested pending, or inside the
 /// backoff window) are left out; a volume advances at most one step per pass.
 pub fn plan<V: Key, P: Key, N: Key>(
-    desired: &DesiredSnapshot<V, P>,
-    actual: &ActualSnapshot<V, P>,
+    desired: &DesiredNodeSnapshot<V, P>,
+    actual: &ActualNodeSnapshot<V, P>,
     gate: &GateState<V, P, N>,
     now: Instant,
     mode: AttachMode,
-) -> Vec<Operation<V, P>> {
+) -> Vec<NodeOperation<V, P>> {
     let free = |volume: &V, pod: Option<&P>, op: OperationKind| {
         gate.can_start_parts(volume, pod, None, op, now)
     };
@@ -281,14 +284,14 @@ pub fn plan<V: Key, P: Key, N: Key>(
         let Some(have) = have.filter(|_| attached) else {
             let spec = wanted.spec.clone();
             if !wanted.spec.attachable {
-                attach.push(Operation::MarkAttached {
+                attach.push(NodeOperation::MarkAttached {
                     volume: volume.clone(),
                     spec,
                 });
             } else {
                 match mode {
                     AttachMode::ByNode if free(volume, None, OperationKind::Attach) => {
-                        attach.push(Operation::Attach {
+                        attach.push(NodeOperation::Attach {
                             volume: volume.clone(),
                             spec,
                         })
@@ -299,7 +302,7 @@ pub fn plan<V: Key, P: Key, N: Key>(
                         if wanted.reported_in_use
                             && free(volume, None, OperationKind::VerifyAttached) =>
                     {
-                        attach.push(Operation::VerifyAttached {
+                        attach.push(NodeOperation::VerifyAttached {
                             volume: volume.clone(),
                             spec,
                         })
@@ -315,7 +318,7 @@ pub fn plan<V: Key, P: Key, N: Key>(
             (Some(_), DeviceState::Mounted { staging_path, .. }) => Some(staging_path.clone()),
             (Some(path), _) => {
                 if free(volume, None, OperationKind::Stage) {
-                    stage.push(Operation::Stage {
+                    stage.push(NodeOperation::Stage {
                         volume: volume.clone(),
                         spec: wanted.spec.clone(),
                         staging_path: path.clone(),
@@ -332,7 +335,7 @@ pub fn plan<V: Key, P: Key, N: Key>(
                 .get(pod)
                 .is_none_or(|m| m.state != PodMountState::Mounted || m.remount_required);
             if needed && free(volume, Some(pod), OperationKind::Publish) {
-                publish.push(Operation::Publish {
+                publish.push(NodeOperation::Publish {
                     volume: volume.clone(),
                     pod: pod.clone(),
                     spec: wanted.spec.clone(),
@@ -351,7 +354,7 @@ pub fn plan<V: Key, P: Key, N: Key>(
                 .find(|m| m.state == PodMountState::Mounted)
             && free(volume, None, OperationKind::Expand)
         {
-            publish.push(Operation::Expand {
+            publish.push(NodeOperation::Expand {
                 volume: volume.clone(),
                 spec: wanted.spec.clone(),
                 volume_path: mount.target_path.clone(),
@@ -371,7 +374,7 @@ pub fn plan<V: Key, P: Key, N: Key>(
             for (pod, mount) in &have.pods {
                 let pod_wanted = wanted.is_some_and(|w| w.pods.contains_key(pod));
                 if !pod_wanted && free(volume, Some(pod), OperationKind::Unpublish) {
-                    unpublish.push(Operation::Unpublish {
+                    unpublish.push(NodeOperation::Unpublish {
                         volume: volume.clone(),
                         pod: pod.clone(),
                         target_path: mount.target_path.clone(),
@@ -391,7 +394,7 @@ pub fn plan<V: Key, P: Key, N: Key>(
             };
             if let Some(staging_path) = staging_path {
                 if free(volume, None, OperationKind::Unstage) {
-                    unstage.push(Operation::Unstage {
+                    unstage.push(NodeOperation::Unstage {
                         volume: volume.clone(),
                         staging_path,
                     });
@@ -406,18 +409,18 @@ pub fn plan<V: Key, P: Key, N: Key>(
                 && have.spec.attachable
                 && have.attach != AttachState::Detached;
             if !needs_detach {
-                detach.push(Operation::MarkDetached {
+                detach.push(NodeOperation::MarkDetached {
                     volume: volume.clone(),
                 });
             } else if free(volume, None, OperationKind::Detach) {
-                detach.push(Operation::Detach {
+                detach.push(NodeOperation::Detach {
                     volume: volume.clone(),
                 });
             }
         }
         for mount in actual.orphans() {
             if desired.wants(&mount.volume, &mount.pod) {
-                detach.push(Operation::ForgetOrphan {
+                detach.push(NodeOperation::ForgetOrphan {
                     volume: mount.volume.clone(),
                     pod: mount.pod.clone(),
                 });
@@ -426,7 +429,7 @@ pub fn plan<V: Key, P: Key, N: Key>(
                 Some(&mount.pod),
                 OperationKind::CleanupOrphan,
             ) {
-                detach.push(Operation::CleanupOrphan {
+                detach.push(NodeOperation::CleanupOrphan {
                     mount: Box::new(mount.clone()),
                 });
             }

@@ -1,80 +1,14 @@
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 
-use futures::future::{BoxFuture, FutureExt, join_all};
-use tokio::sync::Notify;
-
-use super::actual::{ActualSnapshot, ActualStateOfWorld, AttachState, DeviceState, PodMountState};
-use super::desired::DesiredStateOfWorld;
-use super::plan::{AttachMode, Operation, plan, volumes_in_use};
-use crate::clock::{Clock, SystemClock};
+use super::actual::{ActualNodeSnapshot, ActualNodeState, AttachState, DeviceState, PodMountState};
+use super::desired::DesiredNodeState;
+use super::plan::{AttachMode, NodeOperation, plan, volumes_in_use};
 use crate::error::{GateError, PluginError};
-use crate::gate::OperationGate;
-use crate::journal::{Journal, PublishRecord, VolumeRecord};
-use crate::mounts::{MountSource, MountTable};
+use crate::journal::{Journal, PublishIntent, VolumeIntent};
+use crate::mounts::{MountIdentity, MountTable};
+use crate::pass::{ExecutionResult, PassCore, reconciler_over_pass_core};
 use crate::plugin::{ExpandRequest, PublishRequest, StageRequest, VolumePlugin};
-use crate::runner::Reconcile;
 use crate::types::{AttachInfo, Key};
-
-/// What happened to one operation.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ExecutionResult {
-    /// Bookkeeping applied to the actual state; no plugin call.
-    Applied,
-    /// Not started: the gate refused.
-    Skipped(GateError),
-    /// The plugin call succeeded.
-    Succeeded,
-    /// The plugin call failed.
-    Failed(PluginError),
-}
-
-/// Summary of [`Reconciler::run_pass`].
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PassReport {
-    /// Operations planned.
-    pub planned: usize,
-    /// Plugin calls that failed.
-    pub failed: usize,
-    /// Operations the gate refused.
-    pub skipped: usize,
-}
-
-impl PassReport {
-    /// Runs `operations` concurrently to completion and tallies them.
-    pub(crate) async fn run<O, F>(operations: Vec<O>, execute: impl Fn(O) -> F) -> Self
-    where
-        F: std::future::Future<Output = ExecutionResult>,
-    {
-        let mut report = PassReport {
-            planned: operations.len(),
-            ..PassReport::default()
-        };
-        for result in join_all(operations.into_iter().map(execute)).await {
-            match result {
-                ExecutionResult::Failed(_) => report.failed += 1,
-                ExecutionResult::Skipped(_) => report.skipped += 1,
-                ExecutionResult::Applied | ExecutionResult::Succeeded => {}
-            }
-        }
-        report
-    }
-
-    /// Runs passes until one plans nothing or `max_passes` ran; returns how
-    /// many passes planned work.
-    pub(crate) async fn until_idle<F>(max_passes: usize, mut pass: impl FnMut() -> F) -> usize
-    where
-        F: std::future::Future<Output = PassReport>,
-    {
-        for n in 0..max_passes {
-            if pass().await.planned == 0 {
-                return n;
-            }
-        }
-        max_passes
-    }
-}
 
 /// The node-mode reconciler: plans passes over the desired and actual state
 /// and executes the operations through the gate and the plugin.
@@ -84,36 +18,36 @@ impl PassReport {
 /// [mount table](Self::with_mount_table) it also records what each stage
 /// and publish mounted, so reconstruction can tell this volume's mounts
 /// from anything else at the same paths.
-pub struct Reconciler<V: Key, P: Key, N: Key> {
+pub struct NodeReconciler<V: Key, P: Key, N: Key> {
     node: N,
     mode: AttachMode,
-    desired: Arc<DesiredStateOfWorld<V, P>>,
-    actual: Arc<ActualStateOfWorld<V, P>>,
-    gate: Arc<OperationGate<V, P, N>>,
+    desired: Arc<DesiredNodeState<V, P>>,
+    actual: Arc<ActualNodeState<V, P>>,
     plugin: Arc<dyn VolumePlugin<V, N>>,
-    clock: Arc<dyn Clock>,
     journal: Option<Arc<Journal<V, P>>>,
     mounts: Option<Arc<dyn MountTable>>,
-    passes: AtomicU64,
+    core: PassCore<V, P, N>,
 }
 
-impl<V: Key, P: Key, N: Key> std::fmt::Debug for Reconciler<V, P, N> {
+impl<V: Key, P: Key, N: Key> std::fmt::Debug for NodeReconciler<V, P, N> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Reconciler")
+        f.debug_struct("NodeReconciler")
             .field("node", &self.node)
             .field("mode", &self.mode)
-            .field("passes", &self.passes)
+            .field("passes", &self.core.passes())
             .finish_non_exhaustive()
     }
 }
 
-impl<V: Key, P: Key, N: Key> Reconciler<V, P, N> {
+reconciler_over_pass_core!(NodeReconciler, NodeOperation<V, P>);
+
+impl<V: Key, P: Key, N: Key> NodeReconciler<V, P, N> {
     /// A reconciler for `node` with a default gate and the system clock.
     pub fn new(
         node: N,
         mode: AttachMode,
-        desired: Arc<DesiredStateOfWorld<V, P>>,
-        actual: Arc<ActualStateOfWorld<V, P>>,
+        desired: Arc<DesiredNodeState<V, P>>,
+        actual: Arc<ActualNodeState<V, P>>,
         plugin: Arc<dyn VolumePlugin<V, N>>,
     ) -> Self {
         Self {
@@ -121,12 +55,10 @@ impl<V: Key, P: Key, N: Key> Reconciler<V, P, N> {
             mode,
             desired,
             actual,
-            gate: Arc::default(),
             plugin,
-            clock: Arc::new(SystemClock),
             journal: None,
             mounts: None,
-            passes: AtomicU64::new(0),
+            core: PassCore::new(),
         }
     }
 
@@ -143,56 +75,29 @@ impl<V: Key, P: Key, N: Key> Reconciler<V, P, N> {
         self
     }
 
-    /// Uses `clock` for backoff decisions.
-    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
-        self.clock = clock;
-        self
-    }
-
-    /// Uses `gate` (e.g. with a custom backoff).
-    pub fn with_gate(mut self, gate: Arc<OperationGate<V, P, N>>) -> Self {
-        self.gate = gate;
-        self
-    }
-
     /// The desired state.
-    pub fn desired(&self) -> &Arc<DesiredStateOfWorld<V, P>> {
+    pub fn desired(&self) -> &Arc<DesiredNodeState<V, P>> {
         &self.desired
     }
 
     /// The actual state.
-    pub fn actual(&self) -> &Arc<ActualStateOfWorld<V, P>> {
+    pub fn actual(&self) -> &Arc<ActualNodeState<V, P>> {
         &self.actual
     }
 
     /// Snapshot of the actual state.
-    pub fn actual_snapshot(&self) -> Arc<ActualSnapshot<V, P>> {
+    pub fn actual_snapshot(&self) -> Arc<ActualNodeSnapshot<V, P>> {
         self.actual.snapshot()
-    }
-
-    /// The gate.
-    pub fn gate(&self) -> &Arc<OperationGate<V, P, N>> {
-        &self.gate
-    }
-
-    /// How many passes were planned so far.
-    pub fn passes(&self) -> u64 {
-        self.passes.load(Ordering::Relaxed)
     }
 
     /// Plans one pass over the current snapshots, first dropping gate
     /// records of volumes that left both states (and stale ones).
-    pub fn plan(&self) -> Vec<Operation<V, P>> {
-        self.passes.fetch_add(1, Ordering::Relaxed);
+    pub fn plan(&self) -> Vec<NodeOperation<V, P>> {
         let desired = self.desired.snapshot();
         let actual = self.actual.snapshot();
-        let now = self.clock.now();
-        let mut gate = self.gate.state();
-        if !gate.is_empty() {
-            gate.purge(now, |v| {
-                desired.get(v).is_some() || actual.get(v).is_some() || actual.has_orphan(v)
-            });
-        }
+        let (gate, now) = self.core.begin_pass(|v| {
+            desired.get(v).is_some() || actual.get(v).is_some() || actual.has_orphan(v)
+        });
         plan(&desired, &actual, &gate, now, self.mode)
     }
 
@@ -201,28 +106,17 @@ impl<V: Key, P: Key, N: Key> Reconciler<V, P, N> {
         volumes_in_use(&self.desired.snapshot(), &self.actual.snapshot())
     }
 
-    /// Plans one pass and runs its operations to completion, concurrently.
-    pub async fn run_pass(&self) -> PassReport {
-        PassReport::run(self.plan(), |op| self.execute(op)).await
-    }
-
-    /// Runs passes until one plans nothing or `max_passes` ran; returns the
-    /// number of passes that planned work.
-    pub async fn run_until_idle(&self, max_passes: usize) -> usize {
-        PassReport::until_idle(max_passes, || self.run_pass()).await
-    }
-
     /// Executes one operation: takes the gate, calls the plugin and applies
     /// the result to the actual state through its updaters.
-    pub async fn execute(&self, op: Operation<V, P>) -> ExecutionResult {
+    pub async fn execute(&self, op: NodeOperation<V, P>) -> ExecutionResult {
         let op = match op {
-            Operation::MarkAttached { volume, spec } => {
+            NodeOperation::MarkAttached { volume, spec } => {
                 self.actual.mark_attached(&volume, &spec);
                 return ExecutionResult::Applied;
             }
-            Operation::MarkDetached { volume } => {
+            NodeOperation::MarkDetached { volume } => {
                 // Re-checked here: something may have started since planning.
-                if self.gate.is_pending(&volume, None, None) {
+                if self.core.gate.is_pending(&volume, None, None) {
                     return ExecutionResult::Skipped(GateError::AlreadyExists);
                 }
                 self.actual.mark_detached(&volume);
@@ -233,7 +127,7 @@ impl<V: Key, P: Key, N: Key> Reconciler<V, P, N> {
                 .await;
                 return ExecutionResult::Applied;
             }
-            Operation::ForgetOrphan { volume, pod } => {
+            NodeOperation::ForgetOrphan { volume, pod } => {
                 self.actual.forget_orphan(&volume, &pod);
                 return ExecutionResult::Applied;
             }
@@ -242,50 +136,39 @@ impl<V: Key, P: Key, N: Key> Reconciler<V, P, N> {
         let Some(key) = op.gate_key::<N>() else {
             return ExecutionResult::Applied;
         };
-        if let Err(e) = self.gate.try_start(&key, self.clock.now()) {
-            return ExecutionResult::Skipped(e);
-        }
-        let result = if self.journal.is_some() {
-            // Boxed: the journal's futures would otherwise enlarge every
-            // operation's future (10k of them per pass), journal or not.
-            Box::pin(self.call_journaled(op)).await
-        } else {
-            self.call_plugin(op).await
-        };
-        self.gate.finish(
-            &key,
-            result.as_ref().map_err(|e| e.message.clone()).map(|_| ()),
-            self.clock.now(),
-        );
-        match result {
-            Ok(()) => ExecutionResult::Succeeded,
-            Err(e) => {
-                tracing::debug!(?key, error = %e, "volume operation failed");
-                ExecutionResult::Failed(e)
-            }
-        }
+        self.core
+            .gated(&key, async {
+                if self.journal.is_some() {
+                    // Boxed: the journal's futures would otherwise enlarge every
+                    // operation's future (10k of them per pass), journal or not.
+                    Box::pin(self.call_journaled(op)).await
+                } else {
+                    self.call_plugin(op).await
+                }
+            })
+            .await
     }
 
-    async fn call_plugin(&self, op: Operation<V, P>) -> Result<(), PluginError> {
+    async fn call_plugin(&self, op: NodeOperation<V, P>) -> Result<(), PluginError> {
         let plugin = &self.plugin;
         let actual = &self.actual;
         match op {
-            Operation::Attach { volume, spec } => {
+            NodeOperation::Attach { volume, spec } => {
                 let result = plugin.attach(&volume, &self.node, &spec).await;
                 actual.apply_attach(&volume, &spec, &result);
                 result.map(|_| ())
             }
-            Operation::VerifyAttached { volume, spec } => {
+            NodeOperation::VerifyAttached { volume, spec } => {
                 let result = plugin.wait_for_attach(&volume, &self.node, &spec).await;
                 actual.apply_attach(&volume, &spec, &result);
                 result.map(|_| ())
             }
-            Operation::Detach { volume } => {
+            NodeOperation::Detach { volume } => {
                 let result = plugin.detach(&volume, &self.node).await;
                 actual.apply_detach(&volume, &result);
                 result
             }
-            Operation::Stage {
+            NodeOperation::Stage {
                 volume,
                 spec,
                 staging_path,
@@ -301,7 +184,7 @@ impl<V: Key, P: Key, N: Key> Reconciler<V, P, N> {
                 actual.apply_stage(&request.volume, &request.staging_path, &result);
                 result.map(|_| ())
             }
-            Operation::Unstage {
+            NodeOperation::Unstage {
                 volume,
                 staging_path,
             } => {
@@ -309,7 +192,7 @@ impl<V: Key, P: Key, N: Key> Reconciler<V, P, N> {
                 actual.apply_unstage(&volume, &result);
                 result
             }
-            Operation::Publish {
+            NodeOperation::Publish {
                 volume,
                 pod,
                 spec,
@@ -328,7 +211,7 @@ impl<V: Key, P: Key, N: Key> Reconciler<V, P, N> {
                 actual.apply_publish(&request.volume, &pod, &request.target_path, &result);
                 result.map(|_| ())
             }
-            Operation::Unpublish {
+            NodeOperation::Unpublish {
                 volume,
                 pod,
                 target_path,
@@ -337,7 +220,7 @@ impl<V: Key, P: Key, N: Key> Reconciler<V, P, N> {
                 actual.apply_unpublish(&volume, &pod, &result);
                 result
             }
-            Operation::Expand {
+            NodeOperation::Expand {
                 volume,
                 spec,
                 volume_path,
@@ -355,7 +238,7 @@ impl<V: Key, P: Key, N: Key> Reconciler<V, P, N> {
                 actual.apply_expand(&request.volume, &result);
                 result.map(|_| ())
             }
-            Operation::CleanupOrphan { mount } => {
+            NodeOperation::CleanupOrphan { mount } => {
                 let mut result = plugin.unpublish(&mount.volume, &mount.target_path).await;
                 let volume_in_use = actual.snapshot().get(&mount.volume).is_some()
                     || self.desired.snapshot().get(&mount.volume).is_some();
@@ -372,9 +255,9 @@ impl<V: Key, P: Key, N: Key> Reconciler<V, P, N> {
                 actual.forget_orphan(&mount.volume, &mount.pod);
                 Ok(())
             }
-            Operation::MarkAttached { .. }
-            | Operation::MarkDetached { .. }
-            | Operation::ForgetOrphan { .. } => Ok(()),
+            NodeOperation::MarkAttached { .. }
+            | NodeOperation::MarkDetached { .. }
+            | NodeOperation::ForgetOrphan { .. } => Ok(()),
         }
     }
 }
@@ -384,9 +267,9 @@ impl<V: Key, P: Key, N: Key> Reconciler<V, P, N> {
 // more than is there (a redundant, idempotent tear-down after a restart)
 // but never less. Each step touches only its own fields: concurrent
 // publishes of one volume keep each other's intents.
-impl<V: Key, P: Key, N: Key> Reconciler<V, P, N> {
+impl<V: Key, P: Key, N: Key> NodeReconciler<V, P, N> {
     /// Writes the intent of `op`, runs it, records the outcome.
-    async fn call_journaled(&self, op: Operation<V, P>) -> Result<(), PluginError> {
+    async fn call_journaled(&self, op: NodeOperation<V, P>) -> Result<(), PluginError> {
         self.record_intent(&op).await?;
         let step = JournalStep::of(&op);
         let result = self.call_plugin(op).await;
@@ -407,20 +290,22 @@ impl<V: Key, P: Key, N: Key> Reconciler<V, P, N> {
 
     /// Writes the intent of `op` before it runs; failing that, `op` does
     /// not run.
-    async fn record_intent(&self, op: &Operation<V, P>) -> Result<(), PluginError> {
+    async fn record_intent(&self, op: &NodeOperation<V, P>) -> Result<(), PluginError> {
         let Some(journal) = &self.journal else {
             return Ok(());
         };
         // The attach info rides along: in controller-attach mode nothing
         // else would keep it (the node owes no detach).
-        let keep_info = |r: &mut VolumeRecord<P>, info: &AttachInfo| {
+        let keep_info = |r: &mut VolumeIntent<P>, info: &AttachInfo| {
             if *info != AttachInfo::default() {
                 r.attach_info = Some(info.clone());
             }
         };
         let written = match op {
-            Operation::Attach { volume, .. } => journal.update(volume, |r| r.attached = true).await,
-            Operation::Stage {
+            NodeOperation::Attach { volume, .. } => {
+                journal.update(volume, |r| r.attached = true).await
+            }
+            NodeOperation::Stage {
                 volume,
                 staging_path,
                 attach,
@@ -434,7 +319,7 @@ impl<V: Key, P: Key, N: Key> Reconciler<V, P, N> {
                     })
                     .await
             }
-            Operation::Publish {
+            NodeOperation::Publish {
                 volume,
                 pod,
                 target_path,
@@ -443,7 +328,7 @@ impl<V: Key, P: Key, N: Key> Reconciler<V, P, N> {
             } => {
                 journal
                     .update(volume, |r| {
-                        let record = r.pods.entry(pod.clone()).or_insert(PublishRecord {
+                        let record = r.pods.entry(pod.clone()).or_insert(PublishIntent {
                             target_path: target_path.clone(),
                             source: None,
                         });
@@ -466,7 +351,7 @@ impl<V: Key, P: Key, N: Key> Reconciler<V, P, N> {
         &self,
         result: &Result<T, E>,
         path: &std::path::Path,
-    ) -> Option<MountSource> {
+    ) -> Option<MountIdentity> {
         let table = self.mounts.as_ref().filter(|_| result.is_ok())?;
         table
             .source_at(path)
@@ -479,7 +364,7 @@ impl<V: Key, P: Key, N: Key> Reconciler<V, P, N> {
 
     /// Applies `change` to the journal record; a failure only leaves the
     /// record claiming more than is there, so it is logged.
-    async fn record(&self, volume: &V, change: impl FnOnce(&mut VolumeRecord<P>)) {
+    async fn record(&self, volume: &V, change: impl FnOnce(&mut VolumeIntent<P>)) {
         // Boxed: this is also awaited outside `call_journaled`.
         if let Some(journal) = &self.journal
             && let Err(e) = Box::pin(journal.update(volume, change)).await
@@ -507,7 +392,7 @@ impl<V: Key, P: Key, N: Key> Reconciler<V, P, N> {
     }
 
     /// After stage or unstage; `source` is what a successful stage mounted.
-    async fn record_device(&self, volume: &V, source: Option<MountSource>) {
+    async fn record_device(&self, volume: &V, source: Option<MountIdentity>) {
         let device = self.actual.snapshot().get(volume).map(|a| a.device.clone());
         self.record(volume, |r| match device {
             None | Some(DeviceState::NotMounted) => {
@@ -527,7 +412,7 @@ impl<V: Key, P: Key, N: Key> Reconciler<V, P, N> {
 
     /// After publish or unpublish for `pod`; `source` is what a successful
     /// publish mounted.
-    async fn record_pod(&self, volume: &V, pod: &P, source: Option<MountSource>) {
+    async fn record_pod(&self, volume: &V, pod: &P, source: Option<MountIdentity>) {
         let state = self
             .actual
             .snapshot()
@@ -561,54 +446,27 @@ enum JournalStep<V, P> {
 }
 
 impl<V: Key, P: Key> JournalStep<V, P> {
-    fn of(op: &Operation<V, P>) -> Self {
+    fn of(op: &NodeOperation<V, P>) -> Self {
         match op {
-            Operation::Attach { volume, .. }
-            | Operation::VerifyAttached { volume, .. }
-            | Operation::Detach { volume } => JournalStep::Attach(volume.clone()),
-            Operation::Stage {
+            NodeOperation::Attach { volume, .. }
+            | NodeOperation::VerifyAttached { volume, .. }
+            | NodeOperation::Detach { volume } => JournalStep::Attach(volume.clone()),
+            NodeOperation::Stage {
                 volume,
                 staging_path,
                 ..
             } => JournalStep::Device(volume.clone(), Some(staging_path.clone())),
-            Operation::Unstage { volume, .. } => JournalStep::Device(volume.clone(), None),
-            Operation::Publish {
+            NodeOperation::Unstage { volume, .. } => JournalStep::Device(volume.clone(), None),
+            NodeOperation::Publish {
                 volume,
                 pod,
                 target_path,
                 ..
             } => JournalStep::Pod(volume.clone(), pod.clone(), Some(target_path.clone())),
-            Operation::Unpublish { volume, pod, .. } => {
+            NodeOperation::Unpublish { volume, pod, .. } => {
                 JournalStep::Pod(volume.clone(), pod.clone(), None)
             }
             _ => JournalStep::Nothing,
         }
-    }
-}
-
-impl<V: Key, P: Key, N: Key> Reconcile for Reconciler<V, P, N> {
-    type Operation = Operation<V, P>;
-
-    fn plan_pass(&self) -> Vec<Self::Operation> {
-        self.plan()
-    }
-
-    fn execute_operation(self: Arc<Self>, op: Self::Operation) -> BoxFuture<'static, ()> {
-        async move {
-            self.execute(op).await;
-        }
-        .boxed()
-    }
-
-    fn change_signals(&self) -> [Arc<Notify>; 2] {
-        [self.desired.changed(), self.actual.changed()]
-    }
-
-    fn next_retry_in(&self) -> Option<Duration> {
-        let now = self.clock.now();
-        self.gate
-            .state()
-            .next_retry_at(now)
-            .map(|at| at.saturating_duration_since(now))
     }
 }

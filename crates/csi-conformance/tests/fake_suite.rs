@@ -1,23 +1,23 @@
 //! The suite against the in-memory reference driver: clean in both access
 //! types, and each fault caught by the check meant to catch it.
 
-use csi_conformance::mock::{Fault, MockDriver, MockServer};
-use csi_conformance::{Config, Report, Status, Suite, run_and_assert};
+use csi_conformance::fake::{FakeDriver, FakeServer, Fault};
+use csi_conformance::{Report, Status, Suite, SuiteConfig, run_and_assert};
 
 struct Env {
-    server: MockServer,
+    server: FakeServer,
     dirs: tempfile::TempDir,
 }
 
-async fn start(driver: MockDriver) -> Env {
+async fn start(driver: FakeDriver) -> Env {
     Env {
-        server: driver.serve().await.expect("mock driver serves"),
+        server: driver.serve().await.expect("fake driver serves"),
         dirs: tempfile::tempdir().expect("tempdir"),
     }
 }
 
-fn config(env: &Env) -> Config {
-    let mut c = Config::new(env.server.endpoint()).driver_log(env.server.log_path());
+fn config(env: &Env) -> SuiteConfig {
+    let mut c = SuiteConfig::new(env.server.endpoint()).driver_log(env.server.log_path());
     c.staging_dir = env.dirs.path().join("staging");
     c.target_dir = env.dirs.path().join("target");
     c
@@ -28,7 +28,7 @@ fn assert_all_passed(report: &Report) {
     assert_eq!(
         report.skipped(),
         0,
-        "nothing the mock advertises may be skipped:\n{report}"
+        "nothing the fake driver advertises may be skipped:\n{report}"
     );
     assert_eq!(report.passed(), Suite::checks().len(), "{report}");
 }
@@ -45,7 +45,7 @@ fn assert_dirs_empty(env: &Env) {
 
 #[tokio::test]
 async fn mount_mode_passes_everything() {
-    let env = start(MockDriver::new()).await;
+    let env = start(FakeDriver::new()).await;
     let report = run_and_assert(config(&env)).await;
     assert_all_passed(&report);
     assert_dirs_empty(&env);
@@ -54,7 +54,7 @@ async fn mount_mode_passes_everything() {
             .plugin
             .as_deref()
             .unwrap_or("")
-            .starts_with("mock.csi.example.com")
+            .starts_with("fake.csi.example.com")
     );
     let text = report.to_string();
     assert!(text.contains("PASS  node.publish.repeat_table"), "{text}");
@@ -63,7 +63,7 @@ async fn mount_mode_passes_everything() {
 
 #[tokio::test]
 async fn block_mode_passes_everything() {
-    let env = start(MockDriver::new()).await;
+    let env = start(FakeDriver::new()).await;
     let report = run_and_assert(config(&env).block()).await;
     assert_all_passed(&report);
     assert_dirs_empty(&env);
@@ -71,7 +71,7 @@ async fn block_mode_passes_everything() {
 
 #[tokio::test]
 async fn without_staging_the_node_checks_still_pass() {
-    let env = start(MockDriver::new().without_stage_unstage()).await;
+    let env = start(FakeDriver::new().without_stage_unstage()).await;
     let report = run_and_assert(config(&env)).await;
     let skipped: Vec<&str> = report
         .results
@@ -91,7 +91,7 @@ async fn without_staging_the_node_checks_still_pass() {
 
 /// Runs the suite against a faulty driver and returns the failure text of `id`.
 async fn failure_of(fault: Fault, id: &str) -> (Report, String) {
-    let env = start(MockDriver::new().with_fault(fault)).await;
+    let env = start(FakeDriver::new().with_fault(fault)).await;
     let report = Suite::new(config(&env)).run().await.expect("suite runs");
     let result = report.get(id).unwrap_or_else(|| panic!("no check {id}"));
     let text = match &result.status {
@@ -167,7 +167,7 @@ async fn non_idempotent_create_is_caught() {
 
 #[tokio::test]
 async fn leaked_secrets_are_caught_without_echoing_them() {
-    let env = start(MockDriver::new().with_fault(Fault::LeaksSecretsToLog)).await;
+    let env = start(FakeDriver::new().with_fault(Fault::LeaksSecretsToLog)).await;
     let cfg = config(&env);
     let markers = cfg.secrets.log_markers();
     assert_eq!(markers.len(), 1);
@@ -296,7 +296,7 @@ async fn an_unenforced_attach_limit_is_caught() {
 /// The configured mutable parameters are sent too, and must be accepted.
 #[tokio::test]
 async fn configured_mutable_parameters_are_used() {
-    let env = start(MockDriver::new()).await;
+    let env = start(FakeDriver::new()).await;
     let mut cfg = config(&env);
     cfg.mutable_parameters = [("iops".to_string(), "3000".to_string())].into();
     assert_all_passed(&run_and_assert(cfg).await);
@@ -316,7 +316,7 @@ async fn configured_mutable_parameters_are_used() {
 /// A large attach limit is skipped, saying why.
 #[tokio::test]
 async fn an_attach_limit_above_the_bound_is_skipped() {
-    let env = start(MockDriver::new()).await;
+    let env = start(FakeDriver::new()).await;
     let mut cfg = config(&env).focus("controller.publish.attach_limit");
     cfg.attach_limit_max = 2;
     let report = run_and_assert(cfg).await;
@@ -350,7 +350,7 @@ async fn a_server_resetting_socket_path_authorities_is_caught() {
 
 #[tokio::test]
 async fn skipping_by_id_group_and_prefix() {
-    let env = start(MockDriver::new().with_fault(Fault::NoPaging)).await;
+    let env = start(FakeDriver::new().with_fault(Fault::NoPaging)).await;
     let cfg = config(&env)
         .skip("controller.list_volumes.paging")
         .skip("snapshot.list.*")
@@ -372,7 +372,7 @@ async fn skipping_by_id_group_and_prefix() {
 
 #[tokio::test]
 async fn focus_runs_only_the_selected_checks() {
-    let env = start(MockDriver::new()).await;
+    let env = start(FakeDriver::new()).await;
     let report = run_and_assert(config(&env).focus("identity")).await;
     assert_eq!(report.passed(), 3, "{report}");
     assert_eq!(report.results.len(), Suite::checks().len());
@@ -380,7 +380,7 @@ async fn focus_runs_only_the_selected_checks() {
 
 #[tokio::test]
 async fn junit_xml_is_well_formed() {
-    let env = start(MockDriver::new().with_fault(Fault::WrongCodeForMissingVolume)).await;
+    let env = start(FakeDriver::new().with_fault(Fault::WrongCodeForMissingVolume)).await;
     let report = Suite::new(config(&env).skip("node"))
         .run()
         .await
@@ -433,7 +433,7 @@ fn checks_are_listed_with_unique_ids() {
 #[tokio::test]
 async fn unreachable_endpoint_is_an_error() {
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = Config::new(format!("unix://{}/nothing.sock", dir.path().display()));
+    let mut cfg = SuiteConfig::new(format!("unix://{}/nothing.sock", dir.path().display()));
     cfg.timeouts.connect = std::time::Duration::from_millis(200);
     cfg.staging_dir = dir.path().join("s");
     cfg.target_dir = dir.path().join("t");
@@ -476,7 +476,7 @@ async fn cleanup_runs_even_when_checks_fail() {
         Fault::NoAttachLimit,
         Fault::AcceptsAnyMutableParameter,
     ] {
-        let env = start(MockDriver::new().with_fault(fault)).await;
+        let env = start(FakeDriver::new().with_fault(fault)).await;
         let report = Suite::new(config(&env)).run().await.expect("suite runs");
         assert!(!report.is_success(), "{fault:?} went unnoticed");
         assert_eq!(
@@ -485,7 +485,7 @@ async fn cleanup_runs_even_when_checks_fail() {
             "{fault:?} left resources:\n{report}"
         );
     }
-    let env = start(MockDriver::new()).await;
+    let env = start(FakeDriver::new()).await;
     run_and_assert(config(&env)).await;
     assert_eq!(leftovers(&env).await, (0, 0));
 }
@@ -493,19 +493,19 @@ async fn cleanup_runs_even_when_checks_fail() {
 #[tokio::test]
 #[should_panic(expected = "CSI conformance failures")]
 async fn run_and_assert_panics_with_the_report() {
-    let env = start(MockDriver::new().with_fault(Fault::NoPaging)).await;
+    let env = start(FakeDriver::new().with_fault(Fault::NoPaging)).await;
     run_and_assert(config(&env)).await;
 }
 
 /// The whole suite in one call against a driver served in this process.
 #[tokio::test]
 async fn run_in_process_runs_everything_in_one_call() {
-    let report = csi_conformance::run_in_process(MockDriver::new().server_builder()).await;
+    let report = csi_conformance::run_in_process(FakeDriver::new().server_builder()).await;
     assert!(report.passed() > 0, "{report}");
     // Without a driver log the secrets check has nothing to read: skipped.
     assert_eq!(report.skipped(), 1, "{report}");
     let block =
-        csi_conformance::run_in_process_with(MockDriver::new().server_builder(), |c| c.block())
+        csi_conformance::run_in_process_with(FakeDriver::new().server_builder(), |c| c.block())
             .await;
     assert!(block.is_success(), "{block}");
 }
@@ -515,7 +515,7 @@ async fn run_in_process_runs_everything_in_one_call() {
 #[should_panic(expected = "node.publish.repeat_table")]
 async fn run_in_process_panics_with_the_failures() {
     csi_conformance::run_in_process(
-        MockDriver::new()
+        FakeDriver::new()
             .with_fault(Fault::NoRepeatTable)
             .server_builder(),
     )
