@@ -1,0 +1,182 @@
+#!/usr/bin/env bash
+# Scale figures for the example drivers, each beside the Go reference driver
+# (csi-driver-host-path v1.12.1) where one applies, measured in the same run
+# with the same client (the `csi` CLI), alternating drivers round by round:
+#   - restart: SIGKILL with N volumes staged and published, start again, and
+#     time until Probe is ready and a published volume's stats answer;
+#   - restart with many volumes, none staged;
+#   - per-operation cost (CreateVolume+DeleteVolume, one worker) with few and
+#     with many volumes already there;
+#   - peak RSS per 1,000 published volumes.
+# Run as root (it mounts); everything runs in a private mount namespace and
+# is removed at the end.
+#   bash scripts/bench-scale.sh            # the issue's sizes
+#   SCALE_QUICK=1 bash scripts/bench-scale.sh   # small sizes, to try it out
+# BENCH_BIN=DIR uses DIR/examples/{hostpath,loop-block} and DIR/csi instead of
+# building the `dist` profile; GO_DRIVER=PATH names the Go driver (default
+# ../shared/tools/hostpathplugin; without it only our figures are printed).
+# SCALE_ROUNDS (default 2) rounds per figure; SCALE_PUBLISHED, SCALE_LOOP,
+# SCALE_MANY, SCALE_FEW override the sizes.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ "$(id -u)" = 0 ] || { echo "bench-scale: needs root (it mounts and attaches loop devices)"; exit 1; }
+
+if [ -n "${SCALE_QUICK:-}" ]; then
+  published=${SCALE_PUBLISHED:-"0 10 50"} loopn=${SCALE_LOOP:-"0 5 10"}
+  many=${SCALE_MANY:-500} few=${SCALE_FEW:-10}
+else
+  published=${SCALE_PUBLISHED:-"0 100 1000"} loopn=${SCALE_LOOP:-"0 50 200"}
+  many=${SCALE_MANY:-10000} few=${SCALE_FEW:-10}
+fi
+rounds=${SCALE_ROUNDS:-2}
+if [ -n "${BENCH_BIN:-}" ]; then
+  bin=$(cd "$BENCH_BIN" && pwd)
+else
+  cargo build --profile dist -q --workspace --example hostpath --example loop-block --bin csi
+  bin=$PWD/target/dist
+fi
+go=${GO_DRIVER:-$PWD/../shared/tools/hostpathplugin}
+[ -x "$go" ] || { echo "bench-scale: no Go driver at $go; printing our figures alone"; go=; }
+work=$(mktemp -d /tmp/csi-scale.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+
+unshare -m --propagation private bash -s "$bin" "$go" "$work" "$rounds" "$published" "$loopn" "$many" "$few" <<'INNER'
+set -euo pipefail
+bin=$1 go=$2 work=$3 rounds=$4 published=$5 loopn=$6 many=$7 few=$8
+csi=$bin/csi
+pid=
+cleanup() {
+  [ -n "$pid" ] && kill -9 "$pid" 2>/dev/null; wait 2>/dev/null || true
+  # What the drivers left mounted or attached in this namespace.
+  awk -v w="$work" 'index($5, w) == 1 {print $5}' /proc/self/mountinfo | sort -r | xargs -r -n1 umount -l 2>/dev/null || true
+  losetup -a 2>/dev/null | awk -F: -v w="$work" 'index($0, w) {print $1}' | xargs -r -n1 losetup -d 2>/dev/null || true
+}
+trap cleanup EXIT
+
+now_ms() { echo $(( $(date +%s%N) / 1000000 )); }
+hwm() { awk '$1 == "VmHWM:" {print $2}' "/proc/$pid/status"; }
+
+# start DRIVER DIR: runs the driver with its state in DIR.
+start() {
+  local drv=$1 dir=$2
+  mkdir -p "$dir"
+  export CSI_ENDPOINT=unix://$dir/csi.sock
+  case $drv in
+    ours) "$bin/examples/hostpath" --statedir "$dir/state" --endpoint "$CSI_ENDPOINT" --nodeid n1 --log warn >> "$dir/driver.log" 2>&1 & ;;
+    go) "$go" --statedir "$dir/state" --endpoint "$CSI_ENDPOINT" --nodeid n1 --v 0 >> "$dir/driver.log" 2>&1 & ;;
+    loop) "$bin/examples/loop-block" --statedir "$dir/state" --endpoint "$CSI_ENDPOINT" --nodeid n1 --log warn >> "$dir/driver.log" 2>&1 & ;;
+  esac
+  pid=$!
+}
+
+# ready VOL TARGET: polls until Probe says ready and, with a volume, its stats answer.
+ready() {
+  local deadline=$(( $(now_ms) + 120000 )) probe
+  while [ "$(now_ms)" -lt "$deadline" ]; do
+    # An absent `ready` means ready (CSI spec, Probe).
+    if probe=$("$csi" -o json identity probe 2>/dev/null) && ! grep -q '"ready": false' <<<"$probe" &&
+       { [ -z "$1" ] || "$csi" node stats "$1" --volume-path "$2" >/dev/null 2>&1; }; then
+      return 0
+    fi
+    sleep 0.002
+  done
+  echo "driver never got ready; log:" >&2; tail -5 "$dir/driver.log" >&2; return 1
+}
+
+# populate DRIVER DIR FROM TO STAGE: creates volumes FROM..TO, staged and published when STAGE=1.
+populate() {
+  local drv=$1 dir=$2 from=$3 to=$4 stage=$5
+  [ "$from" -le "$to" ] || return 0
+  export drv dir stage csi
+  seq "$from" "$to" | xargs -P 4 -I{} bash -c '
+    set -e
+    block=(); [ "$drv" = loop ] && block=(--block)
+    id=$("$csi" -o json controller create-volume "scale-{}" --size 1Mi "${block[@]}" | python3 -c "import json,sys; print(json.load(sys.stdin)[\"volume\"][\"volume_id\"])")
+    echo "$id" > "$dir/ids/{}"
+    [ "$stage" = 1 ] || exit 0
+    ctx=()
+    if [ "$drv" = loop ]; then
+      while read -r kv; do ctx+=(--publish-context "$kv"); done < <("$csi" -o json controller publish-volume "$id" --node n1 --block |
+        python3 -c "import json,sys; [print(k+\"=\"+v) for k,v in json.load(sys.stdin).get(\"publish_context\",{}).items()]")
+    fi
+    mkdir -p "$dir/stage/{}"
+    "$csi" node stage "$id" --staging-path "$dir/stage/{}" "${block[@]}" "${ctx[@]}" >/dev/null
+    "$csi" node publish "$id" --staging-path "$dir/stage/{}" --target-path "$dir/mnt/{}" "${block[@]}" "${ctx[@]}" >/dev/null'
+}
+
+# restart DRIVER N STAGE: prints "ms hwm_kb idle_hwm_kb" for a restart with N volumes.
+restart() {
+  local drv=$1 n=$2 stage=$3
+  dir=$work/$drv-$n-$RANDOM
+  mkdir -p "$dir/ids" "$dir/mnt"
+  start "$drv" "$dir"; ready "" ""
+  local idle; idle=$(hwm)
+  populate "$drv" "$dir" 1 "$n" "$stage"
+  local peak; peak=$(hwm)
+  kill -9 "$pid"; wait "$pid" 2>/dev/null || true
+  local vol="" path=""
+  if [ "$n" -gt 0 ] && [ "$stage" = 1 ]; then vol=$(cat "$dir/ids/$n"); path=$dir/mnt/$n; fi
+  local t0; t0=$(now_ms)
+  start "$drv" "$dir"; ready "$vol" "$path"
+  local t1; t1=$(now_ms)
+  echo "$((t1 - t0)) $peak $idle"
+  kill -9 "$pid"; wait "$pid" 2>/dev/null || true; pid=
+  cleanup
+  rm -rf "$dir"
+}
+
+# opcost DRIVER N: CreateVolume+DeleteVolume per second (one worker) with N volumes present.
+opcost() {
+  local drv=$1 n=$2
+  dir=$work/$drv-cost-$n
+  mkdir -p "$dir/ids"
+  start "$drv" "$dir"; ready "" ""
+  populate "$drv" "$dir" 1 "$n" 0
+  "$csi" -o json bench --workload create-delete --workers 1 --duration 5s --no-progress --work-dir "$dir/bench" |
+    python3 -c "import json,sys; print('%.1f' % json.load(sys.stdin)['iterations_per_second'])"
+  kill -9 "$pid"; wait "$pid" 2>/dev/null || true; pid=
+  cleanup
+  rm -rf "$dir"
+}
+
+drivers() { if [ -n "$go" ]; then echo "$1 go"; else echo "$1"; fi; }
+ratio() { python3 -c "import sys; a,b=float(sys.argv[1]),float(sys.argv[2]); print('%.2fx' % (a/b) if b else '-')" "$1" "$2"; }
+
+echo "== restart with N volumes staged and published (ms until Probe ready and a published volume's stats answer)"
+for n in $published; do
+  for r in $(seq "$rounds"); do
+    line="hostpath N=$n round $r:"
+    for d in $(drivers ours); do
+      read -r ms peak idle < <(restart "$d" "$n" 1)
+      line="$line $d ${ms} ms (peak RSS ${peak} kB, +$(( (peak - idle) * 1000 / (n > 0 ? n : 1) )) kB per 1000 volumes);"
+      eval "last_$d=$ms"
+    done
+    [ -n "$go" ] && line="$line ours/go $(ratio "$last_ours" "$last_go")"
+    echo "$line"
+  done
+done
+for n in $loopn; do
+  for r in $(seq "$rounds"); do
+    read -r ms peak idle < <(restart loop "$n" 1)
+    echo "loop-block N=$n round $r: ${ms} ms (peak RSS ${peak} kB, +$(( (peak - idle) * 1000 / (n > 0 ? n : 1) )) kB per 1000 volumes)"
+  done
+done
+
+echo "== restart with $many volumes, none staged (ms until Probe ready)"
+for r in $(seq "$rounds"); do
+  line="round $r:"
+  for d in $(drivers ours) loop; do
+    read -r ms peak idle < <(restart "$d" "$many" 0)
+    line="$line $d ${ms} ms (peak RSS ${peak} kB);"
+  done
+  echo "$line"
+done
+
+echo "== CreateVolume+DeleteVolume per second, one worker, with $few and with $many volumes present"
+for r in $(seq "$rounds"); do
+  for d in $(drivers ours) loop; do
+    a=$(opcost "$d" "$few"); b=$(opcost "$d" "$many")
+    echo "$d round $r: $a/s with $few, $b/s with $many: cost ratio $(ratio "$a" "$b")"
+  done
+done
+INNER
