@@ -184,25 +184,147 @@ pub fn current(device: &Path) -> std::io::Result<(u32, bool)> {
     Ok(((sectors / 2) as u32, direct))
 }
 
+/// The name of the probe file where O_TMPFILE is missing.
+const PROBE_NAME: &str = ".direct-io-probe";
+
+/// The probe's file operations: a seam, so a test can make them fail.
+pub trait ProbeFiles {
+    /// Opens an unnamed file in `dir` (O_TMPFILE) with O_DIRECT.
+    fn open_unnamed(&self, dir: &Path) -> std::io::Result<File>;
+    /// Creates `path` with O_DIRECT.
+    fn create(&self, path: &Path) -> std::io::Result<File>;
+    /// Removes `path`.
+    fn remove(&self, path: &Path) -> std::io::Result<()>;
+}
+
+/// The host's files.
+pub struct HostFiles;
+
+impl ProbeFiles for HostFiles {
+    fn open_unnamed(&self, dir: &Path) -> std::io::Result<File> {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_TMPFILE | libc::O_DIRECT)
+            .open(dir)
+    }
+
+    fn create(&self, path: &Path) -> std::io::Result<File> {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(path)
+    }
+
+    fn remove(&self, path: &Path) -> std::io::Result<()> {
+        std::fs::remove_file(path)
+    }
+}
+
 /// Whether files in `dir` can be opened with O_DIRECT (which direct I/O of
-/// a loop device needs), probed with a scratch file.
+/// a loop device needs).
 pub fn direct_io_supported(dir: &Path) -> bool {
-    use std::os::unix::fs::OpenOptionsExt;
-    let probe = dir.join(".direct-io-probe");
-    let ok = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .custom_flags(libc::O_DIRECT)
-        .open(&probe)
-        .is_ok();
-    let _ = std::fs::remove_file(&probe);
+    probe_direct_io(&HostFiles, dir)
+}
+
+/// The probe is an unnamed (O_TMPFILE) file, which nothing can leave
+/// behind. Where the filesystem has no O_TMPFILE it is a named file that a
+/// failed removal leaves until the next start's probe removes it.
+pub fn probe_direct_io(files: &dyn ProbeFiles, dir: &Path) -> bool {
+    let named = dir.join(PROBE_NAME);
+    let remove_named = || match files.remove(&named) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => tracing::warn!(
+            file = %named.display(),
+            error = %e,
+            "cannot remove the direct I/O probe; the next start removes it"
+        ),
+    };
+    // One an earlier start could not remove.
+    remove_named();
+    match files.open_unnamed(dir) {
+        Ok(_) => return true,
+        // No O_TMPFILE here (EISDIR: a kernel that predates it).
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP | libc::EISDIR)) => {}
+        // O_TMPFILE works and O_DIRECT does not (EINVAL), or the directory
+        // is unusable: nothing was created either way.
+        Err(_) => return false,
+    }
+    // Open can create the file and then refuse O_DIRECT: removed either way.
+    let ok = files.create(&named).is_ok();
+    remove_named();
     ok
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use std::cell::Cell;
+
+    /// The host's files, optionally without O_TMPFILE, and with removals
+    /// failing with EIO while `fail_removes` is set.
+    struct FakeProbeFiles {
+        no_tmpfile: bool,
+        fail_removes: Cell<bool>,
+    }
+
+    impl ProbeFiles for FakeProbeFiles {
+        fn open_unnamed(&self, dir: &Path) -> std::io::Result<File> {
+            if self.no_tmpfile {
+                return Err(std::io::Error::from_raw_os_error(libc::EOPNOTSUPP));
+            }
+            HostFiles.open_unnamed(dir)
+        }
+        fn create(&self, path: &Path) -> std::io::Result<File> {
+            HostFiles.create(path)
+        }
+        fn remove(&self, path: &Path) -> std::io::Result<()> {
+            if self.fail_removes.get() {
+                return Err(std::io::Error::from_raw_os_error(libc::EIO));
+            }
+            HostFiles.remove(path)
+        }
+    }
+
+    fn entries(dir: &Path) -> Vec<std::ffi::OsString> {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect()
+    }
+
+    #[test]
+    fn the_direct_io_probe_leaves_nothing_when_unlink_fails() {
+        let dir = tempfile::tempdir().unwrap();
+        let unnamed = FakeProbeFiles {
+            no_tmpfile: false,
+            fail_removes: Cell::new(true),
+        };
+        let supported = probe_direct_io(&unnamed, dir.path());
+        assert!(
+            entries(dir.path()).is_empty(),
+            "O_TMPFILE: nothing to unlink"
+        );
+        // Without O_TMPFILE, a failed unlink leaves the named probe until
+        // the next start's probe, which removes it.
+        let named = FakeProbeFiles {
+            no_tmpfile: true,
+            fail_removes: Cell::new(true),
+        };
+        assert_eq!(probe_direct_io(&named, dir.path()), supported);
+        assert_eq!(entries(dir.path()), [PROBE_NAME]);
+        named.fail_removes.set(false);
+        assert_eq!(probe_direct_io(&named, dir.path()), supported);
+        assert!(entries(dir.path()).is_empty(), "{:?}", entries(dir.path()));
+        assert_eq!(direct_io_supported(dir.path()), supported);
+        assert!(entries(dir.path()).is_empty());
+    }
 
     fn params(pairs: &[(&str, &str)]) -> HashMap<String, String> {
         pairs

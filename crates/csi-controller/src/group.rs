@@ -1,11 +1,13 @@
 //! The GroupController RPCs (local data): members cut at one point in
-//! time by the backend, recorded members first and group last, so the
-//! startup settling finishes what a crash left half done.
+//! time by the backend, recorded members first and group last (and
+//! removed the same way: members, each record before its data, then the
+//! group), so the startup settling finishes what a crash left half done.
 
 use csi_driver::{CallContext, CsiError, CsiResult};
 use csi_proto::v1::*;
 
 use crate::backend::{ControllerBackend, GroupSnapshotBackend};
+use crate::error::BackendError;
 use crate::ids::IdKind;
 use crate::records::{GroupSnapshotRecord, SnapshotRecord, VolumeRecord};
 use crate::service::{ControllerService, not_found};
@@ -132,13 +134,22 @@ impl<B: ControllerBackend> ControllerService<B> {
         claim.also(&members)?;
         let this = self.clone();
         self.run(claim, async move {
-            // Records first, then data: a crash in between leaves data the
-            // next start sweeps.
-            for snap in this.local()?.remove_group(&g)? {
+            // Each member's record, then its data; the group's record goes
+            // last. A fault in between leaves the group, so the CO's retry
+            // finds it and deletes every member's data, recorded or not; a
+            // crash leaves a group missing members, which the next start
+            // settles and sweeps.
+            let t = this.local()?;
+            for id in &g.snapshot_ids {
+                t.snapshots.remove(id)?;
                 if let Some(snapshots) = this.backend().snapshots() {
-                    snapshots.delete_snapshot(&snap.id).await?;
+                    match snapshots.delete_snapshot(id).await {
+                        Ok(_) | Err(BackendError::NotFound(_)) => {}
+                        Err(e) => return Err(e.into()),
+                    }
                 }
             }
+            t.groups.remove(&g.id)?;
             Ok(())
         })
         .await?;

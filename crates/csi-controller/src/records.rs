@@ -365,10 +365,11 @@ impl Tables {
         Ok(())
     }
 
-    /// Removes a group snapshot's records: the members first, then the
-    /// group (a crash in between leaves a group missing members, which
-    /// [`Self::settle_groups`] finishes removing); returns the members so
-    /// their data can be removed after.
+    /// Removes a group snapshot's records at once: the members first, then
+    /// the group; returns the members so their data can be removed after.
+    /// For the startup settling only: DeleteVolumeGroupSnapshot removes
+    /// each member's data before the group's record goes, so that a fault
+    /// in between leaves the group for the CO's retry.
     pub fn remove_group(&self, g: &GroupSnapshotRecord) -> CsiResult<Vec<SnapshotRecord>> {
         let mut removed = Vec::new();
         for id in &g.snapshot_ids {
