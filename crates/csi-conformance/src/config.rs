@@ -147,8 +147,13 @@ impl Default for Timeouts {
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct SuiteConfig {
-    /// The driver's endpoint, e.g. `unix:///run/csi/csi.sock`.
+    /// The driver's endpoint, e.g. `unix:///run/csi/csi.sock`: the node
+    /// plugin's when [`controller_endpoint`](Self::controller_endpoint) is set.
     pub endpoint: String,
+    /// The controller plugin's endpoint when controller and node run as
+    /// separate processes: Identity, Controller and GroupController calls go
+    /// there, Node calls to `endpoint`, and identity is checked on both.
+    pub controller_endpoint: Option<String>,
     /// Parent of the staging paths; the suite creates (and removes) a unique
     /// directory below it per check.
     pub staging_dir: PathBuf,
@@ -204,6 +209,7 @@ impl SuiteConfig {
         let run = uuid::Uuid::new_v4().simple().to_string();
         Self {
             endpoint: endpoint.into(),
+            controller_endpoint: None,
             staging_dir: std::env::temp_dir(),
             target_dir: std::env::temp_dir(),
             volume_size: csi_proto::size::GIB,
@@ -225,6 +231,13 @@ impl SuiteConfig {
             attach_limit_max: 32,
             check_target_paths: true,
         }
+    }
+
+    /// Sends Identity, Controller and GroupController calls to `endpoint`
+    /// (a separate controller process) and Node calls to the main endpoint.
+    pub fn controller_endpoint(mut self, endpoint: impl Into<String>) -> Self {
+        self.controller_endpoint = Some(endpoint.into());
+        self
     }
 
     /// Uses raw block volumes.

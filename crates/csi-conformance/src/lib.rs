@@ -36,6 +36,7 @@ mod config;
 pub mod fake;
 mod in_process;
 mod report;
+mod secrets_file;
 mod suite;
 
 pub use config::{
@@ -43,6 +44,7 @@ pub use config::{
     secret_kinds, secrets_file_key,
 };
 pub use report::{CheckResult, Failure, Group, Report, Status};
+pub use secrets_file::SecretsFileError;
 pub use suite::{CheckInfo, Error, Suite, code_name};
 
 /// Runs the whole suite against a driver in this process, in one call:
