@@ -1,14 +1,12 @@
-use csi_proto::v1::ProbeResponse;
-use csi_server::Endpoint;
-use csi_server::authority::unary_with_authority;
-use prost::Message;
-
 use csi_proto::v1::controller_service_capability::rpc::Type as CtrlCap;
 use csi_proto::v1::node_service_capability::rpc::Type as NodeCap;
 use csi_proto::v1::{
     ControllerPublishVolumeRequest, CreateVolumeRequest, CreateVolumeResponse,
-    NodePublishVolumeRequest, NodeStageVolumeRequest,
+    NodePublishVolumeRequest, NodeStageVolumeRequest, ProbeResponse,
 };
+use csi_server::Endpoint;
+use csi_server::authority::unary_with_authority;
+use prost::Message;
 
 use crate::config::{SecretKind, secret_kinds, secrets_file_key};
 use crate::suite::{Ctx, Outcome, Resource, fail, skip};
@@ -17,9 +15,24 @@ use crate::suite::{Ctx, Outcome, Resource, fail, skip};
 /// as `:authority`; a server that resets those streams cannot be called
 /// from Python, C++ or Java at all.
 pub(super) async fn any_authority(ctx: &mut Ctx) -> Outcome {
-    let Ok(Endpoint::Unix(path)) = ctx.config.endpoint.parse::<Endpoint>() else {
+    let mut endpoints = vec![ctx.config.endpoint.clone()];
+    endpoints.extend(ctx.config.controller_endpoint.clone());
+    let mut tested = 0;
+    for endpoint in &endpoints {
+        if let Ok(Endpoint::Unix(path)) = endpoint.parse::<Endpoint>() {
+            probe_with_authorities(ctx, &path).await?;
+            tested += 1;
+        }
+    }
+    if tested == 0 {
         return skip("the endpoint is not a unix socket");
-    };
+    }
+    Ok(())
+}
+
+/// Probes the socket at `path` with the `:authority` values other gRPC
+/// stacks send.
+async fn probe_with_authorities(ctx: &Ctx, path: &std::path::Path) -> Outcome {
     let raw = path.to_string_lossy().into_owned();
     let encoded = raw.replace('/', "%2F");
     for (authority, client) in [
@@ -27,7 +40,7 @@ pub(super) async fn any_authority(ctx: &mut Ctx) -> Outcome {
         (&encoded, "gRPC C-core (Python grpcio, C++)"),
     ] {
         let what = format!("Probe with :authority {authority:?}, as {client} sends it");
-        let mut conn = tokio::net::UnixStream::connect(&path)
+        let mut conn = tokio::net::UnixStream::connect(path)
             .await
             .or_else(|e| fail(format!("cannot connect to {}: {e}", path.display())))?;
         let call = unary_with_authority(
