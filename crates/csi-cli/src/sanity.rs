@@ -58,6 +58,10 @@ pub struct SanityArgs {
     /// The driver's log file, scanned for the secrets the suite sent.
     #[arg(long)]
     driver_log: Option<PathBuf>,
+    /// The controller's log file when it runs apart (`--controller-endpoint`),
+    /// scanned like `--driver-log`.
+    #[arg(long)]
+    controller_log: Option<PathBuf>,
     /// Write a JUnit XML report here.
     #[arg(long)]
     junit: Option<PathBuf>,
@@ -116,6 +120,7 @@ pub async fn run(
     config.skip = args.skip;
     config.focus = args.focus;
     config.driver_log = args.driver_log;
+    config.controller_log = args.controller_log;
     config.test_volume_prefix = args.test_volume_prefix;
     let report = Suite::new(config).run().await.map_err(|e| e.to_string())?;
     print!("{report}");

@@ -187,6 +187,10 @@ pub struct SuiteConfig {
     /// The driver's captured log; when set, the suite asserts no secret value
     /// appears in it once every check has run.
     pub driver_log: Option<PathBuf>,
+    /// The controller process's captured log when it runs apart from the
+    /// node ([`controller_endpoint`](Self::controller_endpoint)); scanned
+    /// like [`driver_log`](Self::driver_log).
+    pub controller_log: Option<PathBuf>,
     /// Prefix of every volume, snapshot and group snapshot name.
     pub test_volume_prefix: String,
     /// How many concurrent identical calls the concurrency checks fire.
@@ -225,6 +229,7 @@ impl SuiteConfig {
             focus: Vec::new(),
             timeouts: Timeouts::default(),
             driver_log: None,
+            controller_log: None,
             test_volume_prefix: "csi-conformance".to_string(),
             concurrency: 16,
             paging_items: 5,

@@ -227,3 +227,31 @@ async fn configured_secrets_reach_the_driver() {
     );
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn the_controller_log_is_scanned_too() {
+    let server = FakeDriver::new().serve_split().await.expect("serves");
+    let dirs = tempfile::tempdir().unwrap();
+    let controller_log = dirs.path().join("controller.log");
+    std::fs::write(
+        &controller_log,
+        "ok\nCreateVolume token=create-secret-9c2e\n",
+    )
+    .unwrap();
+    let mut cfg = config(&server, &dirs).focus("general.secrets_not_in_logs");
+    cfg.secrets = Secrets::from_sanity_yaml("CreateVolumeSecret:\n  token: create-secret-9c2e\n")
+        .expect("valid file");
+    cfg.controller_log = Some(controller_log.clone());
+    let values = cfg.secrets.log_markers();
+    let report = Suite::new(cfg).run().await.expect("suite runs");
+    match &report.get("general.secrets_not_in_logs").unwrap().status {
+        Status::Failed(f) => {
+            let text = f.to_string();
+            assert!(text.contains("controller.log at line 2"), "{text}");
+            assert!(text.contains("CreateVolumeSecret"), "{text}");
+        }
+        other => panic!("expected a failure, got {other:?}\n{report}"),
+    }
+    assert_never_repeated(&report, &values);
+    server.shutdown().await;
+}

@@ -85,22 +85,26 @@ async fn probe_with_authorities(ctx: &Ctx, path: &std::path::Path) -> Outcome {
 }
 
 pub(super) async fn secrets_not_in_logs(ctx: &mut Ctx) -> Outcome {
-    let Some(path) = ctx.config.driver_log.clone() else {
+    let logs: Vec<_> = [&ctx.config.driver_log, &ctx.config.controller_log]
+        .into_iter()
+        .flatten()
+        .cloned()
+        .collect();
+    if logs.is_empty() {
         return skip("no driver log configured (SuiteConfig::driver_log)");
-    };
+    }
     let markers = ctx.secret_values();
     // Let the driver flush what it logged during the last checks.
     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    let bytes = tokio::fs::read(&path)
-        .await
-        .or_else(|e| fail(format!("cannot read driver log {}: {e}", path.display())))?;
-    let text = String::from_utf8_lossy(&bytes);
-    for marker in &markers {
-        if let Some((n, line)) = text
-            .lines()
-            .enumerate()
-            .find(|(_, l)| l.contains(marker.as_str()))
-        {
+    for path in &logs {
+        let bytes = tokio::fs::read(path)
+            .await
+            .or_else(|e| fail(format!("cannot read driver log {}: {e}", path.display())))?;
+        let text = String::from_utf8_lossy(&bytes);
+        for (n, line) in text.lines().enumerate() {
+            let Some(marker) = markers.iter().find(|m| line.contains(m.as_str())) else {
+                continue;
+            };
             let mut kinds: Vec<String> = secret_kinds()
                 .filter(|k| ctx.config.secrets.get(*k).values().any(|v| v == marker))
                 .map(secrets_file_key)
@@ -108,12 +112,12 @@ pub(super) async fn secrets_not_in_logs(ctx: &mut Ctx) -> Outcome {
             if kinds.is_empty() {
                 kinds.push("the suite's marker".to_string());
             }
-            // Never echo the secret itself into the report.
-            let context: String = line
-                .replace(marker.as_str(), "<SECRET>")
-                .chars()
-                .take(200)
-                .collect();
+            // Never echo a secret into the report.
+            let mut context = line.to_string();
+            for m in &markers {
+                context = context.replace(m.as_str(), "<SECRET>");
+            }
+            let context: String = context.chars().take(200).collect();
             return fail(format!(
                 "a secret value ({}) appears in the driver log {} at line {}: {context}",
                 kinds.join(", "),
