@@ -1,3 +1,4 @@
+use csi_proto::v1::plugin_capability::service::Type as PluginCap;
 use csi_proto::v1::*;
 
 use crate::suite::{Ctx, Outcome, skip};
@@ -78,12 +79,9 @@ pub(super) async fn split_endpoints(ctx: &mut Ctx) -> Outcome {
     let c = ctx
         .rpc_on(&ctx.controller, GetPluginCapabilitiesRequest {})
         .await;
-    let declared =
-        c.value()?.capabilities.iter().any(|cap| {
-            cap.service_type() == Some(plugin_capability::service::Type::ControllerService)
-        });
+    let controller_services = services(c.value()?);
     c.ensure(
-        declared,
+        controller_services.contains(&PluginCap::ControllerService),
         "the controller endpoint must declare the CONTROLLER_SERVICE plugin capability",
     )?;
     ctx.rpc_on(&ctx.controller, ControllerGetCapabilitiesRequest {})
@@ -92,25 +90,30 @@ pub(super) async fn split_endpoints(ctx: &mut Ctx) -> Outcome {
     ctx.rpc_on(&ctx.node, NodeGetCapabilitiesRequest {})
         .await
         .ok()?;
-    // A node process may decline the controller service, but one that
-    // declares it must also answer it.
+    // GetPluginCapabilities describes the whole plugin, so every process
+    // should give the same set (CSI spec, GetPluginCapabilities). A node
+    // process that leaves out what it does not serve is tolerated; one that
+    // declares what the controller does not is contradicting it.
     let n = ctx.rpc_on(&ctx.node, GetPluginCapabilitiesRequest {}).await;
-    let node_declares =
-        n.value()?.capabilities.iter().any(|cap| {
-            cap.service_type() == Some(plugin_capability::service::Type::ControllerService)
-        });
-    if node_declares {
-        let call = ctx
-            .rpc_on(&ctx.node, ControllerGetCapabilitiesRequest {})
-            .await;
-        call.value().map_err(|_| {
-            call.failure(
-                "OK",
-                "the node endpoint declares CONTROLLER_SERVICE, so it must answer ControllerGetCapabilities",
-            )
-        })?;
-    }
-    Ok(())
+    let extra: Vec<&str> = services(n.value()?)
+        .into_iter()
+        .filter(|s| !controller_services.contains(s))
+        .map(|s| s.as_str_name())
+        .collect();
+    n.ensure(
+        extra.is_empty(),
+        format!(
+            "the node endpoint declares {} but the controller endpoint does not: both describe the same plugin",
+            extra.join(", ")
+        ),
+    )
+}
+
+fn services(r: &GetPluginCapabilitiesResponse) -> Vec<PluginCap> {
+    r.capabilities
+        .iter()
+        .filter_map(|c| c.service_type())
+        .collect()
 }
 
 #[cfg(test)]
