@@ -1,5 +1,10 @@
 //! `csi sanity`: the csi-conformance suite against an endpoint, with a plain
 //! report on stdout, optional JUnit XML, and a non-zero exit on failure.
+//!
+//! A driver whose controller and node run as separate processes is tested
+//! with `--endpoint` on the node and `--controller-endpoint` on the
+//! controller; `--rpc-secrets` takes the per-RPC YAML file csi-sanity's
+//! `--csi.secrets` reads.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -12,6 +17,16 @@ use crate::args::{parse_kv, parse_size};
 /// Arguments of `csi sanity`.
 #[derive(Debug, clap::Args)]
 pub struct SanityArgs {
+    /// The controller plugin's endpoint when it runs apart from the node
+    /// plugin: Identity, Controller and GroupController calls go there,
+    /// Node calls to `--endpoint`, and identity is checked on both.
+    #[arg(long)]
+    controller_endpoint: Option<String>,
+    /// Secrets per RPC: a YAML file as csi-sanity's `--csi.secrets` reads
+    /// (`NodeStageVolumeSecret:` then indented `key: value` lines, ...).
+    /// Replaces `--secrets-file`/`--secrets-env` and the suite's markers.
+    #[arg(long, value_name = "FILE")]
+    rpc_secrets: Option<PathBuf>,
     /// Parent of the staging paths the suite creates (default: the temp dir).
     #[arg(long)]
     staging_dir: Option<PathBuf>,
@@ -43,6 +58,10 @@ pub struct SanityArgs {
     /// The driver's log file, scanned for the secrets the suite sent.
     #[arg(long)]
     driver_log: Option<PathBuf>,
+    /// The controller's log file when it runs apart (`--controller-endpoint`),
+    /// scanned like `--driver-log`.
+    #[arg(long)]
+    controller_log: Option<PathBuf>,
     /// Write a JUnit XML report here.
     #[arg(long)]
     junit: Option<PathBuf>,
@@ -68,6 +87,7 @@ pub async fn run(
         return Ok(ExitCode::SUCCESS);
     }
     let mut config = SuiteConfig::new(endpoint);
+    config.controller_endpoint = args.controller_endpoint;
     if let Some(d) = args.staging_dir {
         config.staging_dir = d;
     }
@@ -84,7 +104,13 @@ pub async fn run(
             fs_type: args.fs_type,
         };
     }
-    if !secrets.is_empty() {
+    if let Some(path) = &args.rpc_secrets {
+        // The file's contents are never shown: the error names a line only.
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read secrets file {}: {e}", path.display()))?;
+        config.secrets = Secrets::from_sanity_yaml(&text)
+            .map_err(|e| format!("secrets file {}: {e}", path.display()))?;
+    } else if !secrets.is_empty() {
         let mut s = Secrets::none();
         for kind in secret_kinds() {
             s.set(kind, secrets.clone());
@@ -94,6 +120,7 @@ pub async fn run(
     config.skip = args.skip;
     config.focus = args.focus;
     config.driver_log = args.driver_log;
+    config.controller_log = args.controller_log;
     config.test_volume_prefix = args.test_volume_prefix;
     let report = Suite::new(config).run().await.map_err(|e| e.to_string())?;
     print!("{report}");
@@ -107,4 +134,102 @@ pub async fn run(
     } else {
         ExitCode::FAILURE
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+    use csi_conformance::fake::{FakeDriver, Fault};
+
+    use super::*;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: SanityArgs,
+    }
+
+    fn args(extra: &[&str]) -> SanityArgs {
+        let argv = std::iter::once("sanity").chain(extra.iter().copied());
+        Cli::try_parse_from(argv).expect("valid arguments").args
+    }
+
+    #[tokio::test]
+    async fn split_endpoints_with_a_secrets_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let server = FakeDriver::new().serve_split().await.unwrap();
+        let secrets = dir.path().join("secrets.yaml");
+        std::fs::write(
+            &secrets,
+            "NodeStageVolumeSecret:\n  password: stage-secret-5e21\n",
+        )
+        .unwrap();
+        let log = server.log_path().to_string_lossy().into_owned();
+        let dirs = dir.path().to_string_lossy().into_owned();
+        let common = [
+            "--staging-dir",
+            dirs.as_str(),
+            "--target-dir",
+            dirs.as_str(),
+            "--driver-log",
+            log.as_str(),
+        ];
+        let secrets = secrets.to_string_lossy().into_owned();
+        let mut argv = vec![
+            "--controller-endpoint",
+            server.controller_endpoint(),
+            "--rpc-secrets",
+            secrets.as_str(),
+        ];
+        argv.extend(common);
+        let code = run(server.node_endpoint(), args(&argv), HashMap::new())
+            .await
+            .unwrap();
+        assert_eq!(code, ExitCode::SUCCESS);
+        let sent = std::fs::read_to_string(server.log_path()).unwrap();
+        assert!(sent.contains("NodeStageVolume"), "{sent}");
+        server.shutdown().await;
+
+        // The same run against a driver that echoes secrets in errors fails.
+        let leaky = FakeDriver::new()
+            .with_fault(Fault::LeaksSecretsInErrors)
+            .serve_split()
+            .await
+            .unwrap();
+        let log = leaky.log_path().to_string_lossy().into_owned();
+        let argv = [
+            "--controller-endpoint",
+            leaky.controller_endpoint(),
+            "--rpc-secrets",
+            secrets.as_str(),
+            "--staging-dir",
+            dirs.as_str(),
+            "--target-dir",
+            dirs.as_str(),
+            "--driver-log",
+            log.as_str(),
+        ];
+        let code = run(leaky.node_endpoint(), args(&argv), HashMap::new())
+            .await
+            .unwrap();
+        assert_eq!(code, ExitCode::FAILURE);
+        leaky.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn a_bad_secrets_file_names_the_line_not_the_value() {
+        let dir = tempfile::tempdir().unwrap();
+        let secrets = dir.path().join("secrets.yaml");
+        std::fs::write(&secrets, "NodeStageVolumeSecret:\n  hunter2-value\n").unwrap();
+        let secrets = secrets.to_string_lossy().into_owned();
+        let err = run(
+            "unix:///nonexistent/csi.sock",
+            args(&["--rpc-secrets", secrets.as_str()]),
+            HashMap::new(),
+        )
+        .await
+        .unwrap_err();
+        assert!(err.contains("line 2"), "{err}");
+        assert!(!err.contains("hunter2"), "{err}");
+    }
 }

@@ -147,8 +147,13 @@ impl Default for Timeouts {
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct SuiteConfig {
-    /// The driver's endpoint, e.g. `unix:///run/csi/csi.sock`.
+    /// The driver's endpoint, e.g. `unix:///run/csi/csi.sock`: the node
+    /// plugin's when [`controller_endpoint`](Self::controller_endpoint) is set.
     pub endpoint: String,
+    /// The controller plugin's endpoint when controller and node run as
+    /// separate processes: Identity, Controller and GroupController calls go
+    /// there, Node calls to `endpoint`, and identity is checked on both.
+    pub controller_endpoint: Option<String>,
     /// Parent of the staging paths; the suite creates (and removes) a unique
     /// directory below it per check.
     pub staging_dir: PathBuf,
@@ -182,6 +187,10 @@ pub struct SuiteConfig {
     /// The driver's captured log; when set, the suite asserts no secret value
     /// appears in it once every check has run.
     pub driver_log: Option<PathBuf>,
+    /// The controller process's captured log when it runs apart from the
+    /// node ([`controller_endpoint`](Self::controller_endpoint)); scanned
+    /// like [`driver_log`](Self::driver_log).
+    pub controller_log: Option<PathBuf>,
     /// Prefix of every volume, snapshot and group snapshot name.
     pub test_volume_prefix: String,
     /// How many concurrent identical calls the concurrency checks fire.
@@ -204,6 +213,7 @@ impl SuiteConfig {
         let run = uuid::Uuid::new_v4().simple().to_string();
         Self {
             endpoint: endpoint.into(),
+            controller_endpoint: None,
             staging_dir: std::env::temp_dir(),
             target_dir: std::env::temp_dir(),
             volume_size: csi_proto::size::GIB,
@@ -219,12 +229,20 @@ impl SuiteConfig {
             focus: Vec::new(),
             timeouts: Timeouts::default(),
             driver_log: None,
+            controller_log: None,
             test_volume_prefix: "csi-conformance".to_string(),
             concurrency: 16,
             paging_items: 5,
             attach_limit_max: 32,
             check_target_paths: true,
         }
+    }
+
+    /// Sends Identity, Controller and GroupController calls to `endpoint`
+    /// (a separate controller process) and Node calls to the main endpoint.
+    pub fn controller_endpoint(mut self, endpoint: impl Into<String>) -> Self {
+        self.controller_endpoint = Some(endpoint.into());
+        self
     }
 
     /// Uses raw block volumes.

@@ -5,8 +5,12 @@
 //! group-controller rules of CSI v1.12.0 that a client can observe, including
 //! what common suites skip (ABORTED under concurrency, ListVolumes paging,
 //! the NodePublish repeat table, the plugin creating and removing target paths,
-//! secrets never reaching the driver's log). Checks follow the driver's
-//! advertised capabilities and say why they were skipped.
+//! secrets never reaching the driver's log or an error message). Checks
+//! follow the driver's advertised capabilities and say why they were
+//! skipped. A driver whose controller and node run as separate processes is
+//! tested through both sockets ([`SuiteConfig::controller_endpoint`]);
+//! secrets per RPC can come from a csi-sanity secrets file
+//! ([`Secrets::from_sanity_yaml`]).
 //!
 //! With the `testing` feature, `fake` holds an in-memory reference driver,
 //! built on the csi-driver traits and served by csi-server like any driver:
@@ -32,10 +36,12 @@
 //! renders the result for CI systems.
 mod checks;
 mod config;
+mod discover;
 #[cfg(feature = "testing")]
 pub mod fake;
 mod in_process;
 mod report;
+mod secrets_file;
 mod suite;
 
 pub use config::{
@@ -43,6 +49,7 @@ pub use config::{
     secret_kinds, secrets_file_key,
 };
 pub use report::{CheckResult, Failure, Group, Report, Status};
+pub use secrets_file::SecretsFileError;
 pub use suite::{CheckInfo, Error, Suite, code_name};
 
 /// Runs the whole suite against a driver in this process, in one call:

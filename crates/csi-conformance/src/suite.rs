@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use csi_client::{ClientOptions, CsiClient, Endpoint, UnaryRequest};
+use csi_proto::methods::Service;
 use csi_proto::v1::controller_service_capability::rpc::Type as CtrlCap;
 use csi_proto::v1::group_controller_service_capability::rpc::Type as GroupCap;
 use csi_proto::v1::node_service_capability::rpc::Type as NodeCap;
@@ -204,21 +205,45 @@ pub(crate) struct Caps {
 /// State shared by a check body: the client, the config, what the driver
 /// advertised and the cleanup registry.
 pub(crate) struct Ctx {
-    pub client: CsiClient,
+    /// Identity, Controller and GroupController calls go here.
+    pub controller: CsiClient,
+    /// Node calls go here: the same connection unless the endpoints are split.
+    pub node: CsiClient,
     pub config: SuiteConfig,
     pub caps: Caps,
     cleanup: Vec<Resource>,
     run_id: String,
     counter: u64,
+    /// RPCs whose error message carried a secret value (already redacted).
+    pub leaks: std::sync::Mutex<Vec<String>>,
+    /// A secret value unique to the run that `general.secrets_not_in_errors`
+    /// sends besides the configured secrets.
+    pub marker: String,
 }
 
 impl Ctx {
-    /// Sends one request, with the suite's per-call timeout; the answer
-    /// keeps the RPC's name and the redacted request for failure reports.
+    /// Sends one request to the endpoint serving its service, with the
+    /// suite's per-call timeout; the answer keeps the RPC's name and the
+    /// redacted request for failure reports.
     pub async fn rpc<Req: UnaryRequest>(&self, req: Req) -> Call<Req::Response> {
+        let client = match Req::METHOD.service() {
+            Service::Node => &self.node,
+            _ => &self.controller,
+        };
+        self.rpc_on(client, req).await
+    }
+
+    /// [`rpc`](Self::rpc) on a chosen connection. An error message that
+    /// carries a configured secret is recorded for
+    /// `general.secrets_not_in_errors` and redacted, so no report repeats it.
+    pub async fn rpc_on<Req: UnaryRequest>(
+        &self,
+        client: &CsiClient,
+        req: Req,
+    ) -> Call<Req::Response> {
         let rpc = Req::METHOD.name();
         let request = format!("{req:?}");
-        let fut = self.client.call(req);
+        let fut = client.call(req);
         let result = match tokio::time::timeout(self.config.timeouts.rpc, fut).await {
             Ok(r) => r,
             Err(_) => Err(GrpcStatus::deadline_exceeded(format!(
@@ -226,11 +251,42 @@ impl Ctx {
                 self.config.timeouts.rpc
             ))),
         };
+        let result = result.map_err(|s| self.redact(rpc, s));
         Call {
             rpc,
             request,
             result,
         }
+    }
+
+    fn redact(&self, rpc: &str, status: GrpcStatus) -> GrpcStatus {
+        let markers = self.secret_values();
+        if !markers
+            .iter()
+            .any(|m| status.message().contains(m.as_str()))
+        {
+            return status;
+        }
+        let mut message = status.message().to_string();
+        for m in &markers {
+            message = message.replace(m.as_str(), "<SECRET>");
+        }
+        let mut leaks = self.leaks.lock().unwrap_or_else(|e| e.into_inner());
+        leaks.push(format!("{rpc} ({}): {message}", code_name(status.code())));
+        GrpcStatus::with_details(status.code(), message, status.details().to_vec().into())
+    }
+
+    /// Every secret value the suite may send that is long enough to search
+    /// for: the configured ones and the run's marker.
+    pub fn secret_values(&self) -> Vec<String> {
+        let mut values = self.config.secrets.log_markers();
+        values.push(self.marker.clone());
+        values
+    }
+
+    /// Whether the controller and node are served on different endpoints.
+    pub fn is_split(&self) -> bool {
+        self.config.controller_endpoint.is_some()
     }
 
     pub fn has_plugin(&self, cap: PluginCap) -> bool {
@@ -551,17 +607,29 @@ impl Suite {
             connect_timeout: self.config.timeouts.connect,
             call_timeout: Some(self.config.timeouts.rpc),
         };
-        let client =
-            CsiClient::connect_when_ready(endpoint, options, self.config.timeouts.connect).await?;
+        let node =
+            CsiClient::connect_when_ready(endpoint, options.clone(), self.config.timeouts.connect)
+                .await?;
+        let controller = match &self.config.controller_endpoint {
+            Some(e) => {
+                let endpoint: Endpoint = e.parse().map_err(csi_client::ConnectError::from)?;
+                CsiClient::connect_when_ready(endpoint, options, self.config.timeouts.connect)
+                    .await?
+            }
+            None => node.clone(),
+        };
         let mut ctx = Ctx {
-            client,
+            controller,
+            node,
+            leaks: std::sync::Mutex::default(),
+            marker: format!("csi-conformance-marker-{}", uuid::Uuid::new_v4().simple()),
             config: self.config.clone(),
             caps: Caps::default(),
             cleanup: Vec::new(),
             run_id: uuid::Uuid::new_v4().simple().to_string()[..8].to_string(),
             counter: 0,
         };
-        let plugin = discover(&mut ctx).await;
+        let plugin = crate::discover::discover(&mut ctx).await;
         let mut results = Vec::new();
         for check in crate::checks::CHECKS {
             let info = check.info;
@@ -599,60 +667,4 @@ impl Suite {
             duration: started.elapsed(),
         })
     }
-}
-
-/// Fetches plugin info and every capability list once, so checks can decide
-/// what applies without repeating the calls.
-async fn discover(ctx: &mut Ctx) -> Option<String> {
-    let plugin = ctx
-        .rpc(GetPluginInfoRequest {})
-        .await
-        .result
-        .ok()
-        .map(|r| format!("{} {}", r.name, r.vendor_version));
-    let err = |s: GrpcStatus| format!("{}: {}", code_name(s.code()), s.message());
-    match ctx.rpc(GetPluginCapabilitiesRequest {}).await.result {
-        Ok(r) => {
-            ctx.caps.plugin = r
-                .capabilities
-                .iter()
-                .filter_map(|c| c.service_type())
-                .collect()
-        }
-        Err(s) => ctx.caps.plugin_err = Some(err(s)),
-    }
-    if ctx.has_plugin(PluginCap::ControllerService) {
-        match ctx.rpc(ControllerGetCapabilitiesRequest {}).await.result {
-            Ok(r) => {
-                ctx.caps.controller = r.capabilities.iter().filter_map(|c| c.rpc_type()).collect()
-            }
-            Err(s) => ctx.caps.controller_err = Some(err(s)),
-        }
-    } else {
-        ctx.caps.controller_err =
-            Some("plugin capability CONTROLLER_SERVICE not advertised".into());
-    }
-    match ctx.rpc(NodeGetCapabilitiesRequest {}).await.result {
-        Ok(r) => ctx.caps.node = r.capabilities.iter().filter_map(|c| c.rpc_type()).collect(),
-        Err(s) => ctx.caps.node_err = Some(err(s)),
-    }
-    if ctx.caps.node_err.is_none() {
-        if let Ok(r) = ctx.rpc(NodeGetInfoRequest {}).await.result {
-            if !r.node_id.is_empty() {
-                ctx.caps.node_id = Some(r.node_id);
-            }
-            ctx.caps.max_volumes_per_node = r.max_volumes_per_node;
-        }
-    }
-    if ctx.has_plugin(PluginCap::GroupControllerService) {
-        match ctx
-            .rpc(GroupControllerGetCapabilitiesRequest {})
-            .await
-            .result
-        {
-            Ok(r) => ctx.caps.group = r.capabilities.iter().filter_map(|c| c.rpc_type()).collect(),
-            Err(s) => ctx.caps.group_err = Some(err(s)),
-        }
-    }
-    plugin
 }

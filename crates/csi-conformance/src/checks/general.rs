@@ -1,18 +1,38 @@
-use csi_proto::v1::ProbeResponse;
+use csi_proto::v1::controller_service_capability::rpc::Type as CtrlCap;
+use csi_proto::v1::node_service_capability::rpc::Type as NodeCap;
+use csi_proto::v1::{
+    ControllerPublishVolumeRequest, CreateVolumeRequest, CreateVolumeResponse,
+    NodePublishVolumeRequest, NodeStageVolumeRequest, ProbeResponse,
+};
 use csi_server::Endpoint;
 use csi_server::authority::unary_with_authority;
 use prost::Message;
 
-use crate::config::{secret_kinds, secrets_file_key};
-use crate::suite::{Ctx, Outcome, fail, skip};
+use crate::config::{SecretKind, secret_kinds, secrets_file_key};
+use crate::suite::{Ctx, Outcome, Resource, fail, skip};
 
 /// gRPC clients other than grpc-go and grpc-js name a unix socket's path
 /// as `:authority`; a server that resets those streams cannot be called
 /// from Python, C++ or Java at all.
 pub(super) async fn any_authority(ctx: &mut Ctx) -> Outcome {
-    let Ok(Endpoint::Unix(path)) = ctx.config.endpoint.parse::<Endpoint>() else {
+    let mut endpoints = vec![ctx.config.endpoint.clone()];
+    endpoints.extend(ctx.config.controller_endpoint.clone());
+    let mut tested = 0;
+    for endpoint in &endpoints {
+        if let Ok(Endpoint::Unix(path)) = endpoint.parse::<Endpoint>() {
+            probe_with_authorities(ctx, &path).await?;
+            tested += 1;
+        }
+    }
+    if tested == 0 {
         return skip("the endpoint is not a unix socket");
-    };
+    }
+    Ok(())
+}
+
+/// Probes the socket at `path` with the `:authority` values other gRPC
+/// stacks send.
+async fn probe_with_authorities(ctx: &Ctx, path: &std::path::Path) -> Outcome {
     let raw = path.to_string_lossy().into_owned();
     let encoded = raw.replace('/', "%2F");
     for (authority, client) in [
@@ -20,7 +40,7 @@ pub(super) async fn any_authority(ctx: &mut Ctx) -> Outcome {
         (&encoded, "gRPC C-core (Python grpcio, C++)"),
     ] {
         let what = format!("Probe with :authority {authority:?}, as {client} sends it");
-        let mut conn = tokio::net::UnixStream::connect(&path)
+        let mut conn = tokio::net::UnixStream::connect(path)
             .await
             .or_else(|e| fail(format!("cannot connect to {}: {e}", path.display())))?;
         let call = unary_with_authority(
@@ -65,35 +85,39 @@ pub(super) async fn any_authority(ctx: &mut Ctx) -> Outcome {
 }
 
 pub(super) async fn secrets_not_in_logs(ctx: &mut Ctx) -> Outcome {
-    let Some(path) = ctx.config.driver_log.clone() else {
+    let logs: Vec<_> = [&ctx.config.driver_log, &ctx.config.controller_log]
+        .into_iter()
+        .flatten()
+        .cloned()
+        .collect();
+    if logs.is_empty() {
         return skip("no driver log configured (SuiteConfig::driver_log)");
-    };
-    let markers = ctx.config.secrets.log_markers();
-    if markers.is_empty() {
-        return skip("no secret value of 8 bytes or more is configured");
     }
+    let markers = ctx.secret_values();
     // Let the driver flush what it logged during the last checks.
     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    let bytes = tokio::fs::read(&path)
-        .await
-        .or_else(|e| fail(format!("cannot read driver log {}: {e}", path.display())))?;
-    let text = String::from_utf8_lossy(&bytes);
-    for marker in &markers {
-        if let Some((n, line)) = text
-            .lines()
-            .enumerate()
-            .find(|(_, l)| l.contains(marker.as_str()))
-        {
-            let kinds: Vec<String> = secret_kinds()
+    for path in &logs {
+        let bytes = tokio::fs::read(path)
+            .await
+            .or_else(|e| fail(format!("cannot read driver log {}: {e}", path.display())))?;
+        let text = String::from_utf8_lossy(&bytes);
+        for (n, line) in text.lines().enumerate() {
+            let Some(marker) = markers.iter().find(|m| line.contains(m.as_str())) else {
+                continue;
+            };
+            let mut kinds: Vec<String> = secret_kinds()
                 .filter(|k| ctx.config.secrets.get(*k).values().any(|v| v == marker))
                 .map(secrets_file_key)
                 .collect();
-            // Never echo the secret itself into the report.
-            let context: String = line
-                .replace(marker.as_str(), "<SECRET>")
-                .chars()
-                .take(200)
-                .collect();
+            if kinds.is_empty() {
+                kinds.push("the suite's marker".to_string());
+            }
+            // Never echo a secret into the report.
+            let mut context = line.to_string();
+            for m in &markers {
+                context = context.replace(m.as_str(), "<SECRET>");
+            }
+            let context: String = context.chars().take(200).collect();
             return fail(format!(
                 "a secret value ({}) appears in the driver log {} at line {}: {context}",
                 kinds.join(", "),
@@ -103,4 +127,70 @@ pub(super) async fn secrets_not_in_logs(ctx: &mut Ctx) -> Outcome {
         }
     }
     Ok(())
+}
+
+/// Secrets are `csi_secret` fields: a driver must not echo them in any
+/// status message either. Every error the run received was already scanned
+/// (and redacted) by `Ctx::rpc`; this check also provokes errors from the
+/// RPCs that take credentials, sending the configured secrets plus a marker.
+pub(super) async fn secrets_not_in_errors(ctx: &mut Ctx) -> Outcome {
+    let with_marker = |ctx: &Ctx, kind: SecretKind| {
+        let mut s = ctx.secrets(kind);
+        s.insert("csi-conformance-marker".into(), ctx.marker.clone());
+        s
+    };
+    let missing = format!("{}-does-not-exist", ctx.name("secret-probe"));
+    if ctx.has_ctrl(CtrlCap::CreateDeleteVolume) {
+        // No capabilities: INVALID_ARGUMENT, and nothing is created.
+        let req = CreateVolumeRequest {
+            name: ctx.name("secret-probe"),
+            secrets: with_marker(ctx, SecretKind::CreateVolume),
+            ..Default::default()
+        };
+        if let Ok(CreateVolumeResponse { volume: Some(v) }) = ctx.rpc(req).await.result {
+            ctx.register(Resource::Volume(v.volume_id));
+        }
+    }
+    if ctx.has_ctrl(CtrlCap::PublishUnpublishVolume)
+        && let Some(node) = ctx.caps.node_id.clone()
+    {
+        let req = ControllerPublishVolumeRequest {
+            volume_id: missing.clone(),
+            node_id: node,
+            volume_capability: Some(ctx.capability()),
+            secrets: with_marker(ctx, SecretKind::ControllerPublishVolume),
+            ..Default::default()
+        };
+        ctx.rpc(req).await;
+    }
+    if ctx.caps.node_err.is_none() {
+        if ctx.has_node(NodeCap::StageUnstageVolume) {
+            let staging = ctx.staging_path()?;
+            let req = NodeStageVolumeRequest {
+                volume_id: missing.clone(),
+                staging_target_path: staging,
+                volume_capability: Some(ctx.capability()),
+                secrets: with_marker(ctx, SecretKind::NodeStageVolume),
+                ..Default::default()
+            };
+            ctx.rpc(req).await;
+        }
+        let target = ctx.target_path()?;
+        let req = NodePublishVolumeRequest {
+            volume_id: missing.clone(),
+            target_path: target,
+            volume_capability: Some(ctx.capability()),
+            secrets: with_marker(ctx, SecretKind::NodePublishVolume),
+            ..Default::default()
+        };
+        ctx.rpc(req).await;
+    }
+    let leaks = ctx.leaks.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    match leaks.first() {
+        None => Ok(()),
+        Some(first) => fail(format!(
+            "{} error message(s) carried a secret value (csi_secret fields must never be echoed); the first, redacted: {first}",
+            leaks.len()
+        )),
+    }
 }

@@ -29,6 +29,8 @@ checks! {
         "GetPluginCapabilities succeeds and lists only known services" => identity::plugin_capabilities;
     "identity.probe", Identity,
         "Probe succeeds; an absent ready means ready" => identity::probe;
+    "identity.split_endpoints", Identity,
+        "Split controller and node endpoints report the same plugin name, each is ready and serves its own service" => identity::split_endpoints;
 
     "controller.get_capabilities", Controller,
         "ControllerGetCapabilities succeeds and its capabilities are consistent" => controller::capabilities;
@@ -162,6 +164,8 @@ checks! {
 
     "general.any_authority", General,
         "Probe is answered when :authority is the socket path, raw (grpc-java) or percent-encoded (gRPC C-core: Python, C++)" => general::any_authority;
+    "general.secrets_not_in_errors", General,
+        "No secret value appears in an error message, also for failing CreateVolume, ControllerPublish, NodeStage and NodePublish calls with a marker secret" => general::secrets_not_in_errors;
     "general.secrets_not_in_logs", General,
         "No configured secret value appears in the driver's log" => general::secrets_not_in_logs;
 }

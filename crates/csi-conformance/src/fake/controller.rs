@@ -140,8 +140,8 @@ impl Controller for FakeDriver {
         }
         Ok(ControllerPublishVolumeResponse {
             publish_context: [(
-                "fake/device".to_string(),
-                format!("/dev/fake/{}", req.volume_id),
+                super::PUBLISH_CONTEXT_KEY.to_string(),
+                super::device_of(&req.volume_id),
             )]
             .into(),
         })

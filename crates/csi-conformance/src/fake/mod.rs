@@ -48,7 +48,7 @@ use csi_proto::v1::*;
 use csi_server::tower;
 use csi_server::{
     Builtin, Capabilities, ControllerRpc, CsiError, CsiResult, GroupControllerRpc, NodeRpc,
-    PluginInfo, Position, Server, ServerBuilder, VolumeExpansion,
+    PluginInfo, Position, ServeMode, Server, ServerBuilder, VolumeExpansion,
 };
 
 use layers::{EarlyAnswers, RequestLog};
@@ -66,6 +66,9 @@ pub enum Fault {
     NotIdempotentCreate,
     /// Writes request secrets to the driver log in plain text.
     LeaksSecretsToLog,
+    /// NodeStageVolume of a missing volume echoes the request's secrets in
+    /// its error message.
+    LeaksSecretsInErrors,
     /// NodeUnpublishVolume leaves the target path behind.
     NoTargetCleanup,
     /// NodePublishVolume lets single-node volumes be published at many targets.
@@ -91,6 +94,14 @@ pub enum Fault {
 
 /// The mutable parameter keys the fake driver accepts.
 pub const ACCEPTED_MUTABLE_PARAMETERS: &[&str] = &["iops", "throughput"];
+
+/// The publish_context key ControllerPublishVolume returns and the node
+/// calls of a controller-published volume require.
+pub const PUBLISH_CONTEXT_KEY: &str = "fake/device";
+
+fn device_of(volume_id: &str) -> String {
+    format!("/dev/fake/{volume_id}")
+}
 
 /// The attach limit NodeGetInfo reports and ControllerPublishVolume enforces.
 pub const MAX_VOLUMES_PER_NODE: i64 = 8;
@@ -132,6 +143,12 @@ impl FakeDriver {
     /// Adds a fault. Configure before cloning or serving.
     pub fn with_fault(mut self, fault: Fault) -> Self {
         self.opts_mut().faults.insert(fault);
+        self
+    }
+
+    /// Reports `name` as the plugin name instead of `fake.csi.example.com`.
+    pub fn with_name(mut self, name: impl Into<String>) -> Self {
+        self.opts_mut().name = name.into();
         self
     }
 
@@ -287,6 +304,69 @@ impl FakeDriver {
             .await
             .map_err(std::io::Error::other)?;
         Ok(FakeServer { running, log_path })
+    }
+
+    /// Serves the driver split: [`ServeMode::Controller`] on one socket and
+    /// [`ServeMode::Node`] on another, each in its own temporary directory,
+    /// sharing this driver's state and log (`driver.log` beside the node
+    /// socket unless a log path was set).
+    pub async fn serve_split(mut self) -> std::io::Result<FakeSplitServer> {
+        let node_dir = tempfile::tempdir()?;
+        let controller_dir = tempfile::tempdir()?;
+        if self.opts.log.is_none() {
+            self.opts_mut().log = Some(node_dir.path().join("driver.log"));
+        }
+        let log_path = self.opts.log.clone().unwrap_or_default();
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)?;
+        let serve = |mode, dir| crate::in_process::serve(self.server_builder().mode(mode), dir);
+        let node = serve(ServeMode::Node, node_dir)
+            .await
+            .map_err(std::io::Error::other)?;
+        let controller = serve(ServeMode::Controller, controller_dir)
+            .await
+            .map_err(std::io::Error::other)?;
+        Ok(FakeSplitServer {
+            controller,
+            node,
+            log_path,
+        })
+    }
+}
+
+/// A [`FakeDriver`] served as two processes would serve it: a
+/// controller-only and a node-only server over the same in-memory state
+/// (the stand-in for the storage both sides reach), logging to one file.
+#[derive(Debug)]
+pub struct FakeSplitServer {
+    controller: crate::in_process::Running,
+    node: crate::in_process::Running,
+    log_path: PathBuf,
+}
+
+impl FakeSplitServer {
+    /// The controller server's `unix://` endpoint (Identity, Controller,
+    /// GroupController).
+    pub fn controller_endpoint(&self) -> &str {
+        self.controller.endpoint()
+    }
+
+    /// The node server's `unix://` endpoint (Identity, Node).
+    pub fn node_endpoint(&self) -> &str {
+        self.node.endpoint()
+    }
+
+    /// The log both servers write.
+    pub fn log_path(&self) -> &Path {
+        &self.log_path
+    }
+
+    /// Stops both servers.
+    pub async fn shutdown(self) {
+        self.controller.shutdown().await;
+        self.node.shutdown().await;
     }
 }
 

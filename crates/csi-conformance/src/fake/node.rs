@@ -8,7 +8,30 @@ use csi_server::helpers::publish::{Publication, PublishArgs, PublishDecision, ch
 use csi_server::helpers::stage::{StageDecision, Staging, check_stage};
 use csi_server::{CallContext, CsiError, CsiResult, Node};
 
-use super::{FakeDriver, Fault, MAX_VOLUMES_PER_NODE, is_block};
+use super::{FakeDriver, Fault, MAX_VOLUMES_PER_NODE, PUBLISH_CONTEXT_KEY, device_of, is_block};
+
+impl FakeDriver {
+    /// A controller-published volume's node call must carry the
+    /// publish_context ControllerPublishVolume returned, as a CO passes it
+    /// on: with split endpoints that is the node's only way to learn it.
+    fn check_publish_context(
+        &self,
+        st: &super::state::State,
+        volume_id: &str,
+        context: &std::collections::HashMap<String, String>,
+    ) -> CsiResult<()> {
+        let published = st
+            .controller_pubs
+            .contains_key(&(volume_id.to_string(), self.opts.node_id.clone()));
+        if published && context.get(PUBLISH_CONTEXT_KEY) != Some(&device_of(volume_id)) {
+            return Err(CsiError::invalid(
+                format!("publish_context[{PUBLISH_CONTEXT_KEY:?}]"),
+                "missing or not the value ControllerPublishVolume returned",
+            ));
+        }
+        Ok(())
+    }
+}
 
 #[csi_server::async_trait]
 impl Node for FakeDriver {
@@ -18,7 +41,14 @@ impl Node for FakeDriver {
         req: NodeStageVolumeRequest,
     ) -> CsiResult<NodeStageVolumeResponse> {
         let mut st = self.lock();
-        self.volume(&st, &req.volume_id)?;
+        if let Err(e) = self.volume(&st, &req.volume_id) {
+            return Err(if self.has(Fault::LeaksSecretsInErrors) {
+                CsiError::NotFound(format!("{e} (credentials {:?})", req.secrets))
+            } else {
+                e
+            });
+        }
+        self.check_publish_context(&st, &req.volume_id, &req.publish_context)?;
         if check_stage(st.staged.get(&req.volume_id), &req)? != StageDecision::AlreadyStaged {
             st.staged.insert(
                 req.volume_id,
@@ -56,6 +86,9 @@ impl Node for FakeDriver {
     ) -> CsiResult<NodePublishVolumeResponse> {
         let mut st = self.lock();
         self.volume(&st, &req.volume_id)?;
+        if !self.opts.stage_unstage {
+            self.check_publish_context(&st, &req.volume_id, &req.publish_context)?;
+        }
         let staged_here = st
             .staged
             .get(&req.volume_id)
