@@ -45,3 +45,9 @@ pub use volume_state as state;
 #[doc = include_str!("../README.md")]
 #[cfg(all(doctest, feature = "full"))]
 pub struct ReadmeDoctests;
+
+/// docs/architecture.md's code examples, compiled as doc tests for the same
+/// reason.
+#[doc = include_str!("../docs/architecture.md")]
+#[cfg(all(doctest, feature = "full"))]
+pub struct ArchitectureDoctests;

@@ -134,14 +134,19 @@ impl<B: ControllerBackend> ControllerService<B> {
         )?;
         let record = self.new_record(req, size, access, source, mutable);
         claim.also(&[(Res::Volume, &record.id)])?;
-        let (this, mut made) = (self.clone(), record.clone());
-        self.run(claim, async move {
-            this.make_volume(&mut made, Some(reservation)).await
-        })
-        .await?;
-        tracing::info!(volume = %record.id, name = %record.name, size, "created volume");
+        let (this, mut made) = (self.clone(), record);
+        // The answer is the record as the backend left it (e.g. its volume
+        // context), as a repeated CreateVolume answers from the saved one.
+        let made = self
+            .run(claim, async move {
+                this.make_volume(&mut made, Some(reservation))
+                    .await
+                    .map(|()| made)
+            })
+            .await?;
+        tracing::info!(volume = %made.id, name = %made.name, size, "created volume");
         Ok(CreateVolumeResponse {
-            volume: Some(record.message()),
+            volume: Some(made.message()),
         })
     }
 

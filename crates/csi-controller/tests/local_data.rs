@@ -277,3 +277,37 @@ async fn group_snapshots_left_half_saved_are_settled_at_start() {
     assert!(e.tables().unwrap().groups.is_empty() && e.tables().unwrap().snapshots.is_empty());
     assert!(b.data().snapshots.is_empty(), "the members' data went too");
 }
+
+/// A backend that tells the node where a volume is through its volume
+/// context, as a network filesystem's controller does.
+struct Addressed;
+
+#[csi_driver::async_trait]
+impl csi_controller::ControllerBackend for Addressed {
+    async fn create_volume(
+        &self,
+        v: &mut csi_controller::VolumeRecord,
+    ) -> csi_controller::BackendResult<()> {
+        v.parameters
+            .insert("source".into(), format!("//files/volumes/{}", v.id));
+        Ok(())
+    }
+    async fn delete_volume(&self, _: &str) -> csi_controller::BackendResult<bool> {
+        Ok(false)
+    }
+}
+
+#[tokio::test]
+async fn the_first_answer_carries_what_the_backend_added_to_the_volume_context() {
+    let store = Arc::new(MemStore::new());
+    let e = ControllerService::with_store(store, Config::new("n1"), Addressed).unwrap();
+    let req = create_req("pvc-1", MIB);
+    let first = e.create_volume(&ctx(), req.clone()).await.unwrap();
+    let volume = first.volume.clone().unwrap();
+    assert_eq!(
+        volume.volume_context.get("source"),
+        Some(&format!("//files/volumes/{}", volume.volume_id))
+    );
+    let again = e.create_volume(&ctx(), req).await.unwrap();
+    assert_eq!(again, first, "a repeat answers the same volume");
+}

@@ -1,4 +1,5 @@
-//! Spec validation of requests (RULES.md §4): pure functions, one
+//! Spec validation of requests (CSI spec, "Error Scheme" and "Field
+//! Requirements"): pure functions, one
 //! [`Validate`] impl per request type that has field rules (a request
 //! without any, e.g. Probe, needs none: see
 //! [`CsiRequest::validate`](crate::CsiRequest::validate)). Every failure is

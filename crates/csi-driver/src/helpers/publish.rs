@@ -1,5 +1,5 @@
-//! The NodePublishVolume repeat-call table (RULES.md §5): whether a publish
-//! of a volume already published on this node is a no-op, a new
+//! The NodePublishVolume repeat-call table (CSI spec, "NodePublishVolume"):
+//! whether a publish of a volume already published on this node is a no-op, a new
 //! publication, ALREADY_EXISTS or FAILED_PRECONDITION.
 
 use std::collections::HashMap;

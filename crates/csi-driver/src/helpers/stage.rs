@@ -1,5 +1,5 @@
-//! The NodeStageVolume repeat rule (RULES.md §5): staging a volume that is
-//! already staged is OK at the same path with an identical capability, and
+//! The NodeStageVolume repeat rule (CSI spec, "NodeStageVolume"): staging
+//! a volume that is already staged is OK at the same path with an identical capability, and
 //! ALREADY_EXISTS otherwise.
 
 use csi_proto::v1::{NodeStageVolumeRequest, VolumeCapability};
