@@ -53,11 +53,29 @@ PATH="${clean_path%:}" PROTOC=/nonexistent/protoc cargo build -p csi-proto --qui
 log "cargo build --examples"
 cargo build --workspace --examples --bins --quiet
 
-log "cargo test --workspace"
+log "cargo test --workspace (root-only tests are #[ignore]d here)"
 set +e
 cargo test --workspace --all-features --no-fail-fast 2>&1 | tee target/test-output.log
 status=${PIPESTATUS[0]}
 set -e
+
+# Root-only tests carry #[ignore = "needs root: ..."]; as root they run here,
+# in a second pass of the ignored tests (doc tests left out: an `ignore`d
+# doc block is not a test). Benchmarks are ignored too and are skipped by
+# name; harnesses that decide at run time mark nothing a root pass could
+# fix as ignored (CSI_KIT_ROOT_PASS tells them).
+: > target/test-root.log
+if [ "$(id -u)" = 0 ]; then
+  log "cargo test --workspace -- --ignored (root pass)"
+  set +e
+  CSI_KIT_ROOT_PASS=1 cargo test --workspace --all-features --no-fail-fast --lib --bins --tests --examples -- \
+    --ignored --skip create_delete_cost_does_not_grow_with_the_volumes_present \
+    --skip create_to_published_mount_1gib 2>&1 | tee target/test-root.log
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  set -e
+else
+  echo "not root: the root-only tests stay reported as ignored (skipped)"
+fi
 
 # The community's csi-sanity against both example drivers, as vendors run
 # it (it says so and skips when the binary is absent or we are not root).
@@ -81,5 +99,8 @@ if [ -n "$leaked" ]; then
 fi
 
 # One closing line counting every test binary's results.
-awk '/^test result:/ {p+=$4; f+=$6; i+=$8} END {printf "tests: %d passed, %d failed, %d skipped\n", p, f, i}' target/test-output.log
+# A root test is ignored in the first pass and run in the second: counted once.
+awk 'FNR == 1 {pass++} /^test result:/ {
+       if (pass == 1) {p += $4; f += $6; i += $8} else {p += $4; f += $6; i -= $4 + $6}
+     } END {printf "tests: %d passed, %d failed, %d skipped\n", p, f, i}' target/test-output.log target/test-root.log
 exit "$status"

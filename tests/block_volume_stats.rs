@@ -217,7 +217,7 @@ async fn stats_follow_the_device(example: &str, args: &[&str], dir: PathBuf) {
 }
 
 #[test]
-#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
+#[ignore = "needs root: run by scripts/test.sh's root pass"]
 fn hostpath_block_stats_at_the_kubelets_device_paths() {
     require_root!("hostpath_block_stats_at_the_kubelets_device_paths");
     run_isolated_in_tempdir("hostpath-block-stats", |dir| {
@@ -226,7 +226,7 @@ fn hostpath_block_stats_at_the_kubelets_device_paths() {
 }
 
 #[test]
-#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
+#[ignore = "needs root: run by scripts/test.sh's root pass"]
 fn loop_block_block_stats_at_the_kubelets_device_paths() {
     require_root!("loop_block_block_stats_at_the_kubelets_device_paths");
     run_isolated_in_tempdir("loop-block-block-stats", |dir| {

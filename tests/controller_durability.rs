@@ -254,7 +254,7 @@ async fn driver_with_full_source(
 /// Case 1: a CreateVolume whose client gave up keeps copying; a retry
 /// meanwhile is ABORTED (it used to start a second copy, leaving orphans).
 #[test]
-#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
+#[ignore = "needs root: run by scripts/test.sh's root pass"]
 fn a_cancelled_clone_finishes_once_and_a_retry_meanwhile_is_aborted() {
     require_root!("a_cancelled_clone_finishes_once_and_a_retry_meanwhile_is_aborted");
     for driver in DRIVERS {
@@ -380,7 +380,7 @@ fn a_second_instance_on_the_same_statedir_exits_with_a_message() {
 /// and leave a directory per call, and deletes, NodeUnpublish and
 /// NodeUnstage failed, so space could never be freed through CSI.
 #[test]
-#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
+#[ignore = "needs root: run by scripts/test.sh's root pass"]
 fn a_full_state_filesystem_refuses_creates_cleanly_and_still_frees_space() {
     require_root!("a_full_state_filesystem_refuses_creates_cleanly_and_still_frees_space");
     for driver in DRIVERS {
@@ -489,7 +489,7 @@ fn a_full_state_filesystem_refuses_creates_cleanly_and_still_frees_space() {
 /// being copied returned OK, and the copy then reported OK for a source
 /// that no longer existed.
 #[test]
-#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
+#[ignore = "needs root: run by scripts/test.sh's root pass"]
 fn sources_of_snapshots_and_clones_in_flight_cannot_be_deleted() {
     require_root!("sources_of_snapshots_and_clones_in_flight_cannot_be_deleted");
     for driver in DRIVERS {

@@ -144,8 +144,12 @@ fn main() -> std::process::ExitCode {
             node_grpc_js_with_default_settings_calls_both_drivers,
         ),
     ];
+    // The test script's root pass runs ignored tests; a client missing here
+    // is not made available by root, so its test is left out of that pass.
+    let root_pass = std::env::var_os("CSI_KIT_ROOT_PASS").is_some();
     let trials = tests
         .into_iter()
+        .filter(|(_, unavailable, _)| !(root_pass && unavailable().is_some()))
         .map(|(name, unavailable, test)| {
             let why = if args.list { None } else { unavailable() };
             if let Some(why) = &why {

@@ -82,7 +82,7 @@ fn skipped(report: &Report) -> Vec<String> {
 }
 
 #[test]
-#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
+#[ignore = "needs root: run by scripts/test.sh's root pass"]
 fn hostpath_mount_access_without_attach() {
     require_root!("hostpath_mount_access_without_attach");
     run_isolated("hostpath-mount", || async {
@@ -95,7 +95,7 @@ fn hostpath_mount_access_without_attach() {
 }
 
 #[test]
-#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
+#[ignore = "needs root: run by scripts/test.sh's root pass"]
 fn hostpath_mount_access_with_attach() {
     require_root!("hostpath_mount_access_with_attach");
     run_isolated("hostpath-mount-attach", || async {
@@ -105,7 +105,7 @@ fn hostpath_mount_access_with_attach() {
 }
 
 #[test]
-#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
+#[ignore = "needs root: run by scripts/test.sh's root pass"]
 fn hostpath_block_access_without_attach() {
     require_root!("hostpath_block_access_without_attach");
     run_isolated("hostpath-block", || async {
@@ -117,7 +117,7 @@ fn hostpath_block_access_without_attach() {
 }
 
 #[test]
-#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
+#[ignore = "needs root: run by scripts/test.sh's root pass"]
 fn hostpath_block_access_with_attach() {
     require_root!("hostpath_block_access_with_attach");
     run_isolated("hostpath-block-attach", || async {

@@ -117,7 +117,7 @@ fn code<T>(r: Result<T, tonic::Status>) -> Code {
 }
 
 #[test]
-#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
+#[ignore = "needs root: run by scripts/test.sh's root pass"]
 fn every_rpc_repeated_ten_times_gives_one_result_and_one_mount() {
     require_root!("every_rpc_repeated_ten_times_gives_one_result_and_one_mount");
     run_isolated("hostpath-idempotency", || async {
@@ -209,7 +209,7 @@ fn every_rpc_repeated_ten_times_gives_one_result_and_one_mount() {
 }
 
 #[test]
-#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
+#[ignore = "needs root: run by scripts/test.sh's root pass"]
 fn hostile_ids_fields_and_access_types_are_refused_and_secrets_never_logged() {
     require_root!("hostile_ids_fields_and_access_types_are_refused_and_secrets_never_logged");
     run_isolated("hostpath-security", || async {
@@ -345,7 +345,7 @@ fn hostile_ids_fields_and_access_types_are_refused_and_secrets_never_logged() {
 /// Go driver's flags (--attach-limit, --accepted-mutable-parameter-name),
 /// group snapshots offered (state on its own filesystem).
 #[test]
-#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
+#[ignore = "needs root: run by scripts/test.sh's root pass"]
 fn csi_sanity_answers() {
     require_root!("csi_sanity_answers");
     if !csi_kit::mount::testing::have_program("csi_sanity_answers", "mkfs.ext4") {
@@ -475,7 +475,7 @@ fn csi_sanity_answers() {
 }
 
 #[test]
-#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
+#[ignore = "needs root: run by scripts/test.sh's root pass"]
 fn inline_ephemeral_volume_lives_and_dies_with_its_publish() {
     require_root!("inline_ephemeral_volume_lives_and_dies_with_its_publish");
     run_isolated("hostpath-ephemeral", || async {
@@ -529,7 +529,7 @@ fn inline_ephemeral_volume_lives_and_dies_with_its_publish() {
 }
 
 #[test]
-#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
+#[ignore = "needs root: run by scripts/test.sh's root pass"]
 fn staged_block_volume_is_reattached_after_a_restart() {
     require_root!("staged_block_volume_is_reattached_after_a_restart");
     run_isolated("hostpath-reattach", || async {
@@ -594,7 +594,7 @@ fn staged_block_volume_is_reattached_after_a_restart() {
 }
 
 #[test]
-#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
+#[ignore = "needs root: run by scripts/test.sh's root pass"]
 fn sigkill_during_churn_never_loses_a_volume_or_corrupts_state() {
     require_root!("sigkill_during_churn_never_loses_a_volume_or_corrupts_state");
     run_isolated("hostpath-crash", || async {
@@ -746,7 +746,7 @@ fn sigkill_during_churn_never_loses_a_volume_or_corrupts_state() {
 }
 
 #[test]
-#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
+#[ignore = "needs root: run by scripts/test.sh's root pass"]
 fn group_snapshots_are_write_order_consistent() {
     require_root!("group_snapshots_are_write_order_consistent");
     if !csi_kit::mount::testing::have_program(
@@ -890,7 +890,7 @@ fn group_snapshots_are_write_order_consistent() {
 }
 
 #[test]
-#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
+#[ignore = "needs root: run by scripts/test.sh's root pass"]
 fn directory_volume_capacity_is_a_quota_that_expansion_raises() {
     const TEST: &str = "directory_volume_capacity_is_a_quota_that_expansion_raises";
     require_root!(TEST);

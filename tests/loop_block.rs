@@ -101,7 +101,7 @@ fn online_growth_skips(fs_type: &str) -> Vec<&'static str> {
 }
 
 #[test]
-#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
+#[ignore = "needs root: run by scripts/test.sh's root pass"]
 fn loop_block_conformance_mount_ext4() {
     require_root!("loop_block_conformance_mount_ext4");
     if !have_program("loop_block_conformance_mount_ext4", "mkfs.ext4") {
@@ -114,7 +114,7 @@ fn loop_block_conformance_mount_ext4() {
 }
 
 #[test]
-#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
+#[ignore = "needs root: run by scripts/test.sh's root pass"]
 fn loop_block_conformance_mount_default_fs() {
     require_root!("loop_block_conformance_mount_default_fs");
     run_isolated("loop-block-default-fs", || async {
@@ -125,7 +125,7 @@ fn loop_block_conformance_mount_default_fs() {
 }
 
 #[test]
-#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
+#[ignore = "needs root: run by scripts/test.sh's root pass"]
 fn loop_block_conformance_mount_xfs() {
     require_root!("loop_block_conformance_mount_xfs");
     if !have_program("loop_block_conformance_mount_xfs", "mkfs.xfs") {
@@ -138,7 +138,7 @@ fn loop_block_conformance_mount_xfs() {
 }
 
 #[test]
-#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
+#[ignore = "needs root: run by scripts/test.sh's root pass"]
 fn loop_block_conformance_block() {
     require_root!("loop_block_conformance_block");
     run_isolated("loop-block-block", || async {
@@ -355,7 +355,7 @@ fn mount_at(path: &Path) -> Option<csi_kit::mount::MountInfo> {
 const MIB: i64 = 1 << 20;
 
 #[test]
-#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
+#[ignore = "needs root: run by scripts/test.sh's root pass"]
 fn data_survives_unpublish_unstage_and_restage() {
     require_root!("data_survives_unpublish_unstage_and_restage");
     run_isolated("loop-block-data", || async {
@@ -448,7 +448,7 @@ async fn grow_published_filesystem(fs: &str) {
 }
 
 #[test]
-#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
+#[ignore = "needs root: run by scripts/test.sh's root pass"]
 fn expansion_while_published_grows_df_size() {
     require_root!("expansion_while_published_grows_df_size");
     let mut grown = Vec::new();
@@ -470,7 +470,7 @@ fn expansion_while_published_grows_df_size() {
 }
 
 #[test]
-#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
+#[ignore = "needs root: run by scripts/test.sh's root pass"]
 fn expansion_refreshes_the_loop_device_of_a_published_block_volume() {
     require_root!("expansion_refreshes_the_loop_device_of_a_published_block_volume");
     run_isolated("loop-block-grow-block", || async {
@@ -496,7 +496,7 @@ fn expansion_refreshes_the_loop_device_of_a_published_block_volume() {
 }
 
 #[test]
-#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
+#[ignore = "needs root: run by scripts/test.sh's root pass"]
 fn restart_reattaches_loop_devices_and_remounts_staged_volumes() {
     require_root!("restart_reattaches_loop_devices_and_remounts_staged_volumes");
     run_isolated("loop-block-restart", || async {
@@ -640,7 +640,7 @@ fn write_and_read_back(target: &Path, block: bool, data: &[u8]) {
 }
 
 #[test]
-#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
+#[ignore = "needs root: run by scripts/test.sh's root pass"]
 fn modify_volume_retunes_the_attached_disk_and_every_later_attachment() {
     require_root!("modify_volume_retunes_the_attached_disk_and_every_later_attachment");
     run_isolated_in_tempdir("loop-block-modify", |dir| async move {
@@ -814,7 +814,7 @@ async fn delete_group(client: &CsiClient, group: VolumeGroupSnapshot) {
 }
 
 #[test]
-#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
+#[ignore = "needs root: run by scripts/test.sh's root pass"]
 fn group_snapshots_freeze_the_members_and_cut_them_at_one_point_in_time() {
     require_root!("group_snapshots_freeze_the_members_and_cut_them_at_one_point_in_time");
     if !have_program("group_snapshots_freeze_the_members...", "mkfs.ext4") {
@@ -919,7 +919,7 @@ impl Drop for Unfreeze {
 }
 
 #[test]
-#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
+#[ignore = "needs root: run by scripts/test.sh's root pass"]
 fn a_filesystem_left_frozen_by_a_crash_is_thawed_at_start() {
     require_root!("a_filesystem_left_frozen_by_a_crash_is_thawed_at_start");
     if !have_program("a_filesystem_left_frozen_by_a_crash...", "fsfreeze") {

@@ -45,7 +45,7 @@ async fn published_node_ids(client: &CsiClient, volume: &str) -> Vec<String> {
 }
 
 #[test]
-#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
+#[ignore = "needs root: run by scripts/test.sh's root pass"]
 fn reconciler_mounts_pods_through_hostpath_and_tears_everything_down() {
     require_root!("reconciler_mounts_pods_through_hostpath_and_tears_everything_down");
     run_isolated("volume-state-hostpath", || async {

@@ -399,7 +399,7 @@ mod tests {
     }
 
     #[test]
-    #[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
+    #[ignore = "needs root: run by scripts/test.sh's root pass"]
     fn settings_reach_a_real_loop_device() {
         mount_utils::require_root!("settings_reach_a_real_loop_device");
         let dir = tempfile::tempdir().unwrap();

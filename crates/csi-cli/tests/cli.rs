@@ -64,7 +64,7 @@ fn p(path: &Path) -> String {
 }
 
 #[test]
-#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
+#[ignore = "needs root: run by scripts/test.sh's root pass"]
 fn every_command_group_works_against_hostpath() {
     require_root!("every_command_group_works_against_hostpath");
     run_isolated("cli-commands", || async {
@@ -267,7 +267,7 @@ fn every_command_group_works_against_hostpath() {
 }
 
 #[test]
-#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
+#[ignore = "needs root: run by scripts/test.sh's root pass"]
 fn sanity_passes_on_hostpath_and_fails_on_a_broken_driver() {
     require_root!("sanity_passes_on_hostpath_and_fails_on_a_broken_driver");
     run_isolated("cli-sanity", || async {
@@ -365,7 +365,7 @@ async fn assert_nothing_left(driver: &Driver, dir: &Path) {
 }
 
 #[test]
-#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
+#[ignore = "needs root: run by scripts/test.sh's root pass"]
 fn bench_reports_percentiles_and_cleans_up_after_a_normal_end() {
     require_root!("bench_reports_percentiles_and_cleans_up_after_a_normal_end");
     run_isolated("cli-bench", || async {
@@ -439,7 +439,7 @@ fn bench_reports_percentiles_and_cleans_up_after_a_normal_end() {
 }
 
 #[test]
-#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
+#[ignore = "needs root: run by scripts/test.sh's root pass"]
 fn bench_cleans_up_after_sigint() {
     require_root!("bench_cleans_up_after_sigint");
     run_isolated("cli-bench-sigint", || async {

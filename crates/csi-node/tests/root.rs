@@ -1,7 +1,8 @@
 //! The key cases with real mounts and loop devices: run as root, each in a
 //! private mount namespace (its mounts vanish with it) with a guard that
 //! detaches every loop device over its temporary directory. Built without
-//! root, each is reported as ignored (`cfg(not_root)`, set by build.rs).
+//! root, each is reported as ignored (`#[ignore]`; scripts/test.sh runs them
+//! in its root pass).
 
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
@@ -66,7 +67,7 @@ fn mounts_at(path: &Path) -> Vec<mount_utils::MountInfo> {
 }
 
 #[test]
-#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
+#[ignore = "needs root: run by scripts/test.sh's root pass"]
 fn root_block_unstage_while_published_keeps_the_device() {
     as_root(
         "root_block_unstage_while_published_keeps_the_device",
@@ -122,7 +123,7 @@ fn root_block_unstage_while_published_keeps_the_device() {
 }
 
 #[test]
-#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
+#[ignore = "needs root: run by scripts/test.sh's root pass"]
 fn root_read_only_wins_over_rw() {
     as_root("root_read_only_wins_over_rw", |base| {
         std::fs::create_dir(base.join("data/dir-1")).unwrap();
@@ -144,7 +145,7 @@ fn root_read_only_wins_over_rw() {
 }
 
 #[test]
-#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
+#[ignore = "needs root: run by scripts/test.sh's root pass"]
 fn root_foreign_mounts_and_symlinks_are_never_touched() {
     as_root(
         "root_foreign_mounts_and_symlinks_are_never_touched",
@@ -201,7 +202,7 @@ fn root_foreign_mounts_and_symlinks_are_never_touched() {
 }
 
 #[test]
-#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
+#[ignore = "needs root: run by scripts/test.sh's root pass"]
 fn root_block_publish_refuses_a_file_with_data() {
     as_root("root_block_publish_refuses_a_file_with_data", |base| {
         let img = image(base, "img-1", 8 << 20);
@@ -234,7 +235,7 @@ fn root_block_publish_refuses_a_file_with_data() {
 }
 
 #[test]
-#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
+#[ignore = "needs root: run by scripts/test.sh's root pass"]
 fn root_a_lost_record_is_cleaned_up_by_device_number() {
     if !have_program(
         "root_a_lost_record_is_cleaned_up_by_device_number",
@@ -280,7 +281,7 @@ fn root_a_lost_record_is_cleaned_up_by_device_number() {
 }
 
 #[test]
-#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
+#[ignore = "needs root: run by scripts/test.sh's root pass"]
 fn root_restart_restores_and_never_reformats_a_damaged_volume() {
     if !have_program(
         "root_restart_restores_and_never_reformats_a_damaged_volume",
@@ -369,7 +370,7 @@ fn root_restart_restores_and_never_reformats_a_damaged_volume() {
 /// mount first, as `/` is on most hosts: `MS_MOVE` refuses a mount under a
 /// shared parent, which the private directory's own private mount avoids.
 #[test]
-#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
+#[ignore = "needs root: run by scripts/test.sh's root pass"]
 fn root_tmpfs_is_moved_to_its_staging_path_and_known_by_its_mount_id() {
     as_root("root_tmpfs", |base| {
         let mounter: Arc<dyn Mounter> = Arc::new(LinuxMounter::new());
@@ -423,7 +424,7 @@ fn root_tmpfs_is_moved_to_its_staging_path_and_known_by_its_mount_id() {
 /// first use only, never detached by the node, and not formatted again
 /// when staged a second time.
 #[test]
-#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
+#[ignore = "needs root: run by scripts/test.sh's root pass"]
 fn root_an_attached_disk_named_by_a_link_is_formatted_once_and_never_detached() {
     let name = "root_an_attached_disk_named_by_a_link_is_formatted_once_and_never_detached";
     if !have_program(name, "mkfs.ext4") {

@@ -316,6 +316,11 @@ fn main() {
         println!("lock_across_processes: test\ncrash_safety: test");
         return;
     }
+    // Neither test is ignored, so a run of the ignored tests runs neither.
+    if args.iter().any(|a| a == "--ignored") {
+        println!("test result: ok. 0 passed; 0 failed; 0 ignored; 0 measured; 2 filtered out");
+        return;
+    }
     let root = tempfile::Builder::new()
         .prefix("csi-store-crash-")
         .tempdir_in(env!("CARGO_TARGET_TMPDIR"))

@@ -57,7 +57,7 @@ fn temporaries(dir: &Path) -> Vec<String> {
 }
 
 #[test]
-#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
+#[ignore = "needs root: run by scripts/test.sh's root pass"]
 fn full_disk_fails_puts_cleanly_and_deletes_still_work() {
     mount_utils::require_root!("full_disk_fails_puts_cleanly_and_deletes_still_work");
     in_private_mount_ns("full-disk", || {
@@ -129,7 +129,7 @@ fn full_disk_fails_puts_cleanly_and_deletes_still_work() {
 }
 
 #[test]
-#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
+#[ignore = "needs root: run by scripts/test.sh's root pass"]
 fn running_out_of_inodes_is_no_space_too() {
     mount_utils::require_root!("running_out_of_inodes_is_no_space_too");
     in_private_mount_ns("no-inodes", || {
@@ -154,7 +154,7 @@ fn running_out_of_inodes_is_no_space_too() {
 }
 
 #[test]
-#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
+#[ignore = "needs root: run by scripts/test.sh's root pass"]
 fn a_table_cannot_be_created_on_a_full_disk_but_reads_of_it_work() {
     mount_utils::require_root!("a_table_cannot_be_created_on_a_full_disk_but_reads_of_it_work");
     in_private_mount_ns("full-new-table", || {

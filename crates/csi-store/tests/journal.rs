@@ -173,7 +173,7 @@ fn on_scratch_ext4(test: &str, ns: &str, f: impl FnOnce(&ScratchFilesystem) + Se
 }
 
 #[test]
-#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
+#[ignore = "needs root: run by scripts/test.sh's root pass"]
 fn on_a_full_ext4_disk_deletes_work_and_the_journal_survives() {
     mount_utils::require_root!("on_a_full_ext4_disk_deletes_work_and_the_journal_survives");
     on_scratch_ext4(
@@ -224,7 +224,7 @@ fn on_a_full_ext4_disk_deletes_work_and_the_journal_survives() {
 }
 
 #[test]
-#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
+#[ignore = "needs root: run by scripts/test.sh's root pass"]
 fn without_room_for_a_journal_the_store_writes_directly() {
     mount_utils::require_root!("without_room_for_a_journal_the_store_writes_directly");
     on_scratch_ext4(

@@ -28,17 +28,17 @@ pub fn is_root() -> bool {
 /// Fails the calling test unless running as root.
 ///
 /// A root-only test is reported as ignored, never as passed, when it cannot
-/// run: mark it `#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]`
-/// (a package's `build.rs` sets `not_root` when it is built without root,
-/// as csi-kit's and csi-store's do; this crate's own root tests use a
-/// libtest-mimic harness instead) and call this first, for the one case the
-/// attribute cannot see: a test built as root but run without it.
+/// run: mark it `#[ignore = "needs root: run by scripts/test.sh's root pass"]`
+/// (the test script runs ignored tests in a second pass when it is root;
+/// this crate's own root tests use a libtest-mimic harness that decides at
+/// run time instead) and call this first, so `cargo test -- --ignored` run
+/// without root fails saying why instead of failing somewhere deeper.
 #[macro_export]
 macro_rules! require_root {
     ($name:expr) => {
         assert!(
             $crate::testing::is_root(),
-            "{}: needs root (euid != 0); built as root, so it was not marked ignored",
+            "{}: needs root (euid != 0); run it as root (scripts/test.sh's root pass)",
             $name
         );
     };

@@ -265,7 +265,7 @@ fn copy_file_keeps_holes_and_mode_and_refuses_links_and_existing_files() {
 }
 
 #[test]
-#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
+#[ignore = "needs root: run by scripts/test.sh's root pass"]
 fn keeps_other_users_owners_setuid_devices_and_trusted_xattrs() {
     mount_utils::require_root!("keeps_other_users_owners_setuid_devices_and_trusted_xattrs");
     let tmp = tempfile::tempdir().unwrap();
@@ -314,7 +314,7 @@ fn keeps_other_users_owners_setuid_devices_and_trusted_xattrs() {
 }
 
 #[test]
-#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
+#[ignore = "needs root: run by scripts/test.sh's root pass"]
 fn directories_of_other_filesystems_are_skipped() {
     mount_utils::require_root!("directories_of_other_filesystems_are_skipped");
     let tmp = tempfile::tempdir().unwrap();

@@ -16,7 +16,7 @@ fn backing_file_of(device: &std::path::Path) -> std::path::PathBuf {
 }
 
 #[tokio::test]
-#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
+#[ignore = "needs root: run by scripts/test.sh's root pass"]
 async fn attach_makes_a_device_and_a_link_and_detach_removes_both() {
     let dirs = Dirs::new();
     let provider = start(&dirs, &[]);
@@ -88,7 +88,7 @@ async fn attach_makes_a_device_and_a_link_and_detach_removes_both() {
 }
 
 #[tokio::test]
-#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
+#[ignore = "needs root: run by scripts/test.sh's root pass"]
 async fn a_stuck_attach_makes_no_device_until_it_completes() {
     let dirs = Dirs::new();
     let provider = start(&dirs, &["--fault-stuck-action-secs", "3"]);
@@ -120,7 +120,7 @@ async fn a_stuck_attach_makes_no_device_until_it_completes() {
 }
 
 #[tokio::test]
-#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
+#[ignore = "needs root: run by scripts/test.sh's root pass"]
 async fn an_errored_attach_leaves_nothing() {
     let dirs = Dirs::new();
     let provider = start(&dirs, &["--fault-action-error-rate", "1"]);
@@ -139,7 +139,7 @@ async fn an_errored_attach_leaves_nothing() {
 }
 
 #[tokio::test]
-#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
+#[ignore = "needs root: run by scripts/test.sh's root pass"]
 async fn restarts_keep_attachments_and_remake_lost_devices() {
     let dirs = Dirs::new();
     let provider = start(&dirs, &[]);
@@ -213,7 +213,7 @@ async fn restarts_keep_attachments_and_remake_lost_devices() {
 }
 
 #[tokio::test]
-#[cfg_attr(not_root, ignore = "needs root (euid != 0)")]
+#[ignore = "needs root: run by scripts/test.sh's root pass"]
 async fn an_attach_interrupted_by_a_crash_is_resumed() {
     let dirs = Dirs::new();
     let provider = start(&dirs, &["--fault-stuck-action-secs", "30"]);
