@@ -18,9 +18,16 @@
 //! `unix:///var/lib/csi-loop-block/csi.sock`, state and backing files in
 //! `/var/lib/csi-loop-block`, node id = hostname) and prints them. It needs
 //! root (loop devices, mounts). See `--help` for the flags.
+//!
+//! Controller and node also run apart, as production drivers do:
+//! `--mode controller` and `--mode node`, each with its own `--statedir`
+//! and endpoint, the same `--datadir` (the disks, as a node would see a
+//! network disk). The node then learns everything from the publish context
+//! ([`context`]).
 
 mod backend;
 mod config;
+mod context;
 mod driver;
 mod group;
 mod node;
@@ -45,7 +52,10 @@ fn capabilities(driver: &LoopBlock) -> Capabilities {
         NodeRpc::ExpandVolume,
         NodeRpc::SingleNodeMultiWriter,
     ]);
-    driver.controller.capabilities(node)
+    match &driver.controller {
+        Some(controller) => controller.capabilities(node),
+        None => node,
+    }
 }
 
 #[tokio::main]
@@ -59,7 +69,7 @@ async fn run(config: Config) -> Result<(), String> {
     let mounter = Arc::new(csi_kit::mount::LinuxMounter::new());
     let driver = Arc::new(LoopBlock::open(config.clone(), mounter)?);
     let readiness = Readiness::new();
-    let server = config
+    let mut builder = config
         .common
         .server(
             Config::DRIVER_NAME,
@@ -67,13 +77,18 @@ async fn run(config: Config) -> Result<(), String> {
             &config.statedir.join("csi.sock"),
         )?
         .capabilities(capabilities(&driver))
+        .mode(config.mode)
         .identity(driver.clone())
-        .controller(Arc::new(driver.controller.clone()))
-        .group_controller(Arc::new(driver.controller.clone()))
-        .node(driver.node.clone())
-        .readiness(readiness.clone())
-        .build()
-        .map_err(|e| e.to_string())?;
+        .readiness(readiness.clone());
+    if let Some(controller) = &driver.controller {
+        builder = builder
+            .controller(Arc::new(controller.clone()))
+            .group_controller(Arc::new(controller.clone()));
+    }
+    if let Some(node) = &driver.node {
+        builder = builder.node(node.clone());
+    }
+    let server = builder.build().map_err(|e| e.to_string())?;
     println!(
         "loop-block driver {} {}",
         config.common.driver_name(Config::DRIVER_NAME),
@@ -82,6 +97,7 @@ async fn run(config: Config) -> Result<(), String> {
     println!("  endpoint: {}", server.endpoint());
     println!("  backing dir: {}", driver.backend.volumes_dir().display());
     println!("  state dir: {}", config.statedir.display());
+    println!("  mode: {:?}", config.mode);
     println!("  node id: {}", driver.node_id);
     println!(
         "  attach limit: {}",
