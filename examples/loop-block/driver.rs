@@ -3,7 +3,9 @@
 use std::sync::Arc;
 
 use csi_controller::{ControllerService, open_state};
-use csi_server::CsiResult;
+use csi_proto::v1::node_service_capability::rpc::Type as NodeRpc;
+use csi_server::v1::{GetPluginCapabilitiesRequest, GetPluginCapabilitiesResponse};
+use csi_server::{CallContext, Capabilities, CsiResult, PluginService, VolumeExpansion};
 use mount_utils::{Exec, LinuxLoopDevices, LoopDevices, Mounter, SystemExec};
 
 use crate::backend::Backend;
@@ -132,7 +134,49 @@ fn thaw_after_crash(node: &csi_node::NodeService<NodeSide>, mounter: &dyn Mounte
     }
 }
 
-impl csi_server::Identity for LoopBlock {}
+impl LoopBlock {
+    /// What this instance declares: the node's capabilities when it serves
+    /// the node, and the controller's from what its backend offers.
+    pub fn capabilities(&self) -> Capabilities {
+        let node = match &self.node {
+            Some(_) => Capabilities::new().node([
+                NodeRpc::StageUnstageVolume,
+                NodeRpc::GetVolumeStats,
+                NodeRpc::ExpandVolume,
+                NodeRpc::SingleNodeMultiWriter,
+            ]),
+            None => Capabilities::new(),
+        };
+        match &self.controller {
+            Some(controller) => controller.capabilities(node),
+            None => node,
+        }
+    }
+}
+
+/// The plugin as a whole: GetPluginCapabilities is "the grand sum of all
+/// capabilities of all instances" and the same whichever RPCs an instance
+/// serves (spec: GetPluginCapabilities), so a `--mode node` instance also
+/// reports the services its controller serves (which a CO and csi-sanity
+/// read from the node's endpoint).
+pub fn whole_plugin(instance: &Capabilities) -> Capabilities {
+    instance
+        .clone()
+        .plugin(PluginService::ControllerService)
+        .plugin(PluginService::GroupControllerService)
+        .volume_expansion(VolumeExpansion::Online)
+}
+
+#[csi_server::async_trait]
+impl csi_server::Identity for LoopBlock {
+    async fn get_plugin_capabilities(
+        &self,
+        ctx: &CallContext,
+        _req: GetPluginCapabilitiesRequest,
+    ) -> CsiResult<GetPluginCapabilitiesResponse> {
+        Ok(whole_plugin(ctx.capabilities()).plugin_response())
+    }
+}
 
 #[cfg(test)]
 mod tests {
@@ -160,6 +204,35 @@ mod tests {
             volume_capabilities: vec![VolumeCapability::block()],
             mutable_parameters: params(kv),
             ..Default::default()
+        }
+    }
+
+    /// Every mode reports the same plugin capabilities: those of both.
+    #[test]
+    fn every_mode_reports_the_whole_plugin() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data").to_string_lossy().into_owned();
+        let declared = |mode: &str| {
+            let state = dir.path().join(mode).to_string_lossy().into_owned();
+            let args = [
+                "loop-block",
+                "--mode",
+                mode,
+                "--statedir",
+                &state,
+                "--datadir",
+                &data,
+            ];
+            let config = Config::parse_from(args.into_iter().chain(["--nodeid", "n1"]));
+            let d = LoopBlock::open(config, Arc::new(mount_utils::FakeMounter::new())).unwrap();
+            d.capabilities()
+        };
+        let both = declared("both");
+        let whole = both.plugin_response();
+        assert_eq!(whole_plugin(&both).plugin_response(), whole);
+        for mode in ["controller", "node"] {
+            let answer = whole_plugin(&declared(mode)).plugin_response();
+            assert_eq!(answer, whole, "--mode {mode}");
         }
     }
 

@@ -37,26 +37,10 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Parser;
-use csi_kit::proto::v1::node_service_capability::rpc::Type as NodeRpc;
-use csi_kit::server::{Capabilities, Readiness};
+use csi_kit::server::Readiness;
 
 use config::Config;
 use driver::LoopBlock;
-
-/// What the driver advertises: the node's capabilities here, the
-/// controller's from what its backend offers.
-fn capabilities(driver: &LoopBlock) -> Capabilities {
-    let node = Capabilities::new().node([
-        NodeRpc::StageUnstageVolume,
-        NodeRpc::GetVolumeStats,
-        NodeRpc::ExpandVolume,
-        NodeRpc::SingleNodeMultiWriter,
-    ]);
-    match &driver.controller {
-        Some(controller) => controller.capabilities(node),
-        None => node,
-    }
-}
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -76,7 +60,7 @@ async fn run(config: Config) -> Result<(), String> {
             env!("CARGO_PKG_VERSION"),
             &config.statedir.join("csi.sock"),
         )?
-        .capabilities(capabilities(&driver))
+        .capabilities(driver.capabilities())
         .mode(config.mode)
         .identity(driver.clone())
         .readiness(readiness.clone());
