@@ -229,7 +229,14 @@ impl ControllerBackend for Backend {
     }
 
     fn in_use(&self, id: &str) -> Option<String> {
-        let held = self.node.get().is_some_and(|n| n.record(id).is_some());
+        let Some(node) = self.node.get() else {
+            // `--mode controller`: a loop device of the disk on this host is
+            // a node's, whatever the attach records say.
+            let devices = mount_utils::loopdev::find_by_backing_file(self.volume_path(id));
+            let device = devices.ok()?.into_iter().next()?;
+            return Some(format!("is attached as {} on this host", device.display()));
+        };
+        let held = node.record(id).is_some();
         held.then(|| "is in use on this node".to_owned())
     }
 }

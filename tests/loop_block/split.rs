@@ -16,6 +16,7 @@ fn split_controller_and_node_serve_disks_from_the_publish_context() {
             let args = ["--mode", mode, "--datadir", &data, "--nodeid", "split-node"];
             Driver::start("loop-block", &dir.join(mode), &args)
         };
+        let _detach = DetachUnder(PathBuf::from(&data));
         let (ctl_driver, mut node_driver) = (start("controller"), start("node"));
         let (ctl, mut node) = (ctl_driver.client().await, node_driver.client().await);
         let info = node.node().node_get_info(NodeGetInfoRequest {}).await;
@@ -106,6 +107,30 @@ fn split_controller_and_node_serve_disks_from_the_publish_context() {
         }
         node_driver.restart();
         node = node_driver.client().await;
+        // A CO that detaches too early: the disk's loop device on this host
+        // still keeps the controller from deleting it.
+        let fs = &disks[0];
+        let unpublish = ControllerUnpublishVolumeRequest {
+            volume_id: fs.id.clone(),
+            node_id: fs.node.clone(),
+            ..Default::default()
+        };
+        let detached = ctl
+            .controller()
+            .controller_unpublish_volume(unpublish)
+            .await;
+        detached.unwrap();
+        let delete = DeleteVolumeRequest {
+            volume_id: fs.id.clone(),
+            ..Default::default()
+        };
+        let e = ctl.controller().delete_volume(delete).await.unwrap_err();
+        assert_eq!(e.code(), Code::FailedPrecondition);
+        assert!(
+            e.message().contains("attached as /dev/loop"),
+            "{}",
+            e.message()
+        );
         for disk in disks {
             assert_eq!(tuning_at(&disk.target), (512, false), "restored, tuned");
             Disk {
@@ -117,6 +142,17 @@ fn split_controller_and_node_serve_disks_from_the_publish_context() {
         }
         assert_clean(&dir, Path::new(&data));
     });
+}
+
+/// Detaches every loop device of a disk under the data dir when dropped,
+/// so a failing test leaves none (the drivers' own guards cover only their
+/// state dirs).
+struct DetachUnder(PathBuf);
+
+impl Drop for DetachUnder {
+    fn drop(&mut self) {
+        csi_kit::mount::testing::detach_loop_devices_under(&self.0);
+    }
 }
 
 /// CreateVolume of `req` and ControllerPublish of its first capability on a
