@@ -6,8 +6,8 @@
 # offered, snapshots on another filesystem), loop-block in mount and block
 # mode, and loop-block split (`loop-block-split:mount|block`: controller and
 # node as two processes, csi-sanity on --csi.controllerendpoint and
-# --csi.endpoint). Everything happens in a private mount namespace and is cleaned up
-# (mounts, loop devices, sockets, processes) even on failure.
+# --csi.endpoint). Everything happens in a private mount namespace and is
+# cleaned up (mounts, loop devices, sockets, processes) even on failure.
 #
 # Prints `csi-sanity <driver> <mode>: N passed, N failed, N skipped` per run
 # and exits non-zero if any run has a failure. Skips (exit 0, saying why)
