@@ -4,8 +4,10 @@
 # size flags. hostpath in mount and block mode (attach on, an attach limit,
 # the state dir on its own loop-backed filesystem so group snapshots are
 # offered, snapshots on another filesystem), loop-block in mount and block
-# mode. Everything happens in a private mount namespace and is cleaned up
-# (mounts, loop devices, sockets, processes) even on failure.
+# mode, and loop-block split (`loop-block-split:mount|block`: controller and
+# node as two processes, csi-sanity on --csi.controllerendpoint and
+# --csi.endpoint). Everything happens in a private mount namespace and is
+# cleaned up (mounts, loop devices, sockets, processes) even on failure.
 #
 # Prints `csi-sanity <driver> <mode>: N passed, N failed, N skipped` per run
 # and exits non-zero if any run has a failure. Skips (exit 0, saying why)
@@ -13,7 +15,8 @@
 #
 # Environment: CSI_SANITY (the binary, default ../shared/tools/csi-sanity),
 # CSI_SANITY_RUNS (which runs, default "hostpath:mount hostpath:block
-# loop-block:mount loop-block:block"), CSI_SANITY_ARGS (extra csi-sanity
+# loop-block:mount loop-block:block loop-block-split:mount
+# loop-block-split:block"), CSI_SANITY_ARGS (extra csi-sanity
 # flags, e.g. --ginkgo.focus=REGEX for one spec by hand).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -49,7 +52,7 @@ if [ -z "${CSI_SANITY_IN_NS:-}" ]; then
     --mount-proc bash "$0" "$@"
 fi
 
-runs=${CSI_SANITY_RUNS:-hostpath:mount hostpath:block loop-block:mount loop-block:block}
+runs=${CSI_SANITY_RUNS:-hostpath:mount hostpath:block loop-block:mount loop-block:block loop-block-split:mount loop-block-split:block}
 # Small volumes keep the block runs fast; sizes are the only flags we pass.
 size=$((64 << 20))
 expand=$((128 << 20))
@@ -59,16 +62,20 @@ work=$(mktemp -d /tmp/csi-sanity.XXXXXX)
 logs=$root/target/csi-sanity
 mkdir -p "$logs"
 driver_pid=
+# The controller process of a split run (the node is driver_pid).
+split_pid=
 
 stop_driver() {
-  if [ -n "$driver_pid" ]; then
-    kill "$driver_pid" 2>/dev/null || true
+  local pid
+  for pid in $driver_pid $split_pid; do
+    kill "$pid" 2>/dev/null || true
     # A driver that ignores SIGTERM for 10 s is killed.
-    for _ in $(seq 100); do kill -0 "$driver_pid" 2>/dev/null || break; sleep 0.1; done
-    kill -9 "$driver_pid" 2>/dev/null || true
-    wait "$driver_pid" 2>/dev/null || true
-    driver_pid=
-  fi
+    for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  done
+  driver_pid=
+  split_pid=
 }
 
 # Unmounts everything under $1 (deepest first) and detaches every loop
@@ -117,6 +124,25 @@ make_fs() {
     mount -o loop "$img" "$dir"
 }
 
+# loop-block split: starts its controller (--mode controller, its own
+# state dir, the disks in the data dir it shares with the node) and waits
+# for its socket; the node is then started as the run's driver. Both get
+# the same node id: the controller attaches to its one node.
+start_loop_block_split() {
+  local dir=$1 log=$2
+  mkdir -p "$dir/controller" "$dir/node" "$dir/data"
+  target/debug/examples/loop-block --mode controller --endpoint "unix://$dir/controller.sock" \
+    --statedir "$dir/controller" --datadir "$dir/data" --nodeid sanity-node \
+    --attach-limit "$attach_limit" --log warn >"$log" 2>&1 &
+  split_pid=$!
+  for _ in $(seq 300); do
+    [ -S "$dir/controller.sock" ] && return 0
+    kill -0 "$split_pid" 2>/dev/null || return 1
+    sleep 0.1
+  done
+  return 1
+}
+
 status=0
 for run in $runs; do
   [ -n "$interrupted" ] && break
@@ -126,6 +152,7 @@ for run in $runs; do
   mkdir -p "$dir"
   sock=$dir/csi.sock
   args=()
+  bin=$driver
   case "$driver" in
     hostpath)
       if ! make_fs "$dir/state.img" "$dir/state"; then
@@ -142,21 +169,33 @@ for run in $runs; do
       mkdir -p "$dir/state"
       args=(--statedir "$dir/state" --nodeid sanity-node)
       ;;
+    loop-block-split)
+      bin=loop-block
+      if ! start_loop_block_split "$dir" "$logs/$driver-$mode.controller.log"; then
+        echo "csi-sanity $driver $mode: the controller did not start (see $logs/$driver-$mode.controller.log)"
+        status=1
+        stop_driver
+        release "$dir"
+        continue
+      fi
+      args=(--mode node --statedir "$dir/node" --datadir "$dir/data" --nodeid sanity-node)
+      ;;
     *) echo "csi-sanity: unknown driver $driver"; exit 2 ;;
   esac
   # A driver with an attach limit flag gets one, and the attach-limit spec.
-  if "target/debug/examples/$driver" --help | grep -q -- '--attach-limit'; then
+  if "target/debug/examples/$bin" --help | grep -q -- '--attach-limit'; then
     args+=(--attach-limit "$attach_limit")
   fi
   sanity_args=(--csi.endpoint "$sock" --csi.stagingdir "$dir/stage" --csi.mountdir "$dir/mnt"
                --csi.testvolumesize "$size" --csi.testvolumeexpandsize "$expand"
                --csi.testnodevolumeattachlimit --ginkgo.no-color --ginkgo.v)
   [ "$mode" = block ] && sanity_args+=(--csi.testvolumeaccesstype block)
+  [ -n "$split_pid" ] && sanity_args+=(--csi.controllerendpoint "$dir/controller.sock")
   # shellcheck disable=SC2206 # word splitting is wanted for extra flags
   [ -n "${CSI_SANITY_ARGS:-}" ] && sanity_args+=(${CSI_SANITY_ARGS})
 
   log=$logs/$driver-$mode.log
-  "target/debug/examples/$driver" --endpoint "unix://$sock" "${args[@]}" --log warn \
+  "target/debug/examples/$bin" --endpoint "unix://$sock" "${args[@]}" --log warn \
     >"$logs/$driver-$mode.driver.log" 2>&1 &
   driver_pid=$!
   if ! wait_socket "$sock"; then

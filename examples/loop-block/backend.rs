@@ -23,10 +23,6 @@ use csi_server::{CsiError, CsiResult};
 
 use crate::tuning::{TuneError, Tuning};
 
-/// The publish-context key carrying the backing file to the node (what a
-/// cloud driver would return as the attached device's path or serial).
-pub const BACKING_FILE_KEY: &str = "loop-block.csi-kit.dev/backing-file";
-
 /// Filesystems NodeStage can create (SafeFormatAndMount's list).
 const SUPPORTED_FS: [&str; 4] = ["ext3", "ext4", "xfs", "btrfs"];
 
@@ -70,6 +66,15 @@ impl Backend {
             attachments: Arc::default(),
             direct_io_supported: crate::tuning::direct_io_supported(&root.join("volumes")),
         })
+    }
+
+    /// A copy for the node side: the same layout and attach lock, without
+    /// the node record (that record holds the node side: no cycle).
+    pub fn for_node_side(&self) -> Self {
+        Self {
+            node: Arc::default(),
+            ..self.clone()
+        }
     }
 
     /// The directory holding the backing files.
@@ -224,7 +229,14 @@ impl ControllerBackend for Backend {
     }
 
     fn in_use(&self, id: &str) -> Option<String> {
-        let held = self.node.get().is_some_and(|n| n.record(id).is_some());
+        let Some(node) = self.node.get() else {
+            // `--mode controller`: a loop device of the disk on this host is
+            // a node's, whatever the attach records say.
+            let devices = mount_utils::loopdev::find_by_backing_file(self.volume_path(id));
+            let device = devices.ok()?.into_iter().next()?;
+            return Some(format!("is attached as {} on this host", device.display()));
+        };
+        let held = node.record(id).is_some();
         held.then(|| "is in use on this node".to_owned())
     }
 }
@@ -293,14 +305,13 @@ impl GroupSnapshotBackend for Backend {
 }
 
 /// The backing file is the "device" (what a cloud driver would return as
-/// the attached disk's path or serial).
+/// the attached disk's path or serial); the publish context also tells the
+/// node the disk's access type, size and tuning ([`crate::context`]).
 #[csi_server::async_trait]
 impl AttachBackend for Backend {
     async fn attach(&self, v: &VolumeRecord, _: &str, _: bool) -> BackendResult<AttachState> {
-        let backing = self.volume_path(&v.id).to_string_lossy().into_owned();
-        Ok(AttachState::Attached(
-            [(BACKING_FILE_KEY.to_owned(), backing)].into(),
-        ))
+        let context = crate::context::publish_context(v, &self.volume_path(&v.id));
+        Ok(AttachState::Attached(context))
     }
 
     async fn detach(&self, _: &str, _: &str) -> BackendResult<()> {

@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use clap::Parser;
+use csi_server::ServeMode;
 
 const AFTER_HELP: &str = "\
 Mutable parameters (VolumeAttributesClass / ControllerModifyVolume):
@@ -22,9 +23,18 @@ pub struct Config {
     /// --endpoint, --nodeid, --drivername, --log.
     #[command(flatten)]
     pub common: csi_server::flags::DriverFlags,
-    /// Where the state file, backing files and snapshots live.
+    /// Where this process keeps its records (the controller's volumes, the
+    /// node's stages and publications), and by default the disks.
     #[arg(long, default_value = "/var/lib/csi-loop-block")]
     pub statedir: PathBuf,
+    /// Where the backing files and snapshots live (default: the state
+    /// dir). A controller and a node run apart share it, as a node sees a
+    /// network disk; each keeps its own --statedir.
+    #[arg(long)]
+    pub datadir: Option<PathBuf>,
+    /// Which services to serve: controller, node or both.
+    #[arg(long, default_value = "both")]
+    pub mode: ServeMode,
     /// Largest volume the driver creates, in bytes or with a suffix (1Ti, 500Gi).
     #[arg(long, value_parser = parse_size, default_value = "1Ti")]
     pub max_volume_size: i64,
@@ -38,6 +48,23 @@ pub struct Config {
 impl Config {
     /// The driver name reported when --drivername is not given.
     pub const DRIVER_NAME: &str = "loop-block.csi.csi-kit.dev";
+
+    /// Where the backing files and snapshots live.
+    pub fn data_dir(&self) -> PathBuf {
+        self.datadir
+            .clone()
+            .unwrap_or_else(|| self.statedir.clone())
+    }
+
+    /// Whether this process serves the Controller service.
+    pub fn serves_controller(&self) -> bool {
+        self.mode != ServeMode::Node
+    }
+
+    /// Whether this process serves the Node service.
+    pub fn serves_node(&self) -> bool {
+        self.mode != ServeMode::Controller
+    }
 }
 
 /// clap value parser for sizes in bytes or with a suffix (10Gi).

@@ -3,7 +3,9 @@
 use std::sync::Arc;
 
 use csi_controller::{ControllerService, open_state};
-use csi_server::CsiResult;
+use csi_proto::v1::node_service_capability::rpc::Type as NodeRpc;
+use csi_server::v1::{GetPluginCapabilitiesRequest, GetPluginCapabilitiesResponse};
+use csi_server::{CallContext, Capabilities, CsiResult, PluginService, VolumeExpansion};
 use mount_utils::{Exec, LinuxLoopDevices, LoopDevices, Mounter, SystemExec};
 
 use crate::backend::Backend;
@@ -14,12 +16,14 @@ use crate::node::{NodeSide, open_node};
 #[derive(Clone)]
 pub struct LoopBlock {
     pub node_id: String,
-    /// The Controller and GroupController, and the records.
-    pub controller: ControllerService<Backend>,
+    /// The Controller and GroupController, and the records (`--mode
+    /// controller` or `both`).
+    pub controller: Option<ControllerService<Backend>>,
     pub backend: Backend,
     pub mounter: Arc<dyn Mounter>,
-    /// The node service (csi-node's, over what this node staged and published).
-    pub node: Arc<csi_node::NodeService<NodeSide>>,
+    /// The node service, csi-node's, over what this node staged and
+    /// published (`--mode node` or `both`).
+    pub node: Option<Arc<csi_node::NodeService<NodeSide>>>,
     /// Whether the backing files' filesystem takes O_DIRECT.
     pub direct_io_supported: bool,
 }
@@ -41,6 +45,7 @@ pub fn controller_config(config: &Config) -> csi_controller::Config {
 impl LoopBlock {
     /// Opens (or creates) the state directory and locks it for the life of
     /// the process: a second instance on it gets an error naming the first.
+    /// The disks live in the data dir (the state dir unless `--datadir`).
     pub fn open(config: Config, mounter: Arc<dyn Mounter>) -> Result<Self, String> {
         let exec: Arc<dyn Exec> = Arc::new(SystemExec::new());
         Self::open_with(config, mounter, Arc::new(LinuxLoopDevices::new()), exec)
@@ -55,17 +60,30 @@ impl LoopBlock {
         exec: Arc<dyn Exec>,
     ) -> Result<Self, String> {
         let files = open_state(&config.statedir, || {})?;
-        let backend = Backend::new(&config.statedir)
-            .map_err(|e| format!("preparing {}: {e}", config.statedir.display()))?;
-        let shared = files.clone();
-        let controller =
-            ControllerService::open(files, controller_config(&config), backend.clone())?;
-        let side = NodeSide {
-            engine: controller.downgrade(),
-            attachments: backend.attachments.clone(),
+        let data = config.data_dir();
+        let backend =
+            Backend::new(&data).map_err(|e| format!("preparing {}: {e}", data.display()))?;
+        let controller = match config.serves_controller() {
+            true => Some(ControllerService::open(
+                files.clone(),
+                controller_config(&config),
+                backend.clone(),
+            )?),
+            false => None,
         };
-        let node = open_node(&config, side, mounter.clone(), loops, &shared, exec)?;
-        let _ = backend.node.set(node.volumes().clone());
+        let node = match config.serves_node() {
+            true => {
+                let side = NodeSide {
+                    engine: controller.as_ref().map(ControllerService::downgrade),
+                    backend: backend.for_node_side(),
+                    records: Arc::downgrade(&backend.node),
+                };
+                let node = open_node(&config, side, mounter.clone(), loops, &files, exec)?;
+                let _ = backend.node.set(node.volumes().clone());
+                Some(node)
+            }
+            false => None,
+        };
         Ok(Self {
             direct_io_supported: backend.direct_io_supported,
             node_id: config.common.node_id(),
@@ -85,33 +103,80 @@ impl LoopBlock {
     /// (unacknowledged creates, half-done deletes), each logged, except
     /// those of records set aside as unreadable.
     pub async fn reconcile_on_start(&self) -> CsiResult<()> {
-        self.thaw_after_crash();
-        self.node.restore();
-        self.controller.reconcile().await
-    }
-
-    /// A crash during a group snapshot can leave members frozen, and every
-    /// writer in their pods blocked: thaw them before anything else.
-    fn thaw_after_crash(&self) {
-        for (id, record) in self.node.volumes().records() {
-            let Some(stage) = record.stage.filter(|s| !s.capability.is_block()) else {
-                continue;
-            };
-            if !self.mounter.is_mount_point(&stage.path).unwrap_or(false) {
-                continue;
-            }
-            match mount_utils::freeze::thaw(&stage.path) {
-                Ok(true) => {
-                    tracing::warn!(volume = %id, "thawed a filesystem left frozen by a crash")
-                }
-                Ok(false) => {}
-                Err(e) => tracing::error!(volume = %id, error = %e, "thawing after a crash"),
-            }
+        if let Some(node) = &self.node {
+            thaw_after_crash(node, self.mounter.as_ref());
+            node.restore();
+        }
+        match &self.controller {
+            Some(controller) => controller.reconcile().await,
+            None => Ok(()),
         }
     }
 }
 
-impl csi_server::Identity for LoopBlock {}
+/// A crash during a group snapshot can leave members frozen, and every
+/// writer in their pods blocked: thaw them before anything else.
+fn thaw_after_crash(node: &csi_node::NodeService<NodeSide>, mounter: &dyn Mounter) {
+    for (id, record) in node.volumes().records() {
+        let Some(stage) = record.stage.filter(|s| !s.capability.is_block()) else {
+            continue;
+        };
+        if !mounter.is_mount_point(&stage.path).unwrap_or(false) {
+            continue;
+        }
+        match mount_utils::freeze::thaw(&stage.path) {
+            Ok(true) => {
+                tracing::warn!(volume = %id, "thawed a filesystem left frozen by a crash")
+            }
+            Ok(false) => {}
+            Err(e) => tracing::error!(volume = %id, error = %e, "thawing after a crash"),
+        }
+    }
+}
+
+impl LoopBlock {
+    /// What this instance declares: the node's capabilities when it serves
+    /// the node, and the controller's from what its backend offers.
+    pub fn capabilities(&self) -> Capabilities {
+        let node = match &self.node {
+            Some(_) => Capabilities::new().node([
+                NodeRpc::StageUnstageVolume,
+                NodeRpc::GetVolumeStats,
+                NodeRpc::ExpandVolume,
+                NodeRpc::SingleNodeMultiWriter,
+            ]),
+            None => Capabilities::new(),
+        };
+        match &self.controller {
+            Some(controller) => controller.capabilities(node),
+            None => node,
+        }
+    }
+}
+
+/// The plugin as a whole: GetPluginCapabilities is "the grand sum of all
+/// capabilities of all instances" and the same whichever RPCs an instance
+/// serves (spec: GetPluginCapabilities), so a `--mode node` instance also
+/// reports the services its controller serves (which a CO and csi-sanity
+/// read from the node's endpoint).
+pub fn whole_plugin(instance: &Capabilities) -> Capabilities {
+    instance
+        .clone()
+        .plugin(PluginService::ControllerService)
+        .plugin(PluginService::GroupControllerService)
+        .volume_expansion(VolumeExpansion::Online)
+}
+
+#[csi_server::async_trait]
+impl csi_server::Identity for LoopBlock {
+    async fn get_plugin_capabilities(
+        &self,
+        ctx: &CallContext,
+        _req: GetPluginCapabilitiesRequest,
+    ) -> CsiResult<GetPluginCapabilitiesResponse> {
+        Ok(whole_plugin(ctx.capabilities()).plugin_response())
+    }
+}
 
 #[cfg(test)]
 mod tests {
@@ -142,19 +207,47 @@ mod tests {
         }
     }
 
+    /// Every mode reports the same plugin capabilities: those of both.
+    #[test]
+    fn every_mode_reports_the_whole_plugin() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data").to_string_lossy().into_owned();
+        let declared = |mode: &str| {
+            let state = dir.path().join(mode).to_string_lossy().into_owned();
+            let args = [
+                "loop-block",
+                "--mode",
+                mode,
+                "--statedir",
+                &state,
+                "--datadir",
+                &data,
+            ];
+            let config = Config::parse_from(args.into_iter().chain(["--nodeid", "n1"]));
+            let d = LoopBlock::open(config, Arc::new(mount_utils::FakeMounter::new())).unwrap();
+            d.capabilities()
+        };
+        let both = declared("both");
+        let whole = both.plugin_response();
+        assert_eq!(whole_plugin(&both).plugin_response(), whole);
+        for mode in ["controller", "node"] {
+            let answer = whole_plugin(&declared(mode)).plugin_response();
+            assert_eq!(answer, whole, "--mode {mode}");
+        }
+    }
+
     #[tokio::test]
     async fn mutable_parameters_are_checked_kept_and_merged() {
         let dir = tempfile::tempdir().unwrap();
         let statedir = dir.path().to_string_lossy().into_owned();
         let config = Config::parse_from(["loop-block", "--statedir", &statedir, "--nodeid", "n1"]);
         let d = LoopBlock::open(config, Arc::new(mount_utils::FakeMounter::new())).unwrap();
+        let controller = d.controller.as_ref().unwrap();
         let ctx = CallContext::detached(0, Method::CreateVolume);
-        let created = d
-            .controller
-            .create_volume(&ctx, create("pvc-1", &[(READ_AHEAD_KEY, "512")]));
+        let created = controller.create_volume(&ctx, create("pvc-1", &[(READ_AHEAD_KEY, "512")]));
         let id = created.await.unwrap().volume.unwrap().volume_id;
         let tuning = || {
-            let params = d.controller.known_volume(&id).unwrap().mutable_parameters;
+            let params = controller.known_volume(&id).unwrap().mutable_parameters;
             d.backend.tuning(&params).unwrap()
         };
         assert_eq!(tuning().read_ahead_kib, Some(512));
@@ -165,8 +258,7 @@ mod tests {
         };
         // An unknown key next to a good one: INVALID_ARGUMENT naming it, nothing applied.
         let bad = modify(&[(READ_AHEAD_KEY, "8"), ("XXX_FakeKey", "x")]);
-        let err = d
-            .controller
+        let err = controller
             .controller_modify_volume(&ctx, bad)
             .await
             .unwrap_err();
@@ -177,7 +269,7 @@ mod tests {
         assert_eq!(tuning().read_ahead_kib, Some(512));
         // Keys not sent keep their values.
         let good = modify(&[(DIRECT_IO_KEY, "false")]);
-        d.controller
+        controller
             .controller_modify_volume(&ctx, good)
             .await
             .unwrap();
@@ -186,9 +278,7 @@ mod tests {
             (Some(512), Some(false))
         );
         // CreateVolume with an unknown key creates nothing.
-        let refused = d
-            .controller
-            .create_volume(&ctx, create("pvc-2", &[("XXX_FakeKey", "x")]));
+        let refused = controller.create_volume(&ctx, create("pvc-2", &[("XXX_FakeKey", "x")]));
         assert!(refused.await.is_err());
         assert_eq!(
             std::fs::read_dir(d.backend.volumes_dir()).unwrap().count(),

@@ -39,7 +39,15 @@ impl Backend {
         let Some(device) = devices.first() else {
             return Ok(Writer::Nobody);
         };
-        let stage = (self.node.get()).and_then(|n| n.record(&volume.id)?.stage);
+        let Some(node) = self.node.get() else {
+            // `--mode controller`: the node that attached it is another process.
+            return Err(CsiError::FailedPrecondition(format!(
+                "volume {} is attached by a node this controller cannot freeze; \
+                 a group snapshot of it would not be write-order consistent",
+                volume.id
+            )));
+        };
+        let stage = node.record(&volume.id).and_then(|r| r.stage);
         let Some(staged) = stage.filter(|s| !s.capability.is_block()) else {
             return Err(CsiError::FailedPrecondition(format!(
                 "volume {} is attached as a raw block device, which cannot be frozen: \

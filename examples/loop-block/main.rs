@@ -18,9 +18,16 @@
 //! `unix:///var/lib/csi-loop-block/csi.sock`, state and backing files in
 //! `/var/lib/csi-loop-block`, node id = hostname) and prints them. It needs
 //! root (loop devices, mounts). See `--help` for the flags.
+//!
+//! Controller and node also run apart, as production drivers do:
+//! `--mode controller` and `--mode node`, each with its own `--statedir`
+//! and endpoint, the same `--datadir` (the disks, as a node would see a
+//! network disk). The node then learns everything from the publish context
+//! ([`context`]).
 
 mod backend;
 mod config;
+mod context;
 mod driver;
 mod group;
 mod node;
@@ -30,23 +37,10 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Parser;
-use csi_kit::proto::v1::node_service_capability::rpc::Type as NodeRpc;
-use csi_kit::server::{Capabilities, Readiness};
+use csi_kit::server::Readiness;
 
 use config::Config;
 use driver::LoopBlock;
-
-/// What the driver advertises: the node's capabilities here, the
-/// controller's from what its backend offers.
-fn capabilities(driver: &LoopBlock) -> Capabilities {
-    let node = Capabilities::new().node([
-        NodeRpc::StageUnstageVolume,
-        NodeRpc::GetVolumeStats,
-        NodeRpc::ExpandVolume,
-        NodeRpc::SingleNodeMultiWriter,
-    ]);
-    driver.controller.capabilities(node)
-}
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -59,21 +53,26 @@ async fn run(config: Config) -> Result<(), String> {
     let mounter = Arc::new(csi_kit::mount::LinuxMounter::new());
     let driver = Arc::new(LoopBlock::open(config.clone(), mounter)?);
     let readiness = Readiness::new();
-    let server = config
+    let mut builder = config
         .common
         .server(
             Config::DRIVER_NAME,
             env!("CARGO_PKG_VERSION"),
             &config.statedir.join("csi.sock"),
         )?
-        .capabilities(capabilities(&driver))
+        .capabilities(driver.capabilities())
+        .mode(config.mode)
         .identity(driver.clone())
-        .controller(Arc::new(driver.controller.clone()))
-        .group_controller(Arc::new(driver.controller.clone()))
-        .node(driver.node.clone())
-        .readiness(readiness.clone())
-        .build()
-        .map_err(|e| e.to_string())?;
+        .readiness(readiness.clone());
+    if let Some(controller) = &driver.controller {
+        builder = builder
+            .controller(Arc::new(controller.clone()))
+            .group_controller(Arc::new(controller.clone()));
+    }
+    if let Some(node) = &driver.node {
+        builder = builder.node(node.clone());
+    }
+    let server = builder.build().map_err(|e| e.to_string())?;
     println!(
         "loop-block driver {} {}",
         config.common.driver_name(Config::DRIVER_NAME),
@@ -82,6 +81,7 @@ async fn run(config: Config) -> Result<(), String> {
     println!("  endpoint: {}", server.endpoint());
     println!("  backing dir: {}", driver.backend.volumes_dir().display());
     println!("  state dir: {}", config.statedir.display());
+    println!("  mode: {:?}", config.mode);
     println!("  node id: {}", driver.node_id);
     println!(
         "  attach limit: {}",
