@@ -319,9 +319,7 @@ fn volume_path(volume_id: &str, path: &str) -> Result<PathBuf, NodeError> {
 
 /// ABORTED: `volume` has yet to be put back after a restart.
 fn restoring(volume: &str) -> NodeError {
-    NodeError::aborted(format!(
-        "volume {volume} is being restored after a restart"
-    ))
+    NodeError::aborted(format!("volume {volume} is being restored after a restart"))
 }
 
 fn not_there(volume_id: &str, path: &Path) -> NodeError {

@@ -39,8 +39,7 @@ impl NodeVolumes {
             recorded.collect()
         };
         let mut report = RestoreReport::default();
-        let snapshot =
-            (!records.is_empty()).then(|| Snapshot::read(self.inner.mounter.as_ref()));
+        let snapshot = (!records.is_empty()).then(|| Snapshot::read(self.inner.mounter.as_ref()));
         for (vol, rec) in records {
             let result = match &snapshot {
                 Some(Ok(snapshot)) => self.restore_volume(&vol, rec, &View::Snapshot(snapshot)),
@@ -138,8 +137,7 @@ impl NodeVolumes {
             }
         }
         let mut undo = Undo::default();
-        let result =
-            self.stage_effects(rec, view, &ids, here.is_ours(), &options, None, &mut undo);
+        let result = self.stage_effects(rec, view, &ids, here.is_ours(), &options, None, &mut undo);
         if result.is_ok() && undo.mounted {
             tracing::info!(volume = %rec.volume_id, path = %s.path.display(), "restored staging mount");
         }
