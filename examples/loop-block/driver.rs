@@ -77,16 +77,16 @@ impl LoopBlock {
     }
 
     /// Startup reconciliation, before serving: thaws filesystems a crash
-    /// left frozen, then puts back what the node record says is staged and
-    /// published (a volume that cannot be restored, e.g. its image is gone
-    /// or its first blocks are damaged, is reported abnormal, never
-    /// formatted); finishes group snapshots a crash left half saved or half
+    /// left frozen; finishes group snapshots a crash left half saved or half
     /// removed; removes backing files and snapshot copies no record owns
     /// (unacknowledged creates, half-done deletes), each logged, except
-    /// those of records set aside as unreadable.
+    /// those of records set aside as unreadable. What the node record says
+    /// is staged and published is put back while serving
+    /// (`NodeService::restore_in_background`; a volume that cannot be
+    /// restored, e.g. its image is gone or its first blocks are damaged, is
+    /// reported abnormal, never formatted).
     pub async fn reconcile_on_start(&self) -> CsiResult<()> {
         self.thaw_after_crash();
-        self.node.restore();
         self.controller.reconcile().await
     }
 

@@ -278,14 +278,21 @@ impl<D: NodeBackend> NodeService<D> {
     /// marked as being restored now, before this returns (a call on one is
     /// ABORTED until it is back, never answered from a half-restored
     /// node); the returned future restores them off the async runtime.
-    /// Report ready (Probe) once it has finished. An error means the
-    /// restore could not start (the runtime is shutting down).
+    /// Report ready (Probe) once it has finished. The driver's stage lock
+    /// is held throughout, as for a NodeStage. An error means the restore
+    /// could not start (the runtime is shutting down).
     pub fn restore_in_background(
         &self,
     ) -> impl Future<Output = CsiResult<RestoreReport>> + Send + 'static {
         self.volumes.begin_restore();
-        let volumes = self.volumes.clone();
-        async move { blocking(move || Ok(log_abnormal(volumes.restore()))).await }
+        let (driver, volumes) = (self.driver.clone(), self.volumes.clone());
+        async move {
+            let _held = match driver.stage_lock() {
+                Some(lock) => Some(lock.read().await),
+                None => None,
+            };
+            blocking(move || Ok(log_abnormal(volumes.restore()))).await
+        }
     }
 
     /// Runs `f` off the async runtime; its errors get the spec's codes.
