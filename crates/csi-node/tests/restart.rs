@@ -91,9 +91,14 @@ fn a_restart_reads_the_mount_table_once_however_many_volumes_are_published() {
         assert!(!at_target.abnormal, "{id}: {at_target:?}");
         assert!(!node.volume_condition(id, &s(staging)).unwrap().abnormal);
     }
+    // NodeUnpublish asks about its target alone; NodeUnstage reads the
+    // table once, to find every use of the volume.
     for (id, staging, target) in &busy.volumes {
+        let before = counting.table_reads();
         node.unpublish(&unpublish(id, target)).unwrap();
+        assert_eq!(counting.table_reads(), before, "{id}: unpublish");
         node.unstage(&unstage(id, staging)).unwrap();
+        assert_eq!(counting.table_reads(), before + 1, "{id}: unstage");
     }
     assert!(host.mounted().is_empty(), "{:?}", host.mounted());
     assert_eq!(host.attached(), 0);

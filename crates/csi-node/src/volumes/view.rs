@@ -23,10 +23,12 @@ pub(super) enum View<'a> {
     Paths(&'a dyn Mounter),
 }
 
-/// The mount table read once for many volumes, which stays true as long
-/// as only the reader changes mounts and says where first
-/// ([`changing`](Self::changing)): a path at or below such a place is
-/// asked of the mounter from then on, everything else of the table.
+/// The mount table read once for many volumes. It stays true for their
+/// paths as long as only the reader changes mounts there and says where
+/// first ([`changing`](Self::changing)): a path at or below such a place
+/// is asked of the mounter from then on, everything else of the table.
+/// Calls served meanwhile change mounts only at paths of other volumes
+/// (a claim keeps them off the reader's).
 pub(super) struct Snapshot<'a> {
     table: Vec<MountInfo>,
     mounter: &'a dyn Mounter,
