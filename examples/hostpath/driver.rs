@@ -81,12 +81,11 @@ impl HostPath {
         })
     }
 
-    /// Startup reconciliation, before serving: puts back what the node
-    /// record says is staged and published (a volume that cannot be
-    /// restored is reported abnormal), then the controller's (group
-    /// snapshots a crash left half done, data no record owns).
+    /// Startup reconciliation, before serving: the controller's (group
+    /// snapshots a crash left half done, data no record owns). What the
+    /// node record says is staged and published is put back while serving
+    /// (`NodeService::restore_in_background`).
     pub async fn reconcile_on_start(&self) -> Result<(), CsiError> {
-        self.node.restore();
         self.controller.reconcile().await
     }
 }

@@ -134,8 +134,19 @@ async fn run(config: Config) -> Result<(), String> {
         .reconcile_on_start()
         .await
         .map_err(|e| format!("reconciling state: {e}"))?;
-    readiness.set_ready();
-    server.serve().await.map_err(|e| e.to_string())
+    // Serves at once and restores the node's volumes meanwhile: Probe
+    // answers not ready, and a call on a volume not yet restored is
+    // ABORTED, until the restore has finished.
+    let restored = driver.node.restore_in_background();
+    let ready = async {
+        restored
+            .await
+            .map_err(|e| format!("restoring node volumes: {e}"))?;
+        readiness.set_ready();
+        Ok(())
+    };
+    let serving = async { server.serve().await.map_err(|e| e.to_string()) };
+    tokio::try_join!(serving, ready).map(drop)
 }
 
 #[cfg(test)]

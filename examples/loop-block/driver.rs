@@ -95,17 +95,17 @@ impl LoopBlock {
     }
 
     /// Startup reconciliation, before serving: thaws filesystems a crash
-    /// left frozen, then puts back what the node record says is staged and
-    /// published (a volume that cannot be restored, e.g. its image is gone
-    /// or its first blocks are damaged, is reported abnormal, never
-    /// formatted); finishes group snapshots a crash left half saved or half
+    /// left frozen; finishes group snapshots a crash left half saved or half
     /// removed; removes backing files and snapshot copies no record owns
     /// (unacknowledged creates, half-done deletes), each logged, except
-    /// those of records set aside as unreadable.
+    /// those of records set aside as unreadable. What the node record says
+    /// is staged and published is put back while serving
+    /// (`NodeService::restore_in_background`; a volume that cannot be
+    /// restored, e.g. its image is gone or its first blocks are damaged, is
+    /// reported abnormal, never formatted).
     pub async fn reconcile_on_start(&self) -> CsiResult<()> {
         if let Some(node) = &self.node {
             thaw_after_crash(node, self.mounter.as_ref());
-            node.restore();
         }
         match &self.controller {
             Some(controller) => controller.reconcile().await,

@@ -100,11 +100,27 @@ async fn run(config: Config) -> Result<(), String> {
             " (directIO=true refused: the backing files' filesystem has no O_DIRECT)"
         }
     );
-    // Before serving: a staged volume must have its disk back first.
+    // Before serving: thaw what a crash left frozen, settle the controller.
     driver
         .reconcile_on_start()
         .await
         .map_err(|e| format!("reconciling state: {e}"))?;
-    readiness.set_ready();
-    server.serve().await.map_err(|e| e.to_string())
+    // Serves at once and restores the node's volumes meanwhile: Probe
+    // answers not ready, and a call on a volume not yet restored is
+    // ABORTED, until the restore has finished.
+    let restored = driver
+        .node
+        .as_ref()
+        .map(|node| node.restore_in_background());
+    let ready = async {
+        if let Some(restored) = restored {
+            restored
+                .await
+                .map_err(|e| format!("restoring node volumes: {e}"))?;
+        }
+        readiness.set_ready();
+        Ok(())
+    };
+    let serving = async { server.serve().await.map_err(|e| e.to_string()) };
+    tokio::try_join!(serving, ready).map(drop)
 }

@@ -91,10 +91,13 @@ impl Driver {
         self.child = Some(child);
     }
 
-    /// Connects, waiting up to 20 s for the socket to appear.
+    /// Connects, waiting up to 20 s for the socket to appear and for
+    /// Probe to answer ready (the node's volumes are restored by then).
     pub async fn client(&self) -> CsiClient {
         let endpoint: Endpoint = self.endpoint.parse().expect("endpoint");
-        CsiClient::connect_when_ready(endpoint, ClientOptions::default(), Duration::from_secs(20))
+        let wait = Duration::from_secs(20);
+        let deadline = tokio::time::Instant::now() + wait;
+        let client = CsiClient::connect_when_ready(endpoint, ClientOptions::default(), wait)
             .await
             .unwrap_or_else(|e| {
                 panic!(
@@ -102,7 +105,21 @@ impl Driver {
                     self.name,
                     self.log_text()
                 )
-            })
+            });
+        loop {
+            let probe = client.probe(csi_kit::proto::v1::ProbeRequest {}).await;
+            match probe {
+                Ok(p) if p.ready != Some(false) => return client,
+                _ if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                other => panic!(
+                    "{}: not ready after {wait:?}: {other:?}\n--- driver log ---\n{}",
+                    self.name,
+                    self.log_text()
+                ),
+            }
+        }
     }
 
     /// Kills the driver with SIGKILL (a crash) and waits for it.

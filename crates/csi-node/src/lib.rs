@@ -30,7 +30,10 @@
 //! devices are found by backing file) nor lets someone else's mount be
 //! removed. After a restart, [`NodeVolumes::restore`] puts mounts back,
 //! never formats again, and reports a volume it cannot restore abnormal
-//! ([`NodeVolumes::volume_condition`]) instead of stopping the plugin.
+//! ([`NodeVolumes::volume_condition`]) instead of stopping the plugin. It
+//! reads the mount table once for all volumes, and may run while serving
+//! ([`NodeService::restore_in_background`]): a call on a volume not yet
+//! restored is ABORTED.
 //!
 //! Most drivers need not call [`NodeVolumes`] themselves: [`NodeService`]
 //! is a ready CSI Node service over it (stage, unstage, publish and

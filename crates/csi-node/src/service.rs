@@ -271,11 +271,28 @@ impl<D: NodeBackend> NodeService<D> {
     /// and published; a volume that cannot be restored is logged and
     /// reported abnormal, never stops the plugin.
     pub fn restore(&self) -> RestoreReport {
-        let report = self.volumes.restore();
-        for (volume, why) in &report.abnormal {
-            tracing::warn!(%volume, %why, "volume is abnormal");
+        log_abnormal(self.volumes.restore())
+    }
+
+    /// [`restore`](Self::restore) while serving: every recorded volume is
+    /// marked as being restored now, before this returns (a call on one is
+    /// ABORTED until it is back, never answered from a half-restored
+    /// node); the returned future restores them off the async runtime.
+    /// Report ready (Probe) once it has finished. The driver's stage lock
+    /// is held throughout, as for a NodeStage. An error means the restore
+    /// could not start (the runtime is shutting down).
+    pub fn restore_in_background(
+        &self,
+    ) -> impl Future<Output = CsiResult<RestoreReport>> + Send + 'static {
+        self.volumes.begin_restore();
+        let (driver, volumes) = (self.driver.clone(), self.volumes.clone());
+        async move {
+            let _held = match driver.stage_lock() {
+                Some(lock) => Some(lock.read().await),
+                None => None,
+            };
+            blocking(move || Ok(log_abnormal(volumes.restore()))).await
         }
-        report
     }
 
     /// Runs `f` off the async runtime; its errors get the spec's codes.
@@ -294,6 +311,13 @@ impl<D: NodeBackend> NodeService<D> {
             None => None,
         }
     }
+}
+
+fn log_abnormal(report: RestoreReport) -> RestoreReport {
+    for (volume, why) in &report.abnormal {
+        tracing::warn!(%volume, %why, "volume is abnormal");
+    }
+    report
 }
 
 /// The driver's volume, or NOT_FOUND.

@@ -22,12 +22,13 @@
 use std::ops::Deref;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use std::time::Duration;
 
 use mount_utils::{
-    DeviceNumber, FakeBlockDevices, FakeLoopAction, FakeLoopDevices, FakeMounter, MountInfo,
-    Mounter,
+    DeviceNumber, FakeBlockDevices, FakeLoopAction, FakeLoopDevices, FakeMounter, FsUsage,
+    MountError, MountInfo, MountSource, Mounter, Sensitive,
 };
 
 use crate::observe::normalize;
@@ -131,6 +132,101 @@ impl Deref for FakeHost {
 
     fn deref(&self) -> &FakeMounter {
         &self.mounter
+    }
+}
+
+/// A mounter that counts the whole-table reads made through it
+/// ([`Mounter::mount_points`] and [`Mounter::mount_refs`]) and passes
+/// every call on to the one it wraps. The questions about one path
+/// (`mounts_at`, `containing_mount`) go to the wrapped mounter uncounted,
+/// as Linux answers them with `statmount(2)` without reading the table:
+/// a test asserts how often code under test reads the whole table.
+#[derive(Debug)]
+pub struct FakeCountingMounter<M: ?Sized = dyn Mounter> {
+    table_reads: AtomicUsize,
+    inner: Arc<M>,
+}
+
+impl<M: Mounter + ?Sized> FakeCountingMounter<M> {
+    /// Counts the whole-table reads made through it of `inner`.
+    pub fn new(inner: Arc<M>) -> Self {
+        Self {
+            table_reads: AtomicUsize::new(0),
+            inner,
+        }
+    }
+
+    /// The whole-table reads made through it so far.
+    pub fn table_reads(&self) -> usize {
+        self.table_reads.load(Ordering::SeqCst)
+    }
+
+    fn counted(&self) {
+        self.table_reads.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+impl<M: Mounter + ?Sized> Mounter for FakeCountingMounter<M> {
+    fn mount_sensitive(
+        &self,
+        source: &str,
+        target: &Path,
+        fstype: &str,
+        options: &[&str],
+        sensitive: &[Sensitive],
+    ) -> Result<(), MountError> {
+        self.inner
+            .mount_sensitive(source, target, fstype, options, sensitive)
+    }
+    fn bind_mount(&self, source: &Path, target: &Path, read_only: bool) -> Result<(), MountError> {
+        self.inner.bind_mount(source, target, read_only)
+    }
+    fn remount(&self, target: &Path, options: &[&str]) -> Result<(), MountError> {
+        self.inner.remount(target, options)
+    }
+    fn unmount(&self, target: &Path, lazy: bool) -> Result<(), MountError> {
+        self.inner.unmount(target, lazy)
+    }
+    fn move_mount(&self, from: &Path, to: &Path) -> Result<(), MountError> {
+        self.inner.move_mount(from, to)
+    }
+    fn mount_points(&self) -> Result<Vec<MountInfo>, MountError> {
+        self.counted();
+        self.inner.mount_points()
+    }
+    fn mounts_at(&self, path: &Path) -> Result<Vec<MountInfo>, MountError> {
+        self.inner.mounts_at(path)
+    }
+    fn containing_mount(&self, path: &Path) -> Result<Option<MountInfo>, MountError> {
+        self.inner.containing_mount(path)
+    }
+    fn mounted_at(&self, path: &Path) -> Result<Option<MountInfo>, MountError> {
+        self.inner.mounted_at(path)
+    }
+    fn block_device_at(&self, path: &Path) -> Result<Option<DeviceNumber>, MountError> {
+        self.inner.block_device_at(path)
+    }
+    fn bind_source(&self, source: &Path) -> Result<MountSource, MountError> {
+        self.inner.bind_source(source)
+    }
+    fn is_mount_point(&self, path: &Path) -> Result<bool, MountError> {
+        self.inner.is_mount_point(path)
+    }
+    fn is_likely_not_mount_point(&self, path: &Path) -> Result<bool, MountError> {
+        self.inner.is_likely_not_mount_point(path)
+    }
+    fn mount_refs(&self, path: &Path) -> Result<Vec<PathBuf>, MountError> {
+        self.counted();
+        self.inner.mount_refs(path)
+    }
+    fn cleanup_mount_point(&self, path: &Path) -> Result<(), MountError> {
+        self.inner.cleanup_mount_point(path)
+    }
+    fn remove_mount_point(&self, path: &Path) -> Result<(), MountError> {
+        self.inner.remove_mount_point(path)
+    }
+    fn fs_usage(&self, path: &Path) -> Result<FsUsage, MountError> {
+        self.inner.fs_usage(path)
     }
 }
 

@@ -226,12 +226,14 @@ mod mounter_table {
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
                 Err(e) => return Err(e),
             };
-            let mounts = self.mounter.mount_points().map_err(std::io::Error::other)?;
-            // Later lines are mounted on top of earlier ones.
+            // The mounts at this path alone (statmount on Linux), not the
+            // whole table once per volume; the topmost is what shows.
+            let mounts = self
+                .mounter
+                .mounts_at(&path)
+                .map_err(std::io::Error::other)?;
             Ok(mounts
-                .iter()
-                .rev()
-                .find(|m| m.mount_point == path)
+                .last()
                 .map(|m| MountIdentity::from_mountinfo(m, self.boot_id.clone())))
         }
     }

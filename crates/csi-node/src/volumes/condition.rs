@@ -2,7 +2,7 @@
 
 use csi_proto::v1::VolumeCondition;
 
-use super::{NodeVolumes, View, not_there, volume_path};
+use super::{NodeVolumes, View, not_there, restoring, volume_path};
 use crate::error::NodeError;
 use crate::observe::shows_device;
 use crate::record::NodeVolumeRecord;
@@ -13,9 +13,18 @@ impl NodeVolumes {
     /// device and the staging path); NOT_FOUND otherwise.
     pub fn record_at(&self, volume_id: &str, path: &str) -> Result<NodeVolumeRecord, NodeError> {
         let path = volume_path(volume_id, path)?;
+        self.not_restoring(volume_id)?;
         self.record(volume_id)
             .filter(|r| r.names(&path))
             .ok_or_else(|| not_there(volume_id, &path))
+    }
+
+    /// ABORTED while `volume_id` has yet to be put back after a restart.
+    pub(super) fn not_restoring(&self, volume_id: &str) -> Result<(), NodeError> {
+        match self.table().restoring_volumes.contains(volume_id) {
+            true => Err(restoring(volume_id)),
+            false => Ok(()),
+        }
     }
 
     /// For NodeGetVolumeStats: the condition of `volume_id` at `path` (its
@@ -31,6 +40,9 @@ impl NodeVolumes {
         let path = volume_path(volume_id, path)?;
         let (record, abnormal) = {
             let t = self.table();
+            if t.restoring_volumes.contains(volume_id) {
+                return Err(restoring(volume_id));
+            }
             let why = t
                 .abnormal
                 .get(volume_id)

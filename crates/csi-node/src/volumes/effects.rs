@@ -5,7 +5,9 @@ use std::path::Path;
 
 use mount_utils::{LoopOptions, MountInfo};
 
-use super::{Claim, MAX_STACKED, NodeVolumes, Part, Undo, View};
+use std::sync::Mutex;
+
+use super::{Claim, MAX_STACKED, NodeVolumes, Part, Table, Undo, View, restoring};
 use crate::error::NodeError;
 use crate::observe::{Identities, filesystem_on, normalize};
 use crate::record::{Device, NodeVolumeRecord, VolumeSource};
@@ -14,6 +16,39 @@ use crate::rules::covered;
 impl NodeVolumes {
     pub(super) fn claim(&self, volume: &str, paths: &[&Path]) -> Result<Claim<'_>, NodeError> {
         let mut t = self.table();
+        if t.restoring_volumes.contains(volume) {
+            return Err(restoring(volume));
+        }
+        if let Some(p) = paths.iter().find(|p| t.restoring_paths.contains(**p)) {
+            return Err(NodeError::aborted(format!(
+                "{} is being restored after a restart",
+                p.display()
+            )));
+        }
+        Self::claim_in(&mut t, &self.inner.table, volume, paths)
+    }
+
+    /// A restore's claim of a volume it is about to put back: from then on
+    /// other calls on it wait for this one, as for any call in progress.
+    pub(super) fn claim_to_restore(
+        &self,
+        volume: &str,
+        paths: &[&Path],
+    ) -> Result<Claim<'_>, NodeError> {
+        let mut t = self.table();
+        t.restoring_volumes.remove(volume);
+        for p in paths {
+            t.restoring_paths.remove(*p);
+        }
+        Self::claim_in(&mut t, &self.inner.table, volume, paths)
+    }
+
+    fn claim_in<'a>(
+        t: &mut Table,
+        table: &'a Mutex<Table>,
+        volume: &str,
+        paths: &[&Path],
+    ) -> Result<Claim<'a>, NodeError> {
         if t.busy_volumes.contains(volume) {
             return Err(NodeError::aborted(format!(
                 "an operation on volume {volume} is in progress"
@@ -30,7 +65,7 @@ impl NodeVolumes {
             t.busy_paths.insert(p.to_path_buf());
         }
         Ok(Claim {
-            table: &self.inner.table,
+            table,
             volume: volume.to_owned(),
             paths: paths.iter().map(|p| p.to_path_buf()).collect(),
         })

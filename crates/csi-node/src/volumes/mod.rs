@@ -55,7 +55,7 @@ mod unstage;
 mod view;
 
 use table::Table;
-use view::View;
+use view::{Snapshot, View};
 
 struct Inner {
     mounter: Arc<dyn Mounter>,
@@ -315,6 +315,11 @@ fn volume_path(volume_id: &str, path: &str) -> Result<PathBuf, NodeError> {
         }
         e => e,
     })
+}
+
+/// ABORTED: `volume` has yet to be put back after a restart.
+fn restoring(volume: &str) -> NodeError {
+    NodeError::aborted(format!("volume {volume} is being restored after a restart"))
 }
 
 fn not_there(volume_id: &str, path: &Path) -> NodeError {

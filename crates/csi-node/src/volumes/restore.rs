@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{NodeVolumes, RestoreReport, Undo, View};
+use super::{NodeVolumes, RestoreReport, Snapshot, Undo, View};
 use crate::error::NodeError;
 use crate::observe::PathKind;
 use crate::record::{
@@ -11,15 +11,42 @@ use crate::record::{
 use crate::rules::mount_options;
 
 impl NodeVolumes {
+    /// Marks every recorded volume as yet to be restored: calls on one
+    /// (and on its paths) are ABORTED until [`restore`](Self::restore) has
+    /// put it back. Call it before serving when the restore runs while
+    /// serving; `restore` does it too.
+    pub fn begin_restore(&self) {
+        self.table().mark_restoring();
+    }
+
     /// After a restart: puts every staged and published volume back (loop
     /// devices are gone after a reboot, mounts too), never formatting again.
     /// A volume that cannot be restored (its image gone, its target now a
     /// regular file or a symlink, its filesystem damaged) is reported
-    /// abnormal and left as it is; the others are served.
+    /// abnormal and left as it is; the others are served. The mount table
+    /// is read once for all volumes; calls on a volume not yet restored are
+    /// ABORTED, so it may run while serving.
     pub fn restore(&self) -> RestoreReport {
+        let records: Vec<(String, NodeVolumeRecord)> = {
+            let mut t = self.table();
+            // Once begun (before serving), what was marked then is restored;
+            // volumes staged since are not this restore's.
+            if t.restoring_volumes.is_empty() {
+                t.mark_restoring();
+            }
+            let marked = t.restoring_volumes.iter();
+            let recorded = marked.filter_map(|v| Some((v.clone(), t.records.get(v)?.clone())));
+            recorded.collect()
+        };
         let mut report = RestoreReport::default();
-        for (vol, rec) in self.records() {
-            match self.restore_volume(&vol, rec) {
+        let snapshot = (!records.is_empty()).then(|| Snapshot::read(self.inner.mounter.as_ref()));
+        for (vol, rec) in records {
+            let result = match &snapshot {
+                Some(Ok(snapshot)) => self.restore_volume(&vol, rec, &View::Snapshot(snapshot)),
+                Some(Err(e)) => Err(NodeError::failed_precondition(e.to_string())),
+                None => Ok(()),
+            };
+            match result {
                 Ok(()) => report.healthy.push(vol),
                 Err(e) => {
                     let why = e.to_string();
@@ -27,6 +54,12 @@ impl NodeVolumes {
                     self.table().abnormal.insert(vol.clone(), why);
                 }
             }
+        }
+        {
+            // Whatever was not reached (an unreadable table) is not held up.
+            let mut t = self.table();
+            t.restoring_volumes.clear();
+            t.restoring_paths.clear();
         }
         report.abnormal = self.abnormal();
         report
@@ -36,6 +69,7 @@ impl NodeVolumes {
         &self,
         vol: &str,
         mut rec: NodeVolumeRecord,
+        view: &View<'_>,
     ) -> Result<(), NodeError> {
         let paths: Vec<PathBuf> = rec
             .stage
@@ -44,16 +78,16 @@ impl NodeVolumes {
             .chain(rec.publications.iter().map(|p| p.target.clone()))
             .collect();
         let refs: Vec<&Path> = paths.iter().map(PathBuf::as_path).collect();
-        let _claim = self.claim(vol, &refs)?;
+        let _claim = self.claim_to_restore(vol, &refs)?;
         if let Some(s) = rec.stage.clone().filter(|s| s.state == StageState::Staged) {
-            self.restore_stage(&mut rec, &s)?;
+            self.restore_stage(&mut rec, &s, view)?;
         }
         let mut problems = Vec::new();
         for p in rec.publications.clone() {
             if p.state != PublishState::Published {
                 continue;
             }
-            if let Err(e) = self.restore_publication(&rec, &p) {
+            if let Err(e) = self.restore_publication(&rec, &p, view) {
                 problems.push(e.to_string());
             }
         }
@@ -67,6 +101,7 @@ impl NodeVolumes {
         &self,
         rec: &mut NodeVolumeRecord,
         s: &StageRecord,
+        view: &View<'_>,
     ) -> Result<(), NodeError> {
         let gone = |what: &str, p: &Path| {
             NodeError::failed_precondition(format!("its {what} {} is gone", p.display()))
@@ -76,9 +111,7 @@ impl NodeVolumes {
             VolumeSource::Image(f) if !f.is_file() => return Err(gone("image", f)),
             _ => {}
         }
-        let table = self.mount_table()?;
-        let view = View::Table(&table);
-        let ids = self.identities(&rec.volume_id, Some(rec), &view)?;
+        let ids = self.identities(&rec.volume_id, Some(rec), view)?;
         let (here, _) = view.facts(&s.path, &ids)?;
         if here.kind == PathKind::Symlink || here.has_foreign_mount() {
             return Err(NodeError::failed_precondition(format!(
@@ -97,9 +130,14 @@ impl NodeVolumes {
             )));
         }
         let options = mount_options(&s.capability, s.readonly)?;
+        if !here.is_ours() {
+            self.changing(view, &s.path);
+            if let Some(private) = &self.inner.private_dir {
+                self.changing(view, private);
+            }
+        }
         let mut undo = Undo::default();
-        let result =
-            self.stage_effects(rec, &view, &ids, here.is_ours(), &options, None, &mut undo);
+        let result = self.stage_effects(rec, view, &ids, here.is_ours(), &options, None, &mut undo);
         if result.is_ok() && undo.mounted {
             tracing::info!(volume = %rec.volume_id, path = %s.path.display(), "restored staging mount");
         }
@@ -110,10 +148,9 @@ impl NodeVolumes {
         &self,
         rec: &NodeVolumeRecord,
         p: &PublishRecord,
+        view: &View<'_>,
     ) -> Result<(), NodeError> {
-        let table = self.mount_table()?;
-        let view = View::Table(&table);
-        let ids = self.identities(&rec.volume_id, Some(rec), &view)?;
+        let ids = self.identities(&rec.volume_id, Some(rec), view)?;
         let (here, _) = view.facts(&p.target, &ids)?;
         if here.is_ours() {
             return Ok(());
@@ -145,10 +182,11 @@ impl NodeVolumes {
             },
         };
         let options = mount_options(&p.capability, p.effective_readonly)?;
+        self.changing(view, &p.target);
         let mut undo = Undo::default();
         self.bind(
             rec,
-            &view,
+            view,
             &source,
             &p.target,
             block,
@@ -159,5 +197,13 @@ impl NodeVolumes {
         )?;
         tracing::info!(volume = %rec.volume_id, target = %p.target.display(), "restored publication");
         Ok(())
+    }
+
+    /// Tells a snapshot view that this restore is about to change the
+    /// mounts at or below `path`.
+    fn changing(&self, view: &View<'_>, path: &Path) {
+        if let View::Snapshot(snapshot) = view {
+            snapshot.changing(path);
+        }
     }
 }

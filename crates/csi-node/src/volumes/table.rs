@@ -16,6 +16,10 @@ pub(super) struct Table {
     pub(super) abnormal_paths: BTreeMap<PathBuf, String>,
     pub(super) busy_volumes: BTreeSet<String>,
     pub(super) busy_paths: BTreeSet<PathBuf>,
+    /// Volumes a restore has yet to put back, and their paths: calls on
+    /// them are ABORTED until it has.
+    pub(super) restoring_volumes: BTreeSet<String>,
+    pub(super) restoring_paths: BTreeSet<PathBuf>,
 }
 
 impl Table {
@@ -84,6 +88,16 @@ impl Table {
             }
         }
         Ok(())
+    }
+
+    /// Marks every recorded volume and its paths as yet to be restored.
+    pub(super) fn mark_restoring(&mut self) {
+        for (vol, rec) in &self.records {
+            self.restoring_volumes.insert(vol.clone());
+            let stage = rec.stage.iter().map(|s| s.path.clone());
+            let targets = rec.publications.iter().map(|p| p.target.clone());
+            self.restoring_paths.extend(stage.chain(targets));
+        }
     }
 
     pub(super) fn entry(&mut self, volume: &str) -> &mut NodeVolumeRecord {

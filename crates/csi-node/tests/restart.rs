@@ -1,0 +1,168 @@
+//! A restart with many volumes: the mount table is read a bounded number
+//! of times whatever their number, and calls on a volume wait (ABORTED)
+//! until the restore has put it back.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use csi_node::NodeVolumes;
+use csi_node::testing::{FakeCountingMounter, FakeHost};
+use csi_proto::v1::volume_capability::access_mode::Mode;
+use csi_store::MemStore;
+use mount_utils::Mounter;
+use tonic::Code;
+
+mod common;
+use common::*;
+
+/// Directory volumes staged with a mount and published, and image volumes
+/// staged and published as raw block devices.
+const DIRECTORY_VOLUMES: usize = 150;
+const BLOCK_VOLUMES: usize = 50;
+
+/// A node with every volume staged and published.
+struct Busy {
+    dir: tempfile::TempDir,
+    store: MemStore,
+    /// Each volume's id, staging path and target.
+    volumes: Vec<(String, PathBuf, PathBuf)>,
+}
+
+impl Busy {
+    fn new(host: &FakeHost) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        layout(dir.path());
+        let store = MemStore::new();
+        let node = open(dir.path(), host.mounter(), host, &store);
+        let mut volumes = Vec::new();
+        for i in 0..DIRECTORY_VOLUMES + BLOCK_VOLUMES {
+            let block = i >= DIRECTORY_VOLUMES;
+            let id = format!("vol-{i}");
+            let cap = match block {
+                true => block_cap(),
+                false => mount_cap(Mode::SingleNodeWriter),
+            };
+            match block {
+                true => std::fs::write(dir.path().join(format!("images/{id}.img")), b"").unwrap(),
+                false => std::fs::create_dir(dir.path().join("data").join(&id)).unwrap(),
+            }
+            let staging = dir.path().join(format!("staging-{id}"));
+            let target = dir.path().join(format!("pods/{id}"));
+            node.stage(&stage(&id, &staging, cap.clone())).unwrap();
+            node.publish(&publish(&id, Some(&staging), &target, cap, false))
+                .unwrap();
+            volumes.push((id, staging, target));
+        }
+        Self {
+            dir,
+            store,
+            volumes,
+        }
+    }
+
+    /// The node plugin started again on `host`, its table reads counted.
+    fn restart(&self, host: &FakeHost) -> (NodeVolumes, Arc<FakeCountingMounter>) {
+        let counting = Arc::new(FakeCountingMounter::new(host.mounter()));
+        let node = open(self.dir.path(), counting.clone(), host, &self.store);
+        (node, counting)
+    }
+}
+
+fn open(base: &Path, mounter: Arc<dyn Mounter>, host: &FakeHost, store: &MemStore) -> NodeVolumes {
+    NodeVolumes::builder(mounter, Arc::new(store.clone()), locator(base))
+        .loop_devices(host.loops())
+        .open()
+        .unwrap()
+}
+
+#[test]
+fn a_restart_reads_the_mount_table_once_however_many_volumes_are_published() {
+    let host = FakeHost::new();
+    let busy = Busy::new(&host);
+    let mounts_before = host.mounted().len();
+    let (node, counting) = busy.restart(&host);
+    let report = node.restore();
+    assert_eq!(report.healthy.len(), busy.volumes.len(), "{report:?}");
+    assert!(report.abnormal.is_empty(), "{report:?}");
+    assert_eq!(counting.table_reads(), 1, "one read for all volumes");
+    assert_eq!(host.mounted().len(), mounts_before, "nothing mounted twice");
+    for (id, staging, target) in &busy.volumes {
+        let at_target = node.volume_condition(id, &s(target)).unwrap();
+        assert!(!at_target.abnormal, "{id}: {at_target:?}");
+        assert!(!node.volume_condition(id, &s(staging)).unwrap().abnormal);
+    }
+    // NodeUnpublish asks about its target alone; NodeUnstage reads the
+    // table once, to find every use of the volume.
+    for (id, staging, target) in &busy.volumes {
+        let before = counting.table_reads();
+        node.unpublish(&unpublish(id, target)).unwrap();
+        assert_eq!(counting.table_reads(), before, "{id}: unpublish");
+        node.unstage(&unstage(id, staging)).unwrap();
+        assert_eq!(counting.table_reads(), before + 1, "{id}: unstage");
+    }
+    assert!(host.mounted().is_empty(), "{:?}", host.mounted());
+    assert_eq!(host.attached(), 0);
+}
+
+#[test]
+fn a_reboot_mounts_everything_again_reading_the_table_once() {
+    let busy = Busy::new(&FakeHost::new());
+    // After a reboot: no mounts, no loop devices, the same records.
+    let host = FakeHost::new();
+    let (node, counting) = busy.restart(&host);
+    let report = node.restore();
+    assert_eq!(report.healthy.len(), busy.volumes.len(), "{report:?}");
+    assert_eq!(counting.table_reads(), 1, "one read for all volumes");
+    for (id, staging, target) in &busy.volumes {
+        assert!(!host.mounts_at(target).is_empty(), "{id} published again");
+        let at_target = node.volume_condition(id, &s(target)).unwrap();
+        assert!(!at_target.abnormal, "{id}: {at_target:?}");
+        let block = node
+            .record(id)
+            .unwrap()
+            .stage
+            .unwrap()
+            .capability
+            .is_block();
+        assert_eq!(
+            host.mounts_at(staging).is_empty(),
+            block,
+            "{id} staged again"
+        );
+    }
+    assert_eq!(host.attached(), BLOCK_VOLUMES);
+}
+
+#[test]
+fn calls_on_a_volume_not_yet_restored_are_aborted_and_others_served() {
+    let host = FakeHost::new();
+    let busy = Busy::new(&host);
+    let (node, _) = busy.restart(&host);
+    node.begin_restore();
+    let (id, staging, target) = &busy.volumes[0];
+    let cap = mount_cap(Mode::SingleNodeWriter);
+    let aborted = [
+        code(node.stage(&stage(id, staging, cap.clone()))),
+        code(node.publish(&publish(id, Some(staging), target, cap.clone(), false))),
+        code(node.unpublish(&unpublish(id, target))),
+        code(node.unstage(&unstage(id, staging))),
+        code(node.volume_condition(id, &s(target))),
+        code(node.record_at(id, &s(target))),
+    ];
+    assert_eq!(aborted, [Code::Aborted; 6]);
+    // Another volume at a path a restoring one holds waits too.
+    std::fs::create_dir(busy.dir.path().join("data/new")).unwrap();
+    let taken = publish("new", None, target, cap.clone(), false);
+    assert_eq!(code(node.publish(&taken)), Code::Aborted);
+    // A volume the restore is not about is served meanwhile.
+    let elsewhere = busy.dir.path().join("pods/new");
+    node.publish(&publish("new", None, &elsewhere, cap.clone(), false))
+        .unwrap();
+
+    let report = node.restore();
+    assert_eq!(report.healthy.len(), busy.volumes.len(), "{report:?}");
+    assert!(!node.volume_condition(id, &s(target)).unwrap().abnormal);
+    assert!(node.record("new").is_some(), "not the restore's to touch");
+    node.unpublish(&unpublish(id, target)).unwrap();
+    node.unpublish(&unpublish("new", &elsewhere)).unwrap();
+}
