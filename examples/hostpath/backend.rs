@@ -15,12 +15,13 @@ use std::io;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 
 use csi_controller::{
-    Access, DataOnDisk, IdKind, SnapshotRecord, Source, VolumeBackend, VolumeRecord, copy_failure,
-    copy_sparse, create_sparse, data_by_id, grow_file, internal, io_failure, remove_path,
+    Access, AttachBackend, AttachState, BackendResult, ContentSource, ControllerBackend,
+    DataOnDisk, ExpandBackend, GroupSnapshotBackend, IdKind, ModifyBackend, SnapshotBackend,
+    SnapshotRecord, VolumeRecord, copy_failure, copy_sparse, create_sparse, data_by_id, grow_file,
+    internal, io_failure, remove_path,
 };
 use csi_server::v1::VolumeCondition;
 use csi_server::{CsiError, CsiResult};
@@ -41,6 +42,8 @@ pub struct Backend {
     /// The node side's record, once opened: DeleteVolume is refused while
     /// it holds the volume.
     pub node: Arc<OnceLock<csi_node::NodeVolumes>>,
+    /// ControllerPublish/Unpublish are offered (`--enable-attach`).
+    pub attach: bool,
 }
 
 /// The quota project of a directory volume: a stable hash of its id (never
@@ -68,6 +71,7 @@ impl Backend {
             snapshots,
             quotas,
             node: Arc::default(),
+            attach: false,
         })
     }
 
@@ -317,42 +321,49 @@ impl Backend {
     }
 }
 
-impl VolumeBackend for Backend {
-    fn create_volume(&self, v: &VolumeRecord) -> CsiResult<()> {
+#[csi_server::async_trait]
+impl ControllerBackend for Backend {
+    async fn create_volume(&self, v: &mut VolumeRecord) -> BackendResult<()> {
         let (id, access, size) = (v.id.as_str(), v.access, v.capacity_bytes);
-        match &v.source {
+        Ok(match &v.source {
             None => self.create_volume(id, access, size),
-            Some(Source::Snapshot(snap)) => self.restore(snap, id, access, size),
-            Some(Source::Volume(src)) => self.clone_volume(src, id, access, size),
-        }
+            Some(ContentSource::Snapshot(snap)) => self.restore(snap, id, access, size),
+            Some(ContentSource::Volume(src)) => self.clone_volume(src, id, access, size),
+        }?)
     }
 
-    fn delete_volume(&self, id: &str) -> CsiResult<bool> {
-        self.delete_volume_data(id)
+    async fn delete_volume(&self, id: &str) -> BackendResult<bool> {
+        Ok(self.delete_volume_data(id)?)
     }
 
-    fn create_snapshot(&self, s: &SnapshotRecord) -> CsiResult<()> {
-        self.snapshot(&s.source_volume_id, &s.id, s.access)
+    fn snapshots(&self) -> Option<&dyn SnapshotBackend> {
+        Some(self)
     }
-
-    fn delete_snapshot(&self, id: &str) -> CsiResult<bool> {
-        self.delete_snapshot_data(id)
+    fn expansion(&self) -> Option<&dyn ExpandBackend> {
+        Some(self)
     }
-
-    /// Block: grow the backing file; directory: raise its quota (if any).
-    fn expand_volume(&self, v: &VolumeRecord, size: i64) -> CsiResult<()> {
-        match v.access {
-            Access::Block => self.grow_block(&v.id, size),
-            Access::Mount => self.grow_mount(&v.id, size),
-        }
+    fn modification(&self) -> Option<&dyn ModifyBackend> {
+        Some(self)
+    }
+    fn group_snapshots(&self) -> Option<&dyn GroupSnapshotBackend> {
+        self.consistent_group_snapshots().then_some(self as _)
+    }
+    fn attacher(&self) -> Option<&dyn AttachBackend> {
+        self.attach.then_some(self as _)
+    }
+    fn clones_volumes(&self) -> bool {
+        true
+    }
+    fn reports_volume_condition(&self) -> bool {
+        true
     }
 
     fn data(&self) -> DataOnDisk {
         Backend::data(self)
     }
 
-    fn free_space(&self) -> i64 {
-        csi_controller::free_space(&self.root)
+    fn free_space(&self) -> Option<i64> {
+        Some(csi_controller::free_space(&self.root))
     }
 
     /// A healthy volume has its data in place.
@@ -365,18 +376,55 @@ impl VolumeBackend for Backend {
         Some(VolumeCondition { abnormal, message })
     }
 
-    fn publish_context(&self, v: &VolumeRecord) -> HashMap<String, String> {
-        let access = format!("{:?}", v.access).to_lowercase();
-        [("hostpath.csi-kit.dev/access".to_owned(), access)].into()
-    }
-
     fn in_use(&self, id: &str) -> Option<String> {
         let held = self.node.get().is_some_and(|n| n.record(id).is_some());
         held.then(|| "is in use on this node".to_owned())
     }
+}
 
-    fn cut_group(&self, members: &[(SnapshotRecord, VolumeRecord)]) -> CsiResult<()> {
-        crate::group::cut_consistently(self, members)
+#[csi_server::async_trait]
+impl SnapshotBackend for Backend {
+    async fn create_snapshot(&self, s: &mut SnapshotRecord) -> BackendResult<()> {
+        Ok(self.snapshot(&s.source_volume_id, &s.id, s.access)?)
+    }
+
+    async fn delete_snapshot(&self, id: &str) -> BackendResult<bool> {
+        Ok(self.delete_snapshot_data(id)?)
+    }
+}
+
+#[csi_server::async_trait]
+impl ExpandBackend for Backend {
+    /// Block: grow the backing file; directory: raise its quota (if any).
+    async fn expand_volume(&self, v: &VolumeRecord, size: i64) -> BackendResult<()> {
+        Ok(match v.access {
+            Access::Block => self.grow_block(&v.id, size),
+            Access::Mount => self.grow_mount(&v.id, size),
+        }?)
+    }
+}
+
+/// Mutable parameters are only recorded (the server admits the keys of
+/// `--accepted-mutable-parameter-name`).
+impl ModifyBackend for Backend {}
+
+#[csi_server::async_trait]
+impl GroupSnapshotBackend for Backend {
+    async fn cut_group(&self, members: &[(SnapshotRecord, VolumeRecord)]) -> BackendResult<()> {
+        Ok(crate::group::cut_consistently(self, members)?)
+    }
+}
+
+#[csi_server::async_trait]
+impl AttachBackend for Backend {
+    async fn attach(&self, v: &VolumeRecord, _: &str, _: bool) -> BackendResult<AttachState> {
+        let access = format!("{:?}", v.access).to_lowercase();
+        let context = [("hostpath.csi-kit.dev/access".to_owned(), access)].into();
+        Ok(AttachState::Attached(context))
+    }
+
+    async fn detach(&self, _: &str, _: &str) -> BackendResult<()> {
+        Ok(())
     }
 }
 

@@ -1,10 +1,10 @@
 //! The driver value shared by every service, and startup reconciliation.
-//! The controller side is csi-controller's engine over [`Backend`].
+//! The controller side is csi-controller's service over [`Backend`].
 
 use std::path::Path;
 use std::sync::Arc;
 
-use csi_controller::{Engine, open_state};
+use csi_controller::{ControllerService, open_state};
 use csi_server::CsiError;
 use mount_utils::{LoopDevices, Mounter};
 
@@ -17,23 +17,20 @@ use crate::node::{NodeSide, open_node};
 pub struct HostPath {
     pub node_id: String,
     /// The Controller and GroupController, and the records.
-    pub engine: Engine<Backend>,
+    pub controller: ControllerService<Backend>,
     pub backend: Backend,
     /// The node service (csi-node's, over what this node staged and published).
     pub node: Arc<csi_node::NodeService<NodeSide>>,
 }
 
-/// The engine's configuration from the flags.
-pub fn engine_config(config: &Config, group_snapshots: bool) -> csi_controller::Config {
+/// The controller service's configuration from the flags.
+pub fn controller_config(config: &Config) -> csi_controller::Config {
     csi_controller::Config {
         capacity: config.capacity,
         max_size: config.max_volume_size,
         topology_key: config.enable_topology.then(|| TOPOLOGY_KEY.to_owned()),
-        attach: config.enable_attach,
         attach_limit: config.attach_limit,
-        group_snapshots,
         keep_snapshot_sources: true,
-        volume_condition: true,
         ..csi_controller::Config::new(config.common.node_id())
     }
 }
@@ -62,14 +59,15 @@ impl HostPath {
                 tracing::warn!(statedir = %statedir.display(), "thawed a filesystem left frozen by a crash");
             }
         })?;
-        let backend = Backend::new(&config.statedir, config.snapshotdir.as_deref())
+        let mut backend = Backend::new(&config.statedir, config.snapshotdir.as_deref())
             .map_err(|e| format!("preparing {}: {e}", config.statedir.display()))?;
-        let group = backend.consistent_group_snapshots();
+        backend.attach = config.enable_attach;
         let shared = files.clone();
-        let engine = Engine::open(files, engine_config(&config, group), backend.clone())?;
+        let controller =
+            ControllerService::open(files, controller_config(&config), backend.clone())?;
         let node = open_node(
             &config,
-            NodeSide(engine.downgrade()),
+            NodeSide(controller.downgrade()),
             mounter,
             loops,
             &shared,
@@ -78,18 +76,18 @@ impl HostPath {
         Ok(Self {
             node,
             node_id: config.common.node_id(),
-            engine,
+            controller,
             backend,
         })
     }
 
     /// Startup reconciliation, before serving: puts back what the node
     /// record says is staged and published (a volume that cannot be
-    /// restored is reported abnormal), then the engine's (group snapshots
-    /// a crash left half done, data no record owns).
-    pub fn reconcile_on_start(&self) -> Result<(), CsiError> {
+    /// restored is reported abnormal), then the controller's (group
+    /// snapshots a crash left half done, data no record owns).
+    pub async fn reconcile_on_start(&self) -> Result<(), CsiError> {
         self.node.restore();
-        self.engine.reconcile()
+        self.controller.reconcile().await
     }
 }
 

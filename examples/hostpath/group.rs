@@ -1,4 +1,4 @@
-//! Write-order consistent group snapshots (csi-controller's engine serves
+//! Write-order consistent group snapshots (csi-controller's service serves
 //! the GroupController RPCs; this is the cut).
 //!
 //! The spec requires a group snapshot to be write-order consistent or to

@@ -23,10 +23,10 @@ use csi_kit::server::{Capabilities, Readiness, ServeMode};
 use config::{Config, Mode};
 use driver::HostPath;
 
-/// What the driver advertises, derived from its flags: the node's
-/// capabilities here, the controller's from the engine's configuration.
-fn capabilities(config: &Config, group_snapshots: bool) -> Capabilities {
-    let node = Capabilities::new()
+/// The node's capabilities, from the flags (the controller service adds
+/// what its backend offers).
+fn node_capabilities(config: &Config) -> Capabilities {
+    Capabilities::new()
         .node([
             NodeRpc::StageUnstageVolume,
             NodeRpc::GetVolumeStats,
@@ -35,8 +35,7 @@ fn capabilities(config: &Config, group_snapshots: bool) -> Capabilities {
             NodeRpc::SingleNodeMultiWriter,
         ])
         // The server rejects any other key before the driver sees it.
-        .mutable_parameters(config.accepted_mutable_parameter_names.iter().cloned());
-    driver::engine_config(config, group_snapshots).capabilities(node)
+        .mutable_parameters(config.accepted_mutable_parameter_names.iter().cloned())
 }
 
 // One thread serves gRPC; everything that blocks (mounts, copies, state
@@ -84,7 +83,7 @@ async fn run(config: Config) -> Result<(), String> {
     let mounter = Arc::new(csi_kit::mount::LinuxMounter::new());
     let driver = Arc::new(HostPath::open(config.clone(), mounter)?);
     let group_snapshots = driver.backend.consistent_group_snapshots();
-    let caps = capabilities(&config, group_snapshots);
+    let caps = driver.controller.capabilities(node_capabilities(&config));
     let readiness = Readiness::new();
     let mut builder = config
         .common
@@ -96,11 +95,11 @@ async fn run(config: Config) -> Result<(), String> {
         .capabilities(caps)
         .mode(mode)
         .identity(driver.clone())
-        .controller(Arc::new(driver.engine.clone()))
+        .controller(Arc::new(driver.controller.clone()))
         .node(driver.node.clone())
         .readiness(readiness.clone());
     if group_snapshots {
-        builder = builder.group_controller(Arc::new(driver.engine.clone()));
+        builder = builder.group_controller(Arc::new(driver.controller.clone()));
     }
     let server = builder.build().map_err(|e| e.to_string())?;
     println!(
@@ -133,6 +132,7 @@ async fn run(config: Config) -> Result<(), String> {
     );
     driver
         .reconcile_on_start()
+        .await
         .map_err(|e| format!("reconciling state: {e}"))?;
     readiness.set_ready();
     server.serve().await.map_err(|e| e.to_string())
@@ -141,6 +141,7 @@ async fn run(config: Config) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use csi_kit::server::ControllerRpc;
 
     #[test]
     fn attach_limit_is_reported_and_mutable_keys_are_declared() {
@@ -155,7 +156,7 @@ mod tests {
         assert_eq!(explicit.max_volumes_per_node(), 9);
         assert_eq!(Config::parse_from(["hostpath"]).max_volumes_per_node(), 0);
         assert!(Config::try_parse_from(["hostpath", "--attach-limit=-1"]).is_err());
-        let caps = capabilities(&config, false);
+        let caps = node_capabilities(&config).controller([ControllerRpc::ModifyVolume]);
         let keys: Vec<&str> = caps
             .accepted_mutable_parameters()
             .unwrap()
@@ -165,7 +166,7 @@ mod tests {
         assert_eq!(keys, ["iops"]);
         assert!(caps.check().is_ok());
         // No flag: MODIFY_VOLUME accepts only an empty map.
-        let none = capabilities(&Config::parse_from(["hostpath"]), false);
+        let none = node_capabilities(&Config::parse_from(["hostpath"]));
         assert!(none.accepted_mutable_parameters().unwrap().is_empty());
     }
 }

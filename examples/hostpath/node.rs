@@ -3,11 +3,11 @@
 //! is hostpath's own: which volumes exist and where their data is (mount
 //! volumes are directories, bind-mounted; block volumes are image files,
 //! attached as loop devices), and inline ephemeral volumes, all from the
-//! controller engine's records.
+//! controller service's records.
 
 use std::sync::Arc;
 
-use csi_controller::{Access, VolumeRecord, WeakEngine};
+use csi_controller::{Access, VolumeRecord, WeakControllerService};
 use csi_node::{NodeDriver, NodeInfo, NodeService, Source, VolumeInfo, VolumeLocator};
 use csi_proto::v1::NodePublishVolumeRequest;
 use csi_server::{CsiError, CsiResult};
@@ -17,9 +17,9 @@ use mount_utils::{LoopDevices, Mounter};
 use crate::backend::Backend;
 use crate::config::{Config, TOPOLOGY_KEY};
 
-/// hostpath's half of the node service. Weak: the engine's backend holds
+/// hostpath's half of the node service. Weak: the controller's backend holds
 /// the node side.
-pub struct NodeSide(pub WeakEngine<Backend>);
+pub struct NodeSide(pub WeakControllerService<Backend>);
 
 /// The node service, its record in the driver's state store (under
 /// `statedir/node` for a state dir from before they shared one).
@@ -140,7 +140,7 @@ mod tests {
         };
         let counts = || {
             (
-                d.engine.tables().volumes.len(),
+                d.controller.tables().unwrap().volumes.len(),
                 d.backend.data().volumes.len(),
             )
         };

@@ -13,8 +13,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, OnceLock};
 
 use csi_controller::{
-    Access, DataOnDisk, IdKind, SnapshotRecord, Source, VolumeBackend, VolumeRecord, copy_sparse,
-    create_sparse, data_by_id, grow_file, remove_path, to_map,
+    Access, AttachBackend, AttachState, BackendResult, ContentSource, ControllerBackend,
+    DataOnDisk, ExpandBackend, GroupSnapshotBackend, IdKind, ModifyBackend, SnapshotBackend,
+    SnapshotRecord, VolumeRecord, copy_sparse, create_sparse, data_by_id, grow_file, remove_path,
+    to_map,
 };
 use csi_server::v1::VolumeCapability;
 use csi_server::{CsiError, CsiResult};
@@ -160,41 +162,49 @@ impl Backend {
     }
 }
 
-impl VolumeBackend for Backend {
-    fn create_volume(&self, v: &VolumeRecord) -> CsiResult<()> {
-        match &v.source {
+#[csi_server::async_trait]
+impl ControllerBackend for Backend {
+    async fn create_volume(&self, v: &mut VolumeRecord) -> BackendResult<()> {
+        Ok(match &v.source {
             None => self.create(&v.id, v.capacity_bytes),
-            Some(Source::Snapshot(id)) => {
+            Some(ContentSource::Snapshot(id)) => {
                 self.copy_into(&self.snapshot_path(id), &v.id, v.capacity_bytes)
             }
-            Some(Source::Volume(id)) => {
+            Some(ContentSource::Volume(id)) => {
                 self.copy_into(&self.volume_path(id), &v.id, v.capacity_bytes)
             }
-        }
+        }?)
     }
 
-    fn delete_volume(&self, id: &str) -> CsiResult<bool> {
-        self.delete(id)
+    async fn delete_volume(&self, id: &str) -> BackendResult<bool> {
+        Ok(self.delete(id)?)
     }
 
-    fn create_snapshot(&self, s: &SnapshotRecord) -> CsiResult<()> {
-        self.snapshot(&s.source_volume_id, &s.id)
+    fn snapshots(&self) -> Option<&dyn SnapshotBackend> {
+        Some(self)
     }
-
-    fn delete_snapshot(&self, id: &str) -> CsiResult<bool> {
-        self.remove_snapshot(id)
+    fn expansion(&self) -> Option<&dyn ExpandBackend> {
+        Some(self)
     }
-
-    fn expand_volume(&self, v: &VolumeRecord, size: i64) -> CsiResult<()> {
-        self.grow(&v.id, size)
+    fn modification(&self) -> Option<&dyn ModifyBackend> {
+        Some(self)
+    }
+    fn group_snapshots(&self) -> Option<&dyn GroupSnapshotBackend> {
+        Some(self)
+    }
+    fn attacher(&self) -> Option<&dyn AttachBackend> {
+        Some(self)
+    }
+    fn clones_volumes(&self) -> bool {
+        true
     }
 
     fn data(&self) -> DataOnDisk {
         Backend::data(self)
     }
 
-    fn free_space(&self) -> i64 {
-        csi_controller::free_space(&self.root)
+    fn free_space(&self) -> Option<i64> {
+        Some(csi_controller::free_space(&self.root))
     }
 
     /// The filesystem must be one NodeStage can create.
@@ -213,6 +223,38 @@ impl VolumeBackend for Backend {
         }
     }
 
+    fn in_use(&self, id: &str) -> Option<String> {
+        let held = self.node.get().is_some_and(|n| n.record(id).is_some());
+        held.then(|| "is in use on this node".to_owned())
+    }
+}
+
+#[csi_server::async_trait]
+impl SnapshotBackend for Backend {
+    async fn create_snapshot(&self, s: &mut SnapshotRecord) -> BackendResult<()> {
+        Ok(self.snapshot(&s.source_volume_id, &s.id)?)
+    }
+
+    async fn delete_snapshot(&self, id: &str) -> BackendResult<bool> {
+        Ok(self.remove_snapshot(id)?)
+    }
+}
+
+#[csi_server::async_trait]
+impl ExpandBackend for Backend {
+    async fn expand_volume(&self, v: &VolumeRecord, size: i64) -> BackendResult<()> {
+        Ok(self.grow(&v.id, size)?)
+    }
+
+    /// The loop device does not see the file grow until LOOP_SET_CAPACITY,
+    /// and a filesystem must be grown too.
+    fn node_expansion_required(&self, _: Access) -> bool {
+        true
+    }
+}
+
+#[csi_server::async_trait]
+impl ModifyBackend for Backend {
     fn mutable_parameters(
         &self,
         current: &BTreeMap<String, String>,
@@ -224,9 +266,13 @@ impl VolumeBackend for Backend {
 
     /// Attached on this host: the change takes effect now (a cloud disk
     /// changes its IOPS while attached too); otherwise at the next attach.
-    fn modify_volume(&self, v: &VolumeRecord, new: &BTreeMap<String, String>) -> CsiResult<()> {
+    async fn modify_volume(
+        &self,
+        v: &VolumeRecord,
+        new: &BTreeMap<String, String>,
+    ) -> BackendResult<()> {
         // Exclusive: no NodeStage attaches the disk with the old values meanwhile.
-        let _exclusive = self.attachments.blocking_write();
+        let _exclusive = self.attachments.write().await;
         let tuning = self.tuning(new)?;
         let devices = mount_utils::loopdev::find_by_backing_file(self.volume_path(&v.id))
             .map_err(|e| CsiError::Internal(format!("looking up loop devices: {e}")))?;
@@ -235,25 +281,30 @@ impl VolumeBackend for Backend {
         }
         Ok(())
     }
+}
 
-    /// The loop device does not see the file grow until LOOP_SET_CAPACITY,
-    /// and a filesystem must be grown too.
-    fn node_expansion_required(&self, _: Access) -> bool {
-        true
+#[csi_server::async_trait]
+impl GroupSnapshotBackend for Backend {
+    async fn cut_group(&self, members: &[(SnapshotRecord, VolumeRecord)]) -> BackendResult<()> {
+        // No member gets attached or detached meanwhile.
+        let _exclusive = self.attachments.write().await;
+        Ok(crate::group::cut_consistently(self, members)?)
     }
+}
 
-    fn publish_context(&self, v: &VolumeRecord) -> HashMap<String, String> {
+/// The backing file is the "device" (what a cloud driver would return as
+/// the attached disk's path or serial).
+#[csi_server::async_trait]
+impl AttachBackend for Backend {
+    async fn attach(&self, v: &VolumeRecord, _: &str, _: bool) -> BackendResult<AttachState> {
         let backing = self.volume_path(&v.id).to_string_lossy().into_owned();
-        [(BACKING_FILE_KEY.to_owned(), backing)].into()
+        Ok(AttachState::Attached(
+            [(BACKING_FILE_KEY.to_owned(), backing)].into(),
+        ))
     }
 
-    fn in_use(&self, id: &str) -> Option<String> {
-        let held = self.node.get().is_some_and(|n| n.record(id).is_some());
-        held.then(|| "is in use on this node".to_owned())
-    }
-
-    fn cut_group(&self, members: &[(SnapshotRecord, VolumeRecord)]) -> CsiResult<()> {
-        crate::group::cut_consistently(self, members)
+    async fn detach(&self, _: &str, _: &str) -> BackendResult<()> {
+        Ok(())
     }
 }
 

@@ -5,8 +5,6 @@ use std::path::PathBuf;
 
 use clap::Parser;
 
-use csi_controller::parse_size;
-
 const AFTER_HELP: &str = "\
 Mutable parameters (VolumeAttributesClass / ControllerModifyVolume):
   readAheadKiB=0..65536   read-ahead of the disk's loop device
@@ -40,4 +38,10 @@ pub struct Config {
 impl Config {
     /// The driver name reported when --drivername is not given.
     pub const DRIVER_NAME: &str = "loop-block.csi.csi-kit.dev";
+}
+
+/// clap value parser for sizes in bytes or with a suffix (10Gi).
+fn parse_size(text: &str) -> Result<i64, String> {
+    csi_kit::proto::size::parse_bytes(text)
+        .ok_or_else(|| format!("{text:?} is not a size like 10Gi"))
 }

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use csi_controller::{Engine, open_state};
+use csi_controller::{ControllerService, open_state};
 use csi_server::CsiResult;
 use mount_utils::{Exec, LinuxLoopDevices, LoopDevices, Mounter, SystemExec};
 
@@ -15,7 +15,7 @@ use crate::node::{NodeSide, open_node};
 pub struct LoopBlock {
     pub node_id: String,
     /// The Controller and GroupController, and the records.
-    pub engine: Engine<Backend>,
+    pub controller: ControllerService<Backend>,
     pub backend: Backend,
     pub mounter: Arc<dyn Mounter>,
     /// The node service (csi-node's, over what this node staged and published).
@@ -24,18 +24,16 @@ pub struct LoopBlock {
     pub direct_io_supported: bool,
 }
 
-/// The engine's configuration from the flags: disks are whole MiB (loop
+/// The controller service's configuration from the flags: disks are whole MiB (loop
 /// devices want whole sectors, filesystems whole blocks), never more than
 /// the free space (sparse files could overcommit), attached to this node.
-pub fn engine_config(config: &Config) -> csi_controller::Config {
+pub fn controller_config(config: &Config) -> csi_controller::Config {
     csi_controller::Config {
         refuse_beyond_free_space: true,
         min_size: 1 << 20,
         max_size: config.max_volume_size,
         mount_unit: 1 << 20,
-        attach: true,
         attach_limit: config.attach_limit,
-        group_snapshots: true,
         ..csi_controller::Config::new(config.common.node_id())
     }
 }
@@ -60,9 +58,10 @@ impl LoopBlock {
         let backend = Backend::new(&config.statedir)
             .map_err(|e| format!("preparing {}: {e}", config.statedir.display()))?;
         let shared = files.clone();
-        let engine = Engine::open(files, engine_config(&config), backend.clone())?;
+        let controller =
+            ControllerService::open(files, controller_config(&config), backend.clone())?;
         let side = NodeSide {
-            engine: engine.downgrade(),
+            engine: controller.downgrade(),
             attachments: backend.attachments.clone(),
         };
         let node = open_node(&config, side, mounter.clone(), loops, &shared, exec)?;
@@ -70,7 +69,7 @@ impl LoopBlock {
         Ok(Self {
             direct_io_supported: backend.direct_io_supported,
             node_id: config.common.node_id(),
-            engine,
+            controller,
             backend,
             mounter,
             node,
@@ -85,10 +84,10 @@ impl LoopBlock {
     /// removed; removes backing files and snapshot copies no record owns
     /// (unacknowledged creates, half-done deletes), each logged, except
     /// those of records set aside as unreadable.
-    pub fn reconcile_on_start(&self) -> CsiResult<()> {
+    pub async fn reconcile_on_start(&self) -> CsiResult<()> {
         self.thaw_after_crash();
         self.node.restore();
-        self.engine.reconcile()
+        self.controller.reconcile().await
     }
 
     /// A crash during a group snapshot can leave members frozen, and every
@@ -116,7 +115,7 @@ impl csi_server::Identity for LoopBlock {}
 
 #[cfg(test)]
 mod tests {
-    //! The engine with this backend, on a FakeMounter: what the tuning
+    //! The controller service with this backend, on a FakeMounter: what the tuning
     //! keys do to CreateVolume and ControllerModifyVolume.
     use std::collections::HashMap;
 
@@ -151,11 +150,11 @@ mod tests {
         let d = LoopBlock::open(config, Arc::new(mount_utils::FakeMounter::new())).unwrap();
         let ctx = CallContext::detached(0, Method::CreateVolume);
         let created = d
-            .engine
+            .controller
             .create_volume(&ctx, create("pvc-1", &[(READ_AHEAD_KEY, "512")]));
         let id = created.await.unwrap().volume.unwrap().volume_id;
         let tuning = || {
-            let params = d.engine.known_volume(&id).unwrap().mutable_parameters;
+            let params = d.controller.known_volume(&id).unwrap().mutable_parameters;
             d.backend.tuning(&params).unwrap()
         };
         assert_eq!(tuning().read_ahead_kib, Some(512));
@@ -167,7 +166,7 @@ mod tests {
         // An unknown key next to a good one: INVALID_ARGUMENT naming it, nothing applied.
         let bad = modify(&[(READ_AHEAD_KEY, "8"), ("XXX_FakeKey", "x")]);
         let err = d
-            .engine
+            .controller
             .controller_modify_volume(&ctx, bad)
             .await
             .unwrap_err();
@@ -178,14 +177,17 @@ mod tests {
         assert_eq!(tuning().read_ahead_kib, Some(512));
         // Keys not sent keep their values.
         let good = modify(&[(DIRECT_IO_KEY, "false")]);
-        d.engine.controller_modify_volume(&ctx, good).await.unwrap();
+        d.controller
+            .controller_modify_volume(&ctx, good)
+            .await
+            .unwrap();
         assert_eq!(
             (tuning().read_ahead_kib, tuning().direct_io),
             (Some(512), Some(false))
         );
         // CreateVolume with an unknown key creates nothing.
         let refused = d
-            .engine
+            .controller
             .create_volume(&ctx, create("pvc-2", &[("XXX_FakeKey", "x")]));
         assert!(refused.await.is_err());
         assert_eq!(

@@ -1,4 +1,4 @@
-//! Write-order consistent group snapshots (csi-controller's engine serves
+//! Write-order consistent group snapshots (csi-controller's service serves
 //! the GroupController RPCs; this is the cut).
 //!
 //! The spec requires a group snapshot to be write-order consistent or to
@@ -68,14 +68,14 @@ fn mounted_from(path: &std::path::Path, device: &std::path::Path) -> bool {
     }
 }
 
-/// Freezes every member in use, copies every member, thaws, while no
-/// member gets attached or detached. Copies go to the state directory,
+/// Freezes every member in use, copies every member, thaws; the caller
+/// holds the attachments exclusively, so no member gets attached or
+/// detached meanwhile. Copies go to the state directory,
 /// never to a frozen filesystem; a failure removes the copies already made.
 pub fn cut_consistently(
     backend: &Backend,
     members: &[(SnapshotRecord, VolumeRecord)],
 ) -> CsiResult<()> {
-    let _exclusive = backend.attachments.blocking_write();
     let mut frozen = Vec::new();
     for (snap, volume) in members {
         if let Writer::Filesystem(staging) = backend.writer_of(volume)? {

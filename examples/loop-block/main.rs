@@ -37,15 +37,15 @@ use config::Config;
 use driver::LoopBlock;
 
 /// What the driver advertises: the node's capabilities here, the
-/// controller's from the engine's configuration.
-fn capabilities(config: &Config) -> Capabilities {
+/// controller's from what its backend offers.
+fn capabilities(driver: &LoopBlock) -> Capabilities {
     let node = Capabilities::new().node([
         NodeRpc::StageUnstageVolume,
         NodeRpc::GetVolumeStats,
         NodeRpc::ExpandVolume,
         NodeRpc::SingleNodeMultiWriter,
     ]);
-    driver::engine_config(config).capabilities(node)
+    driver.controller.capabilities(node)
 }
 
 #[tokio::main]
@@ -66,10 +66,10 @@ async fn run(config: Config) -> Result<(), String> {
             env!("CARGO_PKG_VERSION"),
             &config.statedir.join("csi.sock"),
         )?
-        .capabilities(capabilities(&config))
+        .capabilities(capabilities(&driver))
         .identity(driver.clone())
-        .controller(Arc::new(driver.engine.clone()))
-        .group_controller(Arc::new(driver.engine.clone()))
+        .controller(Arc::new(driver.controller.clone()))
+        .group_controller(Arc::new(driver.controller.clone()))
         .node(driver.node.clone())
         .readiness(readiness.clone())
         .build()
@@ -103,6 +103,7 @@ async fn run(config: Config) -> Result<(), String> {
     // Before serving: a staged volume must have its disk back first.
     driver
         .reconcile_on_start()
+        .await
         .map_err(|e| format!("reconciling state: {e}"))?;
     readiness.set_ready();
     server.serve().await.map_err(|e| e.to_string())

@@ -9,7 +9,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use csi_controller::{Access, WeakEngine};
+use csi_controller::{Access, WeakControllerService};
 use csi_node::{Device, NodeDriver, NodeError, NodeInfo, NodeService, Source, VolumeInfo};
 use csi_proto::v1::NodeStageVolumeRequest;
 use csi_server::{CsiError, CsiResult};
@@ -22,7 +22,7 @@ use crate::config::Config;
 /// loop-block's half of the node service. Weak: the engine's backend
 /// holds the node side.
 pub struct NodeSide {
-    pub engine: WeakEngine<Backend>,
+    pub engine: WeakControllerService<Backend>,
     /// The backend's attach lock (see `Backend::attachments`).
     pub attachments: Arc<tokio::sync::RwLock<()>>,
 }
@@ -134,7 +134,7 @@ mod tests {
                 volume_capabilities: vec![c.clone()],
                 ..Default::default()
             };
-            let v = d.engine.create_volume(&ctx, req).await.unwrap().volume;
+            let v = d.controller.create_volume(&ctx, req).await.unwrap().volume;
             let id = v.unwrap().volume_id;
             files.push((id.clone(), d.backend.volume_path(&id)));
         }
@@ -160,7 +160,7 @@ mod tests {
             volume_id: id.clone(),
             ..Default::default()
         };
-        let e = d.engine.delete_volume(&ctx, delete).await.unwrap_err();
+        let e = d.controller.delete_volume(&ctx, delete).await.unwrap_err();
         assert_eq!(e.code(), tonic::Code::FailedPrecondition, "still staged");
     }
 }

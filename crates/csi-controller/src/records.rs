@@ -20,8 +20,9 @@ use csi_proto::v1::{
 use csi_store::{CachedTable, FileStore, RecordStore, StoreError, Table};
 use serde::{Deserialize, Serialize};
 
+use crate::access::{Access, ContentSource};
 use crate::state::{Records, load_table};
-use crate::util::{Access, Source, sorted, timestamp, to_map};
+use crate::wire::{sorted, timestamp, to_map};
 
 /// A volume the controller created.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -35,7 +36,7 @@ pub struct VolumeRecord {
     /// The access type it was created for.
     pub access: Access,
     /// What it was filled from.
-    pub source: Option<Source>,
+    pub source: Option<ContentSource>,
     /// The CreateVolume parameters (returned as the volume context).
     pub parameters: BTreeMap<String, String>,
     /// Its mutable parameters (CreateVolume, ControllerModifyVolume).
@@ -60,7 +61,7 @@ impl VolumeRecord {
             capacity_bytes: self.capacity_bytes,
             volume_id: self.id.clone(),
             volume_context: to_map(&self.parameters),
-            content_source: self.source.as_ref().map(Source::message),
+            content_source: self.source.as_ref().map(ContentSource::message),
             accessible_topology: if self.topology.is_empty() {
                 Vec::new()
             } else {
@@ -322,7 +323,7 @@ impl Tables {
     /// Records that the ephemeral volume `name` was removed, forgetting the
     /// oldest beyond the bound.
     pub fn retire_ephemeral(&self, name: &str) -> CsiResult<()> {
-        self.retired_ephemeral.put(name, crate::util::now_nanos())?;
+        self.retired_ephemeral.put(name, crate::wire::now_nanos())?;
         while self.retired_ephemeral.len() > RETIRED_EPHEMERAL_KEPT {
             let oldest = self.retired_ephemeral.read(|all| {
                 all.iter()

@@ -24,6 +24,7 @@ pub struct CallContext {
     /// The RPC being served.
     pub method: Method,
     declared: Arc<Declared>,
+    deadline: Option<std::time::Instant>,
 }
 
 /// The declaration a server was built with, shared by every call.
@@ -43,7 +44,20 @@ impl CallContext {
             request_id,
             method,
             declared,
+            deadline: None,
         }
+    }
+
+    /// This context with the instant the caller stops waiting (from the
+    /// call's `grpc-timeout`).
+    pub fn with_deadline(mut self, deadline: Option<std::time::Instant>) -> Self {
+        self.deadline = deadline;
+        self
+    }
+
+    /// When the caller stops waiting, if it said (`grpc-timeout`).
+    pub fn deadline(&self) -> Option<std::time::Instant> {
+        self.deadline
     }
 
     /// A context for calling driver methods directly in unit tests.

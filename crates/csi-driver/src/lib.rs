@@ -23,7 +23,8 @@
 //!   paging tokens, the NodeStage/NodePublish repeat tables, capacity and
 //!   topology).
 //! - **What every driver writes**: [`init_tracing`], [`node_id_or_hostname`],
-//!   [`blocking`] (run blocking work, panics become INTERNAL), and
+//!   [`blocking`] (run blocking work, panics become INTERNAL, a thread
+//!   that cannot start RESOURCE_EXHAUSTED), [`clock`] (time as a seam), and
 //!   [`persist`] (crash-safe state files).
 //!
 //! ```
@@ -80,6 +81,7 @@
 #![warn(missing_docs)]
 
 pub mod capabilities;
+pub mod clock;
 pub mod driver;
 pub mod error;
 pub mod helpers;
@@ -104,6 +106,11 @@ pub use driver::{
 pub use error::CsiError;
 pub use prost;
 pub use request::{CsiRequest, FieldCapabilities};
-pub use support::{blocking, init_tracing, node_id_or_hostname};
+#[cfg(feature = "testing")]
+pub use support::FakeBlockingRunner;
+pub use support::{
+    BlockingJob, BlockingRunner, TokioBlocking, blocking, blocking_on, init_tracing,
+    node_id_or_hostname,
+};
 pub use tonic::Code;
 pub use validate::Validate;

@@ -45,16 +45,81 @@ pub fn node_id_or_hostname(explicit: Option<&str>) -> String {
     id
 }
 
+/// A job for a [`BlockingRunner`].
+pub type BlockingJob = Box<dyn FnOnce() + Send + 'static>;
+
+/// Starts blocking work on some thread: the seam [`blocking_on`] runs work
+/// through, so a test can make starting fail without exhausting real
+/// threads.
+pub trait BlockingRunner: Send + Sync + std::fmt::Debug + 'static {
+    /// Starts `job`, or says why it cannot start. On `Err` the job must
+    /// not have run and must never run.
+    fn start(&self, job: BlockingJob) -> Result<(), String>;
+}
+
+/// tokio's blocking pool. tokio panics ("OS can't spawn worker thread")
+/// when it needs a thread and the OS refuses one, as in a pids-limited
+/// container; that panic becomes an `Err` here.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TokioBlocking;
+
+impl BlockingRunner for TokioBlocking {
+    fn start(&self, job: BlockingJob) -> Result<(), String> {
+        let started = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            drop(tokio::task::spawn_blocking(job));
+        }));
+        started.map_err(|payload| {
+            payload
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "the runtime refused blocking work".to_owned())
+        })
+    }
+}
+
 /// Runs blocking work (filesystem calls, `mkfs`, copies) on tokio's blocking
-/// pool. A panic in `f` becomes INTERNAL naming no secrets (the panic
-/// message is logged, not sent), and a runtime shutting down UNAVAILABLE.
+/// pool: [`blocking_on`] with [`TokioBlocking`].
 pub async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> CsiResult<T> + Send + 'static,
 ) -> CsiResult<T> {
-    match tokio::task::spawn_blocking(f).await {
-        Ok(result) => result,
-        Err(e) if e.is_panic() => {
-            let payload = e.into_panic();
+    blocking_on(&TokioBlocking, f).await
+}
+
+/// Runs blocking work through `runner`. A panic in `f` becomes INTERNAL
+/// naming no secrets (the panic message is logged, not sent), and a runtime
+/// shutting down UNAVAILABLE. When the work cannot start (no thread) the
+/// answer is RESOURCE_EXHAUSTED and `f` is dropped at once, so whatever it
+/// holds (claims, reservations) is released before the call returns and a
+/// retry can run.
+pub async fn blocking_on<T: Send + 'static>(
+    runner: &dyn BlockingRunner,
+    f: impl FnOnce() -> CsiResult<T> + Send + 'static,
+) -> CsiResult<T> {
+    type Slot<F> = std::sync::Arc<std::sync::Mutex<Option<F>>>;
+    fn take<F>(slot: &Slot<F>) -> Option<F> {
+        slot.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+    let slot: Slot<_> = std::sync::Arc::new(std::sync::Mutex::new(Some(f)));
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let job = {
+        let slot = slot.clone();
+        Box::new(move || {
+            if let Some(f) = take(&slot) {
+                let _ = tx.send(std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)));
+            }
+        })
+    };
+    if let Err(why) = runner.start(job) {
+        drop(take(&slot));
+        tracing::error!(reason = %why, "blocking driver work could not start");
+        return Err(CsiError::ResourceExhausted(
+            "the plugin cannot start a worker thread now (the process or container may be at its thread or pid limit); retry later".into(),
+        ));
+    }
+    match rx.await {
+        Ok(Ok(result)) => result,
+        Ok(Err(payload)) => {
             let what = payload
                 .downcast_ref::<&str>()
                 .map(|s| (*s).to_owned())
@@ -66,6 +131,38 @@ pub async fn blocking<T: Send + 'static>(
             ))
         }
         Err(_) => Err(CsiError::Unavailable("the plugin is shutting down".into())),
+    }
+}
+
+/// A [`BlockingRunner`] whose next starts fail (then it runs jobs on
+/// tokio's pool): the fault of a process at its thread limit.
+#[cfg(feature = "testing")]
+#[derive(Debug, Default)]
+pub struct FakeBlockingRunner {
+    failures: std::sync::atomic::AtomicUsize,
+}
+
+#[cfg(feature = "testing")]
+impl FakeBlockingRunner {
+    /// A runner whose next `n` starts fail.
+    pub fn failing(n: usize) -> Self {
+        Self {
+            failures: std::sync::atomic::AtomicUsize::new(n),
+        }
+    }
+}
+
+#[cfg(feature = "testing")]
+impl BlockingRunner for FakeBlockingRunner {
+    fn start(&self, job: BlockingJob) -> Result<(), String> {
+        use std::sync::atomic::Ordering;
+        let failed = self
+            .failures
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+        match failed {
+            Ok(_) => Err("Resource temporarily unavailable (os error 11)".into()),
+            Err(_) => TokioBlocking.start(job),
+        }
     }
 }
 
@@ -85,6 +182,34 @@ mod tests {
             .unwrap_err();
         assert_eq!(err.code(), tonic::Code::Internal);
         assert!(!err.to_string().contains("secret-token"));
+    }
+
+    #[derive(Debug)]
+    struct Refusing;
+
+    impl BlockingRunner for Refusing {
+        fn start(&self, _: BlockingJob) -> Result<(), String> {
+            Err("os error 11".into())
+        }
+    }
+
+    #[tokio::test]
+    async fn work_that_cannot_start_is_resource_exhausted_and_dropped_at_once() {
+        let held = std::sync::Arc::new(());
+        let inside = held.clone();
+        let err = blocking_on(&Refusing, move || {
+            drop(inside);
+            Ok(())
+        })
+        .await
+        .unwrap_err();
+        assert_eq!(err.code(), tonic::Code::ResourceExhausted);
+        assert!(err.to_string().contains("thread"), "{err}");
+        assert_eq!(
+            std::sync::Arc::strong_count(&held),
+            1,
+            "the work was dropped"
+        );
     }
 
     #[test]

@@ -166,7 +166,11 @@ impl Dispatch {
 
     async fn call<Req: Route>(&self, request: Request<Req>) -> Result<Req::Output, Status> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let ctx = CallContext::new(id, Req::METHOD, self.declared.clone());
+        let timeout = (request.metadata().get("grpc-timeout"))
+            .and_then(|v| v.to_str().ok())
+            .and_then(csi_driver::clock::parse_grpc_timeout);
+        let ctx = CallContext::new(id, Req::METHOD, self.declared.clone())
+            .with_deadline(timeout.map(|t| std::time::Instant::now() + t));
         self.stack
             .call_one(CsiCall::with_context(ctx, request.into_inner()))
             .await

@@ -1,22 +1,22 @@
-//! The engine over its fakes (MemBackend, csi-store's MemStore): repeat
+//! The service over local data, with its fakes (FakeControllerBackend, csi-store's MemStore): repeat
 //! rules, claims, capacity, full disks, the startup sweep and group settling.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use csi_controller::{Config, Engine, MemBackend, Res};
+use csi_controller::{Config, ControllerService, FakeControllerBackend, Res};
 use csi_driver::{CallContext, Controller, CsiError, GroupController, Method, v1::*};
 use csi_store::MemStore;
 
-type Mem = Engine<Arc<MemBackend>>;
+type Mem = ControllerService<Arc<FakeControllerBackend>>;
 
 const MIB: i64 = 1 << 20;
 
-fn engine(config: Config) -> (Mem, Arc<MemBackend>, Arc<MemStore>) {
+fn engine(config: Config) -> (Mem, Arc<FakeControllerBackend>, Arc<MemStore>) {
     let store = Arc::new(MemStore::new());
-    let backend = Arc::new(MemBackend::new());
-    let e = Engine::with_store(store.clone(), config, backend.clone()).unwrap();
+    let backend = Arc::new(FakeControllerBackend::new());
+    let e = ControllerService::with_store(store.clone(), config, backend.clone()).unwrap();
     (e, backend, store)
 }
 
@@ -35,7 +35,7 @@ fn create_req(name: &str, bytes: i64) -> CreateVolumeRequest {
 
 fn clone_req(name: &str, source: &str) -> CreateVolumeRequest {
     CreateVolumeRequest {
-        volume_content_source: Some(csi_controller::Source::Volume(source.into()).message()),
+        volume_content_source: Some(csi_controller::ContentSource::Volume(source.into()).message()),
         ..create_req(name, MIB)
     }
 }
@@ -120,7 +120,7 @@ async fn cancelled_work_keeps_its_claims_and_finishes_once() {
     b.resume();
     wait_idle(&e).await;
     let done = create(&e, clone_req("c", &src.volume_id)).await.unwrap();
-    assert!(e.tables().volumes.contains(&done.volume_id));
+    assert!(e.tables().unwrap().volumes.contains(&done.volume_id));
     assert_eq!(b.data().made, 2, "the clone ran once");
 }
 
@@ -164,7 +164,7 @@ async fn a_full_disk_is_resource_exhausted_and_leaves_nothing() {
     // The data is made but its record cannot be saved: the data goes.
     store.set_full(true);
     assert!(create(&e, create_req("b", MIB)).await.is_err());
-    assert!(b.data().volumes.is_empty() && e.tables().volumes.is_empty());
+    assert!(b.data().volumes.is_empty() && e.tables().unwrap().volumes.is_empty());
     assert_eq!(e.ledger().used(), 0);
     store.set_full(false);
     let v = create(&e, create_req("c", MIB)).await.unwrap();
@@ -177,7 +177,6 @@ async fn a_full_disk_is_resource_exhausted_and_leaves_nothing() {
 #[tokio::test]
 async fn volumes_in_use_or_attached_are_not_deleted() {
     let config = Config {
-        attach: true,
         attach_limit: 1,
         ..Config::new("n1")
     };
@@ -218,16 +217,17 @@ async fn volumes_in_use_or_attached_are_not_deleted() {
 #[tokio::test]
 async fn the_startup_sweep_removes_unowned_data_and_keeps_unreadable_records_data() {
     let store = Arc::new(MemStore::new());
-    let backend = Arc::new(MemBackend::new());
-    let first = Engine::with_store(store.clone(), Config::new("n1"), backend.clone()).unwrap();
+    let backend = Arc::new(FakeControllerBackend::new());
+    let first =
+        ControllerService::with_store(store.clone(), Config::new("n1"), backend.clone()).unwrap();
     let kept = create(&first, create_req("kept", MIB)).await.unwrap();
     let damaged = create(&first, create_req("damaged", MIB)).await.unwrap();
     drop(first);
     let orphan = "vol-0123456789abcdef0123456789abcdef";
     backend.insert_volume(orphan, MIB);
     store.insert_unreadable("volumes", &damaged.volume_id, "bad bytes");
-    let e = Engine::with_store(store, Config::new("n1"), backend.clone()).unwrap();
-    e.reconcile().unwrap();
+    let e = ControllerService::with_store(store, Config::new("n1"), backend.clone()).unwrap();
+    e.reconcile().await.unwrap();
     let left: Vec<String> = backend.data().volumes.into_keys().collect();
     let mut want = vec![kept.volume_id.clone(), damaged.volume_id.clone()];
     want.sort();
@@ -240,11 +240,7 @@ async fn the_startup_sweep_removes_unowned_data_and_keeps_unreadable_records_dat
 
 #[tokio::test]
 async fn group_snapshots_left_half_saved_are_settled_at_start() {
-    let config = Config {
-        group_snapshots: true,
-        ..Config::new("n1")
-    };
-    let (e, b, _) = engine(config);
+    let (e, b, _) = engine(Config::new("n1"));
     let (v1, v2) = (
         create(&e, create_req("a", MIB)).await.unwrap(),
         create(&e, create_req("b", MIB)).await.unwrap(),
@@ -270,10 +266,11 @@ async fn group_snapshots_left_half_saved_are_settled_at_start() {
     assert!(e.delete_snapshot(&ctx(), member).await.is_err());
     // A crash halfway through removing the group: one member record gone.
     e.tables()
+        .unwrap()
         .snapshots
         .remove(&g.snapshots[0].snapshot_id)
         .unwrap();
-    e.reconcile().unwrap();
-    assert!(e.tables().groups.is_empty() && e.tables().snapshots.is_empty());
+    e.reconcile().await.unwrap();
+    assert!(e.tables().unwrap().groups.is_empty() && e.tables().unwrap().snapshots.is_empty());
     assert!(b.data().snapshots.is_empty(), "the members' data went too");
 }

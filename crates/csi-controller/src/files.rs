@@ -1,15 +1,14 @@
-//! Small pieces every controller needs: ids that are safe as paths, the
-//! access type and content source of a volume, error classification of
-//! I/O failures, sparse files, time stamps and wire maps.
+//! Files for local-data backends: I/O failures classified (a full disk is
+//! RESOURCE_EXHAUSTED), sparse images, removal that never follows a
+//! symlink, free space, and what a data directory holds for the startup
+//! sweep.
 
-use std::collections::{BTreeMap, HashMap};
 use std::fs::{self, OpenOptions};
 use std::path::{Path, PathBuf};
 
-use csi_driver::helpers::paging::{Page, paginate};
 use csi_driver::{CsiError, CsiResult};
-use csi_proto::v1::{VolumeCapability, VolumeContentSource, volume_content_source};
-use serde::{Deserialize, Serialize};
+
+use crate::ids::IdKind;
 
 /// An INTERNAL error naming the path it happened on.
 pub fn internal(what: &str, path: &Path, e: impl std::fmt::Display) -> CsiError {
@@ -32,158 +31,6 @@ pub fn copy_failure(e: tree_copy::CopyError) -> CsiError {
         CsiError::ResourceExhausted(e.to_string())
     } else {
         CsiError::Internal(e.to_string())
-    }
-}
-
-/// clap value parser for sizes in bytes or with a suffix (10Gi).
-pub fn parse_size(text: &str) -> Result<i64, String> {
-    csi_proto::size::parse_bytes(text).ok_or_else(|| format!("{text:?} is not a size like 10Gi"))
-}
-
-/// Nanoseconds since the epoch (0 if the clock is before it).
-pub fn now_nanos() -> i128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as i128)
-        .unwrap_or(0)
-}
-
-/// A protobuf timestamp from [`now_nanos`]-style nanoseconds.
-pub fn timestamp(nanos: i128) -> prost_types::Timestamp {
-    prost_types::Timestamp {
-        seconds: (nanos / 1_000_000_000) as i64,
-        nanos: (nanos % 1_000_000_000) as i32,
-    }
-}
-
-/// A wire map from a stored (sorted) one.
-pub fn to_map(m: &BTreeMap<String, String>) -> HashMap<String, String> {
-    m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
-}
-
-/// A stored (sorted, so records are stable) map from a wire one.
-pub fn sorted(m: &HashMap<String, String>) -> BTreeMap<String, String> {
-    m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
-}
-
-/// How a volume is consumed: the access type it was created for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Access {
-    /// Through a filesystem.
-    Mount,
-    /// As a raw block device.
-    Block,
-}
-
-impl Access {
-    /// The one access type of a set of capabilities (mixing is INVALID_ARGUMENT).
-    pub fn of(caps: &[VolumeCapability]) -> CsiResult<Access> {
-        let block = caps.iter().any(VolumeCapability::is_block);
-        let mount = caps.iter().any(|c| !c.is_block());
-        match (block, mount) {
-            (true, true) => Err(CsiError::invalid(
-                "volume_capabilities",
-                "cannot mix block and mount access for one volume",
-            )),
-            (true, false) => Ok(Access::Block),
-            _ => Ok(Access::Mount),
-        }
-    }
-
-    /// Whether `cap` asks for this access type.
-    pub fn fits(self, cap: &VolumeCapability) -> bool {
-        cap.is_block() == (self == Access::Block)
-    }
-}
-
-/// Where a volume's initial contents came from.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Source {
-    /// Restored from a snapshot.
-    Snapshot(String),
-    /// Cloned from a volume.
-    Volume(String),
-}
-
-impl Source {
-    /// The source a CreateVolume request names, if any.
-    pub fn of(content: Option<&VolumeContentSource>) -> Option<Source> {
-        match content?.r#type.as_ref()? {
-            volume_content_source::Type::Snapshot(s) => {
-                Some(Source::Snapshot(s.snapshot_id.clone()))
-            }
-            volume_content_source::Type::Volume(v) => Some(Source::Volume(v.volume_id.clone())),
-        }
-    }
-
-    /// The wire form.
-    pub fn message(&self) -> VolumeContentSource {
-        use volume_content_source::{SnapshotSource, Type, VolumeSource};
-        VolumeContentSource {
-            r#type: Some(match self {
-                Source::Snapshot(id) => Type::Snapshot(SnapshotSource {
-                    snapshot_id: id.clone(),
-                }),
-                Source::Volume(id) => Type::Volume(VolumeSource {
-                    volume_id: id.clone(),
-                }),
-            }),
-        }
-    }
-}
-
-pub use csi_driver::helpers::confirm::confirmed;
-
-/// One page of `all` (csi-driver's paging rules), each entry mapped by `entry`.
-pub fn page<T, E>(
-    all: Vec<&T>,
-    max_entries: i32,
-    starting_token: &str,
-    entry: impl Fn(&T) -> E,
-) -> CsiResult<(Vec<E>, String)> {
-    paginate(all, max_entries, starting_token).map(
-        |Page {
-             entries,
-             next_token,
-         }| (entries.into_iter().map(entry).collect(), next_token),
-    )
-}
-
-/// Kinds of generated ids, each with its prefix.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum IdKind {
-    /// `vol-<32 hex>`.
-    Volume,
-    /// `snap-<32 hex>`.
-    Snapshot,
-    /// `group-<32 hex>`.
-    GroupSnapshot,
-}
-
-impl IdKind {
-    fn prefix(self) -> &'static str {
-        match self {
-            IdKind::Volume => "vol-",
-            IdKind::Snapshot => "snap-",
-            IdKind::GroupSnapshot => "group-",
-        }
-    }
-
-    /// A fresh id.
-    pub fn generate(self) -> String {
-        format!("{}{}", self.prefix(), uuid::Uuid::new_v4().simple())
-    }
-
-    /// Whether `id` is one the engine could have generated. Ids become
-    /// paths, so anything else (`../../etc`, `a/b`, NUL) is rejected before
-    /// it touches the filesystem.
-    pub fn is_valid(self, id: &str) -> bool {
-        id.strip_prefix(self.prefix()).is_some_and(|hex| {
-            hex.len() == 32
-                && hex
-                    .bytes()
-                    .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
-        })
     }
 }
 
@@ -290,24 +137,6 @@ pub fn data_by_id(dir: &Path, kind: IdKind, suffixes: &[&str]) -> (DataById, Vec
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn ids_are_validated_before_use_as_paths() {
-        let id = IdKind::Volume.generate();
-        assert!(IdKind::Volume.is_valid(&id));
-        assert!(!IdKind::Snapshot.is_valid(&id));
-        for bad in [
-            "../../etc",
-            "vol-../../etc",
-            "vol-",
-            "vol-a/b",
-            "vol-\0",
-            &format!("{id}x"),
-            &id.to_uppercase(),
-        ] {
-            assert!(!IdKind::Volume.is_valid(bad), "{bad:?}");
-        }
-    }
 
     #[test]
     fn sparse_files_grow_never_shrink_and_removal_is_idempotent() {

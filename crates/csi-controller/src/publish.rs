@@ -1,0 +1,150 @@
+//! ControllerPublish/Unpublish: the spec's repeat rules and the attach
+//! limit, then the backend's attach (whose in-flight action a retry finds
+//! and polls, never starting a second one) and its publish context.
+
+use std::collections::HashMap;
+
+use csi_driver::{CallContext, CsiError, CsiResult};
+use csi_proto::v1::*;
+
+use crate::backend::{AttachBackend, AttachState, ControllerBackend};
+use crate::ids::IdKind;
+use crate::records::VolumeRecord;
+use crate::retry::Deadline;
+use crate::service::{ControllerService, not_found};
+
+impl<B: ControllerBackend> ControllerService<B> {
+    pub(crate) async fn controller_publish_rpc(
+        &self,
+        ctx: &CallContext,
+        req: ControllerPublishVolumeRequest,
+    ) -> CsiResult<ControllerPublishVolumeResponse> {
+        let attacher = self
+            .backend()
+            .attacher()
+            .ok_or_else(|| CsiError::unimplemented("ControllerPublishVolume"))?;
+        let cap = req.volume_capability.clone().unwrap_or_default();
+        let multi_node = cap.access_mode().is_multi_node();
+        let deadline = self.deadline(ctx);
+        let volume = match self.catalog() {
+            None => {
+                let volume = self.known_volume(&req.volume_id)?;
+                if req.node_id != self.config().node_id {
+                    return Err(not_found("node", &req.node_id));
+                }
+                check_access(&volume, &cap)?;
+                let limit = self.config().attach_limit;
+                let t = self.local()?;
+                t.attach(&volume.id, &req.node_id, req.readonly, multi_node, limit)?;
+                volume
+            }
+            Some(catalog) => {
+                let found = (self.provider_volume(catalog, &deadline, &req.volume_id)).await?;
+                check_access(&found.record, &cap)?;
+                let id = &found.record.id;
+                match found.attached.get(&req.node_id) {
+                    Some(was) if *was != req.readonly => {
+                        return Err(CsiError::AlreadyExists(format!(
+                            "volume {id} is published to {} with readonly={was}",
+                            req.node_id
+                        )));
+                    }
+                    Some(_) => {}
+                    None => {
+                        if let Some(other) = found.attached.keys().next().filter(|_| !multi_node) {
+                            return Err(CsiError::FailedPrecondition(format!(
+                                "volume {id} is published to node {other}"
+                            )));
+                        }
+                    }
+                }
+                found.record
+            }
+        };
+        let publish_context = attach(attacher, &deadline, &volume, &req).await;
+        if publish_context.is_err() && self.catalog().is_none() {
+            // Local bookkeeping follows the backend: undo the record.
+            self.local()?.detach(&volume.id, &req.node_id)?;
+        }
+        Ok(ControllerPublishVolumeResponse {
+            publish_context: publish_context?,
+        })
+    }
+
+    pub(crate) async fn controller_unpublish_rpc(
+        &self,
+        ctx: &CallContext,
+        req: ControllerUnpublishVolumeRequest,
+    ) -> CsiResult<ControllerUnpublishVolumeResponse> {
+        let attacher = self
+            .backend()
+            .attacher()
+            .ok_or_else(|| CsiError::unimplemented("ControllerUnpublishVolume"))?;
+        // A missing volume or node counts as unpublished (the spec's SHOULD).
+        let local = self.catalog().is_none();
+        if local && !IdKind::Volume.is_valid(&req.volume_id) {
+            return Ok(ControllerUnpublishVolumeResponse {});
+        }
+        let deadline = self.deadline(ctx);
+        deadline
+            .retry(|| attacher.detach(&req.volume_id, &req.node_id))
+            .await?;
+        if local {
+            self.local()?.detach(&req.volume_id, &req.node_id)?;
+        }
+        Ok(ControllerUnpublishVolumeResponse {})
+    }
+}
+
+fn check_access(volume: &VolumeRecord, cap: &VolumeCapability) -> CsiResult<()> {
+    if !volume.access.fits(cap) {
+        return Err(CsiError::invalid(
+            "volume_capability",
+            format!("volume {} was not created for this access type", volume.id),
+        ));
+    }
+    Ok(())
+}
+
+/// The attachment of `volume` to the request's node, started only if the
+/// backend knows of none, and polled until attached.
+async fn attach(
+    attacher: &dyn AttachBackend,
+    deadline: &Deadline,
+    volume: &VolumeRecord,
+    req: &ControllerPublishVolumeRequest,
+) -> CsiResult<HashMap<String, String>> {
+    let node = &req.node_id;
+    let mut state = deadline
+        .retry(|| attacher.attachment(&volume.id, node))
+        .await?;
+    if state.is_none() {
+        state = Some(
+            deadline
+                .retry(|| async {
+                    // A transient failure may have started the attach.
+                    match attacher.attachment(&volume.id, node).await? {
+                        Some(s) => Ok(s),
+                        None => attacher.attach(volume, node, req.readonly).await,
+                    }
+                })
+                .await?,
+        );
+    }
+    if let Some(AttachState::Attached(context)) = state {
+        return Ok(context);
+    }
+    let what = format!("the attach of volume {} to node {node}", volume.id);
+    deadline
+        .wait_until_ready(&what, || async {
+            match attacher.attachment(&volume.id, node).await? {
+                Some(AttachState::Attached(context)) => Ok(Some(context)),
+                Some(AttachState::Attaching) => Ok(None),
+                None => Err(CsiError::Aborted(format!(
+                    "{what} was dropped by the provider; retry"
+                ))
+                .into()),
+            }
+        })
+        .await
+}
