@@ -3,12 +3,12 @@
 //! is hostpath's own: which volumes exist and where their data is (mount
 //! volumes are directories, bind-mounted; block volumes are image files,
 //! attached as loop devices), and inline ephemeral volumes, all from the
-//! controller service's records.
+//! controller engine's records.
 
 use std::sync::Arc;
 
-use csi_controller::{Access, VolumeRecord, WeakControllerService};
-use csi_node::{NodeDriver, NodeInfo, NodeService, Source, VolumeInfo, VolumeLocator};
+use csi_controller::{Access, VolumeRecord, WeakEngine};
+use csi_node::{NodeBackend, NodeInfo, NodeService, VolumeSource, VolumeInfo, VolumeLocator};
 use csi_proto::v1::NodePublishVolumeRequest;
 use csi_server::{CsiError, CsiResult};
 use csi_store::FileStore;
@@ -17,9 +17,9 @@ use mount_utils::{LoopDevices, Mounter};
 use crate::backend::Backend;
 use crate::config::{Config, TOPOLOGY_KEY};
 
-/// hostpath's half of the node service. Weak: the controller's backend holds
+/// hostpath's half of the node service. Weak: the engine's backend holds
 /// the node side.
-pub struct NodeSide(pub WeakControllerService<Backend>);
+pub struct NodeSide(pub WeakEngine<Backend>);
 
 /// The node service, its record in the driver's state store (under
 /// `statedir/node` for a state dir from before they shared one).
@@ -57,7 +57,7 @@ fn info(v: &VolumeRecord) -> VolumeInfo {
 }
 
 impl VolumeLocator for NodeSide {
-    fn source(&self, volume_id: &str) -> Option<Source> {
+    fn source(&self, volume_id: &str) -> Option<VolumeSource> {
         let volume = self.find(volume_id)?;
         let path = self
             .0
@@ -65,13 +65,13 @@ impl VolumeLocator for NodeSide {
             .backend()
             .volume_path(&volume.id, volume.access);
         Some(match volume.access {
-            Access::Mount => Source::Directory(path),
-            Access::Block => Source::Image(path),
+            Access::Mount => VolumeSource::Directory(path),
+            Access::Block => VolumeSource::Image(path),
         })
     }
 }
 
-impl NodeDriver for NodeSide {
+impl NodeBackend for NodeSide {
     fn volume(&self, volume_id: &str) -> Option<VolumeInfo> {
         self.find(volume_id).as_ref().map(info)
     }
@@ -140,7 +140,7 @@ mod tests {
         };
         let counts = || {
             (
-                d.controller.tables().unwrap().volumes.len(),
+                d.engine.tables().volumes.len(),
                 d.backend.data().volumes.len(),
             )
         };

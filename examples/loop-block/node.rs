@@ -9,8 +9,8 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use csi_controller::{Access, WeakControllerService};
-use csi_node::{Device, NodeDriver, NodeError, NodeInfo, NodeService, Source, VolumeInfo};
+use csi_controller::{Access, WeakEngine};
+use csi_node::{Device, NodeBackend, NodeError, NodeInfo, NodeService, VolumeSource, VolumeInfo};
 use csi_proto::v1::NodeStageVolumeRequest;
 use csi_server::{CsiError, CsiResult};
 use csi_store::FileStore;
@@ -22,7 +22,7 @@ use crate::config::Config;
 /// loop-block's half of the node service. Weak: the engine's backend
 /// holds the node side.
 pub struct NodeSide {
-    pub engine: WeakControllerService<Backend>,
+    pub engine: WeakEngine<Backend>,
     /// The backend's attach lock (see `Backend::attachments`).
     pub attachments: Arc<tokio::sync::RwLock<()>>,
 }
@@ -53,10 +53,10 @@ pub fn open_node(
 }
 
 impl csi_node::VolumeLocator for NodeSide {
-    fn source(&self, volume_id: &str) -> Option<Source> {
+    fn source(&self, volume_id: &str) -> Option<VolumeSource> {
         let engine = self.engine.upgrade()?;
         engine.known_volume(volume_id).ok()?;
-        Some(Source::Image(engine.backend().volume_path(volume_id)))
+        Some(VolumeSource::Image(engine.backend().volume_path(volume_id)))
     }
 
     fn prepare_device(&self, volume_id: &str, device: &Device) -> Result<(), NodeError> {
@@ -71,7 +71,7 @@ impl csi_node::VolumeLocator for NodeSide {
     }
 }
 
-impl NodeDriver for NodeSide {
+impl NodeBackend for NodeSide {
     fn volume(&self, volume_id: &str) -> Option<VolumeInfo> {
         let v = self.engine.upgrade()?.known_volume(volume_id).ok()?;
         Some(VolumeInfo::new(v.access == Access::Block, v.capacity_bytes))
@@ -134,7 +134,7 @@ mod tests {
                 volume_capabilities: vec![c.clone()],
                 ..Default::default()
             };
-            let v = d.controller.create_volume(&ctx, req).await.unwrap().volume;
+            let v = d.engine.create_volume(&ctx, req).await.unwrap().volume;
             let id = v.unwrap().volume_id;
             files.push((id.clone(), d.backend.volume_path(&id)));
         }
@@ -160,7 +160,7 @@ mod tests {
             volume_id: id.clone(),
             ..Default::default()
         };
-        let e = d.controller.delete_volume(&ctx, delete).await.unwrap_err();
+        let e = d.engine.delete_volume(&ctx, delete).await.unwrap_err();
         assert_eq!(e.code(), tonic::Code::FailedPrecondition, "still staged");
     }
 }

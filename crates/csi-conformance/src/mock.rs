@@ -889,7 +889,7 @@ impl Node for MockDriver {
         if !st.volumes.contains_key(&req.volume_id) {
             return Err(self.missing_volume(&req.volume_id));
         }
-        if check_stage(st.staged.get(&req.volume_id), &req)? == StageDecision::New {
+        if check_stage(st.staged.get(&req.volume_id), &req)? != StageDecision::AlreadyStaged {
             st.staged.insert(
                 req.volume_id,
                 Staging {

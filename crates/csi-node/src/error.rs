@@ -13,27 +13,11 @@ use mount_utils::{Errno, FormatError, LoopError, MountError};
 /// value: mount errors keep only the action, the path and the errno.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum NodeError {
-    /// A request field is missing or unusable (INVALID_ARGUMENT).
-    #[error("{field}: {reason}")]
-    InvalidArgument {
-        /// The field, e.g. `volume_capability.mount.mount_flags[1]`.
-        field: String,
-        /// What is wrong with it.
-        reason: String,
-    },
-    /// The volume is unknown, or not the one at the path (NOT_FOUND).
-    #[error("{0}")]
-    NotFound(String),
-    /// The path holds another volume, or this one with other arguments
-    /// (ALREADY_EXISTS).
-    #[error("{0}")]
-    AlreadyExists(String),
-    /// The node is not in a state that allows the call (FAILED_PRECONDITION).
-    #[error("{0}")]
-    FailedPrecondition(String),
-    /// Another operation on the volume or path is in flight (ABORTED).
-    #[error("{0}")]
-    Aborted(String),
+    /// A refusal with the spec's code (INVALID_ARGUMENT naming the field,
+    /// NOT_FOUND, ALREADY_EXISTS, FAILED_PRECONDITION, ABORTED, ...), from
+    /// the rules or from a driver hook.
+    #[error(transparent)]
+    Csi(#[from] CsiError),
     /// A mount-table operation failed (INTERNAL).
     #[error("{action} {}: {}", path.display(), errno_text(*errno))]
     Mount {
@@ -73,9 +57,6 @@ pub enum NodeError {
         /// The store's disk is full.
         full: bool,
     },
-    /// Anything else a driver hook returned, already as a CSI error.
-    #[error(transparent)]
-    Csi(#[from] CsiError),
 }
 
 fn errno_text(errno: Option<Errno>) -> String {
@@ -90,10 +71,33 @@ impl NodeError {
 
     /// INVALID_ARGUMENT naming `field`.
     pub fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Self {
-        Self::InvalidArgument {
-            field: field.into(),
-            reason: reason.into(),
-        }
+        CsiError::invalid(field, reason).into()
+    }
+
+    /// NOT_FOUND: the volume is unknown, or not the one at the path.
+    pub fn not_found(message: impl Into<String>) -> Self {
+        CsiError::NotFound(message.into()).into()
+    }
+
+    /// ALREADY_EXISTS: the path holds another volume, or this one with
+    /// other arguments.
+    pub fn already_exists(message: impl Into<String>) -> Self {
+        CsiError::AlreadyExists(message.into()).into()
+    }
+
+    /// FAILED_PRECONDITION: the node is not in a state that allows the call.
+    pub fn failed_precondition(message: impl Into<String>) -> Self {
+        CsiError::FailedPrecondition(message.into()).into()
+    }
+
+    /// ABORTED: another operation on the volume or path is in flight.
+    pub fn aborted(message: impl Into<String>) -> Self {
+        CsiError::Aborted(message.into()).into()
+    }
+
+    /// Whether this is NOT_FOUND.
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, Self::Csi(CsiError::NotFound(_)))
     }
 
     /// An I/O failure on `path`.
@@ -115,6 +119,19 @@ impl NodeError {
             action,
             path: path.to_path_buf(),
             errno: e.errno(),
+        }
+    }
+
+    /// A failure finding or reading the attached device at `path`: one that
+    /// is not a block device is FAILED_PRECONDITION, the rest INTERNAL.
+    pub fn block_device(path: &Path, e: &mount_utils::BlockDeviceError) -> Self {
+        match e {
+            mount_utils::BlockDeviceError::Io { action, errno, .. } => Self::Io {
+                action,
+                path: path.to_path_buf(),
+                reason: errno.desc().to_owned(),
+            },
+            other => Self::failed_precondition(other.to_string()),
         }
     }
 
@@ -140,19 +157,19 @@ impl NodeError {
                 existing,
                 requested,
                 ..
-            } => Self::FailedPrecondition(format!(
+            } => Self::failed_precondition(format!(
                 "{dev} already holds {existing}, not {requested}; refusing to format it"
             )),
-            FormatError::UnformattedReadOnly { .. } => Self::FailedPrecondition(format!(
+            FormatError::UnformattedReadOnly { .. } => Self::failed_precondition(format!(
                 "{dev} holds no filesystem and the volume is read-only"
             )),
-            FormatError::HasPartitionTable { pttype, .. } => Self::FailedPrecondition(format!(
+            FormatError::HasPartitionTable { pttype, .. } => Self::failed_precondition(format!(
                 "{dev} holds a {pttype} partition table; refusing to format it"
             )),
-            FormatError::HasFilesystemErrors { .. } => Self::FailedPrecondition(format!(
+            FormatError::HasFilesystemErrors { .. } => Self::failed_precondition(format!(
                 "the filesystem on {dev} has errors fsck could not correct"
             )),
-            FormatError::FilesystemMissing { .. } => Self::FailedPrecondition(format!(
+            FormatError::FilesystemMissing { .. } => Self::failed_precondition(format!(
                 "{dev} was formatted for this volume but holds no filesystem now; \
                  refusing to format it again"
             )),
@@ -189,13 +206,6 @@ impl From<NodeError> for CsiError {
     fn from(e: NodeError) -> Self {
         let message = e.to_string();
         match e {
-            NodeError::InvalidArgument { field, reason } => {
-                CsiError::InvalidArgument { field, reason }
-            }
-            NodeError::NotFound(_) => CsiError::NotFound(message),
-            NodeError::AlreadyExists(_) => CsiError::AlreadyExists(message),
-            NodeError::FailedPrecondition(_) => CsiError::FailedPrecondition(message),
-            NodeError::Aborted(_) => CsiError::Aborted(message),
             NodeError::Store { full: true, .. } => CsiError::ResourceExhausted(message),
             NodeError::Mount { .. }
             | NodeError::Loop { .. }

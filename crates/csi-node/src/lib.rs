@@ -4,7 +4,7 @@
 //! directory someone else mounted a tmpfs on, not another volume's staging
 //! path, not the destination of a symlink, not a loop device another
 //! volume now uses. [`NodeVolumes`] keeps a record per volume
-//! ([`VolumeRecord`]: staging path, capability with its mount flags
+//! ([`NodeVolumeRecord`]: staging path, capability with its mount flags
 //! (stored, never shown), device and number or bind source, publications,
 //! progress), persisted in csi-store as one record per stage and one per
 //! publication (so forgetting one is a delete, which works on a full disk),
@@ -37,7 +37,7 @@
 //! unpublish off the async runtime with the spec's codes, the access-type
 //! check, NodeGetVolumeStats with the condition and the filesystem usage
 //! or block size, NodeExpandVolume, NodeGetInfo, restore at start). The
-//! driver implements [`NodeDriver`]: which volumes exist, their access type
+//! driver implements [`NodeBackend`]: which volumes exist, their access type
 //! and size, where their data is, and optionally a stage check, a stage
 //! lock and inline ephemeral volumes. A node plugin whose volumes are
 //! directories under `/var/lib/example/volumes`:
@@ -46,21 +46,21 @@
 //! use std::path::{Path, PathBuf};
 //! use std::sync::Arc;
 //! use csi_driver::{Capabilities, NodeRpc};
-//! use csi_node::{NodeDriver, NodeInfo, NodeService, Source, VolumeInfo, VolumeLocator};
+//! use csi_node::{NodeBackend, NodeInfo, NodeService, VolumeSource, VolumeInfo, VolumeLocator};
 //! use csi_server::{PluginInfo, Server};
 //!
 //! struct Dirs(PathBuf);
 //!
 //! impl VolumeLocator for Dirs {
-//!     fn source(&self, id: &str) -> Option<Source> {
+//!     fn source(&self, id: &str) -> Option<VolumeSource> {
 //!         // Ids become paths: only ids this driver could have made.
 //!         let valid = id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
 //!         let dir = self.0.join(id);
-//!         (valid && dir.is_dir()).then_some(Source::Directory(dir))
+//!         (valid && dir.is_dir()).then_some(VolumeSource::Directory(dir))
 //!     }
 //! }
 //!
-//! impl NodeDriver for Dirs {
+//! impl NodeBackend for Dirs {
 //!     fn volume(&self, id: &str) -> Option<VolumeInfo> {
 //!         self.source(id).map(|_| VolumeInfo::new(false, 0))
 //!     }
@@ -94,7 +94,7 @@
 //! ```
 //! use std::sync::Arc;
 //! use csi_node::testing::FakeHost;
-//! use csi_node::{NodeVolumes, Outcome, Source};
+//! use csi_node::{NodeVolumes, NodeOutcome, VolumeSource};
 //! use csi_store::MemStore;
 //! use csi_proto::v1::volume_capability::access_mode::Mode;
 //! use csi_proto::v1::*;
@@ -104,7 +104,7 @@
 //! std::fs::create_dir(&data).unwrap();
 //! let host = FakeHost::new();
 //! let data_dir = data.clone();
-//! let locator = Arc::new(move |id: &str| (id == "vol-1").then(|| Source::Directory(data_dir.clone())));
+//! let locator = Arc::new(move |id: &str| (id == "vol-1").then(|| VolumeSource::Directory(data_dir.clone())));
 //! let volumes = NodeVolumes::builder(host.mounter(), Arc::new(MemStore::new()), locator)
 //!     .loop_devices(host.loops())
 //!     .open()
@@ -119,8 +119,8 @@
 //!     ),
 //!     ..Default::default()
 //! };
-//! assert_eq!(volumes.publish(&publish).unwrap(), Outcome::Changed);
-//! assert_eq!(volumes.publish(&publish).unwrap(), Outcome::Unchanged);
+//! assert_eq!(volumes.publish(&publish).unwrap(), NodeOutcome::Changed);
+//! assert_eq!(volumes.publish(&publish).unwrap(), NodeOutcome::Unchanged);
 //! assert!(host.mounts_at(&target)[0].is_read_only(), "read-only wins over rw");
 //!
 //! // Another volume id at this target is not this driver's to unpublish.
@@ -143,11 +143,12 @@ mod volumes;
 
 pub use error::NodeError;
 pub use record::{
-    AccessType, Capability, Device, MountFlags, PublishRecord, PublishState, Source, StageRecord,
-    StageState, VolumeRecord,
+    AccessKind, Capability, Device, FilesystemSource, MountFlags, NodeVolumeRecord, PublishRecord,
+    PublishState, StageRecord, StageState, VolumeSource,
 };
-pub use seams::{FilesystemMount, PlainMount, VolumeLocator};
-pub use service::{NodeDriver, NodeInfo, NodeService, NodeServiceBuilder, VolumeInfo};
+pub use seams::{FilesystemMount, PlainMount, VolumeContexts, VolumeLocator, device_by_name};
+pub use service::{NodeBackend, NodeInfo, NodeService, NodeServiceBuilder, VolumeInfo};
 pub use volumes::{
-    NodeVolumes, NodeVolumesBuilder, Outcome, PUBLISHED_TABLE, RestoreReport, STAGED_TABLE,
+    DEFAULT_DEVICE_TIMEOUT, NodeOutcome, NodeVolumes, NodeVolumesBuilder, PUBLISHED_TABLE,
+    RestoreReport, STAGED_TABLE,
 };

@@ -97,17 +97,29 @@ pub fn bind_within(base: &MountInfo, path: &Path) -> Option<MountSource> {
 pub struct Identities {
     /// What mounts that show this volume look like in mountinfo.
     pub ids: Vec<MountSource>,
-    /// Its block devices now attached (found by backing file).
+    /// Its loop devices now attached (found by backing file); NodeUnstage
+    /// detaches them.
     pub devices: Vec<Device>,
+    /// The device the controller attached, when it is present now; the
+    /// node never detaches it.
+    pub attached: Option<Device>,
+    /// Ids of mounts this plugin made for the volume (a filesystem mounted
+    /// by type and source): such a mount is the volume's wherever it is.
+    pub mount_ids: Vec<u32>,
     /// Its source directory: a mount exactly there is the volume's own
     /// filesystem, not a use of it.
     pub directory: Option<PathBuf>,
 }
 
 impl Identities {
+    /// The volume's block device: its loop device or the attached one.
+    pub fn device(&self) -> Option<&Device> {
+        self.devices.first().or(self.attached.as_ref())
+    }
+
     /// Whether the mount `entry` shows this volume.
     pub fn owns(&self, entry: &MountInfo) -> bool {
-        self.ids.iter().any(|s| s.matches(entry, None))
+        self.mount_ids.contains(&entry.mount_id) || self.ids.iter().any(|s| s.matches(entry, None))
     }
 
     /// Mount points in `table` that show this volume, other than `except`
@@ -288,6 +300,8 @@ mod tests {
         let volume = Identities {
             ids: vec![filesystem_on(&loop3)],
             devices: vec![loop3],
+            attached: None,
+            mount_ids: Vec::new(),
             directory: None,
         };
         let ours = entry(10, (7, 3), "/", "/staging", "/dev/loop3");

@@ -50,7 +50,7 @@ impl fmt::Debug for MountFlags {
 
 /// How the volume is consumed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub enum AccessType {
+pub enum AccessKind {
     /// As a raw block device.
     Block,
     /// Through a filesystem.
@@ -69,7 +69,7 @@ pub enum AccessType {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Capability {
     /// Block or mount, with the mount's details.
-    pub access: AccessType,
+    pub access: AccessKind,
     /// The access mode (`None` when the request had none).
     pub access_mode: Option<i32>,
 }
@@ -80,8 +80,8 @@ impl Capability {
     pub fn from_proto(cap: Option<&VolumeCapability>, field: &str) -> Result<Self, NodeError> {
         let cap = cap.ok_or_else(|| NodeError::invalid(field, "required"))?;
         let access = match &cap.access_type {
-            Some(ProtoAccess::Block(_)) => AccessType::Block,
-            Some(ProtoAccess::Mount(m)) => AccessType::Mount {
+            Some(ProtoAccess::Block(_)) => AccessKind::Block,
+            Some(ProtoAccess::Mount(m)) => AccessKind::Mount {
                 fs_type: m.fs_type.clone(),
                 flags: MountFlags::new(m.mount_flags.clone()),
                 volume_mount_group: m.volume_mount_group.clone(),
@@ -104,8 +104,8 @@ impl Capability {
         VolumeCapability {
             access_mode: self.access_mode.map(|mode| AccessMode { mode }),
             access_type: Some(match &self.access {
-                AccessType::Block => ProtoAccess::Block(BlockVolume {}),
-                AccessType::Mount {
+                AccessKind::Block => ProtoAccess::Block(BlockVolume {}),
+                AccessKind::Mount {
                     fs_type,
                     flags,
                     volume_mount_group,
@@ -120,7 +120,7 @@ impl Capability {
 
     /// Whether this is block access.
     pub fn is_block(&self) -> bool {
-        matches!(self.access, AccessType::Block)
+        matches!(self.access, AccessKind::Block)
     }
 
     /// The access mode (`Unknown` when absent or unrecognised).
@@ -133,16 +133,16 @@ impl Capability {
     /// The mount flags (none for block access).
     pub fn flags(&self) -> &[String] {
         match &self.access {
-            AccessType::Mount { flags, .. } => flags.expose(),
-            AccessType::Block => &[],
+            AccessKind::Mount { flags, .. } => flags.expose(),
+            AccessKind::Block => &[],
         }
     }
 
     /// The filesystem type asked for (`None` for block access).
     pub fn fs_type(&self) -> Option<&str> {
         match &self.access {
-            AccessType::Mount { fs_type, .. } => Some(fs_type),
-            AccessType::Block => None,
+            AccessKind::Mount { fs_type, .. } => Some(fs_type),
+            AccessKind::Block => None,
         }
     }
 }
@@ -173,12 +173,62 @@ impl Device {
 /// Where a volume's data lives on this node, as the driver knows it
 /// ([`VolumeLocator`](crate::VolumeLocator)).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Source {
+pub enum VolumeSource {
     /// A directory, bind-mounted at the staging path (mount access only).
     Directory(PathBuf),
     /// An image file, attached as a loop device; for mount access the
     /// filesystem on it is mounted at the staging path.
     Image(PathBuf),
+    /// A block device the controller attached, by its path or a stable
+    /// name (`/dev/disk/by-id/<serial>`): waited for at NodeStage, for
+    /// mount access formatted only if it holds no filesystem (never
+    /// reformatted) and mounted; never detached by the node.
+    Device(PathBuf),
+    /// A filesystem mounted by type, source and options (NFS, SMB, CephFS,
+    /// FUSE, tmpfs), recognised as this volume's by the id of the mount
+    /// this plugin made, never by its source string.
+    Filesystem(FilesystemSource),
+}
+
+/// What a [`VolumeSource::Filesystem`] mounts. Recorded: nothing secret
+/// belongs here; secret options are named, and their values come from the
+/// NodeStage secrets at mount time only.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FilesystemSource {
+    /// The filesystem type (`nfs`, `cifs`, `ceph`, `fuse.sshfs`, `tmpfs`).
+    pub fs_type: String,
+    /// The mount source (`server:/export`, `//server/share`, `none`).
+    pub source: String,
+    /// Options that are not secret (`vers=4.1`, `size=1g`).
+    pub options: Vec<String>,
+    /// Names of NodeStage secrets, each passed to the mount call as
+    /// `name=value` and nowhere else (a missing one is INVALID_ARGUMENT
+    /// naming `secrets[name]`).
+    pub secret_options: Vec<String>,
+}
+
+impl FilesystemSource {
+    /// `fs_type` mounted from `source` with no options.
+    pub fn new(fs_type: impl Into<String>, source: impl Into<String>) -> Self {
+        FilesystemSource {
+            fs_type: fs_type.into(),
+            source: source.into(),
+            options: Vec::new(),
+            secret_options: Vec::new(),
+        }
+    }
+
+    /// With the options `options` (not secret).
+    pub fn options<S: Into<String>>(mut self, options: impl IntoIterator<Item = S>) -> Self {
+        self.options.extend(options.into_iter().map(Into::into));
+        self
+    }
+
+    /// With the NodeStage secret `name` passed as the option `name=value`.
+    pub fn secret_option(mut self, name: impl Into<String>) -> Self {
+        self.secret_options.push(name.into());
+        self
+    }
 }
 
 /// Progress of a stage: saved as `Staging` before the first effect, so a
@@ -216,12 +266,16 @@ pub struct StageRecord {
     /// Whether the staging mount is read-only (a reader-only mode).
     pub readonly: bool,
     /// Where the data comes from.
-    pub source: Source,
-    /// The loop device of an [`Source::Image`], once attached.
+    pub source: VolumeSource,
+    /// The loop device of an [`VolumeSource::Image`], once attached.
     pub device: Option<Device>,
     /// A filesystem was mounted from the device at least once: it must
     /// never be formatted again.
     pub formatted: bool,
+    /// The id of the mount made for a [`VolumeSource::Filesystem`], saved
+    /// before it is moved to the staging path (a move keeps it).
+    #[serde(default)]
+    pub mount_id: Option<u32>,
     /// The publish context of the NodeStage call.
     pub publish_context: BTreeMap<String, String>,
     /// The volume context of the NodeStage call.
@@ -273,7 +327,7 @@ impl PublishRecord {
 /// under its target, so forgetting one is a delete, which works on a full
 /// disk.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct VolumeRecord {
+pub struct NodeVolumeRecord {
     /// The volume id the CO uses.
     pub volume_id: String,
     /// Where and how it is staged.
@@ -282,7 +336,7 @@ pub struct VolumeRecord {
     pub publications: Vec<PublishRecord>,
 }
 
-impl VolumeRecord {
+impl NodeVolumeRecord {
     /// A record with nothing staged or published.
     pub fn new(volume_id: &str) -> Self {
         Self {
@@ -349,16 +403,17 @@ mod tests {
     fn flags_are_stored_but_never_debug_printed() {
         let cap = VolumeCapability::mount("ext4").with_mount_flags(["password=hunter2", "rw"]);
         let plain = Capability::from_proto(Some(&cap), "c").unwrap();
-        let record = VolumeRecord {
+        let record = NodeVolumeRecord {
             volume_id: "v".into(),
             stage: Some(StageRecord {
                 volume_id: "v".into(),
                 path: "/s".into(),
                 capability: plain.clone(),
                 readonly: false,
-                source: Source::Image("/img".into()),
+                source: VolumeSource::Image("/img".into()),
                 device: None,
                 formatted: false,
+                mount_id: None,
                 publish_context: BTreeMap::new(),
                 volume_context: BTreeMap::new(),
                 state: StageState::Staging,

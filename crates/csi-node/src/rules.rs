@@ -11,7 +11,9 @@
 
 use std::path::{Path, PathBuf};
 
-use csi_driver::helpers::publish::{Publication, PublishDecision as Repeat, check_publish};
+pub use csi_driver::helpers::publish::PublishDecision;
+use csi_driver::helpers::publish::{Publication, check_publish};
+pub use csi_driver::helpers::stage::StageDecision;
 use csi_driver::helpers::stage::{Staging, check_stage};
 use csi_proto::v1::{NodePublishVolumeRequest, NodeStageVolumeRequest};
 use mount_utils::MountOptions;
@@ -47,7 +49,7 @@ pub fn mount_options(cap: &Capability, readonly: bool) -> Result<Vec<String>, No
 
 /// ALREADY_EXISTS: `path` holds a mount that is not `volume`.
 fn occupied(volume: &str, path: &Path) -> NodeError {
-    NodeError::AlreadyExists(format!(
+    NodeError::already_exists(format!(
         "something other than volume {volume} is mounted at {}",
         path.display()
     ))
@@ -55,25 +57,10 @@ fn occupied(volume: &str, path: &Path) -> NodeError {
 
 /// FAILED_PRECONDITION: a mount that is not `volume` lies over its own.
 pub(crate) fn covered(volume: &str, path: &Path) -> NodeError {
-    NodeError::FailedPrecondition(format!(
+    NodeError::failed_precondition(format!(
         "something other than volume {volume} is mounted over {}; not touching it",
         path.display()
     ))
-}
-
-/// What NodeStage should do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StageDecision {
-    /// Staged exactly so and verified in mountinfo: OK, nothing to do.
-    AlreadyStaged,
-    /// Stage (again). `resume`: a record exists (an interrupted or lost
-    /// stage); `mounted`: this volume is already mounted at the path.
-    Stage {
-        /// A record of this stage exists.
-        resume: bool,
-        /// The path already shows this volume.
-        mounted: bool,
-    },
 }
 
 /// What NodeStage's decision depends on.
@@ -105,7 +92,7 @@ pub fn decide_stage(
     });
     check_stage(existing.as_ref(), req)?;
     if let Some(other) = facts.path_claimed_by {
-        return Err(NodeError::AlreadyExists(format!(
+        return Err(NodeError::already_exists(format!(
             "{} is in use by volume {other}",
             path.display()
         )));
@@ -129,7 +116,7 @@ pub fn decide_stage(
         && !mounted
         && !matches!(facts.path.kind, PathKind::Absent | PathKind::Directory)
     {
-        return Err(NodeError::FailedPrecondition(format!(
+        return Err(NodeError::failed_precondition(format!(
             "staging_target_path {} is not a directory",
             path.display()
         )));
@@ -180,20 +167,20 @@ pub fn decide_unstage(
     facts: &UnstageFacts<'_>,
 ) -> Result<UnstageDecision, NodeError> {
     if let Some(s) = facts.staged.filter(|s| s.path != path) {
-        return Err(NodeError::NotFound(format!(
+        return Err(NodeError::not_found(format!(
             "volume {volume_id} is staged at {}, not at {}",
             s.path.display(),
             path.display()
         )));
     }
     if let Some(other) = facts.path_claimed_by {
-        return Err(NodeError::NotFound(format!(
+        return Err(NodeError::not_found(format!(
             "{} is the staging path of volume {other}, not of {volume_id}",
             path.display()
         )));
     }
     if facts.staged.is_none() && !facts.known {
-        return Err(NodeError::NotFound(format!(
+        return Err(NodeError::not_found(format!(
             "volume {volume_id} does not exist"
         )));
     }
@@ -201,14 +188,14 @@ pub fn decide_unstage(
         return Err(if facts.staged.is_some() {
             covered(volume_id, path)
         } else {
-            NodeError::NotFound(format!(
+            NodeError::not_found(format!(
                 "volume {volume_id} is not staged at {}",
                 path.display()
             ))
         });
     }
     if let Some(first) = facts.in_use_at.first() {
-        return Err(NodeError::FailedPrecondition(format!(
+        return Err(NodeError::failed_precondition(format!(
             "volume {volume_id} is still published at {} ({} in all); unpublish it first",
             first.display(),
             facts.in_use_at.len()
@@ -219,21 +206,6 @@ pub fn decide_unstage(
         return Ok(UnstageDecision::NotStaged);
     }
     Ok(UnstageDecision::Unstage { unmount: mounted })
-}
-
-/// What NodePublish should do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PublishDecision {
-    /// Published exactly so and verified in mountinfo: OK, nothing to do.
-    AlreadyPublished,
-    /// Publish (again). `resume`: a record of this publication exists;
-    /// `mounted`: the target already shows this volume.
-    Publish {
-        /// A record of this publication exists.
-        resume: bool,
-        /// The target already shows this volume.
-        mounted: bool,
-    },
 }
 
 /// What NodePublish's decision depends on.
@@ -266,14 +238,14 @@ pub fn decide_publish(
 ) -> Result<PublishDecision, NodeError> {
     let target = Path::new(&req.target_path);
     if !facts.known && facts.publications.is_empty() && facts.staged.is_none() {
-        return Err(NodeError::NotFound(format!(
+        return Err(NodeError::not_found(format!(
             "volume {} does not exist",
             req.volume_id
         )));
     }
     check_not_symlink(facts.target, "target_path", target)?;
     if let Some(other) = facts.target_claimed_by {
-        return Err(NodeError::AlreadyExists(format!(
+        return Err(NodeError::already_exists(format!(
             "{} is in use by volume {other}",
             target.display()
         )));
@@ -291,7 +263,8 @@ pub fn decide_publish(
         .collect();
     let mounted = facts.target.is_ours();
     let same = facts.publications.iter().find(|p| p.target == target);
-    if check_publish(&existing, req, facts.single_node_multi_writer)? == Repeat::AlreadyPublished
+    if check_publish(&existing, req, facts.single_node_multi_writer)?
+        == PublishDecision::AlreadyPublished
         && same.is_some_and(|p| p.state == PublishState::Published)
         && mounted
     {
@@ -300,10 +273,10 @@ pub fn decide_publish(
     if !req.staging_target_path.is_empty() {
         let staging = Path::new(&req.staging_target_path);
         let s = facts.staged.ok_or_else(|| {
-            NodeError::FailedPrecondition(format!("volume {} is not staged", req.volume_id))
+            NodeError::failed_precondition(format!("volume {} is not staged", req.volume_id))
         })?;
         if s.path != staging {
-            return Err(NodeError::FailedPrecondition(format!(
+            return Err(NodeError::failed_precondition(format!(
                 "volume {} is staged at {}, not at {}",
                 req.volume_id,
                 s.path.display(),
@@ -311,13 +284,13 @@ pub fn decide_publish(
             )));
         }
         if s.state != StageState::Staged {
-            return Err(NodeError::FailedPrecondition(format!(
+            return Err(NodeError::failed_precondition(format!(
                 "staging of volume {} has not finished",
                 req.volume_id
             )));
         }
         if s.capability.is_block() != cap.is_block() {
-            return Err(NodeError::FailedPrecondition(format!(
+            return Err(NodeError::failed_precondition(format!(
                 "volume {} is staged for {} access",
                 req.volume_id,
                 if s.capability.is_block() {
@@ -339,7 +312,7 @@ pub fn decide_publish(
 
 fn check_target_kind(kind: PathKind, block: bool, target: &Path) -> Result<(), NodeError> {
     let refuse = |what: &str| {
-        Err(NodeError::FailedPrecondition(format!(
+        Err(NodeError::failed_precondition(format!(
             "target_path {} {what}; refusing to publish over it",
             target.display()
         )))
@@ -357,7 +330,7 @@ fn check_target_kind(kind: PathKind, block: bool, target: &Path) -> Result<(), N
 
 fn check_not_symlink(facts: &PathFacts, field: &str, path: &Path) -> Result<(), NodeError> {
     if facts.kind == PathKind::Symlink {
-        return Err(NodeError::FailedPrecondition(format!(
+        return Err(NodeError::failed_precondition(format!(
             "{field} {} is a symbolic link; it is never followed",
             path.display()
         )));
@@ -405,13 +378,13 @@ pub fn decide_unpublish(
     facts: &UnpublishFacts<'_>,
 ) -> Result<UnpublishDecision, NodeError> {
     if let Some(other) = facts.target_claimed_by {
-        return Err(NodeError::NotFound(format!(
+        return Err(NodeError::not_found(format!(
             "{} holds volume {other}, not {volume_id}",
             target.display()
         )));
     }
     if facts.record.is_none() && !facts.known {
-        return Err(NodeError::NotFound(format!(
+        return Err(NodeError::not_found(format!(
             "volume {volume_id} does not exist"
         )));
     }
@@ -429,7 +402,7 @@ pub fn decide_unpublish(
     if facts.target.has_foreign_mount() {
         return Err(match facts.record {
             Some(_) => covered(volume_id, target),
-            None => NodeError::NotFound(format!(
+            None => NodeError::not_found(format!(
                 "volume {volume_id} is not published at {}; what is mounted there is not this volume",
                 target.display()
             )),
@@ -449,7 +422,7 @@ pub fn decide_unpublish(
 mod tests {
     use super::*;
     use crate::observe::Owner;
-    use crate::record::Source;
+    use crate::record::VolumeSource;
     use csi_proto::v1::VolumeCapability;
     use csi_proto::v1::volume_capability::access_mode::Mode;
     use tonic::Code;
@@ -475,7 +448,7 @@ mod tests {
             path: path.into(),
             capability: cap(c.clone()),
             readonly: false,
-            source: Source::Image("/img".into()),
+            source: VolumeSource::Image("/img".into()),
             device: None,
             formatted: true,
             publish_context: Default::default(),

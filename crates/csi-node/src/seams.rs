@@ -3,21 +3,40 @@
 //! how a filesystem is put on a device, and where a driver keeps a volume's
 //! data.
 
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::Arc;
 
 use mount_utils::{Mounter, SafeFormatAndMount};
 
 use crate::error::NodeError;
-use crate::record::{Device, Source};
+use crate::record::{Device, VolumeSource};
 
 /// Where a driver keeps a volume's data: the one thing NodeVolumes needs
 /// to know about the driver to stage a volume and to recognise its mounts
 /// and devices without a record (after a crash or a lost record).
 pub trait VolumeLocator: Send + Sync {
-    /// The volume's source on this node; `None` when the driver has no
-    /// such volume (NOT_FOUND).
-    fn source(&self, volume_id: &str) -> Option<Source>;
+    /// The volume's source on this node from its id alone (a driver whose
+    /// data is on this node); `None` when the driver has no such volume, or
+    /// needs the request's contexts to say (the default).
+    fn source(&self, volume_id: &str) -> Option<VolumeSource> {
+        let _ = volume_id;
+        None
+    }
+
+    /// The volume's source as NodeStage and NodePublish learn it: from the
+    /// request's volume and publish contexts, so no controller need run in
+    /// the node's process (e.g. a device named by a serial in the publish
+    /// context). A missing or bad key is an error naming it
+    /// ([`VolumeContexts::publish`]). [`source`](Self::source) by default.
+    fn source_in(
+        &self,
+        volume_id: &str,
+        contexts: &VolumeContexts,
+    ) -> Result<Option<VolumeSource>, NodeError> {
+        let _ = contexts;
+        Ok(self.source(volume_id))
+    }
 
     /// Called with the volume's loop device each time it is staged or
     /// restored, attached just now or found attached: the place for
@@ -31,11 +50,79 @@ pub trait VolumeLocator: Send + Sync {
 
 impl<F> VolumeLocator for F
 where
-    F: Fn(&str) -> Option<Source> + Send + Sync,
+    F: Fn(&str) -> Option<VolumeSource> + Send + Sync,
 {
-    fn source(&self, volume_id: &str) -> Option<Source> {
+    fn source(&self, volume_id: &str) -> Option<VolumeSource> {
         self(volume_id)
     }
+}
+
+/// What a NodeStage or NodePublish request says about its volume besides
+/// its id (the CO passes on what CreateVolume and ControllerPublishVolume
+/// returned). The secrets are not here: they never reach a record.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct VolumeContexts {
+    /// The volume context (CreateVolume's answer).
+    pub volume_context: BTreeMap<String, String>,
+    /// The publish context (ControllerPublishVolume's answer).
+    pub publish_context: BTreeMap<String, String>,
+}
+
+impl VolumeContexts {
+    /// The contexts of a request.
+    pub fn of(
+        volume_context: &HashMap<String, String>,
+        publish_context: &HashMap<String, String>,
+    ) -> Self {
+        let sorted = |m: &HashMap<String, String>| m.clone().into_iter().collect();
+        VolumeContexts {
+            volume_context: sorted(volume_context),
+            publish_context: sorted(publish_context),
+        }
+    }
+
+    /// `publish_context[key]`, or INVALID_ARGUMENT naming it.
+    pub fn publish(&self, key: &str) -> Result<&str, NodeError> {
+        required(&self.publish_context, "publish_context", key)
+    }
+
+    /// `volume_context[key]`, or INVALID_ARGUMENT naming it.
+    pub fn volume(&self, key: &str) -> Result<&str, NodeError> {
+        required(&self.volume_context, "volume_context", key)
+    }
+}
+
+fn required<'a>(
+    map: &'a BTreeMap<String, String>,
+    name: &str,
+    key: &str,
+) -> Result<&'a str, NodeError> {
+    match map.get(key).map(String::as_str) {
+        Some(v) if !v.is_empty() => Ok(v),
+        _ => Err(NodeError::invalid(
+            format!("{name}[{key}]"),
+            "required by this driver",
+        )),
+    }
+}
+
+/// A stable device name (`<dir>/<name>`, e.g. `/dev/disk/by-id/<serial>`)
+/// from a name the request carries: one path component, so a request
+/// cannot point the node at another path. `field` names it in the error.
+pub fn device_by_name(
+    dir: &Path,
+    name: &str,
+    field: &str,
+) -> Result<std::path::PathBuf, NodeError> {
+    let ok = !name.is_empty()
+        && name != "."
+        && name != ".."
+        && !name.contains('/')
+        && !name.contains('\0');
+    if !ok {
+        return Err(NodeError::invalid(field, "must be a single path component"));
+    }
+    Ok(dir.join(name))
 }
 
 /// Puts the filesystem of a device at the staging path.

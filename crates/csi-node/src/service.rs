@@ -1,5 +1,5 @@
 //! [`NodeService`]: a ready CSI Node service over [`NodeVolumes`], so a
-//! driver writes only what is its own ([`NodeDriver`]: which volumes exist,
+//! driver writes only what is its own ([`NodeBackend`]: which volumes exist,
 //! their access type and size, inline ephemeral volumes).
 
 use std::collections::BTreeMap;
@@ -13,8 +13,8 @@ use csi_store::{FileStore, RecordStore};
 use mount_utils::{FsUsage, Mounter, ResizeFs};
 
 use crate::error::NodeError;
-use crate::record::{Source, StageRecord};
-use crate::seams::VolumeLocator;
+use crate::record::{StageRecord, VolumeSource};
+use crate::seams::{VolumeContexts, VolumeLocator};
 use crate::volumes::{NodeVolumes, NodeVolumesBuilder, RestoreReport};
 
 /// What the node service needs to know of one of the driver's volumes.
@@ -40,9 +40,27 @@ impl VolumeInfo {
 /// What is the driver's own on the node side; everything else is
 /// [`NodeService`]'s. The [`VolumeLocator`] half says where a volume's data
 /// is. Every method is called off the async runtime and may block.
-pub trait NodeDriver: VolumeLocator + 'static {
-    /// The volume `volume_id`, or `None` (NOT_FOUND).
-    fn volume(&self, volume_id: &str) -> Option<VolumeInfo>;
+pub trait NodeBackend: VolumeLocator + 'static {
+    /// The volume `volume_id`, or `None` (NOT_FOUND). A driver that learns
+    /// its volumes from the request implements
+    /// [`volume_in`](Self::volume_in) instead.
+    fn volume(&self, volume_id: &str) -> Option<VolumeInfo> {
+        let _ = volume_id;
+        None
+    }
+
+    /// The volume as a request's contexts describe it (NodeStage and
+    /// NodePublish: the request's; NodeGetVolumeStats and NodeExpandVolume:
+    /// those its stage was recorded with). [`volume`](Self::volume) by
+    /// default.
+    fn volume_in(
+        &self,
+        volume_id: &str,
+        contexts: &VolumeContexts,
+    ) -> Result<Option<VolumeInfo>, NodeError> {
+        let _ = contexts;
+        Ok(self.volume(volume_id))
+    }
 
     /// Driver checks of a NodeStageVolume request (e.g. its publish
     /// context), before anything is touched. Nothing by default.
@@ -138,7 +156,7 @@ impl NodeInfo {
     }
 }
 
-/// A CSI Node service: the driver's [`NodeDriver`] plus everything every
+/// A CSI Node service: the driver's [`NodeBackend`] plus everything every
 /// driver repeats (the record, the rules, the spec's codes, stats,
 /// expansion, NodeGetInfo). Register it with `ServerBuilder::node`; a
 /// driver serving its controller in the same process registers its
@@ -159,7 +177,7 @@ pub struct NodeServiceBuilder<D> {
     resizer: Option<ResizeFs>,
 }
 
-impl<D: NodeDriver> NodeServiceBuilder<D> {
+impl<D: NodeBackend> NodeServiceBuilder<D> {
     /// Sets up the record (loop devices, how filesystems are mounted,
     /// SINGLE_NODE_MULTI_WRITER): see [`NodeVolumesBuilder`].
     pub fn volumes(mut self, f: impl FnOnce(NodeVolumesBuilder) -> NodeVolumesBuilder) -> Self {
@@ -174,8 +192,13 @@ impl<D: NodeDriver> NodeServiceBuilder<D> {
         self
     }
 
-    /// Opens the record in csi-store files under `dir` (created if absent).
-    pub fn open_in(self, dir: &Path) -> Result<NodeService<D>, NodeError> {
+    /// Opens the record in csi-store files under `dir` (created if absent);
+    /// filesystem volumes are mounted in `dir/mounts` first unless
+    /// [`NodeVolumesBuilder::private_mounts`] said otherwise.
+    pub fn open_in(mut self, dir: &Path) -> Result<NodeService<D>, NodeError> {
+        if !self.volumes.has_private_mounts() {
+            self.volumes = self.volumes.private_mounts(dir.join("mounts"));
+        }
         let store = FileStore::open(dir).map_err(|e| NodeError::Store {
             full: e.is_no_space(),
             reason: format!("{}: {e}", dir.display()),
@@ -189,12 +212,15 @@ impl<D: NodeDriver> NodeServiceBuilder<D> {
     /// `separate_dir` (with [`open_in`](Self::open_in)) is used while that
     /// directory holds one.
     pub fn open_shared(
-        self,
+        mut self,
         store: &FileStore,
         separate_dir: &Path,
     ) -> Result<NodeService<D>, NodeError> {
         if separate_dir.join(csi_store::LOCK_FILE).exists() {
             return self.open_in(separate_dir);
+        }
+        if !self.volumes.has_private_mounts() {
+            self.volumes = self.volumes.private_mounts(separate_dir.join("mounts"));
         }
         self.open(Arc::new(store.clone()))
     }
@@ -210,7 +236,7 @@ impl<D: NodeDriver> NodeServiceBuilder<D> {
     }
 }
 
-impl<D: NodeDriver> NodeService<D> {
+impl<D: NodeBackend> NodeService<D> {
     /// Starts a builder for `driver`'s node service on `mounter`.
     pub fn builder(
         driver: Arc<D>,
@@ -271,10 +297,23 @@ impl<D: NodeDriver> NodeService<D> {
 }
 
 /// The driver's volume, or NOT_FOUND.
-fn known<D: NodeDriver>(driver: &D, id: &str) -> Result<VolumeInfo, NodeError> {
+fn known<D: NodeBackend>(
+    driver: &D,
+    id: &str,
+    contexts: &VolumeContexts,
+) -> Result<VolumeInfo, NodeError> {
     driver
-        .volume(id)
-        .ok_or_else(|| NodeError::NotFound(format!("volume {id:?} does not exist")))
+        .volume_in(id, contexts)?
+        .ok_or_else(|| NodeError::not_found(format!("volume {id:?} does not exist")))
+}
+
+/// The contexts a volume was staged with (none when it is not staged).
+fn staged_contexts(volumes: &NodeVolumes, id: &str) -> VolumeContexts {
+    let stage = volumes.record(id).and_then(|r| r.stage);
+    stage.map_or_else(VolumeContexts::default, |s| VolumeContexts {
+        volume_context: s.volume_context,
+        publish_context: s.publish_context,
+    })
 }
 
 /// A block capability for a mount volume (or the reverse) is
@@ -291,7 +330,7 @@ fn check_access(
             } else {
                 ("mount", "block")
             };
-            Err(NodeError::FailedPrecondition(format!(
+            Err(NodeError::failed_precondition(format!(
                 "volume {id} was created for {was} access and cannot be used with {asked} access"
             )))
         }
@@ -300,15 +339,28 @@ fn check_access(
 }
 
 /// A block volume's size: its device's, or its image file's when the
-/// device shows none.
-fn block_size(stage: &StageRecord) -> u64 {
-    let device = stage.device.as_ref();
-    device
-        .and_then(|d| mount_utils::block::device_size(&d.path).ok())
-        .filter(|&size| size > 0)
+/// device shows none. Asked of the seams (loop devices, block devices), so
+/// a fake host's sizes are what a test sees, never a real device's.
+fn block_size(volumes: &NodeVolumes, stage: &StageRecord) -> u64 {
+    let size = match (&stage.source, &stage.device) {
+        (VolumeSource::Device(path), _) => volumes
+            .block_devices()
+            .find(path)
+            .ok()
+            .flatten()
+            .map(|d| d.size),
+        (VolumeSource::Image(_), Some(d)) => volumes
+            .loop_devices()
+            .info(&d.path)
+            .ok()
+            .flatten()
+            .map(|i| i.size),
+        _ => None,
+    };
+    size.filter(|&size| size > 0)
         .or_else(|| match &stage.source {
-            Source::Image(image) => image.metadata().ok().map(|m| m.len()),
-            Source::Directory(_) => None,
+            VolumeSource::Image(image) => image.metadata().ok().map(|m| m.len()),
+            _ => None,
         })
         .unwrap_or(0)
 }
@@ -332,7 +384,7 @@ fn usage(u: FsUsage) -> Vec<VolumeUsage> {
 }
 
 #[csi_driver::async_trait]
-impl<D: NodeDriver> Node for NodeService<D> {
+impl<D: NodeBackend> Node for NodeService<D> {
     async fn node_stage_volume(
         &self,
         _ctx: &CallContext,
@@ -340,7 +392,8 @@ impl<D: NodeDriver> Node for NodeService<D> {
     ) -> CsiResult<NodeStageVolumeResponse> {
         let _held = self.hold().await;
         self.run(move |driver, volumes| {
-            let volume = known(driver, &req.volume_id)?;
+            let contexts = VolumeContexts::of(&req.volume_context, &req.publish_context);
+            let volume = known(driver, &req.volume_id, &contexts)?;
             check_access(&req.volume_id, volume, req.volume_capability.as_ref())?;
             driver.check_stage(&req)?;
             volumes.stage(&req)?;
@@ -378,7 +431,8 @@ impl<D: NodeDriver> Node for NodeService<D> {
             let (volume, created) = if ephemeral {
                 driver.ephemeral_volume(id, &req)?
             } else {
-                (known(driver, id)?, false)
+                let contexts = VolumeContexts::of(&req.volume_context, &req.publish_context);
+                (known(driver, id, &contexts)?, false)
             };
             let result = check_access(id, volume, req.volume_capability.as_ref())
                 .and_then(|()| volumes.publish(&req));
@@ -403,7 +457,7 @@ impl<D: NodeDriver> Node for NodeService<D> {
             let ephemeral = driver.is_ephemeral(id);
             match volumes.unpublish(&req) {
                 // A repeat for an ephemeral volume already removed.
-                Err(NodeError::NotFound(_)) if !ephemeral && driver.ephemeral_retired(id) => {}
+                Err(e) if e.is_not_found() && !ephemeral && driver.ephemeral_retired(id) => {}
                 other => drop(other?),
             }
             if ephemeral && volumes.record(id).is_none() {
@@ -422,12 +476,12 @@ impl<D: NodeDriver> Node for NodeService<D> {
         let mounter = self.volumes.mounter().clone();
         self.run(move |driver, volumes| {
             let (id, path) = (&req.volume_id, &req.volume_path);
-            known(driver, id)?;
+            known(driver, id, &staged_contexts(volumes, id))?;
             let condition = volumes.volume_condition(id, path)?;
             let stage = volumes.record(id).and_then(|r| r.stage);
             let usage = match stage.filter(|s| s.capability.is_block()) {
                 Some(stage) => vec![VolumeUsage {
-                    total: block_size(&stage) as i64,
+                    total: block_size(volumes, &stage) as i64,
                     unit: volume_usage::Unit::Bytes as i32,
                     ..Default::default()
                 }],
@@ -454,7 +508,7 @@ impl<D: NodeDriver> Node for NodeService<D> {
         let resizer = self.resizer.clone();
         self.run(move |driver, volumes| {
             let id = &req.volume_id;
-            let volume = known(driver, id)?;
+            let volume = known(driver, id, &staged_contexts(volumes, id))?;
             let record = volumes.record_at(id, &req.volume_path)?;
             let staged = record.stage.and_then(|s| s.device.clone().map(|d| (s, d)));
             let Some((stage, dev)) = staged else {
@@ -464,13 +518,21 @@ impl<D: NodeDriver> Node for NodeService<D> {
                 });
             };
             if stage.readonly {
-                return Err(NodeError::FailedPrecondition(format!(
+                return Err(NodeError::failed_precondition(format!(
                     "volume {id} is staged read-only"
                 )));
             }
-            let size = loops
-                .set_capacity(&dev.path)
-                .map_err(|e| NodeError::loop_device("refreshing the size of", &dev.path, &e))?;
+            let size = match &stage.source {
+                // The provider grew the disk: the kernel knows its new size.
+                VolumeSource::Device(path) => volumes
+                    .block_devices()
+                    .find(path)
+                    .map_err(|e| NodeError::block_device(path, &e))?
+                    .map_or(0, |d| d.size),
+                _ => loops
+                    .set_capacity(&dev.path)
+                    .map_err(|e| NodeError::loop_device("refreshing the size of", &dev.path, &e))?,
+            };
             if let Some(resizer) = resizer.filter(|_| !stage.capability.is_block()) {
                 let device = dev.path.to_string_lossy();
                 let failed = |what: &str, e: mount_utils::ResizeError| {

@@ -23,7 +23,12 @@ use std::ops::Deref;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use mount_utils::{FakeLoopAction, FakeLoopDevices, FakeMounter, MountInfo, Mounter};
+use std::time::Duration;
+
+use mount_utils::{
+    DeviceNumber, FakeBlockDevices, FakeLoopAction, FakeLoopDevices, FakeMounter, MountInfo,
+    Mounter,
+};
 
 use crate::observe::normalize;
 
@@ -34,6 +39,7 @@ use crate::observe::normalize;
 pub struct FakeHost {
     mounter: Arc<FakeMounter>,
     loops: Arc<FakeLoopDevices>,
+    devices: Arc<FakeBlockDevices>,
 }
 
 impl Default for FakeHost {
@@ -50,7 +56,21 @@ impl FakeHost {
         Self {
             mounter: Arc::new(mounter),
             loops: Arc::new(FakeLoopDevices::new()),
+            devices: Arc::new(FakeBlockDevices::new()),
         }
+    }
+
+    /// The attached block devices (none until [`attach_device`](Self::attach_device)).
+    pub fn block_devices(&self) -> Arc<FakeBlockDevices> {
+        self.devices.clone()
+    }
+
+    /// A device the controller attached: `path` (e.g. a by-id name) shows
+    /// `device` of `size` bytes once `delay` of the fake's virtual time has
+    /// passed, and a filesystem mounted from it shows that number.
+    pub fn attach_device(&self, path: &Path, device: DeviceNumber, size: u64, delay: Duration) {
+        self.mounter.add_block_device(path, device);
+        self.devices.add_after(path, device, size, delay);
     }
 
     /// The mounter, for the code under test.

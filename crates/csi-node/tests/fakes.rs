@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex};
 use csi_driver::CsiError;
 use csi_node::testing::FakeHost;
 use csi_node::{
-    Device, FilesystemMount, NodeError, NodeVolumes, Outcome, PUBLISHED_TABLE, PublishState,
-    STAGED_TABLE, Source, StageState, VolumeLocator,
+    Device, FilesystemMount, NodeError, NodeOutcome, NodeVolumes, PUBLISHED_TABLE, PublishState,
+    STAGED_TABLE, StageState, VolumeLocator, VolumeSource,
 };
 use csi_proto::v1::volume_capability::access_mode::Mode;
 use csi_store::{CodecId, MemStore, RawRecord, RecordStore};
@@ -192,7 +192,7 @@ fn case1_unstage_of_a_published_volume_is_refused_and_keeps_its_device() {
         assert_eq!(node.attached(), 1);
 
         node.volumes.unpublish(&unpublish(&vol, &target)).unwrap();
-        for outcome in [Outcome::Changed, Outcome::Unchanged] {
+        for outcome in [NodeOutcome::Changed, NodeOutcome::Unchanged] {
             assert_eq!(
                 node.volumes.unstage(&unstage(&vol, &staging)).unwrap(),
                 outcome
@@ -543,7 +543,7 @@ fn case4_a_repeat_stage_is_ok_only_when_the_path_shows_this_volume() {
     let req = stage(&vol, &staging, mount_cap(Mode::SingleNodeWriter));
     node.volumes.stage(&req).unwrap();
     node.host.fake().clear_actions();
-    assert_eq!(node.volumes.stage(&req).unwrap(), Outcome::Unchanged);
+    assert_eq!(node.volumes.stage(&req).unwrap(), NodeOutcome::Unchanged);
     assert!(node.host.fake().actions().is_empty());
 
     // Someone unmounts it and mounts their own filesystem there.
@@ -553,7 +553,7 @@ fn case4_a_repeat_stage_is_ok_only_when_the_path_shows_this_volume() {
 
     // Once that is gone, a repeat mounts this volume again.
     node.host.unmount(&staging, false).unwrap();
-    assert_eq!(node.volumes.stage(&req).unwrap(), Outcome::Changed);
+    assert_eq!(node.volumes.stage(&req).unwrap(), NodeOutcome::Changed);
     let m = node.mounted(&staging);
     assert_eq!((m.len(), m[0].source.as_str()), (1, "/dev/loop0"));
 }
@@ -583,7 +583,7 @@ fn case4_a_symlink_target_or_staging_path_is_never_followed() {
     // Unpublish of an unrecorded symlink: OK, the link is left alone.
     assert_eq!(
         node.volumes.unpublish(&unpublish(&vol, &link)).unwrap(),
-        Outcome::Unchanged
+        NodeOutcome::Unchanged
     );
     assert!(link.is_symlink() && elsewhere.is_dir());
 }
@@ -642,10 +642,10 @@ fn case7_a_crash_between_publish_mount_and_save_is_completed_by_a_retry_or_undon
         let saved_first = state(&restarted);
         assert_eq!(saved_first, PublishState::Publishing, "the intent first");
         if retry {
-            assert_eq!(restarted.publish(&req).unwrap(), Outcome::Changed);
+            assert_eq!(restarted.publish(&req).unwrap(), NodeOutcome::Changed);
             assert_eq!(node.mounted(&target).len(), 1, "not mounted twice");
             assert_eq!(state(&restarted), PublishState::Published);
-            assert_eq!(restarted.publish(&req).unwrap(), Outcome::Unchanged);
+            assert_eq!(restarted.publish(&req).unwrap(), NodeOutcome::Unchanged);
         } else {
             restarted.unpublish(&unpublish(&vol, &target)).unwrap();
             assert!(node.mounted(&target).is_empty() && !target.exists());
@@ -690,7 +690,7 @@ fn case7_a_lost_record_neither_leaks_a_mount_or_device_nor_frees_someone_elses()
     };
     attach();
     let outcome = node.volumes.unstage(&unstage(&vol, &staging)).unwrap();
-    assert_eq!(outcome, Outcome::Changed);
+    assert_eq!(outcome, NodeOutcome::Changed);
     assert_eq!(node.host.detached(), [PathBuf::from("/dev/loop0")]);
 
     node.volumes
@@ -1013,7 +1013,7 @@ fn a_call_on_a_busy_volume_or_path_is_aborted() {
         Code::Aborted
     );
     release.send(()).unwrap();
-    assert_eq!(first.join().unwrap().unwrap(), Outcome::Changed);
+    assert_eq!(first.join().unwrap().unwrap(), NodeOutcome::Changed);
     assert_eq!(code(volumes.publish(&other)), Code::AlreadyExists);
 }
 
@@ -1050,13 +1050,13 @@ struct Tuning {
 }
 
 impl VolumeLocator for Tuning {
-    fn source(&self, volume_id: &str) -> Option<Source> {
+    fn source(&self, volume_id: &str) -> Option<VolumeSource> {
         locator(&self.base).source(volume_id)
     }
 
     fn prepare_device(&self, volume_id: &str, device: &Device) -> Result<(), NodeError> {
         if self.fail {
-            return Err(NodeError::FailedPrecondition("cannot tune".into()));
+            return Err(NodeError::failed_precondition("cannot tune"));
         }
         self.prepared
             .lock()

@@ -7,7 +7,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use csi_node::{NodeVolumes, Outcome};
+use csi_node::{NodeOutcome, NodeVolumes};
 use csi_proto::v1::volume_capability::access_mode::Mode;
 use csi_store::{FileStore, MemStore, RecordStore};
 use mount_utils::testing::{
@@ -246,7 +246,7 @@ fn root_case7_a_lost_record_is_cleaned_up_by_device_number() {
         let forgetful = volumes(base, &MemStore::new());
         assert_eq!(
             forgetful.unstage(&unstage("img-1", &staging)).unwrap(),
-            Outcome::Changed
+            NodeOutcome::Changed
         );
         assert!(mounts_at(&staging).is_empty());
         assert_no_loop_device_for(&img);

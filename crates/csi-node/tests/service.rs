@@ -12,7 +12,7 @@ use csi_driver::request::EPHEMERAL_CONTEXT_KEY;
 use csi_driver::{CallContext, Capabilities, CsiError, CsiResult, Method, Node, PluginInfo};
 use csi_node::testing::FakeHost;
 use csi_node::testing::requests::*;
-use csi_node::{NodeDriver, NodeInfo, NodeService, Source, VolumeInfo, VolumeLocator};
+use csi_node::{NodeBackend, NodeInfo, NodeService, VolumeInfo, VolumeLocator, VolumeSource};
 use csi_proto::v1::volume_capability::access_mode::Mode;
 use csi_proto::v1::*;
 use csi_store::MemStore;
@@ -45,18 +45,18 @@ impl Fake {
 }
 
 impl VolumeLocator for Fake {
-    fn source(&self, id: &str) -> Option<Source> {
+    fn source(&self, id: &str) -> Option<VolumeSource> {
         self.volumes.lock().unwrap().get(id)?;
         let dir = self.base.join(id);
         Some(if dir.is_dir() {
-            Source::Directory(dir)
+            VolumeSource::Directory(dir)
         } else {
-            Source::Image(self.base.join(format!("{id}.img")))
+            VolumeSource::Image(self.base.join(format!("{id}.img")))
         })
     }
 }
 
-impl NodeDriver for Fake {
+impl NodeBackend for Fake {
     fn volume(&self, id: &str) -> Option<VolumeInfo> {
         self.volumes.lock().unwrap().get(id).copied()
     }

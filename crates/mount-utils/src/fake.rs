@@ -53,6 +53,13 @@ pub enum FakeOp {
 /// `Debug` shows options as [`RedactedOptions`], never their values.
 #[derive(Clone, PartialEq, Eq)]
 pub enum FakeAction {
+    /// A mount moved from one path to another ([`Mounter::move_mount`]).
+    Move {
+        /// Where it was.
+        from: PathBuf,
+        /// Where it is now.
+        to: PathBuf,
+    },
     /// A mount (including `bind` given as an option).
     Mount {
         /// Source as given.
@@ -133,6 +140,11 @@ impl fmt::Debug for FakeAction {
                 .field("lazy", lazy)
                 .finish(),
             FakeAction::Remove { path } => f.debug_struct("Remove").field("path", path).finish(),
+            FakeAction::Move { from, to } => f
+                .debug_struct("Move")
+                .field("from", from)
+                .field("to", to)
+                .finish(),
         }
     }
 }
@@ -536,6 +548,41 @@ impl Mounter for FakeMounter {
             target,
             options: options.iter().map(|s| s.to_string()).collect(),
         });
+        Ok(())
+    }
+
+    fn move_mount(&self, from: &Path, to: &Path) -> Result<(), MountError> {
+        let (from, to) = (normalize(from), normalize(to));
+        let mut st = self.lock();
+        Self::check_symlinks(&st, &from)?;
+        Self::check_symlinks(&st, &to)?;
+        let err = |errno| MountError::Mount {
+            device: from.display().to_string(),
+            target: to.clone(),
+            fstype: String::new(),
+            options: RedactedOptions::from_flag_names(vec!["move"]),
+            errno,
+        };
+        Self::check(&st, FakeOp::Mount, &to).map_err(err)?;
+        let idx = Self::top(&st, &from).ok_or_else(|| err(Errno::EINVAL))?;
+        // The id stays; what was mounted below `from` moves along.
+        for (i, m) in st.mounts.iter_mut().enumerate() {
+            // Mounts stacked below it at `from` stay.
+            if i == idx || (m.mount_point != from && m.mount_point.starts_with(&from)) {
+                let rest = m.mount_point.strip_prefix(&from).map(Path::to_path_buf);
+                if let Ok(rest) = rest {
+                    m.mount_point = if rest.as_os_str().is_empty() {
+                        to.clone()
+                    } else {
+                        to.join(rest)
+                    };
+                }
+            }
+        }
+        // The moved mount is now the topmost at `to`.
+        let moved = st.mounts.remove(idx);
+        st.mounts.push(moved);
+        st.log.push(FakeAction::Move { from, to });
         Ok(())
     }
 

@@ -105,6 +105,7 @@
 #![warn(missing_docs)]
 
 pub mod block;
+mod block_devices;
 mod error;
 mod exec;
 mod fake;
@@ -124,6 +125,10 @@ mod statmount;
 pub mod testing;
 
 pub use block::{DeviceNumber, same_device};
+pub use block_devices::{
+    BlockDeviceError, BlockDeviceInfo, BlockDevices, DEVICE_POLL_INTERVAL, FakeBlockDevices,
+    LinuxBlockDevices,
+};
 pub use error::{MountError, is_corrupted_mount_errno};
 pub use exec::{Exec, ExecCall, ExecError, ExecOutput, FakeExec, SystemExec};
 pub use fake::{FakeAction, FakeMounter, FakeOp};

@@ -299,6 +299,22 @@ impl Mounter for LinuxMounter {
         self.bind(source, target, false, extra, &shown)
     }
 
+    fn move_mount(&self, from: &Path, to: &Path) -> Result<(), MountError> {
+        let err = |errno| MountError::Mount {
+            device: from.display().to_string(),
+            target: to.to_path_buf(),
+            fstype: String::new(),
+            options: RedactedOptions::from_flag_names(vec!["move"]),
+            errno,
+        };
+        // Both resolved without following a symlink, then named by descriptor.
+        let src = nofollow::open(from)?;
+        let tgt = nofollow::open(to)?;
+        let (s, t) = (cpath(&fd_path(&src))?, cpath(&fd_path(&tgt))?);
+        tracing::debug!(from = ?from, to = ?to, "move mount");
+        sys_mount(Some(&s), &t, None, MsFlags::MS_MOVE, None).map_err(err)
+    }
+
     fn remount(&self, target: &Path, options: &[&str]) -> Result<(), MountError> {
         let opts = MountOptions::parse(options);
         let shown = RedactedOptions::new(options, &[]);

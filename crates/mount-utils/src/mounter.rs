@@ -89,6 +89,20 @@ pub trait Mounter: Send + Sync {
     /// or does not exist is success.
     fn unmount(&self, target: &Path, lazy: bool) -> Result<(), MountError>;
 
+    /// Moves the topmost mount at `from` to `to` (`MS_MOVE`), keeping its
+    /// mount id, so a mount made where only this process mounts can be
+    /// recognised by that id wherever it is moved. Neither path may be or
+    /// pass through a symlink. Unsupported by default (`EOPNOTSUPP`).
+    fn move_mount(&self, from: &Path, to: &Path) -> Result<(), MountError> {
+        Err(MountError::Mount {
+            device: from.display().to_string(),
+            target: to.to_path_buf(),
+            fstype: String::new(),
+            options: crate::RedactedOptions::from_flag_names(vec!["move"]),
+            errno: nix::errno::Errno::EOPNOTSUPP,
+        })
+    }
+
     /// The mount table of the caller's mount namespace.
     fn mount_points(&self) -> Result<Vec<MountInfo>, MountError>;
 

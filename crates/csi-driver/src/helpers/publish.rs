@@ -47,13 +47,28 @@ pub struct Publication {
     pub args: PublishArgs,
 }
 
-/// What the driver should do with a NodePublish call.
+/// What the driver should do with a NodePublish call. csi-node's rules
+/// answer with the same type, knowing more (a record and the mount table).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PublishDecision {
     /// Identical publication exists: return OK without doing anything.
     AlreadyPublished,
-    /// Publish at the new target.
-    New,
+    /// Publish at the target. [`check_publish`] knows only the repeat table
+    /// and always answers `resume: false, mounted: false`.
+    Publish {
+        /// A record of this publication exists (an interrupted or lost one).
+        resume: bool,
+        /// The target already shows this volume.
+        mounted: bool,
+    },
+}
+
+impl PublishDecision {
+    /// A publication with nothing done yet.
+    pub const NEW: PublishDecision = PublishDecision::Publish {
+        resume: false,
+        mounted: false,
+    };
 }
 
 /// Applies the repeat table. `snmw_declared`: whether the node declares
@@ -75,7 +90,7 @@ pub fn check_publish(
         };
     }
     if existing.is_empty() {
-        return Ok(PublishDecision::New);
+        return Ok(PublishDecision::NEW);
     }
     let mode = req
         .volume_capability
@@ -84,7 +99,7 @@ pub fn check_publish(
     let many_targets =
         mode.is_multi_node() || (mode == Mode::SingleNodeMultiWriter && snmw_declared);
     if many_targets {
-        Ok(PublishDecision::New)
+        Ok(PublishDecision::NEW)
     } else {
         Err(CsiError::FailedPrecondition(format!(
             "volume {} is already published at another target and access mode {} allows only one",
@@ -134,7 +149,7 @@ mod tests {
             for mode in ALL_MODES {
                 let many = mode.is_multi_node() || (mode == Mode::SingleNodeMultiWriter && snmw);
                 let other_target = if many {
-                    Ok(New)
+                    Ok(PublishDecision::NEW)
                 } else {
                     Err(Code::FailedPrecondition)
                 };
@@ -159,7 +174,7 @@ mod tests {
                     let got = check_publish(&existing, call, snmw).map_err(|e| e.code());
                     assert_eq!(got, want, "mode {mode:?} snmw {snmw} call {call:?}");
                 }
-                assert_eq!(check_publish(&[], &first, snmw), Ok(New));
+                assert_eq!(check_publish(&[], &first, snmw), Ok(PublishDecision::NEW));
             }
         }
     }

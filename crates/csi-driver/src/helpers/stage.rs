@@ -15,13 +15,28 @@ pub struct Staging {
     pub volume_capability: Option<VolumeCapability>,
 }
 
-/// What the driver should do with a NodeStage call.
+/// What the driver should do with a NodeStage call. csi-node's rules
+/// answer with the same type, knowing more (a record and the mount table).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StageDecision {
     /// Staged identically already: return OK without doing anything.
     AlreadyStaged,
-    /// Not staged yet: stage it.
-    New,
+    /// Stage it. [`check_stage`] knows only the repeat rule and always
+    /// answers `resume: false, mounted: false`.
+    Stage {
+        /// A record of this stage exists (an interrupted or lost stage).
+        resume: bool,
+        /// The staging path already shows this volume.
+        mounted: bool,
+    },
+}
+
+impl StageDecision {
+    /// A stage with nothing done yet.
+    pub const NEW: StageDecision = StageDecision::Stage {
+        resume: false,
+        mounted: false,
+    };
 }
 
 /// Applies the repeat rule to `req` given the volume's current staging.
@@ -30,7 +45,7 @@ pub fn check_stage(
     req: &NodeStageVolumeRequest,
 ) -> Result<StageDecision, CsiError> {
     match existing {
-        None => Ok(StageDecision::New),
+        None => Ok(StageDecision::NEW),
         Some(s)
             if s.staging_target_path == req.staging_target_path
                 && s.volume_capability == req.volume_capability =>
@@ -59,7 +74,7 @@ mod tests {
             volume_capability: Some(cap.clone()),
             ..Default::default()
         };
-        assert_eq!(check_stage(None, &req).unwrap(), StageDecision::New);
+        assert_eq!(check_stage(None, &req).unwrap(), StageDecision::NEW);
         let same = Staging {
             staging_target_path: "/s".into(),
             volume_capability: Some(cap.clone()),

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use csi_driver::CsiError;
-use csi_node::{NodeError, Source, VolumeLocator};
+use csi_node::{NodeError, VolumeLocator, VolumeSource};
 use csi_proto::v1::volume_capability::access_mode::Mode;
 use csi_proto::v1::*;
 use tonic::Code;
@@ -17,9 +17,9 @@ pub fn locator(base: &Path) -> Arc<dyn VolumeLocator> {
         let dir = base.join("data").join(id);
         let image = base.join("images").join(format!("{id}.img"));
         if dir.is_dir() {
-            Some(Source::Directory(dir))
+            Some(VolumeSource::Directory(dir))
         } else if image.is_file() {
-            Some(Source::Image(image))
+            Some(VolumeSource::Image(image))
         } else {
             None
         }

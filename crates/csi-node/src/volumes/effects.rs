@@ -1,0 +1,343 @@
+//! What every call shares: claims, saves, loop devices, identities,
+//! verifying a mount, undoing a failed first attempt, unmounting only ours.
+
+use std::path::Path;
+
+use mount_utils::{LoopOptions, MountInfo};
+
+use super::{Claim, MAX_STACKED, NodeVolumes, Part, Undo, View};
+use crate::error::NodeError;
+use crate::observe::{Identities, filesystem_on, normalize};
+use crate::record::{Device, NodeVolumeRecord, VolumeSource};
+use crate::rules::covered;
+
+impl NodeVolumes {
+    pub(super) fn claim(&self, volume: &str, paths: &[&Path]) -> Result<Claim<'_>, NodeError> {
+        let mut t = self.table();
+        if t.busy_volumes.contains(volume) {
+            return Err(NodeError::aborted(format!(
+                "an operation on volume {volume} is in progress"
+            )));
+        }
+        if let Some(p) = paths.iter().find(|p| t.busy_paths.contains(**p)) {
+            return Err(NodeError::aborted(format!(
+                "an operation on {} is in progress",
+                p.display()
+            )));
+        }
+        t.busy_volumes.insert(volume.to_owned());
+        for p in paths {
+            t.busy_paths.insert(p.to_path_buf());
+        }
+        Ok(Claim {
+            table: &self.inner.table,
+            volume: volume.to_owned(),
+            paths: paths.iter().map(|p| p.to_path_buf()).collect(),
+        })
+    }
+
+    /// This volume's record and the other volume whose record names `path`.
+    pub(super) fn snapshot(
+        &self,
+        volume: &str,
+        path: &Path,
+    ) -> (Option<NodeVolumeRecord>, Option<String>) {
+        let t = self.table();
+        let claimed = t
+            .records
+            .values()
+            .find(|r| r.volume_id != volume && r.names(path))
+            .map(|r| r.volume_id.clone());
+        (t.records.get(volume).cloned(), claimed)
+    }
+
+    /// Persists one part of `rec` (a delete when it is gone), then updates
+    /// memory: memory never runs ahead of disk.
+    pub(super) fn save(&self, rec: &NodeVolumeRecord, part: Part<'_>) -> Result<(), NodeError> {
+        let (staged, published) = (&self.inner.staged, &self.inner.published);
+        match part {
+            Part::Stage => match &rec.stage {
+                Some(s) => staged.put(&rec.volume_id, s)?,
+                None => drop(staged.delete(&rec.volume_id)?),
+            },
+            Part::Publication(target) => {
+                let key = target.to_string_lossy();
+                match rec.publication(target) {
+                    Some(p) => published.put(&key, p)?,
+                    None => drop(published.delete(&key)?),
+                }
+            }
+        }
+        let mut t = self.table();
+        if rec.is_empty() {
+            t.records.remove(&rec.volume_id);
+        } else {
+            t.records.insert(rec.volume_id.clone(), rec.clone());
+        }
+        Ok(())
+    }
+
+    /// Saves a step that only helps a restart (Unstaging, Unpublishing):
+    /// on a full disk it is skipped, so space can still be freed.
+    pub(super) fn save_progress(
+        &self,
+        rec: &NodeVolumeRecord,
+        part: Part<'_>,
+    ) -> Result<(), NodeError> {
+        match self.save(rec, part) {
+            Err(e) if e.is_disk_full() => {
+                tracing::warn!(volume = %rec.volume_id, "disk full: going on without saving progress");
+                Ok(())
+            }
+            other => other,
+        }
+    }
+
+    pub(super) fn mount_table(&self) -> Result<Vec<MountInfo>, NodeError> {
+        self.inner
+            .mounter
+            .mount_points()
+            .map_err(|e| NodeError::mount("reading", Path::new("the mount table"), &e))
+    }
+
+    /// The loop devices attached to `image` now.
+    pub(super) fn devices_of(&self, image: &Path) -> Result<Vec<Device>, NodeError> {
+        let loops = &self.inner.loops;
+        let found = loops
+            .find_by_backing_file(image)
+            .map_err(|e| NodeError::loop_device("looking up loop devices of", image, &e))?;
+        let mut out = Vec::new();
+        for path in found {
+            // Gone meanwhile (detached by someone): not a device of it.
+            let info = loops
+                .info(&path)
+                .map_err(|e| NodeError::loop_device("inspecting", &path, &e))?;
+            out.extend(info.as_ref().map(Device::of));
+        }
+        Ok(out)
+    }
+
+    /// Attaches `image`, left attached (no autoclear: a bind mount of the
+    /// device node does not hold it open; NodeUnstage detaches it).
+    pub(super) fn attach(&self, image: &Path) -> Result<Device, NodeError> {
+        let opts = LoopOptions {
+            autoclear: false,
+            ..LoopOptions::default()
+        };
+        let attached = self
+            .inner
+            .loops
+            .attach(image, &opts)
+            .map_err(|e| NodeError::loop_device("attaching", image, &e))?;
+        Ok(Device::of(&attached.keep()))
+    }
+
+    /// The attached device at `path`, if it is there now.
+    pub(super) fn find_device(&self, path: &Path) -> Result<Option<Device>, NodeError> {
+        let found = self.inner.devices.find(path);
+        let found = found.map_err(|e| NodeError::block_device(path, &e))?;
+        Ok(found.map(|d| Device {
+            path: d.path,
+            major: d.device.major,
+            minor: d.device.minor,
+        }))
+    }
+
+    /// The attached device at `path`, waited for; NOT_FOUND naming it if it
+    /// does not appear in time.
+    pub(super) fn wait_for_device(&self, volume: &str, path: &Path) -> Result<Device, NodeError> {
+        let timeout = self.inner.device_timeout;
+        match self.inner.devices.wait_for(path, timeout) {
+            Ok(d) => Ok(Device {
+                path: d.path,
+                major: d.device.major,
+                minor: d.device.minor,
+            }),
+            Err(mount_utils::BlockDeviceError::Timeout { waited, .. }) => {
+                Err(NodeError::not_found(format!(
+                    "device {} of volume {volume} did not appear within {waited:?}",
+                    path.display()
+                )))
+            }
+            Err(e) => Err(NodeError::block_device(path, &e)),
+        }
+    }
+
+    /// Detaches `device`; one already gone is fine.
+    pub(super) fn detach(&self, device: &Device) -> Result<(), NodeError> {
+        self.inner
+            .loops
+            .detach(&device.path)
+            .map_err(|e| NodeError::loop_device("detaching", &device.path, &e))
+    }
+
+    /// What identifies `volume`'s mounts: from its stage record and from
+    /// the driver's locator, with its devices found by backing file now.
+    pub(super) fn identities(
+        &self,
+        volume: &str,
+        record: Option<&NodeVolumeRecord>,
+        view: &View<'_>,
+    ) -> Result<Identities, NodeError> {
+        let mut sources: Vec<VolumeSource> = record
+            .and_then(|r| r.stage.as_ref())
+            .map(|s| s.source.clone())
+            .into_iter()
+            .collect();
+        if let Some(s) = self
+            .inner
+            .locator
+            .source(volume)
+            .filter(|s| !sources.contains(s))
+        {
+            sources.push(s);
+        }
+        let mut out = Identities::default();
+        for source in sources {
+            match source {
+                VolumeSource::Filesystem(fs) => {
+                    let stage = record.and_then(|r| r.stage.as_ref());
+                    self.filesystem_identities(volume, stage, &fs, view, &mut out)?;
+                }
+                VolumeSource::Directory(d) => {
+                    // mountinfo shows resolved paths. One without symlinks
+                    // is its own: one openat2 instead of realpath's
+                    // readlink per component.
+                    let d = match mount_utils::nofollow::open(&d) {
+                        Ok(_) => mount_utils::nofollow::absolute(&d).ok(),
+                        Err(_) => std::fs::canonicalize(&d).ok(),
+                    }
+                    .unwrap_or_else(|| normalize(&d));
+                    out.ids.extend(view.bind_of(&d)?);
+                    out.directory = Some(d);
+                }
+                VolumeSource::Device(path) => {
+                    if let Some(dev) = self.find_device(&path)? {
+                        out.ids.push(filesystem_on(&dev));
+                        out.ids.extend(view.bind_of(&dev.path)?);
+                        out.attached = Some(dev);
+                    }
+                }
+                VolumeSource::Image(image) => {
+                    for dev in self.devices_of(&image)? {
+                        out.ids.push(filesystem_on(&dev));
+                        out.ids.extend(view.bind_of(&dev.path)?);
+                        out.devices.push(dev);
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// After a mount: the path shows exactly this volume, read-only when it
+    /// must be. Otherwise an error (the caller undoes the mount). `view`
+    /// is the caller's: what identifies the volume (the mounts holding its
+    /// directory or device node) is not changed by the mount; the mounts at
+    /// `path` are read anew, from those mounts alone where the kernel can
+    /// (`Mounter::mounts_at`).
+    pub(super) fn verify(
+        &self,
+        volume: &str,
+        rec: &NodeVolumeRecord,
+        view: &View<'_>,
+        path: &Path,
+        readonly: bool,
+    ) -> Result<(), NodeError> {
+        let ids = self.identities(volume, Some(rec), view)?;
+        // Read now, whatever the caller's view holds.
+        let here = View::Paths(self.inner.mounter.as_ref()).at(path)?;
+        if here.is_empty() || !here.iter().all(|m| ids.owns(m)) {
+            return Err(NodeError::failed_precondition(format!(
+                "after mounting, {} does not show volume {volume}",
+                path.display()
+            )));
+        }
+        if readonly && !here.last().is_some_and(|m| m.is_read_only()) {
+            return Err(NodeError::failed_precondition(format!(
+                "{} could not be made read-only for volume {volume}",
+                path.display()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Undoes what a failed first attempt did, then forgets it. If undoing
+    /// fails the record stays, so a later unstage or unpublish finishes.
+    pub(super) fn undo(
+        &self,
+        rec: &mut NodeVolumeRecord,
+        path: &Path,
+        undo: Undo,
+        forget: Part<'_>,
+    ) {
+        let result = (|| {
+            if undo.mounted {
+                let view = View::Paths(self.inner.mounter.as_ref());
+                let ids = self.identities(&rec.volume_id, Some(rec), &view)?;
+                self.unmount_ours(&rec.volume_id, path, &ids, view.at(path)?)?;
+            }
+            if let Some(created) = &undo.created {
+                self.remove_if_empty(created)?;
+            }
+            if let Some(dev) = &undo.attached {
+                self.detach(dev)?;
+            }
+            match forget {
+                Part::Stage => rec.stage = None,
+                Part::Publication(t) => rec.publications.retain(|p| p.target != t),
+            }
+            self.save(rec, forget)
+        })();
+        if let Err(e) = result {
+            tracing::warn!(volume = %rec.volume_id, path = %path.display(), error = %e,
+                "could not undo a failed call; the record is kept for cleanup");
+        }
+    }
+
+    /// Removes an empty directory or empty file (what NodePublish creates);
+    /// leaves anything with content, which is not ours to delete.
+    pub(super) fn remove_if_empty(&self, path: &Path) -> Result<(), NodeError> {
+        match self.inner.mounter.remove_mount_point(path) {
+            Err(e) if e.errno() == Some(mount_utils::Errno::ENOTEMPTY) => {
+                tracing::warn!(path = %path.display(), "left in place: it is not empty");
+                Ok(())
+            }
+            result => result.map_err(|e| NodeError::mount("removing", path, &e)),
+        }
+    }
+
+    /// Unmounts every mount at `path`, each verified to be this volume's
+    /// first; stops at anything else. `here` is what the caller just saw
+    /// there (under its claim); after each unmount the mounts at `path` are
+    /// read again only if it is still a mount point.
+    pub(super) fn unmount_ours(
+        &self,
+        volume: &str,
+        path: &Path,
+        ids: &Identities,
+        mut here: Vec<MountInfo>,
+    ) -> Result<(), NodeError> {
+        for _ in 0..MAX_STACKED {
+            let Some(top) = here.last() else {
+                return Ok(());
+            };
+            if !ids.owns(top) {
+                return Err(covered(volume, path));
+            }
+            self.inner
+                .mounter
+                .unmount(path, false)
+                .map_err(|e| NodeError::mount("unmounting", path, &e))?;
+            // The common case, one mount, ends here.
+            if !self.inner.mounter.is_mount_point(path).unwrap_or(true) {
+                return Ok(());
+            }
+            here = View::Paths(self.inner.mounter.as_ref()).at(path)?;
+        }
+        Err(NodeError::failed_precondition(format!(
+            "{} is still mounted after {MAX_STACKED} unmounts",
+            path.display()
+        )))
+    }
+}

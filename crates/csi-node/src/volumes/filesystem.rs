@@ -1,0 +1,189 @@
+//! Filesystems mounted by type, source and options (NFS, SMB, CephFS, FUSE,
+//! tmpfs). Such a mount has no identity before it exists, and its source
+//! string is whatever anyone chose, so it is made where only this plugin
+//! mounts (a directory per volume under its private directory), its mount
+//! id saved, and then moved to the staging path (`MS_MOVE` keeps the id).
+//! After a crash, what is in a volume's private directory is this
+//! plugin's, and a mount elsewhere is the volume's only under its saved id.
+
+use std::collections::HashMap;
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+
+use mount_utils::Sensitive;
+
+use super::{NodeVolumes, Part, Undo, View};
+use crate::error::NodeError;
+use crate::observe::{Identities, PathKind, bind_within};
+use crate::record::{FilesystemSource, NodeVolumeRecord, StageRecord};
+
+/// The longest name a directory entry may have.
+const NAME_MAX: usize = 255;
+
+impl NodeVolumes {
+    /// The directory where `volume`'s filesystem is mounted before it is
+    /// moved to its staging path: one component per volume id, escaped.
+    pub(super) fn private_path(&self, volume: &str) -> Result<PathBuf, NodeError> {
+        let root = self.inner.private_dir.as_ref().ok_or_else(|| {
+            NodeError::failed_precondition(
+                "this node plugin has no private mount directory for filesystem volumes",
+            )
+        })?;
+        let mut name = String::with_capacity(volume.len());
+        for (i, b) in volume.bytes().enumerate() {
+            match b {
+                b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'_' => name.push(b as char),
+                b'.' if i > 0 => name.push('.'),
+                _ => name.push_str(&format!("%{b:02x}")),
+            }
+        }
+        if name.is_empty() || name.len() > NAME_MAX {
+            return Err(NodeError::invalid(
+                "volume_id",
+                "too long to name a mount directory",
+            ));
+        }
+        Ok(root.join(name))
+    }
+
+    /// What identifies `volume`'s filesystem mounts: everything in its
+    /// private directory, and the mount with the saved id at its staging
+    /// path (with the binds of it, for its publications).
+    pub(super) fn filesystem_identities(
+        &self,
+        volume: &str,
+        stage: Option<&StageRecord>,
+        fs: &FilesystemSource,
+        view: &View<'_>,
+        out: &mut Identities,
+    ) -> Result<(), NodeError> {
+        let private = self.private_path(volume)?;
+        let mut places = vec![private.clone()];
+        let saved = stage.and_then(|s| s.mount_id);
+        places.extend(stage.map(|s| s.path.clone()));
+        for place in places {
+            for m in view.at(&place)? {
+                let made_here = place == private;
+                let saved_one = saved == Some(m.mount_id) && m.fs_type == fs.fs_type;
+                if made_here || saved_one {
+                    out.mount_ids.push(m.mount_id);
+                    out.ids.extend(bind_within(&m, &m.mount_point));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Stages a filesystem volume: mounts it in its private directory (or
+    /// takes the mount a crash left there), saves the mount's id, moves it
+    /// to the staging path. Secret options come from `secrets` and reach
+    /// only the mount call.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn stage_filesystem(
+        &self,
+        rec: &mut NodeVolumeRecord,
+        fs: &FilesystemSource,
+        view: &View<'_>,
+        mounted: bool,
+        options: &[String],
+        secrets: Option<&HashMap<String, String>>,
+        undo: &mut Undo,
+    ) -> Result<(), NodeError> {
+        let Some(s) = rec.stage.clone() else {
+            return Ok(());
+        };
+        if mounted {
+            return self.verify(&rec.volume_id, rec, view, &s.path, s.readonly);
+        }
+        let private = self.private_path(&rec.volume_id)?;
+        let left = view.at(&private)?;
+        let id = match left.last() {
+            // A crash after the mount and before its id was saved.
+            Some(m) => m.mount_id,
+            None => {
+                let sensitive = secret_options(fs, secrets)?;
+                self.make_private_dir(&private)?;
+                let mut opts: Vec<&str> = options.iter().map(String::as_str).collect();
+                opts.extend(fs.options.iter().map(String::as_str));
+                let mounter = &self.inner.mounter;
+                let result =
+                    mounter.mount_sensitive(&fs.source, &private, &fs.fs_type, &opts, &sensitive);
+                result.map_err(|e| NodeError::mount("mounting", &s.path, &e))?;
+                let made = View::Paths(mounter.as_ref()).at(&private)?;
+                match made.last() {
+                    Some(m) => m.mount_id,
+                    None => {
+                        return Err(NodeError::failed_precondition(format!(
+                            "the {} mount of volume {} is not there after mounting",
+                            fs.fs_type, rec.volume_id
+                        )));
+                    }
+                }
+            }
+        };
+        if let Some(st) = rec.stage.as_mut() {
+            st.mount_id = Some(id);
+        }
+        if let Err(e) = self.save(rec, Part::Stage) {
+            self.clear_private(&rec.volume_id);
+            return Err(e);
+        }
+        if PathKind::of(&s.path) == PathKind::Absent {
+            std::fs::create_dir(&s.path).map_err(|e| NodeError::io("creating", &s.path, &e))?;
+            undo.created = Some(s.path.clone());
+        }
+        if let Err(e) = self.inner.mounter.move_mount(&private, &s.path) {
+            self.clear_private(&rec.volume_id);
+            return Err(NodeError::mount("moving the mount to", &s.path, &e));
+        }
+        undo.mounted = true;
+        self.clear_private(&rec.volume_id);
+        self.verify(&rec.volume_id, rec, view, &s.path, s.readonly)
+    }
+
+    fn make_private_dir(&self, private: &Path) -> Result<(), NodeError> {
+        let mut builder = std::fs::DirBuilder::new();
+        builder.recursive(true).mode(0o700);
+        builder
+            .create(private)
+            .map_err(|e| NodeError::io("creating", private, &e))
+    }
+
+    /// Unmounts whatever is in `volume`'s private directory (only this
+    /// plugin mounts there) and removes it; logs what it cannot do, for a
+    /// later call to finish.
+    pub(super) fn clear_private(&self, volume: &str) {
+        let Ok(private) = self.private_path(volume) else {
+            return;
+        };
+        let mounter = &self.inner.mounter;
+        let result = mounter
+            .unmount_all(&private)
+            .and_then(|_| mounter.cleanup_mount_point(&private));
+        if let Err(e) = result {
+            let e = NodeError::mount("cleaning up", &private, &e);
+            tracing::warn!(volume, error = %e, "private mount directory left for a later call");
+        }
+    }
+}
+
+/// The secret options of `fs`, from the NodeStage secrets; a missing one is
+/// INVALID_ARGUMENT naming its key, never a value.
+fn secret_options(
+    fs: &FilesystemSource,
+    secrets: Option<&HashMap<String, String>>,
+) -> Result<Vec<Sensitive>, NodeError> {
+    fs.secret_options
+        .iter()
+        .map(|name| match secrets.and_then(|s| s.get(name)) {
+            Some(value) => Ok(Sensitive::new(format!("{name}={value}"))),
+            None if secrets.is_none() => Err(NodeError::failed_precondition(format!(
+                "mounting it needs the NodeStage secret {name}; the next NodeStage mounts it"
+            ))),
+            None => Err(NodeError::invalid(
+                format!("secrets[{name}]"),
+                "required to mount this volume",
+            )),
+        })
+        .collect()
+}

@@ -1,0 +1,196 @@
+//! NodeStageVolume.
+
+use csi_proto::v1::NodeStageVolumeRequest;
+
+use super::{NodeOutcome, NodeVolumes, Part, Undo, View, absolute};
+use std::collections::HashMap;
+
+use crate::error::NodeError;
+use crate::observe::{Identities, PathKind};
+use crate::record::{Capability, NodeVolumeRecord, StageRecord, StageState, VolumeSource, sorted};
+use crate::rules::{StageDecision, StageFacts, decide_stage, effective_readonly, mount_options};
+use crate::seams::VolumeContexts;
+
+impl NodeVolumes {
+    /// NodeStageVolume. The volume's source comes from the locator; an
+    /// image is attached (or its existing device reused), and for mount
+    /// access its filesystem, or the directory, is mounted at the staging
+    /// path, read-only for reader-only modes.
+    pub fn stage(&self, req: &NodeStageVolumeRequest) -> Result<NodeOutcome, NodeError> {
+        let cap = Capability::from_proto(req.volume_capability.as_ref(), "volume_capability")?;
+        let path = absolute(&req.staging_target_path, "staging_target_path")?;
+        let mut req = req.clone();
+        req.staging_target_path = path.to_string_lossy().into_owned();
+        let readonly = effective_readonly(false, &cap);
+        let options = mount_options(&cap, readonly)?;
+        let vol = req.volume_id.as_str();
+        let contexts = VolumeContexts::of(&req.volume_context, &req.publish_context);
+        let source = self
+            .inner
+            .locator
+            .source_in(vol, &contexts)?
+            .ok_or_else(|| NodeError::not_found(format!("volume {vol} does not exist")))?;
+        if cap.is_block() && matches!(source, VolumeSource::Directory(_)) {
+            return Err(NodeError::failed_precondition(format!(
+                "volume {vol} is a directory and cannot be staged for block access"
+            )));
+        }
+        if cap.is_block() && matches!(source, VolumeSource::Filesystem(_)) {
+            return Err(NodeError::failed_precondition(format!(
+                "volume {vol} is a filesystem and cannot be staged for block access"
+            )));
+        }
+        let _claim = self.claim(vol, &[&path])?;
+        let view = View::Paths(self.inner.mounter.as_ref());
+        let (record, claimed) = self.snapshot(vol, &path);
+        let ids = self.identities(vol, record.as_ref(), &view)?;
+        let (here, _) = view.facts(&path, &ids)?;
+        let decision = decide_stage(
+            &req,
+            &cap,
+            &StageFacts {
+                staged: record.as_ref().and_then(|r| r.stage.as_ref()),
+                path_claimed_by: claimed.as_deref(),
+                path: &here,
+                device_attached: ids.device().is_some(),
+            },
+        )?;
+        let StageDecision::Stage { resume, mounted } = decision else {
+            return Ok(NodeOutcome::Unchanged);
+        };
+        let mut rec = record.unwrap_or_else(|| NodeVolumeRecord::new(vol));
+        let stage = match rec.stage.take() {
+            Some(mut s) if resume => {
+                s.state = StageState::Staging;
+                s
+            }
+            _ => StageRecord {
+                volume_id: vol.to_owned(),
+                path: path.clone(),
+                capability: cap.clone(),
+                readonly,
+                source,
+                device: None,
+                formatted: false,
+                mount_id: None,
+                publish_context: sorted(&req.publish_context),
+                volume_context: sorted(&req.volume_context),
+                state: StageState::Staging,
+            },
+        };
+        rec.stage = Some(stage);
+        self.save(&rec, Part::Stage)?;
+        let mut undo = Undo::default();
+        let secrets = Some(&req.secrets);
+        match self.stage_effects(&mut rec, &view, &ids, mounted, &options, secrets, &mut undo) {
+            Ok(()) => {
+                if let Some(s) = rec.stage.as_mut() {
+                    s.state = StageState::Staged;
+                    s.formatted |= s.device.is_some() && !s.capability.is_block();
+                }
+                self.save(&rec, Part::Stage)?;
+                self.table().abnormal.remove(vol);
+                tracing::info!(volume = %vol, path = %path.display(), "staged");
+                Ok(NodeOutcome::Changed)
+            }
+            Err(e) => {
+                if !resume {
+                    self.undo(&mut rec, &path, undo, Part::Stage);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    pub(super) fn stage_effects(
+        &self,
+        rec: &mut NodeVolumeRecord,
+        view: &View<'_>,
+        ids: &Identities,
+        mounted: bool,
+        options: &[String],
+        secrets: Option<&HashMap<String, String>>,
+        undo: &mut Undo,
+    ) -> Result<(), NodeError> {
+        let Some(s) = rec.stage.clone() else {
+            return Ok(());
+        };
+        let device = match &s.source {
+            VolumeSource::Filesystem(fs) => {
+                return self.stage_filesystem(rec, fs, view, mounted, options, secrets, undo);
+            }
+            VolumeSource::Directory(_) => None,
+            VolumeSource::Device(path) => {
+                let dev = match &ids.attached {
+                    Some(d) => d.clone(),
+                    None => self.wait_for_device(&rec.volume_id, path)?,
+                };
+                if s.device.as_ref() != Some(&dev) {
+                    if let Some(st) = rec.stage.as_mut() {
+                        st.device = Some(dev.clone());
+                    }
+                    self.save(rec, Part::Stage)?;
+                }
+                self.inner.locator.prepare_device(&rec.volume_id, &dev)?;
+                Some(dev)
+            }
+            VolumeSource::Image(image) => {
+                let dev = match ids.devices.first() {
+                    Some(d) => d.clone(),
+                    None => {
+                        if !image.is_file() {
+                            return Err(NodeError::failed_precondition(format!(
+                                "the image of volume {} is missing",
+                                rec.volume_id
+                            )));
+                        }
+                        let d = self.attach(image)?;
+                        undo.attached = Some(d.clone());
+                        d
+                    }
+                };
+                if s.device.as_ref() != Some(&dev) {
+                    if let Some(st) = rec.stage.as_mut() {
+                        st.device = Some(dev.clone());
+                    }
+                    self.save(rec, Part::Stage)?;
+                }
+                self.inner.locator.prepare_device(&rec.volume_id, &dev)?;
+                Some(dev)
+            }
+        };
+        if s.capability.is_block() || mounted {
+            return Ok(());
+        }
+        if PathKind::of(&s.path) == PathKind::Absent {
+            std::fs::create_dir(&s.path).map_err(|e| NodeError::io("creating", &s.path, &e))?;
+            undo.created = Some(s.path.clone());
+        }
+        match (&s.source, &device) {
+            (VolumeSource::Directory(dir), _) => self
+                .inner
+                .mounter
+                .bind_mount(dir, &s.path, s.readonly)
+                .map_err(|e| NodeError::mount("staging at", &s.path, &e))?,
+            (VolumeSource::Image(_) | VolumeSource::Device(_), Some(dev)) => {
+                let opts: Vec<&str> = options.iter().map(String::as_str).collect();
+                self.inner.filesystems.mount_filesystem(
+                    &dev.path,
+                    &s.path,
+                    s.capability.fs_type().unwrap_or_default(),
+                    &opts,
+                    !s.formatted,
+                )?
+            }
+            (VolumeSource::Filesystem(_), _) => return Ok(()),
+            (VolumeSource::Image(image) | VolumeSource::Device(image), None) => {
+                return Err(NodeError::failed_precondition(format!(
+                    "no block device for {}",
+                    image.display()
+                )));
+            }
+        }
+        undo.mounted = true;
+        self.verify(&rec.volume_id, rec, view, &s.path, s.readonly)
+    }
+}

@@ -1,0 +1,52 @@
+//! NodeUnpublishVolume.
+
+use csi_proto::v1::NodeUnpublishVolumeRequest;
+
+use super::{NodeOutcome, NodeVolumes, Part, View, absolute};
+use crate::error::NodeError;
+use crate::record::{NodeVolumeRecord, PublishState};
+use crate::rules::{UnpublishDecision, UnpublishFacts, decide_unpublish};
+
+impl NodeVolumes {
+    /// NodeUnpublishVolume: unmounts the target only where it shows this
+    /// volume and removes it if empty; a target recorded for another volume,
+    /// or holding something else, is NOT_FOUND and left alone.
+    pub fn unpublish(&self, req: &NodeUnpublishVolumeRequest) -> Result<NodeOutcome, NodeError> {
+        let target = absolute(&req.target_path, "target_path")?;
+        let vol = req.volume_id.as_str();
+        let _claim = self.claim(vol, &[&target])?;
+        let view = View::Paths(self.inner.mounter.as_ref());
+        let (record, claimed) = self.snapshot(vol, &target);
+        let known = self.inner.locator.source(vol).is_some();
+        let ids = self.identities(vol, record.as_ref(), &view)?;
+        let (here, mounts_here) = view.facts(&target, &ids)?;
+        let decision = decide_unpublish(
+            vol,
+            &target,
+            &UnpublishFacts {
+                known,
+                record: record.as_ref().and_then(|r| r.publication(&target)),
+                target_claimed_by: claimed.as_deref(),
+                target: &here,
+            },
+        )?;
+        let UnpublishDecision::Unpublish { unmount, remove } = decision else {
+            return Ok(NodeOutcome::Unchanged);
+        };
+        let mut rec = record.unwrap_or_else(|| NodeVolumeRecord::new(vol));
+        if let Some(p) = rec.publications.iter_mut().find(|p| p.target == target) {
+            p.state = PublishState::Unpublishing;
+            self.save_progress(&rec, Part::Publication(&target))?;
+        }
+        if unmount {
+            self.unmount_ours(vol, &target, &ids, mounts_here)?;
+        }
+        if remove {
+            self.remove_if_empty(&target)?;
+        }
+        rec.publications.retain(|p| p.target != target);
+        self.save(&rec, Part::Publication(&target))?;
+        tracing::info!(volume = %vol, target = %target.display(), "unpublished");
+        Ok(NodeOutcome::Changed)
+    }
+}

@@ -1,0 +1,76 @@
+//! NodeUnstageVolume.
+
+use std::path::{Path, PathBuf};
+
+use csi_proto::v1::NodeUnstageVolumeRequest;
+
+use super::{NodeOutcome, NodeVolumes, Part, View, absolute};
+use crate::error::NodeError;
+use crate::observe::resolve;
+use crate::record::{NodeVolumeRecord, StageState};
+use crate::rules::{UnstageDecision, UnstageFacts, decide_unstage};
+
+impl NodeVolumes {
+    /// NodeUnstageVolume: refuses while the volume is published anywhere;
+    /// unmounts the staging path only where it shows this volume; detaches
+    /// the volume's devices, found by backing file (so also after a crash
+    /// that lost the record of the attach).
+    pub fn unstage(&self, req: &NodeUnstageVolumeRequest) -> Result<NodeOutcome, NodeError> {
+        let path = absolute(&req.staging_target_path, "staging_target_path")?;
+        let vol = req.volume_id.as_str();
+        let _claim = self.claim(vol, &[&path])?;
+        let table = self.mount_table()?;
+        let view = View::Table(&table);
+        let (record, claimed) = self.snapshot(vol, &path);
+        let known = self.inner.locator.source(vol).is_some();
+        let ids = self.identities(vol, record.as_ref(), &view)?;
+        let (here, mounts_here) = view.facts(&path, &ids)?;
+        let mut in_use: Vec<PathBuf> = record
+            .iter()
+            .flat_map(|r| r.publications.iter().map(|p| p.target.clone()))
+            .collect();
+        // A mount in the volume's private directory is this plugin's
+        // half-made stage (a crash before the move), not a use.
+        let private = self.private_path(vol).ok();
+        for p in ids.uses(&table, &resolve(&path)) {
+            let half_made = private.as_deref().is_some_and(|d| p.starts_with(d));
+            if !half_made && !in_use.iter().any(|t| resolve(t) == p) {
+                in_use.push(p.to_path_buf());
+            }
+        }
+        let decision = decide_unstage(
+            vol,
+            &path,
+            &UnstageFacts {
+                staged: record.as_ref().and_then(|r| r.stage.as_ref()),
+                known,
+                path_claimed_by: claimed.as_deref(),
+                path: &here,
+                in_use_at: &in_use,
+                device_attached: !ids.devices.is_empty(),
+            },
+        )?;
+        let UnstageDecision::Unstage { unmount } = decision else {
+            return Ok(NodeOutcome::Unchanged);
+        };
+        let mut rec = record.unwrap_or_else(|| NodeVolumeRecord::new(vol));
+        if let Some(s) = rec.stage.as_mut() {
+            s.state = StageState::Unstaging;
+            self.save_progress(&rec, Part::Stage)?;
+        }
+        if unmount {
+            self.unmount_ours(vol, &path, &ids, mounts_here)?;
+        }
+        for dev in &ids.devices {
+            self.detach(dev)?;
+            tracing::info!(volume = %vol, device = %dev.path.display(), "detached");
+        }
+        if private.as_deref().is_some_and(Path::exists) {
+            self.clear_private(vol);
+        }
+        rec.stage = None;
+        self.save(&rec, Part::Stage)?;
+        tracing::info!(volume = %vol, path = %path.display(), "unstaged");
+        Ok(NodeOutcome::Changed)
+    }
+}

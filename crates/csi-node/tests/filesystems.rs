@@ -1,0 +1,404 @@
+//! NodeService for drivers whose volumes are filesystems mounted by type,
+//! source and options: an NFS-like one with a password from the NodeStage
+//! secrets, and tmpfs. On a fake host. The secret must reach the mount call
+//! and nothing else (logs of this whole test binary, errors, records); a
+//! mount whose identity exists only once mounted is recognised after a
+//! crash by the id of the mount the plugin made, never by its source.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use csi_driver::{CallContext, Method, Node};
+use csi_node::testing::FakeHost;
+use csi_node::testing::requests::*;
+use csi_node::{
+    FilesystemSource, NodeBackend, NodeError, NodeInfo, NodeService, NodeVolumeRecord,
+    STAGED_TABLE, StageRecord, StageState, VolumeContexts, VolumeInfo, VolumeLocator, VolumeSource,
+};
+use csi_proto::v1::volume_capability::access_mode::Mode;
+use csi_proto::v1::*;
+use csi_store::{MemStore, RecordStore};
+use mount_utils::{Errno, FakeAction, FakeOp, Mounter};
+use tonic::Code;
+
+const SECRET: &str = "hunter2-e1f0c3";
+
+/// Every log line of this test binary, at every level.
+fn logs() -> &'static Arc<Mutex<Vec<u8>>> {
+    static LOGS: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
+    LOGS.get_or_init(csi_node::testing::requests::capture_all_logs)
+}
+
+fn assert_no_secret(what: &str, text: &str) {
+    assert!(
+        !text.contains(SECRET),
+        "the secret leaked into {what}: {text}"
+    );
+}
+
+/// An NFS-like driver: the share from the volume context, a password from
+/// the NodeStage secrets.
+struct Nfs;
+
+impl VolumeLocator for Nfs {
+    fn source_in(
+        &self,
+        _volume_id: &str,
+        contexts: &VolumeContexts,
+    ) -> Result<Option<VolumeSource>, NodeError> {
+        let share = format!(
+            "{}:{}",
+            contexts.volume("server")?,
+            contexts.volume("share")?
+        );
+        let fs = FilesystemSource::new("nfs", share)
+            .options(["vers=4.1"])
+            .secret_option("password");
+        Ok(Some(VolumeSource::Filesystem(fs)))
+    }
+}
+
+impl NodeBackend for Nfs {
+    fn volume_in(&self, _: &str, _: &VolumeContexts) -> Result<Option<VolumeInfo>, NodeError> {
+        Ok(Some(VolumeInfo::new(false, 0)))
+    }
+}
+
+/// A tmpfs driver: every volume is a fresh tmpfs.
+struct Tmpfs;
+
+impl VolumeLocator for Tmpfs {
+    fn source(&self, _volume_id: &str) -> Option<VolumeSource> {
+        let fs = FilesystemSource::new("tmpfs", "tmpfs").options(["size=1m"]);
+        Some(VolumeSource::Filesystem(fs))
+    }
+}
+
+impl NodeBackend for Tmpfs {
+    fn volume(&self, _: &str) -> Option<VolumeInfo> {
+        Some(VolumeInfo::new(false, 1 << 20))
+    }
+}
+
+struct World {
+    host: FakeHost,
+    store: Arc<MemStore>,
+    dir: tempfile::TempDir,
+}
+
+impl World {
+    fn new() -> Self {
+        World {
+            host: FakeHost::new(),
+            store: Arc::new(MemStore::new()),
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn private(&self) -> PathBuf {
+        self.dir.path().join("private")
+    }
+
+    /// A node service (a new process after a crash: same host and store).
+    fn node<D: NodeBackend>(&self, driver: D) -> NodeService<D> {
+        let private = self.private();
+        NodeService::builder(Arc::new(driver), NodeInfo::new("n1"), self.host.mounter())
+            .volumes(|v| v.loop_devices(self.host.loops()).private_mounts(private))
+            .open(self.store.clone())
+            .unwrap()
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn records_text(&self) -> String {
+        let staged = self.store.scan(STAGED_TABLE).unwrap();
+        let published = self.store.scan(csi_node::PUBLISHED_TABLE).unwrap();
+        format!("{staged:?} {published:?}")
+    }
+
+    fn mounts(&self) -> usize {
+        let actions = self.host.actions();
+        actions
+            .iter()
+            .filter(|a| matches!(a, FakeAction::Mount { .. }))
+            .count()
+    }
+}
+
+fn ctx() -> CallContext {
+    CallContext::detached(0, Method::NodeStageVolume)
+}
+
+fn nfs_stage(id: &str, staging: &Path, secret: Option<&str>) -> NodeStageVolumeRequest {
+    let mut req = stage_req(id, staging, cap(false, Mode::MultiNodeMultiWriter, &[]));
+    req.volume_context = [
+        ("server".to_string(), "10.0.0.7".to_string()),
+        ("share".to_string(), "/exports/a".to_string()),
+    ]
+    .into();
+    if let Some(s) = secret {
+        req.secrets.insert("password".into(), s.into());
+    }
+    req
+}
+
+#[tokio::test]
+async fn an_nfs_like_volume_gets_its_password_in_the_mount_call_only() {
+    logs();
+    let w = World::new();
+    let node = w.node(Nfs);
+    let (staging, target) = (w.path("staging"), w.path("pod"));
+
+    // A missing secret names its key; nothing is mounted or kept.
+    let e = node
+        .node_stage_volume(&ctx(), nfs_stage("v1", &staging, None))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e}");
+    assert!(e.to_string().contains("secrets[password]"), "{e}");
+    assert!(w.host.mounted().is_empty() && node.volumes().records().is_empty());
+
+    // A mount that fails: the error carries no option value.
+    let private_of_v1 = w.private().join("v1");
+    w.host
+        .inject_error(FakeOp::Mount, &private_of_v1, Errno::EACCES);
+    let req = nfs_stage("v1", &staging, Some(SECRET));
+    let e = node
+        .node_stage_volume(&ctx(), req.clone())
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Internal, "{e}");
+    assert_no_secret("an error", &format!("{e} {e:?}"));
+    assert!(
+        node.volumes().records().is_empty(),
+        "a failed first stage is undone"
+    );
+    w.host.clear_errors();
+
+    node.node_stage_volume(&ctx(), req.clone()).await.unwrap();
+    let here = w.host.mounts_at(&staging);
+    assert_eq!(here.len(), 1);
+    assert_eq!(
+        (here[0].fs_type.as_str(), here[0].source.as_str()),
+        ("nfs", "10.0.0.7:/exports/a")
+    );
+    let reached = w.host.actions().into_iter().any(|a| match a {
+        FakeAction::Mount {
+            sensitive_options,
+            options,
+            ..
+        } => {
+            options.contains(&"vers=4.1".to_string())
+                && sensitive_options
+                    .iter()
+                    .any(|s| s.expose() == format!("password={SECRET}"))
+        }
+        _ => false,
+    });
+    assert!(reached, "the password reached the mount call");
+    assert!(
+        !private_of_v1.exists(),
+        "the private directory is gone after the move"
+    );
+    node.node_stage_volume(&ctx(), req).await.unwrap();
+
+    let mut publish = publish_req(
+        "v1",
+        &staging,
+        &target,
+        cap(false, Mode::MultiNodeMultiWriter, &[]),
+    );
+    publish.secrets.insert("password".into(), SECRET.into());
+    node.node_publish_volume(&ctx(), publish).await.unwrap();
+    assert_eq!(w.host.mounts_at(&target).len(), 1);
+    let stats = node
+        .node_get_volume_stats(&ctx(), stats_req("v1", &target))
+        .await
+        .unwrap();
+    assert!(!stats.volume_condition.unwrap().abnormal);
+
+    assert_no_secret("the records", &w.records_text());
+    assert_no_secret(
+        "the records' Debug",
+        &format!("{:?}", node.volumes().records()),
+    );
+    node.node_unpublish_volume(&ctx(), unpublish_req("v1", &target))
+        .await
+        .unwrap();
+    node.node_unstage_volume(&ctx(), unstage_req("v1", &staging))
+        .await
+        .unwrap();
+    assert!(w.host.mounted().is_empty() && node.volumes().records().is_empty());
+    let logged = String::from_utf8_lossy(&logs().lock().unwrap()).into_owned();
+    assert!(logged.contains("staged"), "logs are captured");
+    assert_no_secret("the logs", &logged);
+}
+
+#[tokio::test]
+async fn a_tmpfs_volume_is_staged_published_and_cleaned_up() {
+    logs();
+    let w = World::new();
+    let node = w.node(Tmpfs);
+    let (staging, target) = (w.path("staging"), w.path("pod"));
+    let c = cap(false, Mode::SingleNodeWriter, &[]);
+    node.node_stage_volume(&ctx(), stage_req("t1", &staging, c.clone()))
+        .await
+        .unwrap();
+    let staged = w.host.mounts_at(&staging);
+    assert_eq!(staged.len(), 1);
+    assert_eq!(staged[0].fs_type, "tmpfs");
+    let record = node.volumes().record("t1").unwrap().stage.unwrap();
+    assert_eq!(
+        record.mount_id,
+        Some(staged[0].mount_id),
+        "the id survives the move"
+    );
+
+    let block = stage_req(
+        "t2",
+        &w.path("other"),
+        cap(true, Mode::SingleNodeWriter, &[]),
+    );
+    let e = node.node_stage_volume(&ctx(), block).await.unwrap_err();
+    assert_eq!(
+        e.code(),
+        Code::FailedPrecondition,
+        "a filesystem has no block access"
+    );
+
+    node.node_publish_volume(&ctx(), publish_req("t1", &staging, &target, c))
+        .await
+        .unwrap();
+    // Still in use: unstage refuses.
+    let e = node
+        .node_unstage_volume(&ctx(), unstage_req("t1", &staging))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition);
+    node.node_unpublish_volume(&ctx(), unpublish_req("t1", &target))
+        .await
+        .unwrap();
+    node.node_unstage_volume(&ctx(), unstage_req("t1", &staging))
+        .await
+        .unwrap();
+    assert!(w.host.mounted().is_empty() && node.volumes().records().is_empty());
+    assert!(!staging.exists() || std::fs::read_dir(&staging).unwrap().next().is_none());
+}
+
+/// The record as a crash left it: the intent saved, then the process died
+/// (`mount_id` as saved by then).
+fn crash_record(w: &World, id: &str, staging: &Path, mount_id: Option<u32>) {
+    let table =
+        csi_store::Table::<StageRecord>::with_shared(w.store.clone(), STAGED_TABLE).unwrap();
+    let mut stage = table.get(id).unwrap().unwrap();
+    stage.state = StageState::Staging;
+    stage.mount_id = mount_id;
+    assert_eq!(stage.path, staging);
+    table.put(id, &stage).unwrap();
+}
+
+/// Stages `t1` with a first process, then makes the world what a crash at
+/// `moved` (after the move) or before it (the mount still in the private
+/// directory) leaves: the record says `Staging`.
+async fn crashed_stage(w: &World, moved: bool, id_saved: bool) -> (PathBuf, u32) {
+    let staging = w.path("staging");
+    let first = w.node(Tmpfs);
+    let c = cap(false, Mode::SingleNodeWriter, &[]);
+    first
+        .node_stage_volume(&ctx(), stage_req("t1", &staging, c))
+        .await
+        .unwrap();
+    let mount_id = w.host.mounts_at(&staging)[0].mount_id;
+    drop(first);
+    if !moved {
+        let private = w.private().join("t1");
+        std::fs::create_dir_all(&private).unwrap();
+        w.host.move_mount(&staging, &private).unwrap();
+    }
+    crash_record(w, "t1", &staging, id_saved.then_some(mount_id));
+    (staging, mount_id)
+}
+
+#[tokio::test]
+async fn a_crash_after_the_mount_before_the_record_says_so_is_finished_by_the_retry() {
+    logs();
+    for (moved, id_saved) in [(false, false), (false, true), (true, true)] {
+        let w = World::new();
+        let (staging, mount_id) = crashed_stage(&w, moved, id_saved).await;
+        let mounts = w.mounts();
+        let node = w.node(Tmpfs);
+        let report = node.restore();
+        assert!(report.abnormal.is_empty(), "{report:?}");
+        let c = cap(false, Mode::SingleNodeWriter, &[]);
+        node.node_stage_volume(&ctx(), stage_req("t1", &staging, c))
+            .await
+            .unwrap();
+        let here = w.host.mounts_at(&staging);
+        assert_eq!(here.len(), 1, "moved {moved} id saved {id_saved}");
+        assert_eq!(
+            here[0].mount_id, mount_id,
+            "the same mount, recognised by its id"
+        );
+        assert_eq!(w.mounts(), mounts, "nothing mounted again");
+        let stage = node.volumes().record("t1").unwrap().stage.unwrap();
+        assert_eq!(
+            (stage.state, stage.mount_id),
+            (StageState::Staged, Some(mount_id))
+        );
+        node.node_unstage_volume(&ctx(), unstage_req("t1", &staging))
+            .await
+            .unwrap();
+        assert!(w.host.mounted().is_empty());
+    }
+}
+
+#[tokio::test]
+async fn a_crash_after_the_mount_is_cleaned_up_by_unstage() {
+    logs();
+    for (moved, id_saved) in [(false, false), (true, true)] {
+        let w = World::new();
+        let (staging, _) = crashed_stage(&w, moved, id_saved).await;
+        let node = w.node(Tmpfs);
+        node.restore();
+        node.node_unstage_volume(&ctx(), unstage_req("t1", &staging))
+            .await
+            .unwrap();
+        assert!(
+            w.host.mounted().is_empty(),
+            "moved {moved}: {:?}",
+            w.host.mounted()
+        );
+        assert!(!w.private().join("t1").exists());
+        assert!(node.volumes().records().is_empty());
+    }
+}
+
+#[tokio::test]
+async fn a_tmpfs_someone_else_mounted_is_not_ours_whatever_its_source() {
+    logs();
+    let w = World::new();
+    let (staging, _) = crashed_stage(&w, true, false).await;
+    // The crash lost the id; the mount there now has the same type and
+    // source string as ours, but nothing proves it is.
+    w.host.unmount(&staging, false).unwrap();
+    w.host
+        .mount("tmpfs", &staging, "tmpfs", &["size=1m"])
+        .unwrap();
+    let node = w.node(Tmpfs);
+    let c = cap(false, Mode::SingleNodeWriter, &[]);
+    let e = node
+        .node_stage_volume(&ctx(), stage_req("t1", &staging, c))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::AlreadyExists, "{e}");
+    let e = node
+        .node_unstage_volume(&ctx(), unstage_req("t1", &staging))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e}");
+    assert_eq!(w.host.mounts_at(&staging).len(), 1, "left alone");
+    let record: Option<NodeVolumeRecord> = node.volumes().record("t1");
+    assert!(record.is_some(), "kept for a later cleanup");
+}
