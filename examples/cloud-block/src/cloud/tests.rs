@@ -134,5 +134,7 @@ fn attach_to_a_node_the_cloud_does_not_have_is_not_found() {
     let e = (cloud.start_action(&limits, &id(1), &req("n9"), "t")).unwrap_err();
     assert_eq!((e.status, e.body.id.as_str()), (404, error_id::NOT_FOUND));
     assert!(e.body.message.contains("n9"), "{e:?}");
-    cloud.start_action(&limits, &id(1), &req("n1"), "t").unwrap();
+    cloud
+        .start_action(&limits, &id(1), &req("n1"), "t")
+        .unwrap();
 }

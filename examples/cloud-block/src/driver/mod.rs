@@ -1,0 +1,148 @@
+//! The `cloud-block` CSI driver: csi-controller's `ControllerService` over
+//! the provider's API ([`CloudController`]) and csi-node's `NodeService`
+//! over the devices its attaches make ([`CloudNode`]). The two halves
+//! share nothing but what the CO carries (volume and publish contexts), so
+//! they run as separate processes (`--mode controller`, `--mode node`) or
+//! together (`--mode both`, for `cargo run`).
+
+mod controller;
+mod node;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use clap::Parser;
+use csi_controller::{Config, ControllerService};
+use csi_driver::{Capabilities, NodeRpc};
+use csi_node::{NodeInfo, NodeService};
+use csi_server::ServeMode;
+use csi_server::flags::DriverFlags;
+use mount_utils::{LinuxMounter, Mounter, ResizeFs, SafeFormatAndMount, SystemExec};
+
+pub use controller::{CloudController, PARAMETERS};
+pub use node::{CRASH_ENV, CloudNode, FormatAndMount};
+
+use crate::api::GIB;
+use crate::client::HttpProvider;
+use crate::token::Token;
+
+/// The driver's default name (the CSIDriver object's).
+pub const DRIVER_NAME: &str = "cloud-block.csi.csi-kit.dev";
+/// The topology key whose value is the region.
+pub const TOPOLOGY_KEY: &str = "topology.cloud-block.csi-kit.dev/region";
+/// Publish context key: the name of the device's stable link.
+pub const DEVICE_KEY: &str = "device-name";
+/// Publish context key: `block` or `mount`.
+pub const ACCESS_KEY: &str = "access";
+/// Where the provider's token is in the environment.
+pub const TOKEN_ENV: &str = "CLOUD_PROVIDER_TOKEN";
+
+/// The driver's flags. The provider's token comes from `CLOUD_PROVIDER_TOKEN`
+/// or `--provider-token-file`, never a flag (the process list shows flags).
+#[derive(Debug, Clone, Parser)]
+#[command(name = "cloud-block", version)]
+pub struct Flags {
+    /// Which services to serve: controller, node or both.
+    #[arg(long, default_value = "both")]
+    pub mode: ServeMode,
+    #[command(flatten)]
+    pub common: DriverFlags,
+    /// The provider's API (controller).
+    #[arg(long, env = "CLOUD_PROVIDER_URL")]
+    pub provider_url: Option<String>,
+    /// A file holding the provider's token, e.g. a mounted Secret (controller).
+    #[arg(long)]
+    pub provider_token_file: Option<PathBuf>,
+    /// The region volumes are made in (controller) and this node is in (node).
+    #[arg(long, default_value = "dev-1")]
+    pub region: String,
+    /// Where attached devices' stable links appear (node).
+    #[arg(long, default_value = "/dev/disk/by-id")]
+    pub device_dir: PathBuf,
+    /// Where the node keeps its record of what it staged and published (node).
+    #[arg(
+        long,
+        default_value = "/var/lib/kubelet/plugins/cloud-block.csi.csi-kit.dev/node"
+    )]
+    pub statedir: PathBuf,
+    /// Volumes this node may have attached (node; the provider's limit).
+    #[arg(long, default_value_t = 7)]
+    pub max_volumes_per_node: i64,
+    /// How long NodeStage waits for an attached device, in seconds (node).
+    #[arg(long, default_value_t = 60)]
+    pub device_timeout_secs: u64,
+}
+
+fn serves(mode: ServeMode, controller: bool) -> bool {
+    mode == ServeMode::Both || (mode == ServeMode::Controller) == controller
+}
+
+/// The controller service over the provider the flags name.
+pub fn controller(flags: &Flags) -> Result<ControllerService<CloudController>, String> {
+    let url = (flags.provider_url.as_deref())
+        .ok_or("--provider-url or CLOUD_PROVIDER_URL is required in controller mode")?;
+    let env_token = std::env::var(TOKEN_ENV).ok();
+    let token = Token::resolve(
+        env_token.as_deref(),
+        flags.provider_token_file.as_deref(),
+        TOKEN_ENV,
+    )
+    .map_err(|e| format!("the provider's token: {e}"))?;
+    let client = HttpProvider::new(url, token).map_err(|e| format!("--provider-url: {e}"))?;
+    let mut config = Config::new(flags.region.clone());
+    config.topology_key = Some(TOPOLOGY_KEY.to_owned());
+    (config.default_size, config.mount_unit, config.block_unit) =
+        (GIB as i64, GIB as i64, GIB as i64);
+    let backend = CloudController::new(Arc::new(client), flags.region.clone());
+    ControllerService::without_store(config, backend)
+}
+
+/// The node service on the host's devices and mounts.
+pub fn node(flags: &Flags) -> Result<NodeService<CloudNode>, String> {
+    let info = NodeInfo::new(flags.common.node_id())
+        .max_volumes(flags.max_volumes_per_node)
+        .topology(TOPOLOGY_KEY, flags.region.clone());
+    let (mounter, exec): (Arc<dyn Mounter>, _) =
+        (Arc::new(LinuxMounter::new()), Arc::new(SystemExec::new()));
+    let formatter = FormatAndMount(SafeFormatAndMount::new(mounter.clone(), exec.clone()));
+    let timeout = std::time::Duration::from_secs(flags.device_timeout_secs);
+    let node = NodeService::builder(Arc::new(CloudNode::new(&flags.device_dir)), info, mounter)
+        .volumes(|v| {
+            v.device_timeout(timeout)
+                .filesystem_mount(Arc::new(formatter))
+        })
+        .resize_filesystems(ResizeFs::new(exec))
+        .open_in(&flags.statedir)
+        .map_err(|e| format!("--statedir {}: {e}", flags.statedir.display()))?;
+    node.restore();
+    Ok(node)
+}
+
+/// Serves what `--mode` says until SIGTERM or SIGINT.
+pub async fn run(flags: Flags) -> Result<(), String> {
+    let socket = flags.statedir.join("csi.sock");
+    let server = flags
+        .common
+        .server(DRIVER_NAME, env!("CARGO_PKG_VERSION"), &socket)?;
+    let mut caps = Capabilities::new();
+    let mut server = server.mode(flags.mode);
+    if serves(flags.mode, true) {
+        let controller = controller(&flags)?;
+        caps = controller.capabilities(caps);
+        server = server.controller(Arc::new(controller));
+    }
+    if serves(flags.mode, false) {
+        caps = caps.node([
+            NodeRpc::StageUnstageVolume,
+            NodeRpc::GetVolumeStats,
+            NodeRpc::ExpandVolume,
+        ]);
+        server = server.node(Arc::new(node(&flags)?));
+    }
+    let server = server
+        .capabilities(caps)
+        .build()
+        .map_err(|e| e.to_string())?;
+    tracing::info!(endpoint = %server.endpoint(), mode = ?flags.mode, region = %flags.region, "cloud-block serving");
+    server.serve().await.map_err(|e| e.to_string())
+}

@@ -1,0 +1,89 @@
+//! The node half: a [`NodeBackend`] whose volumes are the devices the
+//! provider attached, found by the stable name ControllerPublish put in
+//! the publish context; csi-node waits for them, formats them on first
+//! use (never again), mounts them or publishes them as block devices.
+
+use std::path::{Path, PathBuf};
+
+use csi_node::{
+    FilesystemMount, NodeBackend, NodeError, VolumeContexts, VolumeInfo, VolumeLocator,
+    VolumeSource, device_by_name,
+};
+use mount_utils::SafeFormatAndMount;
+
+use super::{ACCESS_KEY, DEVICE_KEY};
+
+/// In test builds, the node SIGKILLs itself where this environment
+/// variable says: `before-mount` (the device was waited for, nothing is
+/// mounted yet).
+pub const CRASH_ENV: &str = "CLOUD_BLOCK_CRASH_AT";
+
+/// The node's backend: attached devices under `device_dir`.
+pub struct CloudNode {
+    device_dir: PathBuf,
+}
+
+impl CloudNode {
+    /// Devices appear as `device_dir/<name from the publish context>`.
+    pub fn new(device_dir: impl Into<PathBuf>) -> Self {
+        CloudNode {
+            device_dir: device_dir.into(),
+        }
+    }
+}
+
+impl VolumeLocator for CloudNode {
+    fn source_in(
+        &self,
+        _volume_id: &str,
+        contexts: &VolumeContexts,
+    ) -> Result<Option<VolumeSource>, NodeError> {
+        let name = contexts.publish(DEVICE_KEY)?;
+        let field = format!("publish_context[{DEVICE_KEY}]");
+        let device = device_by_name(&self.device_dir, name, &field)?;
+        Ok(Some(VolumeSource::Device(device)))
+    }
+}
+
+impl NodeBackend for CloudNode {
+    /// No contexts at all (nothing staged here) is an unknown volume;
+    /// contexts without the device's name are an error naming the key.
+    fn volume_in(
+        &self,
+        _volume_id: &str,
+        contexts: &VolumeContexts,
+    ) -> Result<Option<VolumeInfo>, NodeError> {
+        if *contexts == VolumeContexts::default() {
+            return Ok(None);
+        }
+        contexts.publish(DEVICE_KEY)?;
+        let block = contexts
+            .publish_context
+            .get(ACCESS_KEY)
+            .is_some_and(|a| a == "block");
+        Ok(Some(VolumeInfo::new(block, 0)))
+    }
+}
+
+/// Formats a new device and mounts it ([`SafeFormatAndMount`]), with the
+/// test builds' crash point in between.
+pub struct FormatAndMount(pub SafeFormatAndMount);
+
+impl FilesystemMount for FormatAndMount {
+    fn mount_filesystem(
+        &self,
+        device: &Path,
+        target: &Path,
+        fs_type: &str,
+        options: &[&str],
+        may_format: bool,
+    ) -> Result<(), NodeError> {
+        #[cfg(feature = "testing")]
+        if std::env::var(CRASH_ENV).is_ok_and(|at| at == "before-mount") {
+            tracing::warn!(device = %device.display(), "crashing before the mount ({CRASH_ENV})");
+            let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
+        }
+        self.0
+            .mount_filesystem(device, target, fs_type, options, may_format)
+    }
+}
