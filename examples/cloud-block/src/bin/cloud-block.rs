@@ -8,6 +8,6 @@ use cloud_block::driver::{Flags, run};
 #[tokio::main]
 async fn main() -> ExitCode {
     let flags = Flags::parse();
-    csi_driver::init_tracing(&flags.common.log);
+    csi_server::init_tracing(&flags.common.log);
     csi_server::flags::exit_code("cloud-block", run(flags).await)
 }

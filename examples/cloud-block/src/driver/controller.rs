@@ -114,23 +114,49 @@ fn snapshot_view(s: api::Snapshot) -> ProviderSnapshot {
     }
 }
 
-/// A paging token is the provider's next page number.
-fn page_request(token: &str, max_entries: i32) -> BackendResult<PageRequest> {
-    let page = match token {
-        "" => 1,
-        t => t.parse().ok().filter(|&p| p > 0).ok_or_else(|| {
+/// `max_entries` items (0: all) from offset `token`, read in the
+/// provider's largest pages; the next token is the next offset.
+async fn window<T, Fut>(
+    token: &str,
+    max_entries: i32,
+    fetch: impl Fn(PageRequest) -> Fut,
+) -> BackendResult<ProviderPage<T>>
+where
+    Fut: Future<Output = Result<api::Page<T>, ProviderError>>,
+{
+    let offset: usize = match token {
+        "" => 0,
+        t => t.parse().map_err(|_| {
             CsiError::Aborted(format!("starting_token {t:?} is not one this plugin gave"))
         })?,
     };
-    let per_page = match max_entries {
-        n if n <= 0 => api::DEFAULT_PER_PAGE,
-        n => (n as u32).min(api::MAX_PER_PAGE),
-    };
-    Ok(PageRequest { page, per_page })
-}
-
-fn next_token(next: Option<u32>) -> String {
-    next.map_or_else(String::new, |p| p.to_string())
+    let want = usize::try_from(max_entries)
+        .ok()
+        .filter(|&n| n > 0)
+        .unwrap_or(usize::MAX);
+    let per = api::MAX_PER_PAGE as usize;
+    let (mut page, mut skip) = ((offset / per) as u32 + 1, offset % per);
+    let mut entries = Vec::new();
+    loop {
+        let got = fetch(PageRequest {
+            page,
+            per_page: per as u32,
+        })
+        .await?;
+        entries.extend(got.items.into_iter().skip(skip));
+        skip = 0;
+        if entries.len() >= want || got.next_page.is_none() {
+            entries.truncate(want);
+            let end = offset + entries.len();
+            let more = (end as u64) < got.total;
+            let next_token = if more { end.to_string() } else { String::new() };
+            return Ok(ProviderPage {
+                entries,
+                next_token,
+            });
+        }
+        page += 1;
+    }
 }
 
 /// A name taken by a create whose answer was lost: the service looks the
@@ -270,15 +296,16 @@ impl VolumeCatalog for CloudController {
         starting_token: &str,
         max_entries: i32,
     ) -> BackendResult<ProviderPage<ProviderVolume>> {
-        let page = page_request(starting_token, max_entries)?;
         let filter = VolumeFilter {
             name: None,
             region: Some(self.region.clone()),
         };
-        let found = self.client.list_volumes(&filter, page).await?;
+        let fetch = |page| self.client.list_volumes(&filter, page);
+        let found = window(starting_token, max_entries, fetch).await?;
+        let entries = found.entries.into_iter().map(|v| self.view(v)).collect();
         Ok(ProviderPage {
-            next_token: next_token(found.next_page),
-            entries: found.items.into_iter().map(|v| self.view(v)).collect(),
+            entries,
+            next_token: found.next_token,
         })
     }
 
@@ -308,15 +335,16 @@ impl VolumeCatalog for CloudController {
         starting_token: &str,
         max_entries: i32,
     ) -> BackendResult<ProviderPage<ProviderSnapshot>> {
-        let page = page_request(starting_token, max_entries)?;
         let filter = SnapshotFilter {
             name: None,
             resource_id: (!source_volume_id.is_empty()).then(|| source_volume_id.to_owned()),
         };
-        let found = self.client.list_snapshots(&filter, page).await?;
+        let fetch = |page| self.client.list_snapshots(&filter, page);
+        let found = window(starting_token, max_entries, fetch).await?;
+        let entries = found.entries.into_iter().map(snapshot_view).collect();
         Ok(ProviderPage {
-            next_token: next_token(found.next_page),
-            entries: found.items.into_iter().map(snapshot_view).collect(),
+            entries,
+            next_token: found.next_token,
         })
     }
 }
@@ -391,26 +419,31 @@ impl AttachBackend for CloudController {
     }
 
     async fn attachment(&self, id: &str, node: &str) -> BackendResult<Option<AttachState>> {
+        // Actions first: one that ends meanwhile shows in the volume read next.
+        let actions = match self
+            .client
+            .list_volume_actions(id, PageRequest::default())
+            .await
+        {
+            Ok(page) => page.items,
+            Err(e) if e.is_not_found() => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        let running = actions.iter().any(|a| {
+            a.kind == ActionKind::Attach
+                && a.status == ActionStatus::InProgress
+                && a.node_id.as_deref() == Some(node)
+        });
+        if running {
+            return Ok(Some(AttachState::Attaching));
+        }
         let volume = match self.client.get_volume(id).await {
             Ok(v) => self.view(v),
             Err(e) if e.is_not_found() => return Ok(None),
             Err(e) => return Err(e.into()),
         };
-        if volume.attached.contains_key(node) {
-            let context = publish_context(id, volume.record.access);
-            return Ok(Some(AttachState::Attached(context)));
-        }
-        // An attach whose answer was lost is found among the actions.
-        let actions = self
-            .client
-            .list_volume_actions(id, PageRequest::default())
-            .await?;
-        let running = actions.items.iter().any(|a| {
-            a.kind == ActionKind::Attach
-                && a.status == ActionStatus::InProgress
-                && a.node_id.as_deref() == Some(node)
-        });
-        Ok(running.then_some(AttachState::Attaching))
+        let attached = volume.attached.contains_key(node);
+        Ok(attached.then(|| AttachState::Attached(publish_context(id, volume.record.access))))
     }
 
     async fn detach(&self, id: &str, node: &str) -> BackendResult<()> {

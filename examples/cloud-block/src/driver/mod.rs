@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use clap::Parser;
 use csi_controller::{Config, ControllerService};
-use csi_driver::{Capabilities, NodeRpc};
+use csi_driver::{Capabilities, NodeRpc, PluginService, VolumeExpansion};
 use csi_node::{NodeInfo, NodeService};
 use csi_server::ServeMode;
 use csi_server::flags::DriverFlags;
@@ -110,6 +110,7 @@ pub fn node(flags: &Flags) -> Result<NodeService<CloudNode>, String> {
         .volumes(|v| {
             v.device_timeout(timeout)
                 .filesystem_mount(Arc::new(formatter))
+                .single_node_multi_writer(true)
         })
         .resize_filesystems(ResizeFs::new(exec))
         .open_in(&flags.statedir)
@@ -124,8 +125,12 @@ pub async fn run(flags: Flags) -> Result<(), String> {
     let server = flags
         .common
         .server(DRIVER_NAME, env!("CARGO_PKG_VERSION"), &socket)?;
-    let mut caps = Capabilities::new();
-    let mut server = server.mode(flags.mode);
+    // GetPluginCapabilities describes the whole plugin, wherever it runs.
+    let mut caps = Capabilities::new()
+        .plugin(PluginService::ControllerService)
+        .plugin(PluginService::VolumeAccessibilityConstraints)
+        .volume_expansion(VolumeExpansion::Online);
+    let mut server = server.mode(flags.mode).services_elsewhere(true);
     if serves(flags.mode, true) {
         let controller = controller(&flags)?;
         caps = controller.capabilities(caps);
@@ -136,6 +141,7 @@ pub async fn run(flags: Flags) -> Result<(), String> {
             NodeRpc::StageUnstageVolume,
             NodeRpc::GetVolumeStats,
             NodeRpc::ExpandVolume,
+            NodeRpc::SingleNodeMultiWriter,
         ]);
         server = server.node(Arc::new(node(&flags)?));
     }
