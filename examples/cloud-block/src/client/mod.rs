@@ -17,13 +17,16 @@ use crate::api::{
     SnapshotFilter, Volume, VolumeFilter,
 };
 
+mod backend_error;
 #[cfg(feature = "testing")]
 mod fake;
 mod http;
+mod window;
 
 #[cfg(feature = "testing")]
 pub use fake::{FakeCall, FakeProvider};
 pub use http::HttpProvider;
+pub use window::read_window;
 
 /// Which rule of the provider a request ran into.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -16,11 +16,8 @@ use csi_driver::{CsiError, async_trait};
 use serde::{Deserialize, Serialize};
 
 use super::{ACCESS_KEY, DEVICE_KEY, TOPOLOGY_KEY};
-use crate::api::{
-    self, ActionKind, ActionStatus, CreateSnapshotRequest, CreateVolumeRequest, GIB, PageRequest,
-    SnapshotFilter, VolumeFilter,
-};
-use crate::client::{ConflictKind, ProviderClient, ProviderError};
+use crate::api::{self, ActionKind, ActionStatus, GIB, PageRequest, SnapshotFilter, VolumeFilter};
+use crate::client::{ConflictKind, ProviderClient, ProviderError, read_window};
 
 /// The CreateVolume parameters this driver takes: `tags`, comma-separated
 /// tags for the provider's volume.
@@ -47,32 +44,53 @@ impl CloudController {
         let region = region.into();
         CloudController { client, region }
     }
+}
 
-    fn view(&self, v: api::Volume) -> ProviderVolume {
-        // A volume this driver did not make reads as a mount volume.
-        let meta: Meta = serde_json::from_str(&v.description).unwrap_or_default();
-        let access = if meta.block {
-            Access::Block
-        } else {
-            Access::Mount
-        };
-        let capacity_bytes = i64::try_from(v.size_bytes()).unwrap_or(i64::MAX);
-        ProviderVolume {
-            attached: v.node_ids.iter().map(|n| (n.clone(), false)).collect(),
-            ready: true,
-            record: VolumeRecord {
-                capacity_bytes,
-                access,
-                source: v.snapshot_id.map(ContentSource::Snapshot),
-                parameters: meta.parameters,
-                mutable_parameters: BTreeMap::new(),
-                topology: BTreeMap::from([(TOPOLOGY_KEY.to_owned(), v.region)]),
-                request: Vec::new(),
-                ephemeral: false,
-                id: v.id,
-                name: v.name,
-            },
-        }
+fn access(block: bool) -> Access {
+    if block { Access::Block } else { Access::Mount }
+}
+
+fn volume_view(v: api::Volume) -> ProviderVolume {
+    // A volume this driver did not make reads as a mount volume.
+    let meta: Meta = serde_json::from_str(&v.description).unwrap_or_default();
+    let record = VolumeRecord {
+        capacity_bytes: i64::try_from(v.size_bytes()).unwrap_or(i64::MAX),
+        access: access(meta.block),
+        source: v.snapshot_id.map(ContentSource::Snapshot),
+        parameters: meta.parameters,
+        mutable_parameters: BTreeMap::new(),
+        topology: BTreeMap::from([(TOPOLOGY_KEY.to_owned(), v.region)]),
+        request: Vec::new(),
+        ephemeral: false,
+        id: v.id,
+        name: v.name,
+    };
+    // The provider has no read-only attachments.
+    let attached = v.node_ids.into_iter().map(|n| (n, false)).collect();
+    ProviderVolume {
+        record,
+        attached,
+        ready: true,
+    }
+}
+
+fn snapshot_view(s: api::Snapshot) -> ProviderSnapshot {
+    let created = (api::parse_rfc3339(&s.created_at))
+        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_nanos() as i128);
+    let record = SnapshotRecord {
+        size_bytes: s.min_disk_size.saturating_mul(GIB) as i64,
+        access: access(s.tags.iter().any(|t| t == BLOCK_TAG)),
+        created_unix_nanos: created,
+        group_snapshot_id: None,
+        parameters: BTreeMap::new(),
+        id: s.id,
+        name: s.name,
+        source_volume_id: s.resource_id,
+    };
+    ProviderSnapshot {
+        record,
+        ready: true,
     }
 }
 
@@ -94,68 +112,11 @@ fn gigabytes(bytes: i64) -> u64 {
     (bytes.max(0) as u64).div_ceil(GIB).max(1)
 }
 
-fn snapshot_view(s: api::Snapshot) -> ProviderSnapshot {
-    let created = api::parse_rfc3339(&s.created_at)
-        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-        .map_or(0, |d| d.as_nanos() as i128);
-    let block = s.tags.iter().any(|t| t == BLOCK_TAG);
-    ProviderSnapshot {
-        ready: true,
-        record: SnapshotRecord {
-            size_bytes: s.min_disk_size.saturating_mul(GIB) as i64,
-            access: if block { Access::Block } else { Access::Mount },
-            created_unix_nanos: created,
-            group_snapshot_id: None,
-            parameters: BTreeMap::new(),
-            id: s.id,
-            name: s.name,
-            source_volume_id: s.resource_id,
-        },
-    }
-}
-
-/// `max_entries` items (0: all) from offset `token`, read in the
-/// provider's largest pages; the next token is the next offset.
-async fn window<T, Fut>(
-    token: &str,
-    max_entries: i32,
-    fetch: impl Fn(PageRequest) -> Fut,
-) -> BackendResult<ProviderPage<T>>
-where
-    Fut: Future<Output = Result<api::Page<T>, ProviderError>>,
-{
-    let offset: usize = match token {
-        "" => 0,
-        t => t.parse().map_err(|_| {
-            CsiError::Aborted(format!("starting_token {t:?} is not one this plugin gave"))
-        })?,
-    };
-    let want = usize::try_from(max_entries)
-        .ok()
-        .filter(|&n| n > 0)
-        .unwrap_or(usize::MAX);
-    let per = api::MAX_PER_PAGE as usize;
-    let (mut page, mut skip) = ((offset / per) as u32 + 1, offset % per);
-    let mut entries = Vec::new();
-    loop {
-        let got = fetch(PageRequest {
-            page,
-            per_page: per as u32,
-        })
-        .await?;
-        entries.extend(got.items.into_iter().skip(skip));
-        skip = 0;
-        if entries.len() >= want || got.next_page.is_none() {
-            entries.truncate(want);
-            let end = offset + entries.len();
-            let more = (end as u64) < got.total;
-            let next_token = if more { end.to_string() } else { String::new() };
-            return Ok(ProviderPage {
-                entries,
-                next_token,
-            });
-        }
-        page += 1;
+/// A thing that is gone is `None`.
+fn found<T>(r: Result<T, ProviderError>) -> BackendResult<Option<T>> {
+    match r {
+        Err(e) if e.is_not_found() => Ok(None),
+        r => Ok(Some(r?)),
     }
 }
 
@@ -168,41 +129,36 @@ fn taken_is_transient(e: ProviderError) -> BackendError {
     }
 }
 
-/// An action that has not completed yet: retried (polled) by the service.
+/// An action that has not completed: retried (polled) by the service.
 fn running(what: &str, a: &api::Action) -> BackendError {
     let why = a.error.as_deref().unwrap_or("running");
     BackendError::transient(format!("{what} (action {}): {why}", a.id))
 }
 
-impl From<ProviderError> for BackendError {
-    fn from(e: ProviderError) -> Self {
-        let message = e.to_string();
-        if e.is_transient() {
-            let retry_after = e.retry_after();
-            return BackendError::Transient {
-                message,
-                retry_after,
-            };
-        }
-        match e {
-            ProviderError::NotFound { .. } => BackendError::NotFound(message),
-            ProviderError::Unauthorized { .. } => BackendError::Unauthorized(message),
-            ProviderError::Garbage { .. } => BackendError::Malformed(message),
-            ProviderError::Invalid { .. } => BackendError::InvalidArgument {
-                field: "request".into(),
-                reason: message,
-            },
-            ProviderError::Conflict { kind, .. } => match kind {
-                ConflictKind::ActionInProgress { .. } => BackendError::transient(message),
-                ConflictKind::AttachLimit => BackendError::Exhausted(message),
-                ConflictKind::AttachedElsewhere { .. } | ConflictKind::VolumeAttached => {
-                    BackendError::Csi(CsiError::FailedPrecondition(message))
-                }
-                _ => BackendError::Conflict(message),
-            },
-            _ => BackendError::transient(message),
-        }
-    }
+/// A page of a list from CSI's token (an offset) and `max_entries`.
+async fn page<T, U, Fut>(
+    token: &str,
+    max_entries: i32,
+    fetch: impl Fn(PageRequest) -> Fut,
+    view: impl Fn(T) -> U,
+) -> BackendResult<ProviderPage<U>>
+where
+    Fut: Future<Output = Result<api::Page<T>, ProviderError>>,
+{
+    let offset = match token {
+        "" => 0,
+        t => t.parse().map_err(|_| {
+            CsiError::Aborted(format!("starting_token {t:?} is not one this plugin gave"))
+        })?,
+    };
+    let want = usize::try_from(max_entries).ok().filter(|&n| n > 0);
+    let (items, next) = read_window(offset, want.unwrap_or(usize::MAX), fetch).await?;
+    let entries = items.into_iter().map(view).collect();
+    let next_token = next.map_or_else(String::new, |n| n.to_string());
+    Ok(ProviderPage {
+        entries,
+        next_token,
+    })
 }
 
 #[async_trait]
@@ -217,21 +173,20 @@ impl ControllerBackend for CloudController {
             None => None,
         };
         let tags = (volume.parameters.get("tags").into_iter())
-            .flat_map(|t| t.split(','))
-            .map(str::trim)
-            .filter(|t| !t.is_empty())
+            .flat_map(|t| t.split(',').map(str::trim).filter(|t| !t.is_empty()))
             .map(str::to_owned)
             .collect();
         let meta = Meta {
             block: volume.access == Access::Block,
             parameters: volume.parameters.clone(),
         };
-        let req = CreateVolumeRequest {
+        let description =
+            serde_json::to_string(&meta).map_err(|e| CsiError::Internal(e.to_string()))?;
+        let req = api::CreateVolumeRequest {
             name: volume.name.clone(),
             size_gigabytes: gigabytes(volume.capacity_bytes),
             region: Some(self.region.clone()),
-            description: serde_json::to_string(&meta)
-                .map_err(|e| CsiError::Internal(e.to_string()))?,
+            description,
             snapshot_id,
             tags,
         };
@@ -240,16 +195,12 @@ impl ControllerBackend for CloudController {
             .create_volume(&req)
             .await
             .map_err(taken_is_transient)?;
-        *volume = self.view(made).record;
+        *volume = volume_view(made).record;
         Ok(())
     }
 
     async fn delete_volume(&self, id: &str) -> BackendResult<bool> {
-        match self.client.delete_volume(id).await {
-            Ok(()) => Ok(true),
-            Err(e) if e.is_not_found() => Ok(false),
-            Err(e) => Err(e.into()),
-        }
+        Ok(found(self.client.delete_volume(id).await)?.is_some())
     }
 
     fn catalog(&self) -> Option<&dyn VolumeCatalog> {
@@ -272,41 +223,38 @@ impl ControllerBackend for CloudController {
 #[async_trait]
 impl VolumeCatalog for CloudController {
     async fn volume_by_name(&self, name: &str) -> BackendResult<Option<ProviderVolume>> {
+        let name = Some(name.to_owned());
         let filter = VolumeFilter {
-            name: Some(name.to_owned()),
+            name,
             region: Some(self.region.clone()),
         };
         let found = self
             .client
             .list_volumes(&filter, PageRequest::default())
             .await?;
-        Ok(found.items.into_iter().next().map(|v| self.view(v)))
+        Ok(found.items.into_iter().next().map(volume_view))
     }
 
     async fn volume(&self, id: &str) -> BackendResult<Option<ProviderVolume>> {
-        match self.client.get_volume(id).await {
-            Ok(v) => Ok(Some(self.view(v))),
-            Err(e) if e.is_not_found() => Ok(None),
-            Err(e) => Err(e.into()),
-        }
+        Ok(found(self.client.get_volume(id).await)?.map(volume_view))
     }
 
     async fn list_volumes(
         &self,
-        starting_token: &str,
-        max_entries: i32,
+        token: &str,
+        max: i32,
     ) -> BackendResult<ProviderPage<ProviderVolume>> {
         let filter = VolumeFilter {
             name: None,
             region: Some(self.region.clone()),
         };
-        let fetch = |page| self.client.list_volumes(&filter, page);
-        let found = window(starting_token, max_entries, fetch).await?;
-        let entries = found.entries.into_iter().map(|v| self.view(v)).collect();
-        Ok(ProviderPage {
-            entries,
-            next_token: found.next_token,
-        })
+        page(
+            token,
+            max,
+            |p| self.client.list_volumes(&filter, p),
+            volume_view,
+        )
+        .await
     }
 
     async fn snapshot_by_name(&self, name: &str) -> BackendResult<Option<ProviderSnapshot>> {
@@ -322,30 +270,27 @@ impl VolumeCatalog for CloudController {
     }
 
     async fn snapshot(&self, id: &str) -> BackendResult<Option<ProviderSnapshot>> {
-        match self.client.get_snapshot(id).await {
-            Ok(s) => Ok(Some(snapshot_view(s))),
-            Err(e) if e.is_not_found() => Ok(None),
-            Err(e) => Err(e.into()),
-        }
+        Ok(found(self.client.get_snapshot(id).await)?.map(snapshot_view))
     }
 
     async fn list_snapshots(
         &self,
         source_volume_id: &str,
-        starting_token: &str,
-        max_entries: i32,
+        token: &str,
+        max: i32,
     ) -> BackendResult<ProviderPage<ProviderSnapshot>> {
+        let resource_id = Some(source_volume_id.to_owned()).filter(|s| !s.is_empty());
         let filter = SnapshotFilter {
             name: None,
-            resource_id: (!source_volume_id.is_empty()).then(|| source_volume_id.to_owned()),
+            resource_id,
         };
-        let fetch = |page| self.client.list_snapshots(&filter, page);
-        let found = window(starting_token, max_entries, fetch).await?;
-        let entries = found.entries.into_iter().map(snapshot_view).collect();
-        Ok(ProviderPage {
-            entries,
-            next_token: found.next_token,
-        })
+        page(
+            token,
+            max,
+            |p| self.client.list_snapshots(&filter, p),
+            snapshot_view,
+        )
+        .await
     }
 }
 
@@ -353,9 +298,10 @@ impl VolumeCatalog for CloudController {
 impl SnapshotBackend for CloudController {
     async fn create_snapshot(&self, snapshot: &mut SnapshotRecord) -> BackendResult<()> {
         let block = snapshot.access == Access::Block;
-        let req = CreateSnapshotRequest {
+        let tags = block.then(|| BLOCK_TAG.to_owned()).into_iter().collect();
+        let req = api::CreateSnapshotRequest {
             name: snapshot.name.clone(),
-            tags: block.then(|| BLOCK_TAG.to_owned()).into_iter().collect(),
+            tags,
         };
         let made = (self
             .client
@@ -370,11 +316,7 @@ impl SnapshotBackend for CloudController {
     }
 
     async fn delete_snapshot(&self, id: &str) -> BackendResult<bool> {
-        match self.client.delete_snapshot(id).await {
-            Ok(()) => Ok(true),
-            Err(e) if e.is_not_found() => Ok(false),
-            Err(e) => Err(e.into()),
-        }
+        Ok(found(self.client.delete_snapshot(id).await)?.is_some())
     }
 }
 
@@ -403,7 +345,7 @@ impl AttachBackend for CloudController {
         &self,
         volume: &VolumeRecord,
         node: &str,
-        _readonly: bool,
+        _ro: bool,
     ) -> BackendResult<AttachState> {
         let attached = AttachState::Attached(publish_context(&volume.id, volume.access));
         match self.client.attach(&volume.id, node).await {
@@ -420,47 +362,40 @@ impl AttachBackend for CloudController {
 
     async fn attachment(&self, id: &str, node: &str) -> BackendResult<Option<AttachState>> {
         // Actions first: one that ends meanwhile shows in the volume read next.
-        let actions = match self
+        let actions = self
             .client
             .list_volume_actions(id, PageRequest::default())
-            .await
-        {
-            Ok(page) => page.items,
-            Err(e) if e.is_not_found() => return Ok(None),
-            Err(e) => return Err(e.into()),
+            .await;
+        let Some(actions) = found(actions)? else {
+            return Ok(None);
         };
-        let running = actions.iter().any(|a| {
-            a.kind == ActionKind::Attach
-                && a.status == ActionStatus::InProgress
+        let running = actions.items.iter().any(|a| {
+            (a.kind, a.status) == (ActionKind::Attach, ActionStatus::InProgress)
                 && a.node_id.as_deref() == Some(node)
         });
         if running {
             return Ok(Some(AttachState::Attaching));
         }
-        let volume = match self.client.get_volume(id).await {
-            Ok(v) => self.view(v),
-            Err(e) if e.is_not_found() => return Ok(None),
-            Err(e) => return Err(e.into()),
+        let Some(volume) = found(self.client.get_volume(id).await)?.map(volume_view) else {
+            return Ok(None);
         };
-        let attached = volume.attached.contains_key(node);
-        Ok(attached.then(|| AttachState::Attached(publish_context(id, volume.record.access))))
+        let context = publish_context(id, volume.record.access);
+        Ok(volume
+            .attached
+            .contains_key(node)
+            .then_some(AttachState::Attached(context)))
     }
 
     async fn detach(&self, id: &str, node: &str) -> BackendResult<()> {
         let nodes = match node {
-            "" => match self.client.get_volume(id).await {
-                Ok(v) => v.node_ids,
-                Err(e) if e.is_not_found() => return Ok(()),
-                Err(e) => return Err(e.into()),
-            },
+            "" => found(self.client.get_volume(id).await)?.map_or_else(Vec::new, |v| v.node_ids),
             n => vec![n.to_owned()],
         };
         for node in nodes {
             match self.client.detach(id, &node).await {
                 Ok(a) if a.status == ActionStatus::Completed => {}
                 Ok(a) => return Err(running(&format!("detach of volume {id} from {node}"), &a)),
-                Err(e) if e.is_not_found() => {}
-                Err(e) if e.conflict() == Some(&ConflictKind::NotAttached) => {}
+                Err(e) if e.is_not_found() || e.conflict() == Some(&ConflictKind::NotAttached) => {}
                 Err(e) => return Err(e.into()),
             }
         }
