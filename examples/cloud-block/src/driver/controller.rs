@@ -25,6 +25,9 @@ pub const PARAMETERS: &[&str] = &["tags"];
 /// The snapshot tag saying its source was a block volume.
 const BLOCK_TAG: &str = "csi-kit:block";
 
+/// A page of the provider's volumes or snapshots.
+type Listed<T> = BackendResult<ProviderPage<T>>;
+
 /// What a volume's description holds.
 #[derive(Debug, Default, Serialize, Deserialize)]
 struct Meta {
@@ -97,19 +100,18 @@ fn snapshot_view(s: api::Snapshot) -> ProviderSnapshot {
 /// What ControllerPublish hands the node: the device's stable name and
 /// the access type (the node keeps no state of the controller's).
 fn publish_context(id: &str, access: Access) -> HashMap<String, String> {
-    let access = if access == Access::Block {
-        "block"
-    } else {
-        "mount"
-    };
-    HashMap::from([
-        (DEVICE_KEY.to_owned(), api::device_link_name(id)),
-        (ACCESS_KEY.to_owned(), access.to_owned()),
-    ])
+    let access = format!("{access:?}").to_lowercase();
+    let device = api::device_link_name(id);
+    HashMap::from([(DEVICE_KEY.into(), device), (ACCESS_KEY.into(), access)])
 }
 
 fn gigabytes(bytes: i64) -> u64 {
     (bytes.max(0) as u64).div_ceil(GIB).max(1)
+}
+
+/// The first page of a list.
+fn first() -> PageRequest {
+    PageRequest::default()
 }
 
 /// A thing that is gone is `None`.
@@ -174,35 +176,24 @@ impl ControllerBackend for CloudController {
         };
         let tags = (volume.parameters.get("tags").into_iter())
             .flat_map(|t| t.split(',').map(str::trim).filter(|t| !t.is_empty()))
-            .map(str::to_owned)
-            .collect();
-        let meta = Meta {
-            block: volume.access == Access::Block,
-            parameters: volume.parameters.clone(),
-        };
-        let description =
-            serde_json::to_string(&meta).map_err(|e| CsiError::Internal(e.to_string()))?;
+            .map(str::to_owned);
+        let (block, parameters) = (volume.access == Access::Block, volume.parameters.clone());
+        let description = serde_json::to_string(&Meta { block, parameters }).unwrap_or_default();
         let req = api::CreateVolumeRequest {
             name: volume.name.clone(),
             size_gigabytes: gigabytes(volume.capacity_bytes),
             region: Some(self.region.clone()),
             description,
             snapshot_id,
-            tags,
+            tags: tags.collect(),
         };
-        let made = self
-            .client
-            .create_volume(&req)
-            .await
-            .map_err(taken_is_transient)?;
-        *volume = volume_view(made).record;
+        let made = self.client.create_volume(&req).await;
+        *volume = volume_view(made.map_err(taken_is_transient)?).record;
         Ok(())
     }
-
     async fn delete_volume(&self, id: &str) -> BackendResult<bool> {
         Ok(found(self.client.delete_volume(id).await)?.is_some())
     }
-
     fn catalog(&self) -> Option<&dyn VolumeCatalog> {
         Some(self)
     }
@@ -223,74 +214,34 @@ impl ControllerBackend for CloudController {
 #[async_trait]
 impl VolumeCatalog for CloudController {
     async fn volume_by_name(&self, name: &str) -> BackendResult<Option<ProviderVolume>> {
-        let name = Some(name.to_owned());
-        let filter = VolumeFilter {
-            name,
-            region: Some(self.region.clone()),
-        };
-        let found = self
-            .client
-            .list_volumes(&filter, PageRequest::default())
-            .await?;
+        let (name, region) = (Some(name.to_owned()), Some(self.region.clone()));
+        let filter = VolumeFilter { name, region };
+        let found = self.client.list_volumes(&filter, first()).await?;
         Ok(found.items.into_iter().next().map(volume_view))
     }
-
     async fn volume(&self, id: &str) -> BackendResult<Option<ProviderVolume>> {
         Ok(found(self.client.get_volume(id).await)?.map(volume_view))
     }
-
-    async fn list_volumes(
-        &self,
-        token: &str,
-        max: i32,
-    ) -> BackendResult<ProviderPage<ProviderVolume>> {
-        let filter = VolumeFilter {
-            name: None,
-            region: Some(self.region.clone()),
-        };
-        page(
-            token,
-            max,
-            |p| self.client.list_volumes(&filter, p),
-            volume_view,
-        )
-        .await
+    async fn list_volumes(&self, token: &str, max: i32) -> Listed<ProviderVolume> {
+        let (name, region) = (None, Some(self.region.clone()));
+        let filter = VolumeFilter { name, region };
+        let fetch = |p| self.client.list_volumes(&filter, p);
+        page(token, max, fetch, volume_view).await
     }
-
     async fn snapshot_by_name(&self, name: &str) -> BackendResult<Option<ProviderSnapshot>> {
-        let filter = SnapshotFilter {
-            name: Some(name.to_owned()),
-            resource_id: None,
-        };
-        let found = self
-            .client
-            .list_snapshots(&filter, PageRequest::default())
-            .await?;
+        let (name, resource_id) = (Some(name.to_owned()), None);
+        let filter = SnapshotFilter { name, resource_id };
+        let found = self.client.list_snapshots(&filter, first()).await?;
         Ok(found.items.into_iter().next().map(snapshot_view))
     }
-
     async fn snapshot(&self, id: &str) -> BackendResult<Option<ProviderSnapshot>> {
         Ok(found(self.client.get_snapshot(id).await)?.map(snapshot_view))
     }
-
-    async fn list_snapshots(
-        &self,
-        source_volume_id: &str,
-        token: &str,
-        max: i32,
-    ) -> BackendResult<ProviderPage<ProviderSnapshot>> {
-        let resource_id = Some(source_volume_id.to_owned()).filter(|s| !s.is_empty());
-        let filter = SnapshotFilter {
-            name: None,
-            resource_id,
-        };
-        page(
-            token,
-            max,
-            |p| self.client.list_snapshots(&filter, p),
-            snapshot_view,
-        )
-        .await
+    async fn list_snapshots(&self, of: &str, token: &str, max: i32) -> Listed<ProviderSnapshot> {
+        let (name, resource_id) = (None, Some(of.to_owned()).filter(|s| !s.is_empty()));
+        let filter = SnapshotFilter { name, resource_id };
+        let fetch = |p| self.client.list_snapshots(&filter, p);
+        page(token, max, fetch, snapshot_view).await
     }
 }
 
@@ -299,22 +250,14 @@ impl SnapshotBackend for CloudController {
     async fn create_snapshot(&self, snapshot: &mut SnapshotRecord) -> BackendResult<()> {
         let block = snapshot.access == Access::Block;
         let tags = block.then(|| BLOCK_TAG.to_owned()).into_iter().collect();
-        let req = api::CreateSnapshotRequest {
-            name: snapshot.name.clone(),
-            tags,
-        };
-        let made = (self
-            .client
-            .create_snapshot(&snapshot.source_volume_id, &req)
-            .await)
-            .map_err(taken_is_transient)?;
-        let made = snapshot_view(made).record;
-        snapshot.id = made.id;
-        snapshot.size_bytes = made.size_bytes;
+        let (name, source) = (snapshot.name.clone(), &snapshot.source_volume_id);
+        let req = api::CreateSnapshotRequest { name, tags };
+        let made = self.client.create_snapshot(source, &req).await;
+        let made = snapshot_view(made.map_err(taken_is_transient)?).record;
+        (snapshot.id, snapshot.size_bytes) = (made.id, made.size_bytes);
         snapshot.created_unix_nanos = made.created_unix_nanos;
         Ok(())
     }
-
     async fn delete_snapshot(&self, id: &str) -> BackendResult<bool> {
         Ok(found(self.client.delete_snapshot(id).await)?.is_some())
     }
@@ -332,7 +275,6 @@ impl ExpandBackend for CloudController {
             a => Err(running(&format!("resize of volume {}", volume.id), &a)),
         }
     }
-
     /// A mount volume's filesystem is grown by the node too.
     fn node_expansion_required(&self, _access: Access) -> bool {
         true
@@ -341,32 +283,21 @@ impl ExpandBackend for CloudController {
 
 #[async_trait]
 impl AttachBackend for CloudController {
-    async fn attach(
-        &self,
-        volume: &VolumeRecord,
-        node: &str,
-        _ro: bool,
-    ) -> BackendResult<AttachState> {
-        let attached = AttachState::Attached(publish_context(&volume.id, volume.access));
-        match self.client.attach(&volume.id, node).await {
+    async fn attach(&self, v: &VolumeRecord, node: &str, _: bool) -> BackendResult<AttachState> {
+        let attached = AttachState::Attached(publish_context(&v.id, v.access));
+        match self.client.attach(&v.id, node).await {
             Ok(a) if a.status == ActionStatus::Completed => Ok(attached),
-            Ok(a) if a.status == ActionStatus::Errored => Err(running(
-                &format!("attach of volume {} to {node}", volume.id),
-                &a,
-            )),
+            Ok(a) if a.status == ActionStatus::Errored => {
+                Err(running(&format!("attach of {} to {node}", v.id), &a))
+            }
             Ok(_) => Ok(AttachState::Attaching),
             Err(e) if e.conflict() == Some(&ConflictKind::AlreadyAttached) => Ok(attached),
             Err(e) => Err(e.into()),
         }
     }
-
     async fn attachment(&self, id: &str, node: &str) -> BackendResult<Option<AttachState>> {
         // Actions first: one that ends meanwhile shows in the volume read next.
-        let actions = self
-            .client
-            .list_volume_actions(id, PageRequest::default())
-            .await;
-        let Some(actions) = found(actions)? else {
+        let Some(actions) = found(self.client.list_volume_actions(id, first()).await)? else {
             return Ok(None);
         };
         let running = actions.items.iter().any(|a| {
@@ -379,13 +310,9 @@ impl AttachBackend for CloudController {
         let Some(volume) = found(self.client.get_volume(id).await)?.map(volume_view) else {
             return Ok(None);
         };
-        let context = publish_context(id, volume.record.access);
-        Ok(volume
-            .attached
-            .contains_key(node)
-            .then_some(AttachState::Attached(context)))
+        let attached = AttachState::Attached(publish_context(id, volume.record.access));
+        Ok(volume.attached.contains_key(node).then_some(attached))
     }
-
     async fn detach(&self, id: &str, node: &str) -> BackendResult<()> {
         let nodes = match node {
             "" => found(self.client.get_volume(id).await)?.map_or_else(Vec::new, |v| v.node_ids),

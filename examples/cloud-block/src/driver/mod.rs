@@ -34,6 +34,8 @@ pub const TOPOLOGY_KEY: &str = "topology.cloud-block.csi-kit.dev/region";
 pub const DEVICE_KEY: &str = "device-name";
 /// Publish context key: `block` or `mount`.
 pub const ACCESS_KEY: &str = "access";
+/// Where the node keeps its record by default.
+const NODE_STATE_DIR: &str = "/var/lib/kubelet/plugins/cloud-block.csi.csi-kit.dev/node";
 /// Where the provider's token is in the environment.
 pub const TOKEN_ENV: &str = "CLOUD_PROVIDER_TOKEN";
 
@@ -60,10 +62,7 @@ pub struct Flags {
     #[arg(long, default_value = "/dev/disk/by-id")]
     pub device_dir: PathBuf,
     /// Where the node keeps its record of what it staged and published (node).
-    #[arg(
-        long,
-        default_value = "/var/lib/kubelet/plugins/cloud-block.csi.csi-kit.dev/node"
-    )]
+    #[arg(long, default_value = NODE_STATE_DIR)]
     pub statedir: PathBuf,
     /// Volumes this node may have attached (node; the provider's limit).
     #[arg(long, default_value_t = 7)]
@@ -73,26 +72,19 @@ pub struct Flags {
     pub device_timeout_secs: u64,
 }
 
-fn serves(mode: ServeMode, controller: bool) -> bool {
-    mode == ServeMode::Both || (mode == ServeMode::Controller) == controller
-}
-
 /// The controller service over the provider the flags name.
 pub fn controller(flags: &Flags) -> Result<ControllerService<CloudController>, String> {
     let url = (flags.provider_url.as_deref())
         .ok_or("--provider-url or CLOUD_PROVIDER_URL is required in controller mode")?;
-    let env_token = std::env::var(TOKEN_ENV).ok();
-    let token = Token::resolve(
-        env_token.as_deref(),
-        flags.provider_token_file.as_deref(),
-        TOKEN_ENV,
-    )
-    .map_err(|e| format!("the provider's token: {e}"))?;
+    let (env, file) = (std::env::var(TOKEN_ENV).ok(), &flags.provider_token_file);
+    let token = Token::resolve(env.as_deref(), file.as_deref(), TOKEN_ENV);
+    let token = token.map_err(|e| format!("the provider's token: {e}"))?;
     let client = HttpProvider::new(url, token).map_err(|e| format!("--provider-url: {e}"))?;
     let mut config = Config::new(flags.region.clone());
     config.topology_key = Some(TOPOLOGY_KEY.to_owned());
-    (config.default_size, config.mount_unit, config.block_unit) =
-        (GIB as i64, GIB as i64, GIB as i64);
+    // The provider's sizes are whole GiB.
+    let gib = GIB as i64;
+    (config.default_size, config.mount_unit, config.block_unit) = (gib, gib, gib);
     let backend = CloudController::new(Arc::new(client), flags.region.clone());
     ControllerService::without_store(config, backend)
 }
@@ -106,7 +98,8 @@ pub fn node(flags: &Flags) -> Result<NodeService<CloudNode>, String> {
         (Arc::new(LinuxMounter::new()), Arc::new(SystemExec::new()));
     let formatter = FormatAndMount(SafeFormatAndMount::new(mounter.clone(), exec.clone()));
     let timeout = std::time::Duration::from_secs(flags.device_timeout_secs);
-    let node = NodeService::builder(Arc::new(CloudNode::new(&flags.device_dir)), info, mounter)
+    let backend = Arc::new(CloudNode(flags.device_dir.clone()));
+    let node = NodeService::builder(backend, info, mounter)
         .volumes(|v| {
             v.device_timeout(timeout)
                 .filesystem_mount(Arc::new(formatter))
@@ -122,33 +115,27 @@ pub fn node(flags: &Flags) -> Result<NodeService<CloudNode>, String> {
 /// Serves what `--mode` says until SIGTERM or SIGINT.
 pub async fn run(flags: Flags) -> Result<(), String> {
     let socket = flags.statedir.join("csi.sock");
-    let server = flags
-        .common
-        .server(DRIVER_NAME, env!("CARGO_PKG_VERSION"), &socket)?;
+    let server = (flags.common).server(DRIVER_NAME, env!("CARGO_PKG_VERSION"), &socket)?;
     // GetPluginCapabilities describes the whole plugin, wherever it runs.
     let mut caps = Capabilities::new()
         .plugin(PluginService::ControllerService)
         .plugin(PluginService::VolumeAccessibilityConstraints)
         .volume_expansion(VolumeExpansion::Online);
     let mut server = server.mode(flags.mode).services_elsewhere(true);
-    if serves(flags.mode, true) {
+    if flags.mode != ServeMode::Node {
         let controller = controller(&flags)?;
         caps = controller.capabilities(caps);
         server = server.controller(Arc::new(controller));
     }
-    if serves(flags.mode, false) {
-        caps = caps.node([
-            NodeRpc::StageUnstageVolume,
-            NodeRpc::GetVolumeStats,
-            NodeRpc::ExpandVolume,
-            NodeRpc::SingleNodeMultiWriter,
-        ]);
+    if flags.mode != ServeMode::Controller {
+        use NodeRpc::*;
+        let rpcs = [StageUnstageVolume, GetVolumeStats, ExpandVolume];
+        caps = caps.node(rpcs).node([SingleNodeMultiWriter]);
         server = server.node(Arc::new(node(&flags)?));
     }
-    let server = server
-        .capabilities(caps)
-        .build()
-        .map_err(|e| e.to_string())?;
-    tracing::info!(endpoint = %server.endpoint(), mode = ?flags.mode, region = %flags.region, "cloud-block serving");
+    let server = server.capabilities(caps).build();
+    let server = server.map_err(|e| e.to_string())?;
+    let (endpoint, mode) = (server.endpoint(), flags.mode);
+    tracing::info!(%endpoint, ?mode, region = %flags.region, "cloud-block serving");
     server.serve().await.map_err(|e| e.to_string())
 }

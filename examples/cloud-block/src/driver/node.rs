@@ -18,19 +18,9 @@ use super::{ACCESS_KEY, DEVICE_KEY};
 /// mounted yet).
 pub const CRASH_ENV: &str = "CLOUD_BLOCK_CRASH_AT";
 
-/// The node's backend: attached devices under `device_dir`.
-pub struct CloudNode {
-    device_dir: PathBuf,
-}
-
-impl CloudNode {
-    /// Devices appear as `device_dir/<name from the publish context>`.
-    pub fn new(device_dir: impl Into<PathBuf>) -> Self {
-        CloudNode {
-            device_dir: device_dir.into(),
-        }
-    }
-}
+/// The node's backend: devices appear as `<.0>/<name from the publish
+/// context>`.
+pub struct CloudNode(pub PathBuf);
 
 impl VolumeLocator for CloudNode {
     fn source_in(
@@ -40,7 +30,7 @@ impl VolumeLocator for CloudNode {
     ) -> Result<Option<VolumeSource>, NodeError> {
         let name = contexts.publish(DEVICE_KEY)?;
         let field = format!("publish_context[{DEVICE_KEY}]");
-        let device = device_by_name(&self.device_dir, name, &field)?;
+        let device = device_by_name(&self.0, name, &field)?;
         Ok(Some(VolumeSource::Device(device)))
     }
 }
@@ -57,11 +47,11 @@ impl NodeBackend for CloudNode {
             return Ok(None);
         }
         contexts.publish(DEVICE_KEY)?;
-        let block = contexts
-            .publish_context
-            .get(ACCESS_KEY)
-            .is_some_and(|a| a == "block");
-        Ok(Some(VolumeInfo::new(block, 0)))
+        let access = contexts.publish_context.get(ACCESS_KEY);
+        Ok(Some(VolumeInfo::new(
+            access.is_some_and(|a| a == "block"),
+            0,
+        )))
     }
 }
 
