@@ -14,9 +14,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use cloud_block::cloud::Limits;
 use cloud_block::provider::{Config, Faults, Provider, cleanup};
-use cloud_block::token::Token;
-
-const TOKEN_ENV: &str = "CLOUD_PROVIDER_TOKEN";
+use cloud_block::token::{TOKEN_ENV, Token};
 
 /// A DigitalOcean-style block storage provider: volumes are sparse files,
 /// an attach is a loop device with a by-id link.

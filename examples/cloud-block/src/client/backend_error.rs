@@ -1,9 +1,9 @@
 //! [`ProviderError`] as csi-controller's [`BackendError`], so a controller
 //! backend over this client uses `?`: transient failures keep their
 //! Retry-After for the service's retries, and each conflict gets the code
-//! the spec gives its situation.
+//! the spec gives its situation; [`found`] reads a 404 as nothing.
 
-use csi_controller::BackendError;
+use csi_controller::{BackendError, BackendResult};
 use csi_driver::CsiError;
 
 use super::{ConflictKind, ProviderError};
@@ -39,6 +39,14 @@ impl From<ProviderError> for BackendError {
             // The transient kinds were answered above.
             _ => BackendError::transient(message),
         }
+    }
+}
+
+/// A thing that is gone is `None`.
+pub fn found<T>(r: Result<T, ProviderError>) -> BackendResult<Option<T>> {
+    match r {
+        Err(e) if e.is_not_found() => Ok(None),
+        r => Ok(Some(r?)),
     }
 }
 

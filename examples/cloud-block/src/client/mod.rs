@@ -23,10 +23,11 @@ mod fake;
 mod http;
 mod window;
 
+pub use backend_error::found;
 #[cfg(feature = "testing")]
 pub use fake::{FakeCall, FakeProvider};
 pub use http::HttpProvider;
-pub use window::read_window;
+pub use window::{page, read_window};
 
 /// Which rule of the provider a request ran into.
 #[derive(Debug, Clone, PartialEq, Eq)]

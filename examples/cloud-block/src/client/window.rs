@@ -2,6 +2,9 @@
 //! provider with numbered pages; a window is read in the provider's
 //! largest pages.
 
+use csi_controller::{BackendResult, ProviderPage};
+use csi_driver::CsiError;
+
 use crate::api::{MAX_PER_PAGE, Page, PageRequest};
 
 use super::ProviderError;
@@ -31,6 +34,33 @@ where
         }
         page += 1;
     }
+}
+
+/// A CSI page of the list `fetch` pages through: CSI's token is an
+/// offset (a bad one is ABORTED, as the spec says), `max_entries` 0 is all.
+pub async fn page<T, U, Fut>(
+    token: &str,
+    max_entries: i32,
+    fetch: impl Fn(PageRequest) -> Fut,
+    view: impl Fn(T) -> U,
+) -> BackendResult<ProviderPage<U>>
+where
+    Fut: Future<Output = Result<Page<T>, ProviderError>>,
+{
+    let offset = match token {
+        "" => 0,
+        t => t.parse().map_err(|_| {
+            CsiError::Aborted(format!("starting_token {t:?} is not one this plugin gave"))
+        })?,
+    };
+    let want = usize::try_from(max_entries).ok().filter(|&n| n > 0);
+    let (items, next) = read_window(offset, want.unwrap_or(usize::MAX), fetch).await?;
+    let entries = items.into_iter().map(view).collect();
+    let next_token = next.map_or_else(String::new, |n| n.to_string());
+    Ok(ProviderPage {
+        entries,
+        next_token,
+    })
 }
 
 #[cfg(test)]

@@ -12,16 +12,13 @@ use csi_controller::{
     ControllerBackend, ExpandBackend, ProviderPage, ProviderSnapshot, ProviderVolume,
     SnapshotBackend, SnapshotRecord, VolumeCatalog, VolumeRecord,
 };
-use csi_driver::{CsiError, async_trait};
+use csi_driver::async_trait;
 use serde::{Deserialize, Serialize};
 
 use super::{ACCESS_KEY, DEVICE_KEY, TOPOLOGY_KEY};
 use crate::api::{self, ActionKind, ActionStatus, GIB, PageRequest, SnapshotFilter, VolumeFilter};
-use crate::client::{ConflictKind, ProviderClient, ProviderError, read_window};
+use crate::client::{ConflictKind, ProviderClient, ProviderError, found, page};
 
-/// The CreateVolume parameters this driver takes: `tags`, comma-separated
-/// tags for the provider's volume.
-pub const PARAMETERS: &[&str] = &["tags"];
 /// The snapshot tag saying its source was a block volume.
 const BLOCK_TAG: &str = "csi-kit:block";
 
@@ -35,18 +32,12 @@ struct Meta {
     parameters: BTreeMap<String, String>,
 }
 
-/// The controller's backend: a provider client and the region it works in.
+/// The controller's backend: volumes are made in `region` through `client`.
 pub struct CloudController {
-    client: Arc<dyn ProviderClient>,
-    region: String,
-}
-
-impl CloudController {
-    /// Volumes are made in `region` through `client`.
-    pub fn new(client: Arc<dyn ProviderClient>, region: impl Into<String>) -> Self {
-        let region = region.into();
-        CloudController { client, region }
-    }
+    /// The provider's API.
+    pub client: Arc<dyn ProviderClient>,
+    /// Where volumes are made, and the topology segment's value.
+    pub region: String,
 }
 
 fn access(block: bool) -> Access {
@@ -109,17 +100,8 @@ fn gigabytes(bytes: i64) -> u64 {
     (bytes.max(0) as u64).div_ceil(GIB).max(1)
 }
 
-/// The first page of a list.
 fn first() -> PageRequest {
     PageRequest::default()
-}
-
-/// A thing that is gone is `None`.
-fn found<T>(r: Result<T, ProviderError>) -> BackendResult<Option<T>> {
-    match r {
-        Err(e) if e.is_not_found() => Ok(None),
-        r => Ok(Some(r?)),
-    }
 }
 
 /// A name taken by a create whose answer was lost: the service looks the
@@ -137,42 +119,13 @@ fn running(what: &str, a: &api::Action) -> BackendError {
     BackendError::transient(format!("{what} (action {}): {why}", a.id))
 }
 
-/// A page of a list from CSI's token (an offset) and `max_entries`.
-async fn page<T, U, Fut>(
-    token: &str,
-    max_entries: i32,
-    fetch: impl Fn(PageRequest) -> Fut,
-    view: impl Fn(T) -> U,
-) -> BackendResult<ProviderPage<U>>
-where
-    Fut: Future<Output = Result<api::Page<T>, ProviderError>>,
-{
-    let offset = match token {
-        "" => 0,
-        t => t.parse().map_err(|_| {
-            CsiError::Aborted(format!("starting_token {t:?} is not one this plugin gave"))
-        })?,
-    };
-    let want = usize::try_from(max_entries).ok().filter(|&n| n > 0);
-    let (items, next) = read_window(offset, want.unwrap_or(usize::MAX), fetch).await?;
-    let entries = items.into_iter().map(view).collect();
-    let next_token = next.map_or_else(String::new, |n| n.to_string());
-    Ok(ProviderPage {
-        entries,
-        next_token,
-    })
-}
-
 #[async_trait]
 impl ControllerBackend for CloudController {
     async fn create_volume(&self, volume: &mut VolumeRecord) -> BackendResult<()> {
+        // No clones reach here: the service refuses them (clones_volumes is false).
         let snapshot_id = match &volume.source {
             Some(ContentSource::Snapshot(id)) => Some(id.clone()),
-            Some(ContentSource::Volume(_)) => {
-                let why = "this plugin does not clone volumes";
-                return Err(CsiError::invalid("volume_content_source", why).into());
-            }
-            None => None,
+            _ => None,
         };
         let tags = (volume.parameters.get("tags").into_iter())
             .flat_map(|t| t.split(',').map(str::trim).filter(|t| !t.is_empty()))
@@ -207,7 +160,7 @@ impl ControllerBackend for CloudController {
         Some(self)
     }
     fn accepted_parameters(&self) -> Option<&[&str]> {
-        Some(PARAMETERS)
+        Some(&["tags"]) // comma-separated tags of the provider's volume
     }
 }
 

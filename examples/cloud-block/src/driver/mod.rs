@@ -1,9 +1,7 @@
-//! The `cloud-block` CSI driver: csi-controller's `ControllerService` over
-//! the provider's API ([`CloudController`]) and csi-node's `NodeService`
-//! over the devices its attaches make ([`CloudNode`]). The two halves
-//! share nothing but what the CO carries (volume and publish contexts), so
-//! they run as separate processes (`--mode controller`, `--mode node`) or
-//! together (`--mode both`, for `cargo run`).
+//! The `cloud-block` CSI driver: `ControllerService` over the provider's API
+//! ([`CloudController`]), `NodeService` over the devices it attaches
+//! ([`CloudNode`]). The halves share only what the CO carries, so they run
+//! apart (`--mode controller`, `--mode node`) or together (`--mode both`).
 
 mod controller;
 mod node;
@@ -15,16 +13,12 @@ use clap::Parser;
 use csi_controller::{Config, ControllerService};
 use csi_driver::{Capabilities, NodeRpc, PluginService, VolumeExpansion};
 use csi_node::{NodeInfo, NodeService};
-use csi_server::ServeMode;
-use csi_server::flags::DriverFlags;
+use csi_server::{ServeMode, flags::DriverFlags};
 use mount_utils::{LinuxMounter, Mounter, ResizeFs, SafeFormatAndMount, SystemExec};
 
-pub use controller::{CloudController, PARAMETERS};
-pub use node::{CRASH_ENV, CloudNode, FormatAndMount};
+pub use {controller::CloudController, node::CRASH_ENV, node::CloudNode, node::FormatAndMount};
 
-use crate::api::GIB;
-use crate::client::HttpProvider;
-use crate::token::Token;
+use crate::{api::GIB, client::HttpProvider, token::TOKEN_ENV, token::Token};
 
 /// The driver's default name (the CSIDriver object's).
 pub const DRIVER_NAME: &str = "cloud-block.csi.csi-kit.dev";
@@ -36,8 +30,6 @@ pub const DEVICE_KEY: &str = "device-name";
 pub const ACCESS_KEY: &str = "access";
 /// Where the node keeps its record by default.
 const NODE_STATE_DIR: &str = "/var/lib/kubelet/plugins/cloud-block.csi.csi-kit.dev/node";
-/// Where the provider's token is in the environment.
-pub const TOKEN_ENV: &str = "CLOUD_PROVIDER_TOKEN";
 
 /// The driver's flags. The provider's token comes from `CLOUD_PROVIDER_TOKEN`
 /// or `--provider-token-file`, never a flag (the process list shows flags).
@@ -85,7 +77,8 @@ pub fn controller(flags: &Flags) -> Result<ControllerService<CloudController>, S
     // The provider's sizes are whole GiB.
     let gib = GIB as i64;
     (config.default_size, config.mount_unit, config.block_unit) = (gib, gib, gib);
-    let backend = CloudController::new(Arc::new(client), flags.region.clone());
+    let (client, region) = (Arc::new(client), flags.region.clone());
+    let backend = CloudController { client, region };
     ControllerService::without_store(config, backend)
 }
 

@@ -13,9 +13,8 @@ use mount_utils::SafeFormatAndMount;
 
 use super::{ACCESS_KEY, DEVICE_KEY};
 
-/// In test builds, the node SIGKILLs itself where this environment
-/// variable says: `before-mount` (the device was waited for, nothing is
-/// mounted yet).
+/// In test builds the node SIGKILLs itself where this says: `before-mount`
+/// (after the device was waited for, before anything is mounted).
 pub const CRASH_ENV: &str = "CLOUD_BLOCK_CRASH_AT";
 
 /// The node's backend: devices appear as `<.0>/<name from the publish
@@ -23,12 +22,8 @@ pub const CRASH_ENV: &str = "CLOUD_BLOCK_CRASH_AT";
 pub struct CloudNode(pub PathBuf);
 
 impl VolumeLocator for CloudNode {
-    fn source_in(
-        &self,
-        _volume_id: &str,
-        contexts: &VolumeContexts,
-    ) -> Result<Option<VolumeSource>, NodeError> {
-        let name = contexts.publish(DEVICE_KEY)?;
+    fn source_in(&self, _: &str, c: &VolumeContexts) -> Result<Option<VolumeSource>, NodeError> {
+        let name = c.publish(DEVICE_KEY)?;
         let field = format!("publish_context[{DEVICE_KEY}]");
         let device = device_by_name(&self.0, name, &field)?;
         Ok(Some(VolumeSource::Device(device)))
@@ -38,20 +33,14 @@ impl VolumeLocator for CloudNode {
 impl NodeBackend for CloudNode {
     /// No contexts at all (nothing staged here) is an unknown volume;
     /// contexts without the device's name are an error naming the key.
-    fn volume_in(
-        &self,
-        _volume_id: &str,
-        contexts: &VolumeContexts,
-    ) -> Result<Option<VolumeInfo>, NodeError> {
-        if *contexts == VolumeContexts::default() {
+    fn volume_in(&self, _: &str, c: &VolumeContexts) -> Result<Option<VolumeInfo>, NodeError> {
+        if *c == VolumeContexts::default() {
             return Ok(None);
         }
-        contexts.publish(DEVICE_KEY)?;
-        let access = contexts.publish_context.get(ACCESS_KEY);
-        Ok(Some(VolumeInfo::new(
-            access.is_some_and(|a| a == "block"),
-            0,
-        )))
+        c.publish(DEVICE_KEY)?;
+        let access = c.publish_context.get(ACCESS_KEY);
+        let info = VolumeInfo::new(access.is_some_and(|a| a == "block"), 0);
+        Ok(Some(info))
     }
 }
 
