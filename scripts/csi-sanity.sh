@@ -4,10 +4,14 @@
 # size flags. hostpath in mount and block mode (attach on, an attach limit,
 # the state dir on its own loop-backed filesystem so group snapshots are
 # offered, snapshots on another filesystem), loop-block in mount and block
-# mode, and loop-block split (`loop-block-split:mount|block`: controller and
+# mode; loop-block split (`loop-block-split:mount|block`: controller and
 # node as two processes, csi-sanity on --csi.controllerendpoint and
-# --csi.endpoint). Everything happens in a private mount namespace and is
-# cleaned up (mounts, loop devices, sockets, processes) even on failure.
+# --csi.endpoint); cloud-block split (a cloud-provider process, the driver's
+# controller and node as two more processes: --csi.controllerendpoint and
+# --csi.endpoint) in mount and block mode, and again with the provider
+# injecting 20% transient errors and 100 ms latency (cloud-block-faults).
+# Everything happens in a private mount namespace and is cleaned up
+# (mounts, loop devices, sockets, processes) even on failure.
 #
 # Prints `csi-sanity <driver> <mode>: N passed, N failed, N skipped` per run
 # and exits non-zero if any run has a failure. Skips (exit 0, saying why)
@@ -15,8 +19,9 @@
 #
 # Environment: CSI_SANITY (the binary, default ../shared/tools/csi-sanity),
 # CSI_SANITY_RUNS (which runs, default "hostpath:mount hostpath:block
-# loop-block:mount loop-block:block loop-block-split:mount
-# loop-block-split:block"), CSI_SANITY_ARGS (extra csi-sanity
+# loop-block:mount loop-block:block loop-block-split:mount loop-block-split:block
+# cloud-block:mount cloud-block:block
+# cloud-block-faults:mount cloud-block-faults:block"), CSI_SANITY_ARGS (extra csi-sanity
 # flags, e.g. --ginkgo.focus=REGEX for one spec by hand).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -39,8 +44,13 @@ for tool in unshare losetup mkfs.ext4 mount umount; do
 done
 
 # The drivers as they are now (a no-op after scripts/test.sh built them).
+default_runs="hostpath:mount hostpath:block loop-block:mount loop-block:block loop-block-split:mount loop-block-split:block cloud-block:mount cloud-block:block cloud-block-faults:mount cloud-block-faults:block"
+runs=${CSI_SANITY_RUNS:-$default_runs}
 if [ -z "${CSI_SANITY_IN_NS:-}" ]; then
-  cargo build --quiet --example hostpath --example loop-block
+  case " $runs" in *" hostpath:"*|*" loop-block:"*)
+    cargo build --quiet --example hostpath --example loop-block ;;
+  esac
+  case " $runs" in *" cloud-block"*) cargo build --quiet -p cloud-block --bins ;; esac
 fi
 
 # Everything below runs in a private mount namespace (no mount can leak to
@@ -52,7 +62,6 @@ if [ -z "${CSI_SANITY_IN_NS:-}" ]; then
     --mount-proc bash "$0" "$@"
 fi
 
-runs=${CSI_SANITY_RUNS:-hostpath:mount hostpath:block loop-block:mount loop-block:block loop-block-split:mount loop-block-split:block}
 # Small volumes keep the block runs fast; sizes are the only flags we pass.
 size=$((64 << 20))
 expand=$((128 << 20))
@@ -62,20 +71,26 @@ work=$(mktemp -d /tmp/csi-sanity.XXXXXX)
 logs=$root/target/csi-sanity
 mkdir -p "$logs"
 driver_pid=
-# The controller process of a split run (the node is driver_pid).
-split_pid=
+# cloud-block's other processes (its controller, then the provider).
+other_pids=()
+
+stop_pid() {
+  local pid=$1
+  kill "$pid" 2>/dev/null || true
+  # A process that ignores SIGTERM for 10 s is killed.
+  for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  kill -9 "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+}
 
 stop_driver() {
   local pid
-  for pid in $driver_pid $split_pid; do
-    kill "$pid" 2>/dev/null || true
-    # A driver that ignores SIGTERM for 10 s is killed.
-    for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -9 "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
-  done
-  driver_pid=
-  split_pid=
+  if [ -n "$driver_pid" ]; then
+    stop_pid "$driver_pid"
+    driver_pid=
+  fi
+  for pid in "${other_pids[@]}"; do stop_pid "$pid"; done
+  other_pids=()
 }
 
 # Unmounts everything under $1 (deepest first) and detaches every loop
@@ -105,15 +120,57 @@ trap cleanup EXIT
 interrupted=
 trap 'interrupted=1' INT TERM
 
-# Waits for the driver's socket, or fails if the driver died.
+# Waits for a socket, or fails if its process ($2, default the driver) died.
 wait_socket() {
-  local sock=$1
+  local sock=$1 pid=${2:-$driver_pid}
   for _ in $(seq 300); do
     [ -S "$sock" ] && return 0
-    kill -0 "$driver_pid" 2>/dev/null || return 1
+    kill -0 "$pid" 2>/dev/null || return 1
     sleep 0.1
   done
   return 1
+}
+
+# cloud-block split: starts a cloud-provider (faults as $1 says), the
+# driver's controller (into other_pids) and its node (driver_pid) in $dir;
+# sets sanity_args' endpoints.
+start_cloud_block() {
+  local faults=$1 url line cb=target/debug/cloud-block
+  mkdir -p "$dir/cloud" "$dir/by-id" "$dir/node"
+  export CLOUD_PROVIDER_TOKEN=sanity-token
+  local fault_args=()
+  [ "$faults" = faults ] && fault_args=(--fault-error-rate 0.2 --fault-latency-ms 100)
+  coproc provider { target/debug/cloud-provider --listen 127.0.0.1:0 --data-dir "$dir/cloud" \
+    --device-dir "$dir/by-id" --node sanity-node --max-volumes-per-node 64 "${fault_args[@]}" \
+    --log warn 2>"$logs/$driver-$mode.provider.log"; }
+  other_pids+=("$provider_PID")
+  read -r -t 30 line <&"${provider[0]}" || return 1
+  url=${line#listening on }
+  "$cb" --mode controller --endpoint "unix://$dir/controller.sock" --provider-url "$url" \
+    --log warn >"$logs/$driver-$mode.controller.log" 2>&1 &
+  other_pids=("$!" "${other_pids[@]}")
+  wait_socket "$dir/controller.sock" "$!" || return 1
+  env -u CLOUD_PROVIDER_TOKEN "$cb" --mode node --endpoint "unix://$sock" --nodeid sanity-node \
+    --device-dir "$dir/by-id" --statedir "$dir/node" --max-volumes-per-node 64 --log warn \
+    >"$logs/$driver-$mode.driver.log" 2>&1 &
+  driver_pid=$!
+  sanity_args+=(--csi.controllerendpoint "$dir/controller.sock")
+}
+
+# loop-block split: starts its controller (--mode controller, its own
+# state dir, the disks in the data dir it shares with the node; into
+# other_pids) and waits for its socket; the node is then started as the
+# run's driver. Both get the same node id: the controller attaches to its
+# one node.
+start_loop_block_split() {
+  local log=$1 pid
+  mkdir -p "$dir/controller" "$dir/node" "$dir/data"
+  target/debug/examples/loop-block --mode controller --endpoint "unix://$dir/controller.sock" \
+    --statedir "$dir/controller" --datadir "$dir/data" --nodeid sanity-node \
+    --attach-limit "$attach_limit" --log warn >"$log" 2>&1 &
+  pid=$!
+  other_pids+=("$pid")
+  wait_socket "$dir/controller.sock" "$pid"
 }
 
 # A dedicated ext4 filesystem on a loop device (autoclear: it detaches when
@@ -122,25 +179,6 @@ make_fs() {
   local img=$1 dir=$2
   truncate -s 1G "$img" && mkfs.ext4 -q -F "$img" && mkdir -p "$dir" &&
     mount -o loop "$img" "$dir"
-}
-
-# loop-block split: starts its controller (--mode controller, its own
-# state dir, the disks in the data dir it shares with the node) and waits
-# for its socket; the node is then started as the run's driver. Both get
-# the same node id: the controller attaches to its one node.
-start_loop_block_split() {
-  local dir=$1 log=$2
-  mkdir -p "$dir/controller" "$dir/node" "$dir/data"
-  target/debug/examples/loop-block --mode controller --endpoint "unix://$dir/controller.sock" \
-    --statedir "$dir/controller" --datadir "$dir/data" --nodeid sanity-node \
-    --attach-limit "$attach_limit" --log warn >"$log" 2>&1 &
-  split_pid=$!
-  for _ in $(seq 300); do
-    [ -S "$dir/controller.sock" ] && return 0
-    kill -0 "$split_pid" 2>/dev/null || return 1
-    sleep 0.1
-  done
-  return 1
 }
 
 status=0
@@ -171,7 +209,7 @@ for run in $runs; do
       ;;
     loop-block-split)
       bin=loop-block
-      if ! start_loop_block_split "$dir" "$logs/$driver-$mode.controller.log"; then
+      if ! start_loop_block_split "$logs/$driver-$mode.controller.log"; then
         echo "csi-sanity $driver $mode: the controller did not start (see $logs/$driver-$mode.controller.log)"
         status=1
         stop_driver
@@ -180,25 +218,37 @@ for run in $runs; do
       fi
       args=(--mode node --statedir "$dir/node" --datadir "$dir/data" --nodeid sanity-node)
       ;;
+    cloud-block|cloud-block-faults) ;;
     *) echo "csi-sanity: unknown driver $driver"; exit 2 ;;
   esac
   # A driver with an attach limit flag gets one, and the attach-limit spec.
-  if "target/debug/examples/$bin" --help | grep -q -- '--attach-limit'; then
+  if [ -x "target/debug/examples/$bin" ] &&
+     "target/debug/examples/$bin" --help | grep -q -- '--attach-limit'; then
     args+=(--attach-limit "$attach_limit")
   fi
+  run_size=$size run_expand=$expand
+  # The provider's sizes are whole GiB.
+  case "$driver" in cloud-block*) run_size=$((1 << 30)) run_expand=$((2 << 30)) ;; esac
   sanity_args=(--csi.endpoint "$sock" --csi.stagingdir "$dir/stage" --csi.mountdir "$dir/mnt"
-               --csi.testvolumesize "$size" --csi.testvolumeexpandsize "$expand"
+               --csi.testvolumesize "$run_size" --csi.testvolumeexpandsize "$run_expand"
                --csi.testnodevolumeattachlimit --ginkgo.no-color --ginkgo.v)
   [ "$mode" = block ] && sanity_args+=(--csi.testvolumeaccesstype block)
-  [ -n "$split_pid" ] && sanity_args+=(--csi.controllerendpoint "$dir/controller.sock")
+  [ "$driver" = loop-block-split ] && sanity_args+=(--csi.controllerendpoint "$dir/controller.sock")
   # shellcheck disable=SC2206 # word splitting is wanted for extra flags
   [ -n "${CSI_SANITY_ARGS:-}" ] && sanity_args+=(${CSI_SANITY_ARGS})
 
   log=$logs/$driver-$mode.log
-  "target/debug/examples/$bin" --endpoint "unix://$sock" "${args[@]}" --log warn \
-    >"$logs/$driver-$mode.driver.log" 2>&1 &
-  driver_pid=$!
-  if ! wait_socket "$sock"; then
+  started=1
+  case "$driver" in
+    cloud-block) start_cloud_block none || started= ;;
+    cloud-block-faults) start_cloud_block faults || started= ;;
+    *)
+      "target/debug/examples/$bin" --endpoint "unix://$sock" "${args[@]}" --log warn \
+        >"$logs/$driver-$mode.driver.log" 2>&1 &
+      driver_pid=$!
+      ;;
+  esac
+  if [ -z "$started" ] || ! wait_socket "$sock"; then
     echo "csi-sanity $driver $mode: the driver did not start (see $logs/$driver-$mode.driver.log)"
     status=1
     stop_driver

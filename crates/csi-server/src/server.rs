@@ -232,6 +232,7 @@ pub struct ServerBuilder {
     validation: bool,
     locking: bool,
     custom_layers: Vec<(Position, BoxLayer)>,
+    services_elsewhere: bool,
     #[cfg(feature = "metrics")]
     metrics: Option<std::net::SocketAddr>,
 }
@@ -256,6 +257,15 @@ impl ServerBuilder {
     /// The mode (default: [`ServeMode::Both`]).
     pub fn mode(mut self, mode: ServeMode) -> Self {
         self.mode = mode;
+        self
+    }
+
+    /// The plugin's other services run in another process (controller and
+    /// node apart): the service capabilities declared for them stay in
+    /// GetPluginCapabilities, which describes the whole plugin, so both
+    /// processes answer it alike (off by default: only what is served here).
+    pub fn services_elsewhere(mut self, on: bool) -> Self {
+        self.services_elsewhere = on;
         self
     }
 
@@ -459,9 +469,11 @@ impl ServerBuilder {
         let mut capabilities = self.capabilities;
         capabilities.check()?;
         // Service capabilities follow what this instance serves.
+        let elsewhere = |s| self.services_elsewhere && capabilities.has_plugin(s);
+        let controller_elsewhere = elsewhere(PluginService::ControllerService);
         capabilities.set_plugin(
             PluginService::ControllerService,
-            drivers.controller.is_some(),
+            drivers.controller.is_some() || controller_elsewhere,
         );
         capabilities.set_plugin(
             PluginService::GroupControllerService,
@@ -610,6 +622,7 @@ impl Server {
             validation: true,
             locking: true,
             custom_layers: Vec::new(),
+            services_elsewhere: false,
             #[cfg(feature = "metrics")]
             metrics: None,
         }

@@ -13,6 +13,8 @@
 //! - [`provider`]: the process: effects on files, loop devices and by-id
 //!   links, a crash-safe state file, the fault mode.
 //! - [`token`]: the bearer token, redacted in `Debug`.
+//! - [`driver`]: the `cloud-block` CSI driver on csi-controller's and
+//!   csi-node's services.
 //!
 //! ```
 //! # #[cfg(feature = "testing")]
@@ -31,5 +33,6 @@
 pub mod api;
 pub mod client;
 pub mod cloud;
+pub mod driver;
 pub mod provider;
 pub mod token;

@@ -7,6 +7,10 @@ use std::path::Path;
 #[derive(Clone, PartialEq, Eq)]
 pub struct Token(String);
 
+/// Where the provider and the driver's controller find the token in the
+/// environment.
+pub const TOKEN_ENV: &str = "CLOUD_PROVIDER_TOKEN";
+
 /// Why no token could be had.
 #[derive(Debug, thiserror::Error)]
 pub enum TokenError {

@@ -250,7 +250,10 @@ impl NodeVolumes {
                 VolumeSource::Device(path) => {
                     if let Some(dev) = self.find_device(&path)? {
                         out.ids.push(filesystem_on(&dev));
-                        out.ids.extend(view.bind_of(&dev.path)?);
+                        // Block publications bind the node behind a stable name.
+                        let node = super::device_node::device_node(&dev);
+                        out.ids
+                            .extend(view.bind_of(node.as_ref().unwrap_or(&dev.path))?);
                         out.attached = Some(dev);
                     }
                 }

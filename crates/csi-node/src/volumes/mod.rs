@@ -44,6 +44,7 @@ pub struct RestoreReport {
 const MAX_STACKED: usize = 16;
 
 mod condition;
+mod device_node;
 mod effects;
 mod filesystem;
 mod publish;

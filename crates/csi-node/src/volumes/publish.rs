@@ -66,11 +66,12 @@ impl NodeVolumes {
         };
         let source = match (staged, &staging, &located) {
             (Some(_), Some(_), _) if cap.is_block() => {
-                ids.device().map(|d| d.path.clone()).ok_or_else(|| {
+                let device = ids.device().ok_or_else(|| {
                     NodeError::failed_precondition(format!(
                         "the device of staged volume {vol} is no longer attached"
                     ))
-                })?
+                })?;
+                super::device_node::device_node(device)?
             }
             (Some(s), Some(_), _) => s.path.clone(),
             (_, None, Some(VolumeSource::Directory(dir))) if !cap.is_block() => dir.clone(),

@@ -14,9 +14,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use cloud_block::cloud::Limits;
 use cloud_block::provider::{Config, Faults, Provider, cleanup};
-use cloud_block::token::Token;
-
-const TOKEN_ENV: &str = "CLOUD_PROVIDER_TOKEN";
+use cloud_block::token::{TOKEN_ENV, Token};
 
 /// A DigitalOcean-style block storage provider: volumes are sparse files,
 /// an attach is a loop device with a by-id link.
@@ -48,6 +46,10 @@ struct Flags {
     /// Volumes one node may have attached.
     #[arg(long, default_value_t = 7)]
     max_volumes_per_node: usize,
+    /// The nodes volumes can be attached to (a cloud's machines); an attach
+    /// to another is 404. Empty: any node.
+    #[arg(long = "node", value_delimiter = ',')]
+    nodes: Vec<String>,
     /// Seed of the fault mode's randomness (reproducible runs).
     #[arg(long, default_value_t = 1)]
     fault_seed: u64,
@@ -93,6 +95,7 @@ fn run(flags: Flags) -> Result<(), Box<dyn std::error::Error>> {
             regions: flags.regions,
             max_size_gigabytes: flags.max_size_gigabytes,
             max_volumes_per_node: flags.max_volumes_per_node,
+            nodes: flags.nodes,
         },
         faults: flags.faults,
         fault_seed: flags.fault_seed,

@@ -17,13 +17,17 @@ use crate::api::{
     SnapshotFilter, Volume, VolumeFilter,
 };
 
+mod backend_error;
 #[cfg(feature = "testing")]
 mod fake;
 mod http;
+mod window;
 
+pub use backend_error::found;
 #[cfg(feature = "testing")]
 pub use fake::{FakeCall, FakeProvider};
 pub use http::HttpProvider;
+pub use window::{page, read_window};
 
 /// Which rule of the provider a request ran into.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -60,6 +60,9 @@ impl Cloud {
         match req.kind {
             ActionKind::Attach => {
                 let node = check_node(req.node_id.as_ref())?;
+                if !limits.nodes.is_empty() && !limits.nodes.iter().any(|n| n == node) {
+                    return Err(ApiError::not_found("node", node));
+                }
                 if volume.node_ids.iter().any(|n| n == node) {
                     return Err(ApiError::new(
                         422,

@@ -83,6 +83,9 @@ pub struct Limits {
     pub max_size_gigabytes: u64,
     /// Volumes one node may have attached (or attaching) at once.
     pub max_volumes_per_node: usize,
+    /// The nodes (a cloud's machines) volumes can be attached to; an
+    /// attach to another is 404. Empty: any node.
+    pub nodes: Vec<String>,
 }
 
 impl Default for Limits {
@@ -91,6 +94,7 @@ impl Default for Limits {
             regions: vec!["dev-1".to_owned()],
             max_size_gigabytes: 16 * 1024,
             max_volumes_per_node: 7,
+            nodes: Vec::new(),
         }
     }
 }

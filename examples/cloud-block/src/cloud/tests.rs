@@ -117,3 +117,24 @@ fn provider_ids_are_canonical_uuids_only() {
     assert!(!is_provider_id("../state.json"));
     assert!(!is_provider_id(&id(0xab).to_uppercase()));
 }
+
+#[test]
+fn attach_to_a_node_the_cloud_does_not_have_is_not_found() {
+    let mut cloud = Cloud::default();
+    let limits = Limits {
+        nodes: vec!["n1".into()],
+        ..Limits::default()
+    };
+    create(&mut cloud, "a", 1).unwrap();
+    let req = |node: &str| ActionRequest {
+        kind: ActionKind::Attach,
+        node_id: Some(node.into()),
+        size_gigabytes: None,
+    };
+    let e = (cloud.start_action(&limits, &id(1), &req("n9"), "t")).unwrap_err();
+    assert_eq!((e.status, e.body.id.as_str()), (404, error_id::NOT_FOUND));
+    assert!(e.body.message.contains("n9"), "{e:?}");
+    cloud
+        .start_action(&limits, &id(1), &req("n1"), "t")
+        .unwrap();
+}

@@ -1,0 +1,68 @@
+//! The node half: a [`NodeBackend`] whose volumes are the devices the
+//! provider attached, found by the stable name ControllerPublish put in
+//! the publish context; csi-node waits for them, formats them on first
+//! use (never again), mounts them or publishes them as block devices.
+
+use std::path::{Path, PathBuf};
+
+use csi_node::{
+    FilesystemMount, NodeBackend, NodeError, VolumeContexts, VolumeInfo, VolumeLocator,
+    VolumeSource, device_by_name,
+};
+use mount_utils::SafeFormatAndMount;
+
+use super::{ACCESS_KEY, DEVICE_KEY};
+
+/// In test builds the node SIGKILLs itself where this says: `before-mount`
+/// (after the device was waited for, before anything is mounted).
+pub const CRASH_ENV: &str = "CLOUD_BLOCK_CRASH_AT";
+
+/// The node's backend: devices appear as `<.0>/<name from the publish
+/// context>`.
+pub struct CloudNode(pub PathBuf);
+
+impl VolumeLocator for CloudNode {
+    fn source_in(&self, _: &str, c: &VolumeContexts) -> Result<Option<VolumeSource>, NodeError> {
+        let name = c.publish(DEVICE_KEY)?;
+        let field = format!("publish_context[{DEVICE_KEY}]");
+        let device = device_by_name(&self.0, name, &field)?;
+        Ok(Some(VolumeSource::Device(device)))
+    }
+}
+
+impl NodeBackend for CloudNode {
+    /// No contexts at all (nothing staged here) is an unknown volume;
+    /// contexts without the device's name are an error naming the key.
+    fn volume_in(&self, _: &str, c: &VolumeContexts) -> Result<Option<VolumeInfo>, NodeError> {
+        if *c == VolumeContexts::default() {
+            return Ok(None);
+        }
+        c.publish(DEVICE_KEY)?;
+        let access = c.publish_context.get(ACCESS_KEY);
+        let info = VolumeInfo::new(access.is_some_and(|a| a == "block"), 0);
+        Ok(Some(info))
+    }
+}
+
+/// Formats a new device and mounts it ([`SafeFormatAndMount`]), with the
+/// test builds' crash point in between.
+pub struct FormatAndMount(pub SafeFormatAndMount);
+
+impl FilesystemMount for FormatAndMount {
+    fn mount_filesystem(
+        &self,
+        device: &Path,
+        target: &Path,
+        fs_type: &str,
+        options: &[&str],
+        may_format: bool,
+    ) -> Result<(), NodeError> {
+        #[cfg(feature = "testing")]
+        if std::env::var(CRASH_ENV).is_ok_and(|at| at == "before-mount") {
+            tracing::warn!(device = %device.display(), "crashing before the mount ({CRASH_ENV})");
+            let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
+        }
+        self.0
+            .mount_filesystem(device, target, fs_type, options, may_format)
+    }
+}

@@ -1,0 +1,451 @@
+//! The `cloud-block` driver as the CO meets it: a `cloud-provider`
+//! process, the driver's controller and node as processes of their own
+//! (`--mode controller`, `--mode node`), spoken to over their sockets.
+//! Crashes are real SIGKILLs; attaches are real loop devices and links
+//! (root only). Every test leaves no process, mount, loop device or link.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use cloud_block::api::{PageRequest, VolumeFilter};
+use cloud_block::client::ProviderClient;
+use cloud_block::driver::CRASH_ENV;
+use common::{Dirs, Running, TOKEN, start};
+use csi_client::CsiClient;
+use csi_driver::v1::volume_capability::access_mode::Mode;
+use csi_driver::v1::*;
+use tonic::Code;
+
+const GIB: i64 = 1 << 30;
+const NODE: &str = "node-a";
+
+/// A driver process on its own socket in its own directory.
+struct Driver {
+    child: Child,
+    dir: PathBuf,
+    client: CsiClient,
+}
+
+impl Driver {
+    /// Starts `cloud-block --mode <mode>` with `args` (the node's state in
+    /// `dir/node`), in `dir` as its working directory.
+    async fn start(dir: &Path, mode: &str, args: &[&str], env: &[(&str, &str)]) -> Driver {
+        std::fs::create_dir_all(dir).unwrap();
+        let sock = dir.join(format!("{mode}.sock"));
+        let _ = std::fs::remove_file(&sock);
+        let log = std::fs::File::create(dir.join(format!("{mode}.log"))).unwrap();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_cloud-block"));
+        cmd.args(["--mode", mode, "--nodeid", NODE, "--log", "info"])
+            .arg(format!("--endpoint=unix://{}", sock.display()))
+            .arg("--statedir")
+            .arg(dir.join("node"))
+            .args(args)
+            .current_dir(dir)
+            .env_remove("CLOUD_PROVIDER_TOKEN")
+            .env_remove(CRASH_ENV)
+            .envs(env.iter().copied())
+            .stdout(Stdio::null())
+            .stderr(log);
+        let mut child = cmd.spawn().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !sock.exists() {
+            if let Some(status) = child.try_wait().unwrap() {
+                let log = std::fs::read_to_string(dir.join(format!("{mode}.log"))).unwrap();
+                panic!("cloud-block --mode {mode} exited with {status}:\n{log}");
+            }
+            assert!(Instant::now() < deadline, "no socket from --mode {mode}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let endpoint = format!("unix://{}", sock.display());
+        let client = CsiClient::connect(&endpoint).await.unwrap();
+        Driver {
+            child,
+            dir: dir.to_owned(),
+            client,
+        }
+    }
+
+    /// A controller on `provider`, with the token in the environment.
+    async fn controller(dir: &Path, provider: &Running) -> Driver {
+        let url = format!("--provider-url={}", provider.endpoint);
+        Driver::start(
+            dir,
+            "controller",
+            &[&url],
+            &[("CLOUD_PROVIDER_TOKEN", TOKEN)],
+        )
+        .await
+    }
+
+    /// A node whose devices appear in `dirs`' device directory.
+    async fn node(dir: &Path, dirs: &Dirs, env: &[(&str, &str)]) -> Driver {
+        let devices = format!("--device-dir={}", dirs.devices().display());
+        Driver::start(dir, "node", &[&devices, "--device-timeout-secs=2"], env).await
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Waits for the process to end by itself.
+    fn wait(&mut self) -> ExitStatus {
+        self.child.wait().unwrap()
+    }
+
+    fn log(&self, mode: &str) -> String {
+        std::fs::read_to_string(self.dir.join(format!("{mode}.log"))).unwrap_or_default()
+    }
+}
+
+impl Drop for Driver {
+    /// Killed outright: a SIGTERM would wait out the server's grace period
+    /// for this test's open connection, and the driver keeps nothing that
+    /// a kill could lose.
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn cap(block: bool, fs: &str) -> VolumeCapability {
+    let cap = if block {
+        VolumeCapability::block()
+    } else {
+        VolumeCapability::mount(fs)
+    };
+    cap.with_access_mode(Mode::SingleNodeWriter)
+}
+
+fn create_req(name: &str, block: bool) -> CreateVolumeRequest {
+    CreateVolumeRequest {
+        name: name.into(),
+        capacity_range: Some(CapacityRange {
+            required_bytes: GIB,
+            limit_bytes: 0,
+        }),
+        volume_capabilities: vec![cap(block, "ext4")],
+        ..Default::default()
+    }
+}
+
+async fn names_on(provider: &Running) -> Vec<String> {
+    let page = PageRequest {
+        page: 1,
+        per_page: 200,
+    };
+    let found = provider
+        .client()
+        .list_volumes(&VolumeFilter::default(), page)
+        .await;
+    let mut names: Vec<String> = found.unwrap().items.into_iter().map(|v| v.name).collect();
+    names.sort();
+    names
+}
+
+/// Whether anything is mounted at or under `path`.
+fn mounted_under(path: &Path) -> bool {
+    let path = path.to_string_lossy().into_owned();
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    info.lines()
+        .any(|l| l.split(' ').nth(4).is_some_and(|m| m.starts_with(&path)))
+}
+
+/// A scratch directory for the driver processes.
+fn scratch() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("cloud-block-test.")
+        .tempdir()
+        .unwrap()
+}
+
+#[tokio::test]
+#[ignore = "needs root: run by scripts/test.sh's root pass"]
+async fn a_controller_killed_during_creates_leaves_one_volume_per_name() {
+    let dirs = Dirs::new();
+    // Slow answers: the kill lands while creates are in flight.
+    let provider = start(&dirs, &["--fault-latency-ms", "300"]);
+    let scratch = scratch();
+    let dir = scratch.path().join("controller");
+    let mut controller = Driver::controller(&dir, &provider).await;
+    let names: Vec<String> = (0..10).map(|i| format!("pvc-crash-{i}")).collect();
+    let mut calls = Vec::new();
+    for name in names.iter().chain(names.iter()) {
+        let client = controller.client.clone();
+        let req = create_req(name, false);
+        calls.push(tokio::spawn(async move { client.call(req).await }));
+    }
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    controller.kill();
+    for call in calls {
+        // Answered before the kill, or cut off by it: either is fine.
+        let _ = call.await.unwrap();
+    }
+    // Restarted with nothing on disk: the provider is the source of truth.
+    let mut controller = Driver::controller(&dir, &provider).await;
+    let mut ids = HashMap::new();
+    for name in names.iter().chain(names.iter()) {
+        let volume = controller
+            .client
+            .call(create_req(name, false))
+            .await
+            .unwrap();
+        let id = volume.volume.unwrap().volume_id;
+        assert_eq!(ids.entry(name.clone()).or_insert(id.clone()), &id, "{name}");
+    }
+    let mut want = names.clone();
+    want.sort();
+    assert_eq!(
+        names_on(&provider).await,
+        want,
+        "exactly one volume per name"
+    );
+    let files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(
+        files
+            .iter()
+            .all(|f| f.to_string_lossy().starts_with("controller.")),
+        "the controller keeps no state: {files:?}"
+    );
+    for id in ids.values() {
+        let req = DeleteVolumeRequest {
+            volume_id: id.clone(),
+            secrets: Default::default(),
+        };
+        controller.client.call(req).await.unwrap();
+    }
+    assert!(names_on(&provider).await.is_empty());
+    controller.kill();
+    provider.stop();
+}
+
+/// Creates a volume and attaches it to the node: (volume, publish context).
+async fn attached(
+    controller: &Driver,
+    name: &str,
+    block: bool,
+) -> (Volume, HashMap<String, String>) {
+    let volume = controller
+        .client
+        .call(create_req(name, block))
+        .await
+        .unwrap();
+    let volume = volume.volume.unwrap();
+    let req = ControllerPublishVolumeRequest {
+        volume_id: volume.volume_id.clone(),
+        node_id: NODE.into(),
+        volume_capability: Some(cap(block, "ext4")),
+        volume_context: volume.volume_context.clone(),
+        ..Default::default()
+    };
+    let published = controller.client.call(req).await.unwrap();
+    (volume, published.publish_context)
+}
+
+async fn detach_and_delete(controller: &Driver, id: &str) {
+    let req = ControllerUnpublishVolumeRequest {
+        volume_id: id.into(),
+        node_id: NODE.into(),
+        secrets: Default::default(),
+    };
+    controller.client.call(req).await.unwrap();
+    let req = DeleteVolumeRequest {
+        volume_id: id.into(),
+        secrets: Default::default(),
+    };
+    controller.client.call(req).await.unwrap();
+}
+
+fn stage_req(
+    volume: &Volume,
+    context: &HashMap<String, String>,
+    staging: &Path,
+    fs: &str,
+) -> NodeStageVolumeRequest {
+    NodeStageVolumeRequest {
+        volume_id: volume.volume_id.clone(),
+        publish_context: context.clone(),
+        staging_target_path: staging.to_string_lossy().into(),
+        volume_capability: Some(cap(false, fs)),
+        volume_context: volume.volume_context.clone(),
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+#[ignore = "needs root: run by scripts/test.sh's root pass"]
+async fn a_node_killed_before_mounting_finishes_the_stage_when_retried() {
+    let dirs = Dirs::new();
+    let provider = start(&dirs, &[]);
+    let scratch = scratch();
+    let controller = Driver::controller(&scratch.path().join("controller"), &provider).await;
+    let node_dir = scratch.path().join("node");
+    let crash = [(CRASH_ENV, "before-mount")];
+    let mut node = Driver::node(&node_dir, &dirs, &crash).await;
+    let (volume, context) = attached(&controller, "pvc-node-crash", false).await;
+    let link = dirs.link(&volume.volume_id);
+    assert!(common::is_link(&link));
+
+    let staging = scratch.path().join("staging");
+    std::fs::create_dir(&staging).unwrap();
+    let req = stage_req(&volume, &context, &staging, "ext4");
+    assert!(
+        node.client.call(req.clone()).await.is_err(),
+        "the node died"
+    );
+    let status = node.wait();
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(
+        status.signal(),
+        Some(9),
+        "killed by its crash point: {status}"
+    );
+    assert!(node.log("node").contains("crashing before the mount"));
+    assert!(!mounted_under(&staging), "it crashed before mounting");
+
+    let node = Driver::node(&node_dir, &dirs, &[]).await;
+    node.client.call(req.clone()).await.unwrap();
+    assert!(mounted_under(&staging));
+    node.client.call(req).await.unwrap(); // a repeat is fine
+    let unstage = NodeUnstageVolumeRequest {
+        volume_id: volume.volume_id.clone(),
+        staging_target_path: staging.to_string_lossy().into(),
+    };
+    node.client.call(unstage).await.unwrap();
+    assert!(
+        !mounted_under(scratch.path()),
+        "NodeUnstage leaves no mount"
+    );
+    detach_and_delete(&controller, &volume.volume_id).await;
+    assert!(!common::is_link(&link), "no link left");
+    assert!(
+        dirs.loops_of(&volume.volume_id).is_empty(),
+        "no loop device left"
+    );
+    drop((node, controller));
+    provider.stop();
+}
+
+#[tokio::test]
+#[ignore = "needs root: run by scripts/test.sh's root pass"]
+async fn bad_input_gets_the_spec_code_and_names_what_is_wrong() {
+    let dirs = Dirs::new();
+    let provider = start(&dirs, &[]);
+    let scratch = scratch();
+    let controller = Driver::controller(&scratch.path().join("controller"), &provider).await;
+    let node = Driver::node(&scratch.path().join("node"), &dirs, &[]).await;
+    let staging = scratch.path().join("staging");
+    std::fs::create_dir(&staging).unwrap();
+
+    // Unknown parameters: INVALID_ARGUMENT naming the key.
+    let mut req = create_req("pvc-bad-param", false);
+    req.parameters.insert("fstype-typo".into(), "ext4".into());
+    let e = controller.client.call(req).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(
+        e.message().contains("parameters.fstype-typo"),
+        "{}",
+        e.message()
+    );
+
+    // A device that never appears: NOT_FOUND naming the device.
+    let gone = Volume {
+        volume_id: "00000000-0000-4000-8000-00000000dead".into(),
+        ..Default::default()
+    };
+    let name = cloud_block::api::device_link_name(&gone.volume_id);
+    let context = HashMap::from([("device-name".to_owned(), name.clone())]);
+    let e = node
+        .client
+        .call(stage_req(&gone, &context, &staging, "ext4"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound);
+    assert!(e.message().contains(&name), "{}", e.message());
+
+    // A publish context without the device's name: the error names the key.
+    let context = HashMap::from([("access".to_owned(), "mount".to_owned())]);
+    let e = node
+        .client
+        .call(stage_req(&gone, &context, &staging, "ext4"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(
+        e.message().contains("publish_context[device-name]"),
+        "{}",
+        e.message()
+    );
+
+    // A device holding another filesystem: FAILED_PRECONDITION, untouched.
+    let (volume, context) = attached(&controller, "pvc-ext2", false).await;
+    let device = std::fs::canonicalize(dirs.link(&volume.volume_id)).unwrap();
+    let made = Command::new("mkfs.ext2")
+        .arg("-q")
+        .arg(&device)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let e = node
+        .client
+        .call(stage_req(&volume, &context, &staging, "ext4"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{}", e.message());
+    let blkid = Command::new("blkid")
+        .args(["-o", "value", "-s", "TYPE"])
+        .arg(&device)
+        .output();
+    assert_eq!(
+        String::from_utf8_lossy(&blkid.unwrap().stdout).trim(),
+        "ext2",
+        "never reformatted"
+    );
+    assert!(!mounted_under(&staging));
+    detach_and_delete(&controller, &volume.volume_id).await;
+    assert!(names_on(&provider).await.is_empty());
+    drop((node, controller));
+    provider.stop();
+}
+
+#[tokio::test]
+#[ignore = "needs root: run by scripts/test.sh's root pass"]
+async fn a_provider_refusing_the_token_or_answering_garbage_gets_a_clear_error() {
+    let dirs = Dirs::new();
+    let provider = start(&dirs, &[]);
+    let scratch = scratch();
+    let url = format!("--provider-url={}", provider.endpoint);
+    let env = [("CLOUD_PROVIDER_TOKEN", "not-the-token")];
+    let dir = scratch.path().join("wrong-token");
+    let controller = Driver::start(&dir, "controller", &[&url], &env).await;
+    let e = controller
+        .client
+        .call(create_req("pvc-401", false))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Unauthenticated, "{}", e.message());
+    assert!(e.message().contains("401"), "{}", e.message());
+    assert!(!e.message().contains("not-the-token"));
+    assert!(!controller.log("controller").contains("not-the-token"));
+    drop(controller);
+
+    let controller = Driver::controller(&scratch.path().join("garbage"), &provider).await;
+    provider.set_faults(r#"{"garbage_next": 1000}"#);
+    let e = controller
+        .client
+        .call(create_req("pvc-garbage", false))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Internal, "{}", e.message());
+    assert!(e.message().contains("could not be read"), "{}", e.message());
+    provider.set_faults("{}");
+    assert!(names_on(&provider).await.is_empty(), "nothing recorded");
+    drop(controller);
+    provider.stop();
+}
