@@ -80,7 +80,21 @@ fi
 # The community's csi-sanity against both example drivers, as vendors run
 # it (it says so and skips when the binary is absent or we are not root).
 log "csi-sanity"
-bash scripts/csi-sanity.sh || status=1
+# The runs against a provider injecting latency and errors mostly wait, so
+# they go beside the others (each invocation has its own namespace, work
+# directory and provider port); their output follows the others'.
+faults=()
+for mode in mount block; do
+  CSI_SANITY_RUNS="cloud-block-faults:$mode" bash scripts/csi-sanity.sh \
+    > "target/csi-sanity-faults-$mode.out" 2>&1 &
+  faults+=("$!")
+done
+CSI_SANITY_RUNS="hostpath:mount hostpath:block loop-block:mount loop-block:block loop-block-split:mount loop-block-split:block cloud-block:mount cloud-block:block" \
+  bash scripts/csi-sanity.sh || status=1
+for i in 0 1; do
+  wait "${faults[$i]}" || status=1
+done
+cat target/csi-sanity-faults-mount.out target/csi-sanity-faults-block.out
 
 # Wire compatibility with the CSI v1.12.0 schema, when the checker is present.
 checker=../shared/tools/csi-schema-check
