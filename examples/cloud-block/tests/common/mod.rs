@@ -57,7 +57,7 @@ impl Dirs {
 impl Drop for Dirs {
     fn drop(&mut self) {
         // Not a panic: this also runs while a failed test unwinds.
-        if self.data().join("state.json").exists()
+        if self.data().join("state").exists()
             && let Err(e) = cloud_block::provider::cleanup(&self.data(), &self.devices())
         {
             eprintln!("cleaning up {}: {e}", self.data().display());
