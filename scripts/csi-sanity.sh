@@ -47,7 +47,7 @@ done
 default_runs="hostpath:mount hostpath:block loop-block:mount loop-block:block loop-block-split:mount loop-block-split:block cloud-block:mount cloud-block:block cloud-block-faults:mount cloud-block-faults:block"
 runs=${CSI_SANITY_RUNS:-$default_runs}
 if [ -z "${CSI_SANITY_IN_NS:-}" ]; then
-  case " $runs" in *" hostpath:"*|*" loop-block:"*)
+  case " $runs" in *" hostpath:"*|*" loop-block"*)
     cargo build --quiet --example hostpath --example loop-block ;;
   esac
   case " $runs" in *" cloud-block"*) cargo build --quiet -p cloud-block --bins ;; esac
