@@ -82,6 +82,5 @@ pub const TOPOLOGY_KEY: &str = "topology.hostpath.csi-kit.dev/node";
 
 /// clap value parser for sizes in bytes or with a suffix (10Gi).
 fn parse_size(text: &str) -> Result<i64, String> {
-    csi_kit::proto::size::parse_bytes(text)
-        .ok_or_else(|| format!("{text:?} is not a size like 10Gi"))
+    csi_proto::size::parse_bytes(text).ok_or_else(|| format!("{text:?} is not a size like 10Gi"))
 }
