@@ -16,7 +16,7 @@ pub struct Config {
     /// Where volumes, snapshots and the state file live.
     #[arg(long, default_value = "/var/lib/csi-hostpath")]
     pub statedir: PathBuf,
-    /// Where snapshots are kept (default: <statedir>/snapshots). On another
+    /// Where snapshots are kept (default: STATEDIR/snapshots). On another
     /// filesystem than a dedicated state dir, group snapshots are offered:
     /// they freeze the volumes' filesystem while copying (write-order
     /// consistency, which the spec requires of a group snapshot).
