@@ -11,10 +11,10 @@ use nix::sys::statvfs::fstatvfs;
 
 use crate::block::DeviceNumber;
 use crate::error::{MountError, is_corrupted_mount_errno};
-use crate::mounter::{MAX_STACKED_UNMOUNTS, Mounter};
+use crate::mounter::{MAX_STACKED_UNMOUNTS, MountArgs, Mounter};
 use crate::mountinfo::{MountInfo, containing_mount, parse_mountinfo, stacked_at};
 use crate::nofollow::{self, PinnedPath, absolute, fd_path};
-use crate::options::{MountOptions, RedactedOptions, Sensitive};
+use crate::options::{MountOptions, RedactedOptions};
 use crate::source::{FsUsage, MountSource};
 use crate::statmount;
 
@@ -111,16 +111,11 @@ impl LinuxMounter {
 }
 
 impl Mounter for LinuxMounter {
-    fn mount_sensitive(
-        &self,
-        source: &str,
-        target: &Path,
-        fstype: &str,
-        options: &[&str],
-        sensitive_options: &[Sensitive],
-    ) -> Result<(), MountError> {
+    fn mount_with(&self, args: &MountArgs<'_>) -> Result<(), MountError> {
+        let (source, target, fstype, options) =
+            (args.source, args.target, args.fstype, args.options);
         let opts = MountOptions::parse(options);
-        let shown = RedactedOptions::new(options, sensitive_options);
+        let shown = args.redacted_options();
         if opts.is_bind() && !opts.is_remount() {
             let extra = opts.flags - MsFlags::MS_BIND - MsFlags::MS_REC;
             self.bind(
@@ -144,7 +139,7 @@ impl Mounter for LinuxMounter {
             } else {
                 Some(CString::new(fstype).map_err(|_| nul_error("fstype"))?)
             };
-            let data = SecretBuf::build(&opts.data, sensitive_options)?;
+            let data = SecretBuf::build(&opts.data, args.sensitive_options)?;
             let pinned = PinnedPath::new(target).map_err(|e| enoent_as(e, mount_err))?;
             let tgt = pinned.open()?.ok_or_else(|| mount_err(Errno::ENOENT))?;
             tracing::debug!(source, target = ?target, fstype, options = %shown, "mount");

@@ -1,5 +1,6 @@
 use super::*;
 use crate::mountinfo::MountInfo;
+use crate::options::Sensitive;
 
 #[test]
 fn refs_match_device_and_root() {
