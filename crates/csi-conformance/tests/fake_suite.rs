@@ -113,43 +113,160 @@ async fn failure_of(fault: Fault, id: &str) -> (Report, String) {
     (report, text)
 }
 
-#[tokio::test]
-async fn wrong_code_for_missing_volume_is_caught() {
-    let (report, text) = failure_of(
-        Fault::WrongCodeForMissingVolume,
-        "controller.validate_volume_capabilities.missing_volume",
-    )
-    .await;
-    assert!(text.contains("ValidateVolumeCapabilities"), "{text}");
-    assert!(text.contains("expected: NOT_FOUND"), "{text}");
-    assert!(text.contains("actual:   INTERNAL"), "{text}");
-    assert!(
-        text.contains("request:  ValidateVolumeCapabilitiesRequest"),
-        "{text}"
-    );
-    for id in [
-        "controller.get_volume.missing_volume",
-        "controller.publish.missing_volume",
-        "controller.expand_volume.missing_volume",
-        "controller.modify_volume.missing_volume",
-        "node.expand_volume.missing_volume",
-    ] {
-        assert!(
-            matches!(report.get(id).unwrap().status, Status::Failed(_)),
-            "{id} should fail:\n{report}"
-        );
-    }
+/// A fault the suite must catch: the check meant to catch it, what that
+/// check's failure says, and the other checks that fail with it.
+struct Caught {
+    fault: Fault,
+    by: &'static str,
+    says: &'static [&'static str],
+    also: &'static [&'static str],
+    /// No check outside `by` and `also` may fail.
+    only: bool,
 }
 
+const CAUGHT: &[Caught] = &[
+    Caught {
+        fault: Fault::WrongCodeForMissingVolume,
+        by: "controller.validate_volume_capabilities.missing_volume",
+        says: &[
+            "ValidateVolumeCapabilities",
+            "expected: NOT_FOUND",
+            "actual:   INTERNAL",
+            "request:  ValidateVolumeCapabilitiesRequest",
+        ],
+        also: &[
+            "controller.get_volume.missing_volume",
+            "controller.publish.missing_volume",
+            "controller.expand_volume.missing_volume",
+            "controller.modify_volume.missing_volume",
+            "node.expand_volume.missing_volume",
+        ],
+        only: false,
+    },
+    Caught {
+        fault: Fault::NoPaging,
+        by: "controller.list_volumes.paging",
+        says: &["ListVolumes", "max_entries is 2"],
+        also: &["snapshot.list.paging"],
+        only: false,
+    },
+    Caught {
+        fault: Fault::NoTargetCleanup,
+        by: "node.publish.lifecycle",
+        says: &["NodeUnpublishVolume", "must delete the target_path"],
+        also: &[],
+        only: false,
+    },
+    Caught {
+        fault: Fault::NoRepeatTable,
+        by: "node.publish.repeat_table",
+        says: &[
+            "NodePublishVolume",
+            "expected: FAILED_PRECONDITION",
+            "actual:   OK",
+        ],
+        also: &[],
+        only: false,
+    },
+    // The answers csi-sanity expects, each fault caught by its own check.
+    Caught {
+        fault: Fault::StagingCheckedFirst,
+        by: "node.publish.missing_fields_without_staging",
+        says: &[
+            "NodePublishVolume",
+            "expected: INVALID_ARGUMENT",
+            "actual:   FAILED_PRECONDITION",
+        ],
+        also: &[],
+        only: true,
+    },
+    Caught {
+        fault: Fault::RelativeVolumePathInvalid,
+        by: "node.get_volume_stats.relative_path",
+        says: &[
+            "NodeGetVolumeStats",
+            "expected: NOT_FOUND",
+            "actual:   INVALID_ARGUMENT",
+        ],
+        also: &["node.expand_volume.relative_path"],
+        only: true,
+    },
+    Caught {
+        fault: Fault::AcceptsAnyMutableParameter,
+        by: "controller.create_volume.unaccepted_mutable_parameter",
+        says: &[
+            "CreateVolume",
+            "csi-conformance-unaccepted-key",
+            "actual:   OK",
+        ],
+        also: &["controller.modify_volume.unaccepted_parameter"],
+        only: true,
+    },
+    Caught {
+        fault: Fault::RequiresMutableParameters,
+        by: "controller.modify_volume.missing_volume",
+        says: &[
+            "expected: NOT_FOUND",
+            "actual:   INVALID_ARGUMENT",
+            "proto3",
+        ],
+        also: &["controller.modify_volume.empty_parameters"],
+        only: true,
+    },
+    Caught {
+        fault: Fault::RequiresSnapshotIds,
+        by: "group-controller.get.missing",
+        says: &[
+            "GetVolumeGroupSnapshot",
+            "expected: NOT_FOUND",
+            "snapshot_ids: []",
+        ],
+        also: &["group-controller.delete.missing"],
+        only: true,
+    },
+    Caught {
+        fault: Fault::NoAttachLimit,
+        by: "controller.publish.attach_limit",
+        says: &["ControllerPublishVolume", "expected: RESOURCE_EXHAUSTED"],
+        also: &[],
+        only: true,
+    },
+    // Nothing else depends on the authority: grpc-go style clients are fine.
+    Caught {
+        fault: Fault::StrictAuthority,
+        by: "general.any_authority",
+        says: &["PROTOCOL_ERROR", "grpc-java"],
+        also: &[],
+        only: true,
+    },
+];
+
 #[tokio::test]
-async fn missing_paging_is_caught() {
-    let (report, text) = failure_of(Fault::NoPaging, "controller.list_volumes.paging").await;
-    assert!(text.contains("ListVolumes"), "{text}");
-    assert!(text.contains("max_entries is 2"), "{text}");
-    assert!(matches!(
-        report.get("snapshot.list.paging").unwrap().status,
-        Status::Failed(_)
-    ));
+async fn each_fault_is_caught_by_its_check() {
+    for case in CAUGHT {
+        let (report, text) = failure_of(case.fault, case.by).await;
+        for said in case.says {
+            assert!(
+                text.contains(said),
+                "{:?}: {said:?} not in {text}",
+                case.fault
+            );
+        }
+        for id in case.also {
+            assert!(
+                matches!(report.get(id).unwrap().status, Status::Failed(_)),
+                "{:?}: {id} should fail:\n{report}",
+                case.fault
+            );
+        }
+        if case.only {
+            let mut want = [&[case.by], case.also].concat();
+            want.sort();
+            let mut failed: Vec<&str> = report.failures().map(|(r, _)| r.id.as_str()).collect();
+            failed.sort();
+            assert_eq!(failed, want, "{:?}:\n{report}", case.fault);
+        }
+    }
 }
 
 #[tokio::test]
@@ -195,116 +312,6 @@ async fn leaked_secrets_are_caught_without_echoing_them() {
     assert!(!report.to_junit_xml().contains(&markers[0]));
 }
 
-#[tokio::test]
-async fn leftover_target_path_is_caught() {
-    let (_, text) = failure_of(Fault::NoTargetCleanup, "node.publish.lifecycle").await;
-    assert!(text.contains("NodeUnpublishVolume"), "{text}");
-    assert!(text.contains("must delete the target_path"), "{text}");
-}
-
-#[tokio::test]
-async fn ignored_repeat_table_is_caught() {
-    let (_, text) = failure_of(Fault::NoRepeatTable, "node.publish.repeat_table").await;
-    assert!(text.contains("NodePublishVolume"), "{text}");
-    assert!(text.contains("expected: FAILED_PRECONDITION"), "{text}");
-    assert!(text.contains("actual:   OK"), "{text}");
-}
-
-/// The answers csi-sanity expects, each fault caught by its own check.
-#[tokio::test]
-async fn staging_rule_before_required_fields_is_caught() {
-    let (report, text) = failure_of(
-        Fault::StagingCheckedFirst,
-        "node.publish.missing_fields_without_staging",
-    )
-    .await;
-    assert!(text.contains("NodePublishVolume"), "{text}");
-    assert!(text.contains("expected: INVALID_ARGUMENT"), "{text}");
-    assert!(text.contains("actual:   FAILED_PRECONDITION"), "{text}");
-    assert_only_failures(&report, &["node.publish.missing_fields_without_staging"]);
-}
-
-#[tokio::test]
-async fn invalid_argument_for_a_relative_volume_path_is_caught() {
-    let (report, text) = failure_of(
-        Fault::RelativeVolumePathInvalid,
-        "node.get_volume_stats.relative_path",
-    )
-    .await;
-    assert!(text.contains("NodeGetVolumeStats"), "{text}");
-    assert!(text.contains("expected: NOT_FOUND"), "{text}");
-    assert!(text.contains("actual:   INVALID_ARGUMENT"), "{text}");
-    assert_only_failures(
-        &report,
-        &[
-            "node.get_volume_stats.relative_path",
-            "node.expand_volume.relative_path",
-        ],
-    );
-}
-
-#[tokio::test]
-async fn accepting_any_mutable_parameter_is_caught() {
-    let (report, text) = failure_of(
-        Fault::AcceptsAnyMutableParameter,
-        "controller.create_volume.unaccepted_mutable_parameter",
-    )
-    .await;
-    assert!(text.contains("CreateVolume"), "{text}");
-    assert!(text.contains("csi-conformance-unaccepted-key"), "{text}");
-    assert!(text.contains("actual:   OK"), "{text}");
-    assert_only_failures(
-        &report,
-        &[
-            "controller.create_volume.unaccepted_mutable_parameter",
-            "controller.modify_volume.unaccepted_parameter",
-        ],
-    );
-}
-
-#[tokio::test]
-async fn requiring_mutable_parameters_is_caught() {
-    let (report, text) = failure_of(
-        Fault::RequiresMutableParameters,
-        "controller.modify_volume.missing_volume",
-    )
-    .await;
-    assert!(text.contains("expected: NOT_FOUND"), "{text}");
-    assert!(text.contains("actual:   INVALID_ARGUMENT"), "{text}");
-    assert!(text.contains("proto3"), "{text}");
-    assert_only_failures(
-        &report,
-        &[
-            "controller.modify_volume.missing_volume",
-            "controller.modify_volume.empty_parameters",
-        ],
-    );
-}
-
-#[tokio::test]
-async fn requiring_snapshot_ids_is_caught() {
-    let (report, text) =
-        failure_of(Fault::RequiresSnapshotIds, "group-controller.get.missing").await;
-    assert!(text.contains("GetVolumeGroupSnapshot"), "{text}");
-    assert!(text.contains("expected: NOT_FOUND"), "{text}");
-    assert!(text.contains("snapshot_ids: []"), "{text}");
-    assert_only_failures(
-        &report,
-        &[
-            "group-controller.get.missing",
-            "group-controller.delete.missing",
-        ],
-    );
-}
-
-#[tokio::test]
-async fn an_unenforced_attach_limit_is_caught() {
-    let (report, text) = failure_of(Fault::NoAttachLimit, "controller.publish.attach_limit").await;
-    assert!(text.contains("ControllerPublishVolume"), "{text}");
-    assert!(text.contains("expected: RESOURCE_EXHAUSTED"), "{text}");
-    assert_only_failures(&report, &["controller.publish.attach_limit"]);
-}
-
 /// The configured mutable parameters are sent too, and must be accepted.
 #[tokio::test]
 async fn configured_mutable_parameters_are_used() {
@@ -340,24 +347,6 @@ async fn an_attach_limit_above_the_bound_is_skipped() {
         Status::Skipped(reason) => assert!(reason.contains("attach_limit_max (2)"), "{reason}"),
         other => panic!("{other:?}"),
     }
-}
-
-fn assert_only_failures(report: &Report, ids: &[&str]) {
-    let mut failed: Vec<&str> = report.failures().map(|(r, _)| r.id.as_str()).collect();
-    failed.sort();
-    let mut want = ids.to_vec();
-    want.sort();
-    assert_eq!(failed, want, "{report}");
-}
-
-#[tokio::test]
-async fn a_server_resetting_socket_path_authorities_is_caught() {
-    let (report, text) = failure_of(Fault::StrictAuthority, "general.any_authority").await;
-    assert!(text.contains("PROTOCOL_ERROR"), "{text}");
-    assert!(text.contains("grpc-java"), "{text}");
-    // Nothing else depends on the authority: grpc-go style clients are fine.
-    let failures: Vec<_> = report.failures().map(|(r, _)| r.id.as_str()).collect();
-    assert_eq!(failures, ["general.any_authority"], "{report}");
 }
 
 #[tokio::test]

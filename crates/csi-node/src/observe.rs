@@ -4,7 +4,7 @@
 //! name a tmpfs `/dev/loop3`).
 
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
 use mount_utils::{DeviceNumber, MountInfo, MountSource};
 
@@ -225,19 +225,7 @@ pub fn resolve(path: &Path) -> PathBuf {
 }
 
 /// Lexical normalisation: drops `.` and trailing `/`, resolves `..`.
-pub fn normalize(path: &Path) -> PathBuf {
-    let mut out = PathBuf::new();
-    for c in path.components() {
-        match c {
-            Component::CurDir => {}
-            Component::ParentDir => {
-                out.pop();
-            }
-            other => out.push(other.as_os_str()),
-        }
-    }
-    out
-}
+pub use mount_utils::nofollow::normalize;
 
 /// Whether `path`, after symlinks (this only looks), is a block device
 /// node of `device`.

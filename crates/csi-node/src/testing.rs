@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use mount_utils::{
     DeviceNumber, FakeBlockDevices, FakeLoopAction, FakeLoopDevices, FakeMounter, FsUsage,
-    MountError, MountInfo, MountSource, Mounter, Sensitive,
+    MountArgs, MountError, MountInfo, MountSource, Mounter,
 };
 
 use crate::observe::normalize;
@@ -167,16 +167,8 @@ impl<M: Mounter + ?Sized> FakeCountingMounter<M> {
 }
 
 impl<M: Mounter + ?Sized> Mounter for FakeCountingMounter<M> {
-    fn mount_sensitive(
-        &self,
-        source: &str,
-        target: &Path,
-        fstype: &str,
-        options: &[&str],
-        sensitive: &[Sensitive],
-    ) -> Result<(), MountError> {
-        self.inner
-            .mount_sensitive(source, target, fstype, options, sensitive)
+    fn mount_with(&self, args: &MountArgs<'_>) -> Result<(), MountError> {
+        self.inner.mount_with(args)
     }
     fn bind_mount(&self, source: &Path, target: &Path, read_only: bool) -> Result<(), MountError> {
         self.inner.bind_mount(source, target, read_only)

@@ -17,8 +17,8 @@ use csi_node::{
 use csi_proto::v1::volume_capability::access_mode::Mode;
 use csi_store::{CodecId, MemStore, RawRecord, RecordStore};
 use mount_utils::{
-    DeviceNumber, Errno, ExecOutput, FakeAction, FakeExec, FakeOp, FsUsage, LoopOptions,
-    MountError, MountInfo, MountSource, Mounter, SafeFormatAndMount, Sensitive,
+    DeviceNumber, Errno, ExecOutput, FakeAction, FakeExec, FakeOp, FsUsage, LoopOptions, MountArgs,
+    MountError, MountInfo, MountSource, Mounter, SafeFormatAndMount,
 };
 use tonic::Code;
 
@@ -292,22 +292,13 @@ impl Twisted {
 }
 
 impl Mounter for Twisted {
-    fn mount_sensitive(
-        &self,
-        source: &str,
-        target: &Path,
-        fstype: &str,
-        options: &[&str],
-        sensitive: &[Sensitive],
-    ) -> Result<(), MountError> {
-        let mut options = options.to_vec();
+    fn mount_with(&self, args: &MountArgs<'_>) -> Result<(), MountError> {
+        let mut options = args.options.to_vec();
         if matches!(self.twist, Twist::IgnoreReadOnly) {
             options.retain(|o| *o != "ro");
         }
-        self.after(
-            self.host
-                .mount_sensitive(source, target, fstype, &options, sensitive),
-        )
+        let options = &options;
+        self.after(self.host.mount_with(&MountArgs { options, ..*args }))
     }
     fn bind_mount(&self, source: &Path, target: &Path, read_only: bool) -> Result<(), MountError> {
         let read_only = match &self.twist {

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use mount_utils::{
     AttachedLoop, DeviceNumber, Errno, Exec, ExecError, ExecOutput, FsUsage, LoopDeviceInfo,
-    LoopDevices, LoopError, LoopOptions, MountError, MountInfo, MountSource, Mounter,
-    RedactedOptions, Sensitive,
+    LoopDevices, LoopError, LoopOptions, MountArgs, MountError, MountInfo, MountSource, Mounter,
+    RedactedOptions,
 };
 
 use crate::world::{Effect, World};
@@ -49,18 +49,10 @@ fn mount_failed(source: &str, target: &Path, fstype: &str, errno: Errno) -> Moun
 }
 
 impl Mounter for SimMounter {
-    fn mount_sensitive(
-        &self,
-        source: &str,
-        target: &Path,
-        fstype: &str,
-        options: &[&str],
-        sensitive_options: &[Sensitive],
-    ) -> Result<(), MountError> {
-        self.step(Effect::Mount, target)
-            .map_err(|e| mount_failed(source, target, fstype, e))?;
-        self.mounter()
-            .mount_sensitive(source, target, fstype, options, sensitive_options)
+    fn mount_with(&self, args: &MountArgs<'_>) -> Result<(), MountError> {
+        self.step(Effect::Mount, args.target)
+            .map_err(|e| mount_failed(args.source, args.target, args.fstype, e))?;
+        self.mounter().mount_with(args)
     }
 
     fn bind_mount(&self, source: &Path, target: &Path, read_only: bool) -> Result<(), MountError> {

@@ -3,7 +3,7 @@
 //! `fake/tests.rs`.
 
 use std::collections::{BTreeSet, HashMap};
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 
 use nix::errno::Errno;
@@ -12,9 +12,10 @@ use crate::block::DeviceNumber;
 use crate::error::{MountError, is_corrupted_mount_errno};
 use crate::fake_loop::{LOOP_MAJOR, number_of};
 use crate::linux::{bind_source_in, refs_in, remove_mount_point};
-use crate::mounter::{MAX_STACKED_UNMOUNTS, Mounter};
+use crate::mounter::{MAX_STACKED_UNMOUNTS, MountArgs, Mounter};
 use crate::mountinfo::{MountInfo, containing_mount};
-use crate::options::{MountOptions, RedactedOptions, Sensitive};
+use crate::nofollow::normalize;
+use crate::options::{MountOptions, RedactedOptions};
 use crate::source::{FsUsage, MountSource};
 
 mod actions;
@@ -349,14 +350,9 @@ impl FakeMounter {
 }
 
 impl Mounter for FakeMounter {
-    fn mount_sensitive(
-        &self,
-        source: &str,
-        target: &Path,
-        fstype: &str,
-        options: &[&str],
-        sensitive_options: &[Sensitive],
-    ) -> Result<(), MountError> {
+    fn mount_with(&self, args: &MountArgs<'_>) -> Result<(), MountError> {
+        let (source, target, fstype, options) =
+            (args.source, args.target, args.fstype, args.options);
         let target = normalize(target);
         let opts = MountOptions::parse(options);
         let mut st = self.lock();
@@ -365,7 +361,7 @@ impl Mounter for FakeMounter {
             device: source.into(),
             target: target.clone(),
             fstype: fstype.into(),
-            options: RedactedOptions::new(options, sensitive_options),
+            options: args.redacted_options(),
             errno,
         };
         if opts.is_remount() {
@@ -388,7 +384,7 @@ impl Mounter for FakeMounter {
             target,
             fstype: fstype.into(),
             options: options.iter().map(|s| s.to_string()).collect(),
-            sensitive_options: sensitive_options.to_vec(),
+            sensitive_options: args.sensitive_options.to_vec(),
         });
         Ok(())
     }
@@ -729,21 +725,6 @@ fn add_entry(
         source: source.into(),
         ..blank_entry()
     });
-}
-
-/// Lexical normalisation: drops `.`, resolves `..`, strips trailing `/`.
-fn normalize(path: &Path) -> PathBuf {
-    let mut out = PathBuf::new();
-    for c in path.components() {
-        match c {
-            Component::CurDir => {}
-            Component::ParentDir => {
-                out.pop();
-            }
-            other => out.push(other.as_os_str()),
-        }
-    }
-    out
 }
 
 #[cfg(test)]

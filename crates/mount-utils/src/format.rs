@@ -6,7 +6,7 @@ use std::sync::{Arc, Condvar, Mutex};
 
 use crate::error::MountError;
 use crate::exec::{Exec, ExecError, ExecOutput};
-use crate::mounter::Mounter;
+use crate::mounter::{MountArgs, Mounter};
 use crate::options::{MountOptions, Sensitive};
 
 /// Filesystem used when the caller does not name one.
@@ -196,22 +196,19 @@ impl SafeFormatAndMount {
         options: &[&str],
         format_options: &[&str],
     ) -> Result<(), FormatError> {
-        self.format_and_mount_sensitive(device, target, fstype, options, &[], format_options)
+        let args = MountArgs::new(device, target, fstype, options);
+        self.mount_probed(&args, Some(format_options))
     }
 
     /// [`format_and_mount`](Self::format_and_mount) with sensitive mount
-    /// options (see [`Mounter::mount_sensitive`]).
+    /// options (see [`Mounter::mount_sensitive`]); `args.source` is the
+    /// device.
     pub fn format_and_mount_sensitive(
         &self,
-        device: &str,
-        target: &Path,
-        fstype: &str,
-        options: &[&str],
-        sensitive_options: &[Sensitive],
+        args: &MountArgs<'_>,
         format_options: &[&str],
     ) -> Result<(), FormatError> {
-        let format = Some(format_options);
-        self.mount_probed(device, target, fstype, options, sensitive_options, format)
+        self.mount_probed(args, Some(format_options))
     }
 
     /// Mounts a device the caller formatted earlier (its record says so),
@@ -227,20 +224,18 @@ impl SafeFormatAndMount {
         options: &[&str],
         sensitive_options: &[Sensitive],
     ) -> Result<(), FormatError> {
-        self.mount_probed(device, target, fstype, options, sensitive_options, None)
+        let args = MountArgs::new(device, target, fstype, options);
+        self.mount_probed(&args.with_sensitive_options(sensitive_options), None)
     }
 
     /// Probes, formats if empty and `format` allows it, checks, mounts.
     fn mount_probed(
         &self,
-        device: &str,
-        target: &Path,
-        fstype: &str,
-        options: &[&str],
-        sensitive_options: &[Sensitive],
+        args: &MountArgs<'_>,
         format: Option<&[&str]>,
     ) -> Result<(), FormatError> {
-        let read_only = MountOptions::parse(options).is_read_only();
+        let (device, fstype) = (args.source, args.fstype);
+        let read_only = MountOptions::parse(args.options).is_read_only();
         let mount_fs = match self.probe(device)? {
             DiskFormat::PartitionTable(pttype) => {
                 return Err(FormatError::HasPartitionTable {
@@ -281,8 +276,10 @@ impl SafeFormatAndMount {
                 existing
             }
         };
-        self.mounter
-            .mount_sensitive(device, target, &mount_fs, options, sensitive_options)?;
+        self.mounter.mount_with(&MountArgs {
+            fstype: &mount_fs,
+            ..*args
+        })?;
         Ok(())
     }
 
@@ -440,6 +437,11 @@ mod tests {
         (m, e, s)
     }
 
+    /// Formats (if need be) and mounts `/dev/sdb` on `/st`.
+    fn sdb(s: &SafeFormatAndMount, fstype: &str, options: &[&str]) -> Result<(), FormatError> {
+        s.format_and_mount("/dev/sdb", Path::new("/st"), fstype, options, &[])
+    }
+
     fn programs(e: &FakeExec) -> Vec<String> {
         e.calls().into_iter().map(|c| c.program).collect()
     }
@@ -498,8 +500,7 @@ mod tests {
         let (m, e, s) = setup();
         e.expect("blkid", ExecOutput::ok("TYPE=ext4\n"));
         e.expect_args("e2fsck", &["-p", "/dev/sdb"], ExecOutput::exit(1, ""));
-        s.format_and_mount("/dev/sdb", Path::new("/st"), "ext4", &[], &[])
-            .unwrap();
+        sdb(&s, "ext4", &[]).unwrap();
         assert_eq!(programs(&e), vec!["blkid", "e2fsck"]);
         assert_eq!(m.actions().len(), 1);
     }
@@ -509,9 +510,7 @@ mod tests {
         let (m, e, s) = setup();
         e.expect("blkid", ExecOutput::ok("TYPE=ext4\n"));
         e.expect("e2fsck", ExecOutput::exit(4, "UNEXPECTED INCONSISTENCY"));
-        let err = s
-            .format_and_mount("/dev/sdb", Path::new("/st"), "", &[], &[])
-            .unwrap_err();
+        let err = sdb(&s, "", &[]).unwrap_err();
         assert!(
             matches!(err, FormatError::HasFilesystemErrors { .. }),
             "{err}"
@@ -519,9 +518,7 @@ mod tests {
         assert!(m.actions().is_empty());
         e.expect("blkid", ExecOutput::ok("TYPE=ext4\n"));
         e.expect("e2fsck", ExecOutput::exit(8, "device busy"));
-        let err = s
-            .format_and_mount("/dev/sdb", Path::new("/st"), "", &[], &[])
-            .unwrap_err();
+        let err = sdb(&s, "", &[]).unwrap_err();
         assert!(
             matches!(err, FormatError::FsckFailed { code: Some(8), .. }),
             "{err}"
@@ -532,9 +529,7 @@ mod tests {
     fn read_only_never_formats_nor_fscks() {
         let (m, e, s) = setup();
         e.expect("blkid", ExecOutput::exit(2, ""));
-        let err = s
-            .format_and_mount("/dev/sdb", Path::new("/st"), "ext4", &["ro"], &[])
-            .unwrap_err();
+        let err = sdb(&s, "ext4", &["ro"]).unwrap_err();
         assert_eq!(
             err,
             FormatError::UnformattedReadOnly {
@@ -542,8 +537,7 @@ mod tests {
             }
         );
         e.expect("blkid", ExecOutput::ok("TYPE=ext4\n"));
-        s.format_and_mount("/dev/sdb", Path::new("/st"), "ext4", &["ro"], &[])
-            .unwrap();
+        sdb(&s, "ext4", &["ro"]).unwrap();
         assert_eq!(programs(&e), vec!["blkid", "blkid"]);
         assert!(m.mount_points().unwrap()[0].is_read_only());
     }
@@ -552,16 +546,12 @@ mod tests {
     fn mismatch_and_partition_table_are_refused() {
         let (m, e, s) = setup();
         e.expect("blkid", ExecOutput::ok("TYPE=xfs\n"));
-        let err = s
-            .format_and_mount("/dev/sdb", Path::new("/st"), "ext4", &[], &[])
-            .unwrap_err();
+        let err = sdb(&s, "ext4", &[]).unwrap_err();
         assert!(
             matches!(err, FormatError::FilesystemMismatch { ref existing, .. } if existing == "xfs")
         );
         e.expect("blkid", ExecOutput::ok("PTTYPE=gpt\n"));
-        let err = s
-            .format_and_mount("/dev/sdb", Path::new("/st"), "ext4", &[], &[])
-            .unwrap_err();
+        let err = sdb(&s, "ext4", &[]).unwrap_err();
         assert!(
             matches!(err, FormatError::HasPartitionTable { ref pttype, .. } if pttype == "gpt")
         );
@@ -574,18 +564,18 @@ mod tests {
         let (_, e, s) = setup();
         e.expect("blkid", ExecOutput::exit(4, "usage"));
         assert!(matches!(
-            s.format_and_mount("/dev/sdb", Path::new("/st"), "", &[], &[]),
+            sdb(&s, "", &[]),
             Err(FormatError::ProbeFailed { code: Some(4), .. })
         ));
         e.expect("blkid", ExecOutput::exit(2, ""));
         e.expect("mkfs.ext4", ExecOutput::exit(1, "bad"));
         assert!(matches!(
-            s.format_and_mount("/dev/sdb", Path::new("/st"), "", &[], &[]),
+            sdb(&s, "", &[]),
             Err(FormatError::FormatFailed { .. })
         ));
         e.expect("blkid", ExecOutput::exit(2, ""));
         assert!(matches!(
-            s.format_and_mount("/dev/sdb", Path::new("/st"), "zfs", &[], &[]),
+            sdb(&s, "zfs", &[]),
             Err(FormatError::UnsupportedFilesystem { .. })
         ));
     }
@@ -596,14 +586,9 @@ mod tests {
         let mount_ext4 = || {
             e.expect("blkid", ExecOutput::ok("TYPE=ext4\n"));
             e.expect("e2fsck", ExecOutput::ok(""));
-            s.format_and_mount_sensitive(
-                "/dev/sdb",
-                Path::new("/st"),
-                "",
-                &[],
-                &[Sensitive::new("key=s3cret")],
-                &[],
-            )
+            let secret = [Sensitive::new("key=s3cret")];
+            let args = MountArgs::new("/dev/sdb", Path::new("/st"), "", &[]);
+            s.format_and_mount_sensitive(&args.with_sensitive_options(&secret), &[])
         };
         m.inject_error(crate::fake::FakeOp::Mount, "/st", nix::errno::Errno::EPERM);
         let err = mount_ext4().unwrap_err();

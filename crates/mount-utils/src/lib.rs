@@ -153,7 +153,7 @@ pub use linux::LinuxMounter;
 pub use loopdev::{
     AttachedLoop, LinuxLoopDevices, LoopDevice, LoopDeviceInfo, LoopDevices, LoopError, LoopOptions,
 };
-pub use mounter::Mounter;
+pub use mounter::{MountArgs, Mounter};
 pub use mountinfo::{
     MountInfo, OptionalField, ParseError, ParseErrorKind, decode_octal_escapes, parse_mountinfo,
 };

@@ -5,11 +5,64 @@ use std::path::{Path, PathBuf};
 use crate::block::DeviceNumber;
 use crate::error::MountError;
 use crate::mountinfo::MountInfo;
-use crate::options::Sensitive;
+use crate::options::{RedactedOptions, Sensitive};
 use crate::source::{FsUsage, MountCheck, MountSource};
 
 /// Upper bound on unmounts at one path; mounts can be stacked.
 pub(crate) const MAX_STACKED_UNMOUNTS: u32 = 32;
+
+/// The arguments of one [`Mounter::mount_sensitive`], as
+/// [`Mounter::mount_with`] receives them.
+#[derive(Clone, Copy)]
+pub struct MountArgs<'a> {
+    /// The device, share or directory (with `bind`) to mount.
+    pub source: &'a str,
+    /// Where to mount it; must exist.
+    pub target: &'a Path,
+    /// The filesystem type; ignored with `bind`.
+    pub fstype: &'a str,
+    /// `mount(8)`-style options (see [`Mounter::mount`]).
+    pub options: &'a [&'a str],
+    /// Options that reach the kernel but never a log line or an error.
+    pub sensitive_options: &'a [Sensitive],
+}
+
+impl<'a> MountArgs<'a> {
+    /// A mount with no sensitive options.
+    pub fn new(source: &'a str, target: &'a Path, fstype: &'a str, options: &'a [&'a str]) -> Self {
+        MountArgs {
+            source,
+            target,
+            fstype,
+            options,
+            sensitive_options: &[],
+        }
+    }
+
+    /// The same mount with `sensitive_options` added.
+    pub fn with_sensitive_options(self, sensitive_options: &'a [Sensitive]) -> Self {
+        MountArgs {
+            sensitive_options,
+            ..self
+        }
+    }
+
+    /// The options as errors and logs may show them.
+    pub fn redacted_options(&self) -> RedactedOptions {
+        RedactedOptions::new(self.options, self.sensitive_options)
+    }
+}
+
+impl std::fmt::Debug for MountArgs<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MountArgs")
+            .field("source", &self.source)
+            .field("target", &self.target)
+            .field("fstype", &self.fstype)
+            .field("options", &self.redacted_options())
+            .finish()
+    }
+}
 
 /// Mount-table operations a CSI node plugin needs.
 ///
@@ -68,7 +121,15 @@ pub trait Mounter: Send + Sync {
         fstype: &str,
         options: &[&str],
         sensitive_options: &[Sensitive],
-    ) -> Result<(), MountError>;
+    ) -> Result<(), MountError> {
+        let args = MountArgs::new(source, target, fstype, options);
+        self.mount_with(&args.with_sensitive_options(sensitive_options))
+    }
+
+    /// [`mount_sensitive`](Mounter::mount_sensitive) with its arguments in
+    /// one value: the method implementations provide, so that wrappers pass
+    /// a mount on in one line.
+    fn mount_with(&self, args: &MountArgs<'_>) -> Result<(), MountError>;
 
     /// Bind-mounts `source` on `target`. With `read_only` the bind is
     /// read-only from the moment it appears where the kernel has the new

@@ -62,6 +62,22 @@ pub(crate) enum Resolver {
     Walk,
 }
 
+/// Lexical normalisation, touching no filesystem: drops `.` and trailing
+/// `/`, resolves `..`; a relative path stays relative.
+pub fn normalize(path: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for c in path.components() {
+        match c {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                out.pop();
+            }
+            other => out.push(other.as_os_str()),
+        }
+    }
+    out
+}
+
 /// `path` made absolute (relative to the current directory) and lexically
 /// normalised: `.` dropped, `..` applied, trailing `/` removed. Exact when
 /// the path has no symlinks, which is all this module accepts.

@@ -13,36 +13,55 @@ use futures::future::{Either, Ready, ready};
 
 use super::Fault;
 
-/// Logs every request as `<Method> <redacted request>`; with
-/// [`Fault::LeaksSecretsToLog`] also its secrets, in plain text.
-#[derive(Clone)]
-pub(super) struct RequestLog<S> {
-    pub(super) inner: S,
-    pub(super) log: Option<PathBuf>,
-    pub(super) leak: bool,
+/// What a fault layer does with each request before the driver sees it:
+/// `Some` is an answer given in the driver's place.
+pub(super) trait BeforeCall: Clone {
+    fn before<Req: CsiRequest>(&self, request: &Req) -> Option<CsiError>;
 }
 
-impl<S, Req> tower::Service<CsiCall<Req>> for RequestLog<S>
+/// A fault layer's service: [`BeforeCall`], then the driver unless it
+/// answered.
+#[derive(Clone)]
+pub(super) struct FaultLayer<B, S> {
+    pub(super) before: B,
+    pub(super) inner: S,
+}
+
+impl<B, S, Req> tower::Service<CsiCall<Req>> for FaultLayer<B, S>
 where
+    B: BeforeCall,
     Req: CsiRequest,
     S: tower::Service<CsiCall<Req>, Response = Req::Output, Error = CsiError>,
 {
     type Response = Req::Output;
     type Error = CsiError;
-    type Future = S::Future;
+    type Future = Either<S::Future, Ready<Result<Req::Output, CsiError>>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), CsiError>> {
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, call: CsiCall<Req>) -> S::Future {
+    fn call(&mut self, call: CsiCall<Req>) -> Self::Future {
+        match self.before.before(&call.request) {
+            Some(e) => Either::Right(ready(Err(e))),
+            None => Either::Left(self.inner.call(call)),
+        }
+    }
+}
+
+/// Logs every request as `<Method> <redacted request>`; with
+/// [`Fault::LeaksSecretsToLog`] also its secrets, in plain text.
+#[derive(Clone)]
+pub(super) struct RequestLog {
+    pub(super) log: Option<PathBuf>,
+    pub(super) leak: bool,
+}
+
+impl BeforeCall for RequestLog {
+    fn before<Req: CsiRequest>(&self, request: &Req) -> Option<CsiError> {
         if let Some(path) = &self.log {
-            let mut line = format!("{} {:?}", Req::METHOD, call.request);
-            if let Some(secrets) = call
-                .request
-                .secrets()
-                .filter(|s| self.leak && !s.is_empty())
-            {
+            let mut line = format!("{} {:?}", Req::METHOD, request);
+            if let Some(secrets) = request.secrets().filter(|s| self.leak && !s.is_empty()) {
                 line.push_str(&format!(" secrets={secrets:?}"));
             }
             if let Ok(mut f) = std::fs::OpenOptions::new()
@@ -53,14 +72,13 @@ where
                 let _ = writeln!(f, "{line}");
             }
         }
-        self.inner.call(call)
+        None
     }
 }
 
 /// The faults that answer before validation does.
 #[derive(Clone)]
-pub(super) struct EarlyAnswers<S> {
-    pub(super) inner: S,
+pub(super) struct EarlyAnswers {
     pub(super) faults: Vec<Fault>,
     pub(super) stage_unstage: bool,
 }
@@ -71,8 +89,8 @@ fn view<T: prost::Message + Default>(request: &impl prost::Message) -> T {
     T::decode(request.encode_to_vec().as_slice()).unwrap_or_default()
 }
 
-impl<S> EarlyAnswers<S> {
-    fn answer<Req: CsiRequest>(&self, request: &Req) -> Option<CsiError> {
+impl BeforeCall for EarlyAnswers {
+    fn before<Req: CsiRequest>(&self, request: &Req) -> Option<CsiError> {
         let relative = |path: &str| !path.is_empty() && !path.starts_with('/');
         match Req::METHOD {
             Method::NodePublishVolume if self.faults.contains(&Fault::StagingCheckedFirst) => {
@@ -97,27 +115,6 @@ impl<S> EarlyAnswers<S> {
                     .then(|| CsiError::invalid("volume_path", "must be absolute"))
             }
             _ => None,
-        }
-    }
-}
-
-impl<S, Req> tower::Service<CsiCall<Req>> for EarlyAnswers<S>
-where
-    Req: CsiRequest,
-    S: tower::Service<CsiCall<Req>, Response = Req::Output, Error = CsiError>,
-{
-    type Response = Req::Output;
-    type Error = CsiError;
-    type Future = Either<S::Future, Ready<Result<Req::Output, CsiError>>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), CsiError>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, call: CsiCall<Req>) -> Self::Future {
-        match self.answer(&call.request) {
-            Some(e) => Either::Right(ready(Err(e))),
-            None => Either::Left(self.inner.call(call)),
         }
     }
 }

@@ -51,7 +51,7 @@ use csi_server::{
     PluginInfo, Position, ServeMode, Server, ServerBuilder, VolumeExpansion,
 };
 
-use layers::{EarlyAnswers, RequestLog};
+use layers::{EarlyAnswers, FaultLayer, RequestLog};
 use state::{Options, State, Vol};
 
 /// A deliberate spec violation, to prove the suite notices it.
@@ -263,10 +263,12 @@ impl FakeDriver {
                 tower::layer::layer_fn({
                     let log = self.opts.log.clone();
                     let leak = self.has(Fault::LeaksSecretsToLog);
-                    move |inner| RequestLog {
+                    move |inner| FaultLayer {
+                        before: RequestLog {
+                            log: log.clone(),
+                            leak,
+                        },
                         inner,
-                        log: log.clone(),
-                        leak,
                     }
                 }),
             );
@@ -278,10 +280,12 @@ impl FakeDriver {
             let stage_unstage = self.opts.stage_unstage;
             builder = builder.layer_at(
                 Position::Outside(Builtin::Validation),
-                tower::layer::layer_fn(move |inner| EarlyAnswers {
+                tower::layer::layer_fn(move |inner| FaultLayer {
+                    before: EarlyAnswers {
+                        faults: early.clone(),
+                        stage_unstage,
+                    },
                     inner,
-                    faults: early.clone(),
-                    stage_unstage,
                 }),
             );
         }

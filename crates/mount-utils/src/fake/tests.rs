@@ -1,4 +1,5 @@
 use super::*;
+use crate::options::Sensitive;
 use crate::source::MountCheck;
 
 fn p(s: &str) -> &Path {

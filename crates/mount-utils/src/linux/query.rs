@@ -1,0 +1,187 @@
+//! Mount table queries: mountinfo reads, `statx` and `statmount` lookups.
+
+use std::ffi::CString;
+use std::mem::MaybeUninit;
+use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use nix::errno::Errno;
+
+use super::LinuxMounter;
+use crate::error::{MountError, io_errno};
+use crate::mounter::{MAX_STACKED_UNMOUNTS, Mounter};
+use crate::mountinfo::{MountInfo, find_by_id};
+use crate::source::MountSource;
+use crate::statmount;
+
+impl LinuxMounter {
+    pub(super) fn read_mountinfo(&self) -> Result<Vec<u8>, MountError> {
+        use std::io::Read;
+        // A proc file reports size 0, so a plain read grows its buffer from
+        // a few bytes with a read(2) per step; start at the last size seen.
+        static LAST_LEN: AtomicUsize = AtomicUsize::new(0);
+        let mut data = Vec::with_capacity(LAST_LEN.load(Ordering::Relaxed) + 4096);
+        std::fs::File::open(&self.mountinfo_path)
+            .and_then(|mut f| f.read_to_end(&mut data))
+            .map_err(|e| MountError::ReadMountInfo {
+                path: self.mountinfo_path.clone(),
+                errno: io_errno(&e),
+            })?;
+        LAST_LEN.store(data.len(), Ordering::Relaxed);
+        Ok(data)
+    }
+
+    /// [`Mounter::mounts_at`] from `statx` and `statmount` (the mounts at
+    /// `abs` only); `None` when the kernel cannot say, or a mount went away
+    /// while walking down the stack: then the caller reads the table.
+    pub(super) fn mounts_at_by_id(&self, abs: &Path) -> Option<Vec<MountInfo>> {
+        if !self.statmount_agrees() {
+            return None;
+        }
+        let (mut id, root) = match unique_mount(abs) {
+            Ok(Some(found)) => found,
+            Err(Errno::ENOENT | Errno::ENOTDIR) => return Some(Vec::new()),
+            Ok(None) | Err(_) => return None,
+        };
+        if !root {
+            return Some(Vec::new());
+        }
+        let mut stack = Vec::new();
+        for _ in 0..MAX_STACKED_UNMOUNTS {
+            let e = statmount::entry(id).ok().flatten()?;
+            if e.info.mount_point != abs || e.parent == id {
+                if e.info.mount_point == abs {
+                    stack.push(e.info);
+                }
+                stack.reverse();
+                return Some(stack);
+            }
+            stack.push(e.info);
+            id = e.parent;
+        }
+        None // a stack deeper than this: the table says it all
+    }
+
+    /// Whether statmount's entries equal this table's (checked once).
+    pub(super) fn statmount_agrees(&self) -> bool {
+        statmount::agrees_with_table(
+            || {
+                unique_mount(Path::new("/"))
+                    .ok()
+                    .flatten()
+                    .map(|(id, _)| id)
+            },
+            || self.mount_points().ok(),
+        )
+    }
+
+    /// The mount an open descriptor is on, from its mount id; `None` when
+    /// the kernel does not say (then callers scan by path).
+    pub(super) fn mount_of_fd(&self, fd: BorrowedFd<'_>) -> Result<Option<MountInfo>, Errno> {
+        let stx = statx_fd(fd, libc::STATX_TYPE | libc::STATX_MNT_ID)?;
+        if stx.stx_mask & libc::STATX_MNT_ID == 0 {
+            return Ok(None);
+        }
+        let Ok(data) = self.read_mountinfo() else {
+            return Ok(None);
+        };
+        Ok(find_by_id(&data, stx.stx_mnt_id as u32).ok().flatten())
+    }
+}
+
+/// Mount points other than `path` with the same device and root as the
+/// topmost mount at `path`.
+pub(crate) fn refs_in(mounts: &[MountInfo], path: &Path) -> Vec<PathBuf> {
+    let Some(this) = mounts.iter().rev().find(|m| m.mount_point == path) else {
+        return Vec::new();
+    };
+    let mut refs: Vec<PathBuf> = Vec::new();
+    for m in mounts {
+        if m.mount_point != path
+            && m.major == this.major
+            && m.minor == this.minor
+            && m.root == this.root
+            && !refs.contains(&m.mount_point)
+        {
+            refs.push(m.mount_point.clone());
+        }
+    }
+    refs
+}
+
+/// What a bind of `abs`, which is inside `mount`, shows in mountinfo.
+pub(crate) fn bind_source_in(mount: &MountInfo, abs: &Path) -> MountSource {
+    let rel = abs
+        .strip_prefix(&mount.mount_point)
+        .unwrap_or(Path::new(""));
+    let root = if rel.as_os_str().is_empty() {
+        mount.root.clone()
+    } else {
+        mount.root.join(rel)
+    };
+    MountSource::Bind {
+        device: mount.device(),
+        root,
+    }
+}
+
+/// `Some(is mount root)` when the kernel reports `STATX_ATTR_MOUNT_ROOT`.
+pub(super) fn mount_root_attr(stx: &libc::statx) -> Option<bool> {
+    let bit = libc::STATX_ATTR_MOUNT_ROOT as u64;
+    (stx.stx_attributes_mask & bit != 0).then_some(stx.stx_attributes & bit != 0)
+}
+
+/// `statx` of an open descriptor (`AT_EMPTY_PATH`).
+pub(super) fn statx_fd(fd: BorrowedFd<'_>, mask: libc::c_uint) -> Result<libc::statx, Errno> {
+    let mut buf = MaybeUninit::<libc::statx>::zeroed();
+    // SAFETY: a valid fd, an empty NUL-terminated path and a buffer of the
+    // right type.
+    let r = unsafe {
+        libc::statx(
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH | libc::AT_NO_AUTOMOUNT,
+            mask,
+            buf.as_mut_ptr(),
+        )
+    };
+    Errno::result(r)?;
+    // SAFETY: statx succeeded, so the kernel filled the (zeroed) buffer.
+    Ok(unsafe { buf.assume_init() })
+}
+
+/// The unique id of the mount `path` is on (the topmost at `path` when it
+/// is a mount root; `path` not followed if a symlink) and whether `path`
+/// is that mount's root. `Ok(None)` when the kernel gives no unique ids.
+pub(super) fn unique_mount(path: &Path) -> Result<Option<(u64, bool)>, Errno> {
+    let stx = statx(path, libc::AT_SYMLINK_NOFOLLOW, libc::STATX_MNT_ID_UNIQUE)?;
+    if stx.stx_mask & libc::STATX_MNT_ID_UNIQUE == 0 {
+        return Ok(None);
+    }
+    Ok(mount_root_attr(&stx).map(|root| (stx.stx_mnt_id, root)))
+}
+
+pub(super) fn statx(
+    path: &Path,
+    flags: libc::c_int,
+    mask: libc::c_uint,
+) -> Result<libc::statx, Errno> {
+    let c = CString::new(path.as_os_str().as_bytes()).map_err(|_| Errno::EINVAL)?;
+    let mut buf = MaybeUninit::<libc::statx>::zeroed();
+    // SAFETY: valid NUL-terminated path and a buffer of the right type.
+    let r = unsafe {
+        libc::statx(
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            flags | libc::AT_NO_AUTOMOUNT,
+            mask,
+            buf.as_mut_ptr(),
+        )
+    };
+    Errno::result(r)?;
+    // SAFETY: statx succeeded, so the kernel filled the buffer (and it was
+    // zeroed before).
+    Ok(unsafe { buf.assume_init() })
+}
