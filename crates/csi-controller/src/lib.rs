@@ -103,6 +103,7 @@ mod group;
 mod ids;
 mod list;
 mod modify;
+mod offers;
 mod publish;
 mod records;
 mod retry;

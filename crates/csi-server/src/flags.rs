@@ -94,6 +94,20 @@ pub fn exit_code(program: &str, result: Result<(), impl Display>) -> ExitCode {
     }
 }
 
+/// A driver's `main` from its `run`: builds `runtime` with I/O and time
+/// enabled, runs `run` on it to the end, and returns [`exit_code`].
+pub fn run_to_exit(
+    program: &str,
+    mut runtime: tokio::runtime::Builder,
+    run: impl Future<Output = Result<(), String>>,
+) -> ExitCode {
+    let result = match runtime.enable_all().build() {
+        Ok(runtime) => runtime.block_on(run),
+        Err(e) => Err(format!("starting the runtime: {e}")),
+    };
+    exit_code(program, result)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -66,6 +66,7 @@ pub mod dispatch;
 pub mod flags;
 pub mod layer;
 mod logging;
+mod serve_ready;
 pub mod server;
 pub mod socket;
 
@@ -77,6 +78,7 @@ pub use csi_driver::*;
 pub use dispatch::{DriverService, Drivers};
 pub use layer::{BoxCsiService, CsiCall, CsiService, Readiness, ReadinessState};
 pub use logging::init_tracing;
+pub use serve_ready::ServeError;
 pub use server::{Builtin, Position, ServeMode, Server, ServerBuilder, ServerError};
 /// The tower crate the layers are built on.
 pub use tower;

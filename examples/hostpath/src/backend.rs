@@ -336,15 +336,7 @@ impl ControllerBackend for Backend {
         Ok(self.delete_volume_data(id)?)
     }
 
-    fn snapshots(&self) -> Option<&dyn SnapshotBackend> {
-        Some(self)
-    }
-    fn expansion(&self) -> Option<&dyn ExpandBackend> {
-        Some(self)
-    }
-    fn modification(&self) -> Option<&dyn ModifyBackend> {
-        Some(self)
-    }
+    csi_controller::offer_abilities!(snapshots, expansion, modification);
     fn group_snapshots(&self) -> Option<&dyn GroupSnapshotBackend> {
         self.consistent_group_snapshots().then_some(self as _)
     }

@@ -10,7 +10,7 @@ use mount_utils::{LoopDevices, Mounter};
 
 use crate::backend::Backend;
 use crate::config::{Config, TOPOLOGY_KEY};
-use crate::node::{NodeSide, open_node};
+use crate::node::NodeSide;
 
 /// The hostpath driver: cheap to clone (everything shared is behind `Arc`).
 #[derive(Clone)]
@@ -67,13 +67,8 @@ impl HostPath {
         let shared = files.clone();
         let controller =
             ControllerService::open(files, controller_config(&config), backend.clone())?;
-        let node = open_node(
-            &config,
-            NodeSide(controller.downgrade()),
-            mounter,
-            loops,
-            &shared,
-        )?;
+        let side = NodeSide(controller.downgrade());
+        let node = side.open_service(&config, mounter, loops, &shared)?;
         let _ = backend.node.set(node.volumes().clone());
         Ok(Self {
             node,

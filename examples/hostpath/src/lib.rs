@@ -72,23 +72,12 @@ pub fn main() -> ExitCode {
     unsafe {
         libc::mallopt(libc::M_ARENA_MAX, 1);
     }
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .max_blocking_threads(BLOCKING_THREADS)
-        .build();
-    let result = match runtime {
-        Ok(rt) => rt.block_on(run(config)),
-        Err(e) => Err(format!("starting the runtime: {e}")),
-    };
-    csi_server::flags::exit_code("hostpath", result)
-}
-
-/// Opens the driver the flags describe, on the host's mounts and loop
-/// devices, and [`serve`]s it.
-pub async fn run(config: Config) -> Result<(), String> {
+    let mut runtime = tokio::runtime::Builder::new_current_thread();
+    runtime.max_blocking_threads(BLOCKING_THREADS);
+    // On the host's mounts and loop devices.
     let mounter = Arc::new(mount_utils::LinuxMounter::new());
-    let driver = Arc::new(HostPath::open(config.clone(), mounter)?);
-    serve(config, driver).await
+    let run = async { serve(config.clone(), Arc::new(HostPath::open(config, mounter)?)).await };
+    csi_server::flags::run_to_exit("hostpath", runtime, run)
 }
 
 /// Serves `driver` at the flags' endpoint: reconciles its state, then
@@ -101,20 +90,17 @@ pub async fn serve(config: Config, driver: Arc<HostPath>) -> Result<(), String> 
     };
     let group_snapshots = driver.backend.consistent_group_snapshots();
     let caps = driver.controller.capabilities(node_capabilities(&config));
-    let readiness = Readiness::new();
-    let mut builder = config
+    let socket = config.statedir.join("csi.sock");
+    let version = env!("CARGO_PKG_VERSION");
+    let mut builder = (config
         .common
-        .server(
-            Config::DRIVER_NAME,
-            env!("CARGO_PKG_VERSION"),
-            &config.statedir.join("csi.sock"),
-        )?
-        .capabilities(caps)
-        .mode(mode)
-        .identity(driver.clone())
-        .controller(Arc::new(driver.controller.clone()))
-        .node(driver.node.clone())
-        .readiness(readiness.clone());
+        .server(Config::DRIVER_NAME, version, &socket)?)
+    .capabilities(caps)
+    .mode(mode)
+    .identity(driver.clone())
+    .controller(Arc::new(driver.controller.clone()))
+    .node(driver.node.clone())
+    .readiness(Readiness::new());
     if group_snapshots {
         builder = builder.group_controller(Arc::new(driver.controller.clone()));
     }
@@ -155,15 +141,9 @@ pub async fn serve(config: Config, driver: Arc<HostPath>) -> Result<(), String> 
     // answers not ready, and a call on a volume not yet restored is
     // ABORTED, until the restore has finished.
     let restored = driver.node.restore_in_background();
-    let ready = async {
-        restored
-            .await
-            .map_err(|e| format!("restoring node volumes: {e}"))?;
-        readiness.set_ready();
-        Ok(())
-    };
-    let serving = async { server.serve().await.map_err(|e| e.to_string()) };
-    tokio::try_join!(serving, ready).map(drop)
+    let restored =
+        async { (restored.await.map(drop)).map_err(|e| format!("restoring node volumes: {e}")) };
+    (server.serve_ready_after(restored).await).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
@@ -185,13 +165,8 @@ mod tests {
         assert_eq!(Config::parse_from(["hostpath"]).max_volumes_per_node(), 0);
         assert!(Config::try_parse_from(["hostpath", "--attach-limit=-1"]).is_err());
         let caps = node_capabilities(&config).controller([ControllerRpc::ModifyVolume]);
-        let keys: Vec<&str> = caps
-            .accepted_mutable_parameters()
-            .unwrap()
-            .iter()
-            .map(String::as_str)
-            .collect();
-        assert_eq!(keys, ["iops"]);
+        let keys = caps.accepted_mutable_parameters().unwrap();
+        assert!(keys.len() == 1 && keys.contains("iops"), "{keys:?}");
         assert!(caps.check().is_ok());
         // No flag: MODIFY_VOLUME accepts only an empty map.
         let none = node_capabilities(&Config::parse_from(["hostpath"]));

@@ -21,28 +21,29 @@ use crate::config::{Config, TOPOLOGY_KEY};
 /// the node side.
 pub struct NodeSide(pub WeakControllerService<Backend>);
 
-/// The node service, its record in the driver's state store (under
-/// `statedir/node` for a state dir from before they shared one).
-pub fn open_node(
-    config: &Config,
-    side: NodeSide,
-    mounter: Arc<dyn Mounter>,
-    loops: Arc<dyn LoopDevices>,
-    files: &FileStore,
-) -> Result<Arc<NodeService<NodeSide>>, String> {
-    let mut info =
-        NodeInfo::new(config.common.node_id()).max_volumes(config.max_volumes_per_node());
-    if config.enable_topology {
-        info = info.topology(TOPOLOGY_KEY, config.common.node_id());
-    }
-    let service = NodeService::builder(Arc::new(side), info, mounter)
-        .volumes(|v| v.loop_devices(loops).single_node_multi_writer(true))
-        .open_shared(files, &config.statedir.join("node"))
-        .map_err(|e| e.to_string())?;
-    Ok(Arc::new(service))
-}
-
 impl NodeSide {
+    /// The node service over this side, its record in the driver's state
+    /// store `files` (under `statedir/node` for a state dir from before
+    /// they shared one).
+    pub fn open_service(
+        self,
+        config: &Config,
+        mounter: Arc<dyn Mounter>,
+        loops: Arc<dyn LoopDevices>,
+        files: &FileStore,
+    ) -> Result<Arc<NodeService<NodeSide>>, String> {
+        let mut info =
+            NodeInfo::new(config.common.node_id()).max_volumes(config.max_volumes_per_node());
+        if config.enable_topology {
+            info = info.topology(TOPOLOGY_KEY, config.common.node_id());
+        }
+        let service = NodeService::builder(Arc::new(self), info, mounter)
+            .volumes(|v| v.loop_devices(loops).single_node_multi_writer(true))
+            .open_shared(files, &config.statedir.join("node"))
+            .map_err(|e| e.to_string())?;
+        Ok(Arc::new(service))
+    }
+
     /// A volume the controller recorded, or an inline ephemeral volume by
     /// the name the CO gave it.
     fn find(&self, id: &str) -> Option<VolumeRecord> {

@@ -185,21 +185,13 @@ impl ControllerBackend for Backend {
         Ok(self.delete(id)?)
     }
 
-    fn snapshots(&self) -> Option<&dyn SnapshotBackend> {
-        Some(self)
-    }
-    fn expansion(&self) -> Option<&dyn ExpandBackend> {
-        Some(self)
-    }
-    fn modification(&self) -> Option<&dyn ModifyBackend> {
-        Some(self)
-    }
-    fn group_snapshots(&self) -> Option<&dyn GroupSnapshotBackend> {
-        Some(self)
-    }
-    fn attacher(&self) -> Option<&dyn AttachBackend> {
-        Some(self)
-    }
+    csi_controller::offer_abilities!(
+        snapshots,
+        expansion,
+        modification,
+        group_snapshots,
+        attacher
+    );
     fn clones_volumes(&self) -> bool {
         true
     }

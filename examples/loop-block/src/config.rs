@@ -71,3 +71,13 @@ impl Config {
 fn parse_size(text: &str) -> Result<i64, String> {
     csi_proto::size::parse_bytes(text).ok_or_else(|| format!("{text:?} is not a size like 10Gi"))
 }
+
+#[cfg(test)]
+impl Config {
+    /// One process's flags for the tests: `mode` on node `n1`.
+    pub(crate) fn for_test(mode: &str, statedir: &str, datadir: &str) -> Config {
+        let dirs = ["--statedir", statedir, "--datadir", datadir];
+        let args = ["loop-block", "--mode", mode, "--nodeid", "n1"];
+        Config::parse_from(args.into_iter().chain(dirs))
+    }
+}

@@ -217,16 +217,7 @@ mod tests {
         let data = dir.path().join("data").to_string_lossy().into_owned();
         let declared = |mode: &str| {
             let state = dir.path().join(mode).to_string_lossy().into_owned();
-            let args = [
-                "loop-block",
-                "--mode",
-                mode,
-                "--statedir",
-                &state,
-                "--datadir",
-                &data,
-            ];
-            let config = Config::parse_from(args.into_iter().chain(["--nodeid", "n1"]));
+            let config = Config::for_test(mode, &state, &data);
             let d = LoopBlock::open(config, Arc::new(mount_utils::FakeMounter::new())).unwrap();
             d.capabilities()
         };

@@ -53,39 +53,27 @@ pub use driver::LoopBlock;
 pub fn main() -> ExitCode {
     let config = Config::parse();
     csi_server::init_tracing(&config.common.log);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build();
-    let result = match runtime {
-        Ok(rt) => rt.block_on(run(config)),
-        Err(e) => Err(format!("starting the runtime: {e}")),
+    let runtime = tokio::runtime::Builder::new_multi_thread();
+    let run = async {
+        // On the host's mounts, loop devices and programs (mkfs, fsck).
+        let driver = LoopBlock::open(config.clone(), Arc::new(mount_utils::LinuxMounter::new()))?;
+        serve(config, Arc::new(driver)).await
     };
-    csi_server::flags::exit_code("loop-block", result)
-}
-
-/// Opens the driver the flags describe, on the host's mounts and loop
-/// devices, and [`serve`]s it.
-pub async fn run(config: Config) -> Result<(), String> {
-    let mounter = Arc::new(mount_utils::LinuxMounter::new());
-    let driver = Arc::new(LoopBlock::open(config.clone(), mounter)?);
-    serve(config, driver).await
+    csi_server::flags::run_to_exit("loop-block", runtime, run)
 }
 
 /// Serves `driver` at the flags' endpoint: reconciles its state, then
 /// serves while the node's volumes are restored (Probe is ready after).
 pub async fn serve(config: Config, driver: Arc<LoopBlock>) -> Result<(), String> {
-    let readiness = Readiness::new();
-    let mut builder = config
+    let socket = config.statedir.join("csi.sock");
+    let name = Config::DRIVER_NAME;
+    let mut builder = (config
         .common
-        .server(
-            Config::DRIVER_NAME,
-            env!("CARGO_PKG_VERSION"),
-            &config.statedir.join("csi.sock"),
-        )?
-        .capabilities(driver.capabilities())
-        .mode(config.mode)
-        .identity(driver.clone())
-        .readiness(readiness.clone());
+        .server(name, env!("CARGO_PKG_VERSION"), &socket)?)
+    .capabilities(driver.capabilities())
+    .mode(config.mode)
+    .identity(driver.clone())
+    .readiness(Readiness::new());
     if let Some(controller) = &driver.controller {
         builder = builder
             .controller(Arc::new(controller.clone()))
@@ -130,19 +118,13 @@ pub async fn serve(config: Config, driver: Arc<LoopBlock>) -> Result<(), String>
     // Serves at once and restores the node's volumes meanwhile: Probe
     // answers not ready, and a call on a volume not yet restored is
     // ABORTED, until the restore has finished.
-    let restored = driver
-        .node
-        .as_ref()
-        .map(|node| node.restore_in_background());
-    let ready = async {
-        if let Some(restored) = restored {
-            restored
-                .await
-                .map_err(|e| format!("restoring node volumes: {e}"))?;
+    let restored = (driver.node.as_ref()).map(|node| node.restore_in_background());
+    let restored = async {
+        match restored {
+            Some(restored) => restored.await.map(drop),
+            None => Ok(()),
         }
-        readiness.set_ready();
-        Ok(())
     };
-    let serving = async { server.serve().await.map_err(|e| e.to_string()) };
-    tokio::try_join!(serving, ready).map(drop)
+    let restored = async { (restored.await).map_err(|e| format!("restoring node volumes: {e}")) };
+    (server.serve_ready_after(restored).await).map_err(|e| e.to_string())
 }

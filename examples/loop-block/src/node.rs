@@ -264,17 +264,7 @@ mod tests {
         );
         let path = |p: &str| dir.path().join(p).to_string_lossy().into_owned();
         let open = |mode: &str, state: &str| {
-            let (state, data) = (path(state), path("data"));
-            let args = [
-                "loop-block",
-                "--mode",
-                mode,
-                "--statedir",
-                &state,
-                "--datadir",
-                &data,
-            ];
-            let config = Config::parse_from(args.into_iter().chain(["--nodeid", "n1"]));
+            let config = Config::for_test(mode, &path(state), &path("data"));
             LoopBlock::open_with(config, host.mounter(), host.loops(), exec.clone()).unwrap()
         };
         let (ctl, nd) = (open("controller", "ctl"), open("node", "node"));
