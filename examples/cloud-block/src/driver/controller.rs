@@ -1,7 +1,6 @@
-//! The controller half: a [`ControllerBackend`] over [`ProviderClient`].
-//! The provider is the source of truth: what csi-controller needs to know
-//! of a volume beyond the provider's own fields (its access type and
-//! CreateVolume parameters) rides in the volume's description.
+//! The controller half: a [`ControllerBackend`] over [`ProviderClient`]. The provider is the
+//! source of truth: what csi-controller needs to know of a volume beyond the provider's own
+//! fields (its access type and CreateVolume parameters) rides in the volume's description.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -88,8 +87,8 @@ fn snapshot_view(s: api::Snapshot) -> ProviderSnapshot {
     }
 }
 
-/// What ControllerPublish hands the node: the device's stable name and
-/// the access type (the node keeps no state of the controller's).
+/// What ControllerPublish hands the node (which keeps no state of the controller's): the
+/// device's stable name and the access type.
 fn publish_context(id: &str, access: Access) -> HashMap<String, String> {
     let access = format!("{access:?}").to_lowercase();
     let device = api::device_link_name(id);
@@ -104,8 +103,7 @@ fn first() -> PageRequest {
     PageRequest::default()
 }
 
-/// A name taken by a create whose answer was lost: the service looks the
-/// name up again before any second create.
+/// A name taken by a create whose answer was lost: looked up again before any second create.
 fn taken_is_transient(e: ProviderError) -> BackendError {
     match e.conflict() {
         Some(ConflictKind::NameTaken) => BackendError::transient(e.to_string()),

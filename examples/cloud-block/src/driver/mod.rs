@@ -1,7 +1,6 @@
-//! The `cloud-block` CSI driver: `ControllerService` over the provider's API
-//! ([`CloudController`]), `NodeService` over the devices it attaches
-//! ([`CloudNode`]). The halves share only what the CO carries, so they run
-//! apart (`--mode controller`, `--mode node`) or together (`--mode both`).
+//! The `cloud-block` CSI driver: `ControllerService` over the provider's API ([`CloudController`]),
+//! `NodeService` over the devices it attaches ([`CloudNode`]). The halves share only what the CO
+//! carries, so they run apart (`--mode controller`, `--mode node`) or together (`--mode both`).
 
 mod controller;
 mod node;
