@@ -270,6 +270,20 @@ async fn bad_input_gets_the_spec_code_and_names_what_is_wrong() {
         e.message()
     );
 
+    // A device name that is not one path component: refused, never followed.
+    let context = HashMap::from([("device-name".to_owned(), "../../etc".to_owned())]);
+    let e = node
+        .client
+        .call(stage_req(&gone, &context, &staging, "ext4"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(
+        e.message().contains("publish_context[device-name]"),
+        "{}",
+        e.message()
+    );
+
     // A device holding another filesystem: FAILED_PRECONDITION, untouched.
     let (volume, context) = attached(&controller, "pvc-ext2", false).await;
     let device = std::fs::canonicalize(dirs.link(&volume.volume_id)).unwrap();
