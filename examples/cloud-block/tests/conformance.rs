@@ -32,14 +32,13 @@ const MUST_PASS: [&str; 3] = [
 ];
 
 /// What the provider does not offer, so the driver does not declare it
-/// (the checks say so and skip): capacity, modify, clones, group snapshots.
-const NOT_OFFERED: [&str; 10] = [
+/// (the checks say so and skip): capacity, modify, group snapshots.
+const NOT_OFFERED: [&str; 9] = [
     "controller.get_capacity",
     "controller.modify_volume.missing_volume",
     "controller.modify_volume.empty_parameters",
     "controller.modify_volume.unaccepted_parameter",
     "controller.create_volume.unaccepted_mutable_parameter",
-    "controller.create_volume.clone",
     "group-controller.get_capabilities",
     "group-controller.lifecycle",
     "group-controller.get.missing",
