@@ -416,7 +416,7 @@ async fn snapshots_and_volumes_made_from_them() {
 #[tokio::test]
 async fn clones_copy_a_volume_of_the_region() {
     let dirs = Dirs::new();
-    let provider = start(&dirs, &[]);
+    let provider = start(&dirs, &["--region", "dev-1,dev-2"]);
     let client = provider.client();
     let v = client
         .create_volume(&volume_request("original", 2))
@@ -443,11 +443,20 @@ async fn clones_copy_a_volume_of_the_region() {
     assert!(client.create_volume(&req).await.unwrap_err().is_not_found());
     req.source_volume_id = Some("../state".into());
     assert!(client.create_volume(&req).await.unwrap_err().is_not_found());
+    let mut elsewhere = volume_request("elsewhere", 1);
+    elsewhere.region = Some("dev-2".into());
+    let elsewhere = client.create_volume(&elsewhere).await.unwrap();
+    req.source_volume_id = Some(elsewhere.id.clone());
+    let e = client.create_volume(&req).await.unwrap_err();
+    assert!(
+        invalid(&e, "source_volume_id") && e.to_string().contains("dev-2"),
+        "{e}"
+    );
     let all = client
         .list_volumes(&VolumeFilter::default(), PageRequest::default())
         .await
         .unwrap();
-    assert_eq!(all.items.len(), 1, "nothing made");
+    assert_eq!(all.items.len(), 2, "nothing made");
 
     req.source_volume_id = Some(v.id.clone());
     let clone = client.create_volume(&req).await.unwrap();
