@@ -174,6 +174,10 @@ pub struct CreateVolumeRequest {
     /// Create from this snapshot (size at least its `min_disk_size`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot_id: Option<String>,
+    /// Create as a copy of this volume of the same region (size at least
+    /// its size; not with `snapshot_id`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_volume_id: Option<String>,
     /// Tags.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tags: Vec<String>,

@@ -7,109 +7,18 @@
 mod common;
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
 
-use cloud_block::api::{PageRequest, VolumeFilter};
-use cloud_block::client::ProviderClient;
 use cloud_block::driver::CRASH_ENV;
-use common::{Dirs, Running, TOKEN, start};
-use csi_client::CsiClient;
+use common::driver::{Driver, NODE, scratch};
+use common::{Dirs, start};
 use csi_driver::v1::volume_capability::access_mode::Mode;
 use csi_driver::v1::*;
 use tonic::Code;
 
 const GIB: i64 = 1 << 30;
-const NODE: &str = "node-a";
-
-/// A driver process on its own socket in its own directory.
-struct Driver {
-    child: Child,
-    dir: PathBuf,
-    client: CsiClient,
-}
-
-impl Driver {
-    /// Starts `cloud-block --mode <mode>` with `args` (the node's state in
-    /// `dir/node`), in `dir` as its working directory.
-    async fn start(dir: &Path, mode: &str, args: &[&str], env: &[(&str, &str)]) -> Driver {
-        std::fs::create_dir_all(dir).unwrap();
-        let sock = dir.join(format!("{mode}.sock"));
-        let _ = std::fs::remove_file(&sock);
-        let log = std::fs::File::create(dir.join(format!("{mode}.log"))).unwrap();
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_cloud-block"));
-        cmd.args(["--mode", mode, "--nodeid", NODE, "--log", "info"])
-            .arg(format!("--endpoint=unix://{}", sock.display()))
-            .arg("--statedir")
-            .arg(dir.join("node"))
-            .args(args)
-            .current_dir(dir)
-            .env_remove("CLOUD_PROVIDER_TOKEN")
-            .env_remove(CRASH_ENV)
-            .envs(env.iter().copied())
-            .stdout(Stdio::null())
-            .stderr(log);
-        let mut child = cmd.spawn().unwrap();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !sock.exists() {
-            if let Some(status) = child.try_wait().unwrap() {
-                let log = std::fs::read_to_string(dir.join(format!("{mode}.log"))).unwrap();
-                panic!("cloud-block --mode {mode} exited with {status}:\n{log}");
-            }
-            assert!(Instant::now() < deadline, "no socket from --mode {mode}");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        let endpoint = format!("unix://{}", sock.display());
-        let client = CsiClient::connect(&endpoint).await.unwrap();
-        Driver {
-            child,
-            dir: dir.to_owned(),
-            client,
-        }
-    }
-
-    /// A controller on `provider`, with the token in the environment.
-    async fn controller(dir: &Path, provider: &Running) -> Driver {
-        let url = format!("--provider-url={}", provider.endpoint);
-        Driver::start(
-            dir,
-            "controller",
-            &[&url],
-            &[("CLOUD_PROVIDER_TOKEN", TOKEN)],
-        )
-        .await
-    }
-
-    /// A node whose devices appear in `dirs`' device directory.
-    async fn node(dir: &Path, dirs: &Dirs, env: &[(&str, &str)]) -> Driver {
-        let devices = format!("--device-dir={}", dirs.devices().display());
-        Driver::start(dir, "node", &[&devices, "--device-timeout-secs=2"], env).await
-    }
-
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-
-    /// Waits for the process to end by itself.
-    fn wait(&mut self) -> ExitStatus {
-        self.child.wait().unwrap()
-    }
-
-    fn log(&self, mode: &str) -> String {
-        std::fs::read_to_string(self.dir.join(format!("{mode}.log"))).unwrap_or_default()
-    }
-}
-
-impl Drop for Driver {
-    /// Killed outright: a SIGTERM would wait out the server's grace period
-    /// for this test's open connection, and the driver keeps nothing that
-    /// a kill could lose.
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
 
 fn cap(block: bool, fs: &str) -> VolumeCapability {
     let cap = if block {
@@ -132,34 +41,12 @@ fn create_req(name: &str, block: bool) -> CreateVolumeRequest {
     }
 }
 
-async fn names_on(provider: &Running) -> Vec<String> {
-    let page = PageRequest {
-        page: 1,
-        per_page: 200,
-    };
-    let found = provider
-        .client()
-        .list_volumes(&VolumeFilter::default(), page)
-        .await;
-    let mut names: Vec<String> = found.unwrap().items.into_iter().map(|v| v.name).collect();
-    names.sort();
-    names
-}
-
 /// Whether anything is mounted at or under `path`.
 fn mounted_under(path: &Path) -> bool {
     let path = path.to_string_lossy().into_owned();
     let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     info.lines()
         .any(|l| l.split(' ').nth(4).is_some_and(|m| m.starts_with(&path)))
-}
-
-/// A scratch directory for the driver processes.
-fn scratch() -> tempfile::TempDir {
-    tempfile::Builder::new()
-        .prefix("cloud-block-test.")
-        .tempdir()
-        .unwrap()
 }
 
 #[tokio::test]
@@ -199,7 +86,7 @@ async fn a_controller_killed_during_creates_leaves_one_volume_per_name() {
     let mut want = names.clone();
     want.sort();
     assert_eq!(
-        names_on(&provider).await,
+        provider.volume_names().await,
         want,
         "exactly one volume per name"
     );
@@ -220,7 +107,7 @@ async fn a_controller_killed_during_creates_leaves_one_volume_per_name() {
         };
         controller.client.call(req).await.unwrap();
     }
-    assert!(names_on(&provider).await.is_empty());
+    assert!(provider.volume_names().await.is_empty());
     controller.kill();
     provider.stop();
 }
@@ -383,6 +270,20 @@ async fn bad_input_gets_the_spec_code_and_names_what_is_wrong() {
         e.message()
     );
 
+    // A device name that is not one path component: refused, never followed.
+    let context = HashMap::from([("device-name".to_owned(), "../../etc".to_owned())]);
+    let e = node
+        .client
+        .call(stage_req(&gone, &context, &staging, "ext4"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(
+        e.message().contains("publish_context[device-name]"),
+        "{}",
+        e.message()
+    );
+
     // A device holding another filesystem: FAILED_PRECONDITION, untouched.
     let (volume, context) = attached(&controller, "pvc-ext2", false).await;
     let device = std::fs::canonicalize(dirs.link(&volume.volume_id)).unwrap();
@@ -409,7 +310,7 @@ async fn bad_input_gets_the_spec_code_and_names_what_is_wrong() {
     );
     assert!(!mounted_under(&staging));
     detach_and_delete(&controller, &volume.volume_id).await;
-    assert!(names_on(&provider).await.is_empty());
+    assert!(provider.volume_names().await.is_empty());
     drop((node, controller));
     provider.stop();
 }
@@ -445,7 +346,7 @@ async fn a_provider_refusing_the_token_or_answering_garbage_gets_a_clear_error()
     assert_eq!(e.code(), Code::Internal, "{}", e.message());
     assert!(e.message().contains("could not be read"), "{}", e.message());
     provider.set_faults("{}");
-    assert!(names_on(&provider).await.is_empty(), "nothing recorded");
+    assert!(provider.volume_names().await.is_empty(), "nothing recorded");
     drop(controller);
     provider.stop();
 }

@@ -414,6 +414,67 @@ async fn snapshots_and_volumes_made_from_them() {
 }
 
 #[tokio::test]
+async fn clones_copy_a_volume_of_the_region() {
+    let dirs = Dirs::new();
+    let provider = start(&dirs, &["--region", "dev-1,dev-2"]);
+    let client = provider.client();
+    let v = client
+        .create_volume(&volume_request("original", 2))
+        .await
+        .unwrap();
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(dirs.volume_file(&v.id))
+        .unwrap();
+    std::os::unix::fs::FileExt::write_at(&file, b"payload", 1 << 20).unwrap();
+
+    // Smaller than the source, two sources, no such volume: refused, nothing made.
+    let mut req = volume_request("clone", 1);
+    req.source_volume_id = Some(v.id.clone());
+    let invalid = |e: &ProviderError, field: &str| matches!(e, ProviderError::Invalid { message } if message.contains(field));
+    let e = client.create_volume(&req).await.unwrap_err();
+    assert!(invalid(&e, "size_gigabytes"), "{e}");
+    req.size_gigabytes = 3;
+    req.snapshot_id = Some("00000000-0000-4000-8000-000000000001".into());
+    let e = client.create_volume(&req).await.unwrap_err();
+    assert!(invalid(&e, "source_volume_id"), "{e}");
+    req.snapshot_id = None;
+    req.source_volume_id = Some("00000000-0000-4000-8000-00000000dead".into());
+    assert!(client.create_volume(&req).await.unwrap_err().is_not_found());
+    req.source_volume_id = Some("../state".into());
+    assert!(client.create_volume(&req).await.unwrap_err().is_not_found());
+    let mut elsewhere = volume_request("elsewhere", 1);
+    elsewhere.region = Some("dev-2".into());
+    let elsewhere = client.create_volume(&elsewhere).await.unwrap();
+    req.source_volume_id = Some(elsewhere.id.clone());
+    let e = client.create_volume(&req).await.unwrap_err();
+    assert!(
+        invalid(&e, "source_volume_id") && e.to_string().contains("dev-2"),
+        "{e}"
+    );
+    let all = client
+        .list_volumes(&VolumeFilter::default(), PageRequest::default())
+        .await
+        .unwrap();
+    assert_eq!(all.items.len(), 2, "nothing made");
+
+    req.source_volume_id = Some(v.id.clone());
+    let clone = client.create_volume(&req).await.unwrap();
+    let mut buf = [0u8; 7];
+    let copy = std::fs::File::open(dirs.volume_file(&clone.id)).unwrap();
+    std::os::unix::fs::FileExt::read_at(&copy, &mut buf, 1 << 20).unwrap();
+    assert_eq!(&buf, b"payload");
+    assert_eq!(copy.metadata().unwrap().len(), 3 << 30);
+    // The copy is its own: the source can go.
+    client.delete_volume(&v.id).await.unwrap();
+    assert_eq!(
+        client.get_volume(&clone.id).await.unwrap().size_gigabytes,
+        3
+    );
+    provider.stop();
+}
+
+#[tokio::test]
 async fn a_restart_keeps_every_volume_and_snapshot() {
     let dirs = Dirs::new();
     let provider = start(&dirs, &[]);

@@ -1,12 +1,14 @@
 //! [`ProviderError`] as csi-controller's [`BackendError`], so a controller
 //! backend over this client uses `?`: transient failures keep their
 //! Retry-After for the service's retries, and each conflict gets the code
-//! the spec gives its situation; [`found`] reads a 404 as nothing.
+//! the spec gives its situation; [`found`] reads a 404 as nothing;
+//! [`taken_is_transient`] and [`running`] say what the service retries.
 
 use csi_controller::{BackendError, BackendResult};
 use csi_driver::CsiError;
 
 use super::{ConflictKind, ProviderError};
+use crate::api::Action;
 
 impl From<ProviderError> for BackendError {
     fn from(e: ProviderError) -> Self {
@@ -48,6 +50,22 @@ pub fn found<T>(r: Result<T, ProviderError>) -> BackendResult<Option<T>> {
         Err(e) if e.is_not_found() => Ok(None),
         r => Ok(Some(r?)),
     }
+}
+
+/// A name taken by a create whose answer was lost: transient, so the
+/// service looks the name up again before any second create.
+pub fn taken_is_transient(e: ProviderError) -> BackendError {
+    match e.conflict() {
+        Some(ConflictKind::NameTaken) => BackendError::transient(e.to_string()),
+        _ => e.into(),
+    }
+}
+
+/// An action that has not completed (or errored): transient, so the
+/// service polls or retries it.
+pub fn running(what: &str, a: &Action) -> BackendError {
+    let why = a.error.as_deref().unwrap_or("running");
+    BackendError::transient(format!("{what} (action {}): {why}", a.id))
 }
 
 #[cfg(test)]

@@ -23,7 +23,7 @@ mod fake;
 mod http;
 mod window;
 
-pub use backend_error::found;
+pub use backend_error::{found, running, taken_is_transient};
 #[cfg(feature = "testing")]
 pub use fake::{FakeCall, FakeProvider};
 pub use http::HttpProvider;

@@ -220,6 +220,9 @@ impl Cloud {
                 format!("must be 1 to {}", limits.max_size_gigabytes),
             ));
         }
+        if let Some(source) = &req.source_volume_id {
+            self.check_clone(source, &region, req)?;
+        }
         if let Some(snap_id) = &req.snapshot_id {
             let snap = self
                 .snapshots
@@ -265,6 +268,37 @@ impl Cloud {
         };
         self.volumes.insert(id, volume.clone());
         Ok(volume)
+    }
+
+    /// A clone's source: another volume of the region, no larger than the
+    /// clone, and the only source.
+    fn check_clone(
+        &self,
+        source: &str,
+        region: &str,
+        req: &CreateVolumeRequest,
+    ) -> Result<(), ApiError> {
+        if req.snapshot_id.is_some() {
+            let why = "cannot be given with snapshot_id";
+            return Err(ApiError::field("source_volume_id", why));
+        }
+        let volume =
+            (self.volumes.get(source)).ok_or_else(|| ApiError::not_found("volume", source))?;
+        if volume.region != region {
+            let why = format!(
+                "volume {source} is in region {}, not {region}",
+                volume.region
+            );
+            return Err(ApiError::field("source_volume_id", why));
+        }
+        if req.size_gigabytes < volume.size_gigabytes {
+            let why = format!(
+                "must be at least the source volume's size ({})",
+                volume.size_gigabytes
+            );
+            return Err(ApiError::field("size_gigabytes", why));
+        }
+        Ok(())
     }
 
     /// A page of volumes, oldest first.

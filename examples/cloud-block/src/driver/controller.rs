@@ -1,23 +1,22 @@
-//! The controller half: a [`ControllerBackend`] over [`ProviderClient`].
-//! The provider is the source of truth: what csi-controller needs to know
-//! of a volume beyond the provider's own fields (its access type and
-//! CreateVolume parameters) rides in the volume's description.
+//! The controller half: a [`ControllerBackend`] over [`ProviderClient`]. The provider is the
+//! source of truth: what csi-controller needs to know of a volume beyond the provider's own
+//! fields (its access type and CreateVolume parameters) rides in the volume's description.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::UNIX_EPOCH;
 
 use csi_controller::{
-    Access, AttachBackend, AttachState, BackendError, BackendResult, ContentSource,
-    ControllerBackend, ExpandBackend, ProviderPage, ProviderSnapshot, ProviderVolume,
-    SnapshotBackend, SnapshotRecord, VolumeCatalog, VolumeRecord,
+    Access, AttachBackend, AttachState, BackendResult, ContentSource, ControllerBackend,
+    ExpandBackend, ProviderPage, ProviderSnapshot, ProviderVolume, SnapshotBackend, SnapshotRecord,
+    VolumeCatalog, VolumeRecord,
 };
 use csi_driver::async_trait;
 use serde::{Deserialize, Serialize};
 
 use super::{ACCESS_KEY, DEVICE_KEY, TOPOLOGY_KEY};
 use crate::api::{self, ActionKind, ActionStatus, GIB, PageRequest, SnapshotFilter, VolumeFilter};
-use crate::client::{ConflictKind, ProviderClient, ProviderError, found, page};
+use crate::client::{ConflictKind, ProviderClient, found, page, running, taken_is_transient};
 
 /// The snapshot tag saying its source was a block volume.
 const BLOCK_TAG: &str = "csi-kit:block";
@@ -30,6 +29,8 @@ type Listed<T> = BackendResult<ProviderPage<T>>;
 struct Meta {
     block: bool,
     parameters: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    clone_of: Option<String>,
 }
 
 /// The controller's backend: volumes are made in `region` through `client`.
@@ -50,7 +51,8 @@ fn volume_view(v: api::Volume) -> ProviderVolume {
     let record = VolumeRecord {
         capacity_bytes: i64::try_from(v.size_bytes()).unwrap_or(i64::MAX),
         access: access(meta.block),
-        source: v.snapshot_id.map(ContentSource::Snapshot),
+        source: (v.snapshot_id.map(ContentSource::Snapshot))
+            .or(meta.clone_of.map(ContentSource::Volume)),
         parameters: meta.parameters,
         mutable_parameters: BTreeMap::new(),
         topology: BTreeMap::from([(TOPOLOGY_KEY.to_owned(), v.region)]),
@@ -88,8 +90,8 @@ fn snapshot_view(s: api::Snapshot) -> ProviderSnapshot {
     }
 }
 
-/// What ControllerPublish hands the node: the device's stable name and
-/// the access type (the node keeps no state of the controller's).
+/// What ControllerPublish hands the node (which keeps no state of the controller's): the
+/// device's stable name and the access type.
 fn publish_context(id: &str, access: Access) -> HashMap<String, String> {
     let access = format!("{access:?}").to_lowercase();
     let device = api::device_link_name(id);
@@ -104,40 +106,31 @@ fn first() -> PageRequest {
     PageRequest::default()
 }
 
-/// A name taken by a create whose answer was lost: the service looks the
-/// name up again before any second create.
-fn taken_is_transient(e: ProviderError) -> BackendError {
-    match e.conflict() {
-        Some(ConflictKind::NameTaken) => BackendError::transient(e.to_string()),
-        _ => e.into(),
-    }
-}
-
-/// An action that has not completed: retried (polled) by the service.
-fn running(what: &str, a: &api::Action) -> BackendError {
-    let why = a.error.as_deref().unwrap_or("running");
-    BackendError::transient(format!("{what} (action {}): {why}", a.id))
-}
-
 #[async_trait]
 impl ControllerBackend for CloudController {
     async fn create_volume(&self, volume: &mut VolumeRecord) -> BackendResult<()> {
-        // No clones reach here: the service refuses them (clones_volumes is false).
-        let snapshot_id = match &volume.source {
-            Some(ContentSource::Snapshot(id)) => Some(id.clone()),
-            _ => None,
+        let (snapshot_id, clone_of) = match &volume.source {
+            Some(ContentSource::Snapshot(id)) => (Some(id.clone()), None),
+            Some(ContentSource::Volume(id)) => (None, Some(id.clone())),
+            None => (None, None),
         };
         let tags = (volume.parameters.get("tags").into_iter())
             .flat_map(|t| t.split(',').map(str::trim).filter(|t| !t.is_empty()))
             .map(str::to_owned);
         let (block, parameters) = (volume.access == Access::Block, volume.parameters.clone());
-        let description = serde_json::to_string(&Meta { block, parameters }).unwrap_or_default();
+        let meta = Meta {
+            block,
+            parameters,
+            clone_of: clone_of.clone(),
+        };
+        let description = serde_json::to_string(&meta).unwrap_or_default();
         let req = api::CreateVolumeRequest {
             name: volume.name.clone(),
             size_gigabytes: gigabytes(volume.capacity_bytes),
             region: Some(self.region.clone()),
             description,
             snapshot_id,
+            source_volume_id: clone_of,
             tags: tags.collect(),
         };
         let made = self.client.create_volume(&req).await;
@@ -158,6 +151,9 @@ impl ControllerBackend for CloudController {
     }
     fn attacher(&self) -> Option<&dyn AttachBackend> {
         Some(self)
+    }
+    fn clones_volumes(&self) -> bool {
+        true // the provider copies a volume of the region
     }
     fn accepted_parameters(&self) -> Option<&[&str]> {
         Some(&["tags"]) // comma-separated tags of the provider's volume

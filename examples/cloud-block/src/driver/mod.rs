@@ -1,7 +1,6 @@
-//! The `cloud-block` CSI driver: `ControllerService` over the provider's API
-//! ([`CloudController`]), `NodeService` over the devices it attaches
-//! ([`CloudNode`]). The halves share only what the CO carries, so they run
-//! apart (`--mode controller`, `--mode node`) or together (`--mode both`).
+//! The `cloud-block` CSI driver: `ControllerService` over the provider's API ([`CloudController`]),
+//! `NodeService` over the devices it attaches ([`CloudNode`]). The halves share only what the CO
+//! carries, so they run apart (`--mode controller`, `--mode node`) or together (`--mode both`).
 
 mod controller;
 mod node;
@@ -78,9 +77,9 @@ pub fn controller(flags: &Flags) -> Result<ControllerService<CloudController>, S
     // The provider's sizes are whole GiB.
     let gib = GIB as i64;
     (config.default_size, config.mount_unit, config.block_unit) = (gib, gib, gib);
+    config.retry.initial = std::time::Duration::from_millis(2); // an action can end in ms
     let (client, region) = (Arc::new(client), flags.region.clone());
-    let backend = CloudController { client, region };
-    ControllerService::without_store(config, backend)
+    ControllerService::without_store(config, CloudController { client, region })
 }
 
 /// The node service on the host's devices and mounts.

@@ -1,7 +1,6 @@
-//! The node half: a [`NodeBackend`] whose volumes are the devices the
-//! provider attached, found by the stable name ControllerPublish put in
-//! the publish context; csi-node waits for them, formats them on first
-//! use (never again), mounts them or publishes them as block devices.
+//! The node half: a [`NodeBackend`] whose volumes are the devices the provider attached, found
+//! by the stable name ControllerPublish put in the publish context; csi-node waits for them,
+//! formats them on first use (never again), mounts them or publishes them as block devices.
 
 use std::path::{Path, PathBuf};
 
@@ -13,15 +12,19 @@ use mount_utils::SafeFormatAndMount;
 
 use super::{ACCESS_KEY, DEVICE_KEY};
 
-/// In test builds the node SIGKILLs itself where this says: `before-mount`
-/// (after the device was waited for, before anything is mounted).
+/// Test builds SIGKILL the node where this says: `before-mount` (device found, nothing mounted).
 pub const CRASH_ENV: &str = "CLOUD_BLOCK_CRASH_AT";
 
-/// The node's backend: devices appear as `<.0>/<name from the publish
-/// context>`.
+/// The node's backend: devices appear as `<.0>/<the publish context's name>`.
 pub struct CloudNode(pub PathBuf);
 
 impl VolumeLocator for CloudNode {
+    /// A device attached here: a repeated NodeUnstage/NodeUnpublish is OK.
+    fn source(&self, id: &str) -> Option<VolumeSource> {
+        let device =
+            device_by_name(&self.0, &crate::api::device_link_name(id), "volume_id").ok()?;
+        device.exists().then_some(VolumeSource::Device(device))
+    }
     fn source_in(&self, _: &str, c: &VolumeContexts) -> Result<Option<VolumeSource>, NodeError> {
         let name = c.publish(DEVICE_KEY)?;
         let field = format!("publish_context[{DEVICE_KEY}]");

@@ -17,6 +17,15 @@ use mount_utils::{LinuxLoopDevices, LoopDevices, LoopOptions};
 use crate::api::{GIB, device_link_name};
 use crate::cloud::is_provider_id;
 
+/// What a new volume's data is copied from.
+#[derive(Debug, Clone, Copy)]
+pub enum Source<'a> {
+    /// A snapshot's file.
+    Snapshot(&'a str),
+    /// Another volume's file (a clone).
+    Volume(&'a str),
+}
+
 /// Files, loop devices and links of one provider.
 #[derive(Clone)]
 pub struct Disks {
@@ -77,11 +86,16 @@ impl Disks {
         self.device_dir.join(device_link_name(volume_id))
     }
 
-    /// Makes a volume's file: sparse, or a copy of a snapshot grown to size.
-    pub fn create_volume(&self, id: &str, gib: u64, snapshot: Option<&str>) -> io::Result<()> {
+    /// Makes a volume's file: sparse, or a copy of a snapshot's or another
+    /// volume's file grown to size.
+    pub fn create_volume(&self, id: &str, gib: u64, from: Option<Source<'_>>) -> io::Result<()> {
         let file = self.volume_file(id);
-        if let Some(snap) = snapshot {
-            tree_copy::copy_file(&self.snapshot_file(snap), &file).map_err(io::Error::other)?;
+        if let Some(from) = from {
+            let from = match from {
+                Source::Snapshot(snap) => self.snapshot_file(snap),
+                Source::Volume(volume) => self.volume_file(volume),
+            };
+            tree_copy::copy_file(&from, &file).map_err(io::Error::other)?;
             let f = std::fs::OpenOptions::new().write(true).open(&file)?;
             return f.set_len(gib * GIB).map_err(context("sizing", &file));
         }

@@ -14,7 +14,7 @@ use hyper::{Method, Request, Response};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::{Faults, Shared, Verdict, internal, lock, now, spawn_action};
+use super::{Faults, Shared, Source, Verdict, internal, lock, now, spawn_action};
 use crate::api::{
     ActionEnvelope, ActionList, ActionRequest, CreateSnapshotRequest, CreateVolumeRequest,
     DEFAULT_PER_PAGE, Links, MAX_PER_PAGE, Meta, PageLinks, PageRequest, Region, RegionsEnvelope,
@@ -432,16 +432,18 @@ fn get_action(shared: &Shared, volume_id: Option<&str>, aid: &str) -> Result<Rep
 
 fn create_volume(shared: &Shared, call: &Call) -> Result<Reply, ApiError> {
     let req: CreateVolumeRequest = call.json()?;
-    if let Some(snap) = &req.snapshot_id {
-        id("snapshot", snap)?;
-    }
+    let from = match (&req.snapshot_id, &req.source_volume_id) {
+        (Some(snap), _) => Some(Source::Snapshot(id("snapshot", snap)?)),
+        (None, Some(volume)) => Some(Source::Volume(id("volume", volume)?)),
+        (None, None) => None,
+    };
     let vid = uuid::Uuid::new_v4().to_string();
     let volume = shared.commit(
         |cloud| {
             let volume = cloud.create_volume(&shared.limits, &req, vid.clone(), &now())?;
             shared
                 .disks
-                .create_volume(&vid, volume.size_gigabytes, req.snapshot_id.as_deref())
+                .create_volume(&vid, volume.size_gigabytes, from)
                 .map_err(|e| {
                     let _ = shared.disks.remove_volume(&vid);
                     internal("creating the volume's file", e)

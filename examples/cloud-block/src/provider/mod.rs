@@ -24,7 +24,7 @@ use std::time::{Duration, SystemTime};
 use csi_store::{FileStore, Table};
 use hyper_util::rt::TokioIo;
 
-pub use disks::Disks;
+pub use disks::{Disks, Source};
 pub use faults::{FaultState, Faults, Verdict};
 
 use crate::api::{Action, ActionKind, rfc3339};

@@ -3,12 +3,14 @@
 
 #![allow(dead_code)] // each test binary uses part of this
 
+pub mod driver;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use cloud_block::api::{Action, ActionStatus, CreateVolumeRequest};
+use cloud_block::api::{Action, ActionStatus, CreateVolumeRequest, PageRequest, VolumeFilter};
 use cloud_block::client::{HttpProvider, ProviderClient};
 use cloud_block::token::Token;
 
@@ -120,6 +122,19 @@ impl Running {
     pub fn crash(mut self) {
         self.child.kill().unwrap();
         self.child.wait().unwrap();
+    }
+
+    /// The names of every volume the provider holds, sorted.
+    pub async fn volume_names(&self) -> Vec<String> {
+        let page = PageRequest {
+            page: 1,
+            per_page: 200,
+        };
+        let (client, all) = (self.client(), VolumeFilter::default());
+        let found = client.list_volumes(&all, page).await.unwrap();
+        let mut names: Vec<_> = found.items.into_iter().map(|v| v.name).collect();
+        names.sort();
+        names
     }
 
     /// Replaces the fault mode through the admin endpoint.

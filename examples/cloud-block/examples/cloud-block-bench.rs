@@ -1,0 +1,331 @@
+//! The benchmark client of `scripts/bench-cloud-block.sh` (which starts the
+//! provider and the driver's controller and node, and cleans up after).
+//!
+//! Create-to-published time of a 1 GiB ext4 volume, alternating round by
+//! round between two paths: through the driver (CreateVolume →
+//! ControllerPublishVolume → NodeStageVolume → NodePublishVolume over its
+//! sockets), and directly (the provider's create, attach and action polls
+//! over HTTP by this client, then the node's work done here by hand: wait
+//! for the link, `mkfs.ext4 -F -m0` as csi-node formats, mount(2), bind
+//! mount(2)). Also NodeStageVolume of an attached device: its first stage
+//! (formats) and a stage of the already formatted device. Teardown is never
+//! timed. Root only.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use cloud_block::api::{self, ActionStatus, device_link_name};
+use cloud_block::client::{HttpProvider, ProviderClient};
+use cloud_block::token::{TOKEN_ENV, Token};
+use csi_client::CsiClient;
+use csi_driver::v1::volume_capability::access_mode::Mode;
+use csi_driver::v1::*;
+use nix::mount::{MntFlags, MsFlags};
+
+const GIB: i64 = 1 << 30;
+
+#[derive(Debug, Parser)]
+struct Args {
+    /// The provider's URL (the token is in CLOUD_PROVIDER_TOKEN).
+    #[arg(long)]
+    provider: String,
+    /// The driver's controller endpoint.
+    #[arg(long)]
+    controller: String,
+    /// The driver's node endpoint.
+    #[arg(long)]
+    node: String,
+    /// The node id the node plugin serves as.
+    #[arg(long)]
+    node_id: String,
+    /// The provider's device directory.
+    #[arg(long)]
+    device_dir: PathBuf,
+    /// Where staging and target paths are made.
+    #[arg(long)]
+    work: PathBuf,
+    /// Timed rounds per path (after one warm-up round each).
+    #[arg(long, default_value_t = 15)]
+    rounds: usize,
+}
+
+/// Milliseconds of each step of one create-to-published run.
+#[derive(Debug, Default, Clone)]
+struct Steps {
+    create: f64,
+    attach: f64,
+    stage: f64,
+    publish: f64,
+}
+
+impl Steps {
+    fn total(&self) -> f64 {
+        self.create + self.attach + self.stage + self.publish
+    }
+}
+
+struct Bench {
+    args: Args,
+    provider: HttpProvider,
+    controller: CsiClient,
+    node: CsiClient,
+    n: usize,
+}
+
+fn ms(since: Instant) -> f64 {
+    since.elapsed().as_secs_f64() * 1e3
+}
+
+fn cap() -> VolumeCapability {
+    VolumeCapability::mount("ext4").with_access_mode(Mode::SingleNodeWriter)
+}
+
+/// The `p`th percentile (nearest rank) of `values`.
+fn percentile(values: &[f64], p: f64) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    let rank = ((p / 100.0) * v.len() as f64).ceil() as usize;
+    v[rank.clamp(1, v.len()) - 1]
+}
+
+fn list(values: &[f64]) -> String {
+    let v: Vec<String> = values.iter().map(|x| format!("{x:.1}")).collect();
+    v.join(", ")
+}
+
+impl Bench {
+    /// Fresh staging and target paths (the target's parent exists, the
+    /// target does not, as a CO passes them).
+    fn paths(&mut self, side: &str) -> (PathBuf, PathBuf) {
+        self.n += 1;
+        let base = self.args.work.join(format!("{side}-{}", self.n));
+        let staging = base.join("staging");
+        std::fs::create_dir_all(&staging).expect("staging dir");
+        (staging, base.join("target"))
+    }
+
+    /// Through the driver; also times a second NodeStage of the formatted
+    /// device after an unstage.
+    async fn driver_round(&mut self) -> (Steps, f64) {
+        let (staging, target) = self.paths("driver");
+        let name = format!("bench-driver-{}", self.n);
+        let mut steps = Steps::default();
+        let t = Instant::now();
+        let req = CreateVolumeRequest {
+            name,
+            capacity_range: Some(CapacityRange {
+                required_bytes: GIB,
+                limit_bytes: 0,
+            }),
+            volume_capabilities: vec![cap()],
+            ..Default::default()
+        };
+        let volume = self.controller.call(req).await.expect("CreateVolume");
+        let volume = volume.volume.expect("a volume");
+        steps.create = ms(t);
+        let t = Instant::now();
+        let req = ControllerPublishVolumeRequest {
+            volume_id: volume.volume_id.clone(),
+            node_id: self.args.node_id.clone(),
+            volume_capability: Some(cap()),
+            volume_context: volume.volume_context.clone(),
+            ..Default::default()
+        };
+        let published = self.controller.call(req).await.expect("ControllerPublish");
+        steps.attach = ms(t);
+        let stage = NodeStageVolumeRequest {
+            volume_id: volume.volume_id.clone(),
+            publish_context: published.publish_context.clone(),
+            staging_target_path: staging.to_string_lossy().into(),
+            volume_capability: Some(cap()),
+            volume_context: volume.volume_context.clone(),
+            ..Default::default()
+        };
+        let t = Instant::now();
+        self.node.call(stage.clone()).await.expect("NodeStage");
+        steps.stage = ms(t);
+        let t = Instant::now();
+        let req = NodePublishVolumeRequest {
+            volume_id: volume.volume_id.clone(),
+            publish_context: published.publish_context.clone(),
+            staging_target_path: staging.to_string_lossy().into(),
+            target_path: target.to_string_lossy().into(),
+            volume_capability: Some(cap()),
+            volume_context: volume.volume_context.clone(),
+            ..Default::default()
+        };
+        self.node.call(req).await.expect("NodePublish");
+        steps.publish = ms(t);
+
+        let id = volume.volume_id;
+        let req = NodeUnpublishVolumeRequest {
+            volume_id: id.clone(),
+            target_path: target.to_string_lossy().into(),
+        };
+        self.node.call(req).await.expect("NodeUnpublish");
+        let unstage = NodeUnstageVolumeRequest {
+            volume_id: id.clone(),
+            staging_target_path: staging.to_string_lossy().into(),
+        };
+        self.node.call(unstage.clone()).await.expect("NodeUnstage");
+        let t = Instant::now();
+        self.node.call(stage).await.expect("NodeStage again");
+        let restage = ms(t);
+        self.node.call(unstage).await.expect("NodeUnstage again");
+        let req = ControllerUnpublishVolumeRequest {
+            volume_id: id.clone(),
+            node_id: self.args.node_id.clone(),
+            secrets: HashMap::new(),
+        };
+        self.controller
+            .call(req)
+            .await
+            .expect("ControllerUnpublish");
+        let req = DeleteVolumeRequest {
+            volume_id: id,
+            secrets: HashMap::new(),
+        };
+        self.controller.call(req).await.expect("DeleteVolume");
+        (steps, restage)
+    }
+
+    /// Polls an action every millisecond until it completes.
+    async fn until_done(&self, id: u64) {
+        loop {
+            let action = self.provider.get_action(id).await.expect("GET action");
+            match action.status {
+                ActionStatus::Completed => return,
+                ActionStatus::Errored => panic!("action {id} errored: {:?}", action.error),
+                ActionStatus::InProgress => tokio::time::sleep(Duration::from_millis(1)).await,
+            }
+        }
+    }
+
+    /// The provider's calls over HTTP, then the node's work by hand.
+    async fn direct_round(&mut self) -> Steps {
+        let (staging, target) = self.paths("direct");
+        let name = format!("bench-direct-{}", self.n);
+        let mut steps = Steps::default();
+        let t = Instant::now();
+        let req = api::CreateVolumeRequest {
+            name,
+            size_gigabytes: 1,
+            ..Default::default()
+        };
+        let volume = self.provider.create_volume(&req).await.expect("create");
+        steps.create = ms(t);
+        let t = Instant::now();
+        let node = &self.args.node_id;
+        let action = self
+            .provider
+            .attach(&volume.id, node)
+            .await
+            .expect("attach");
+        self.until_done(action.id).await;
+        steps.attach = ms(t);
+        let t = Instant::now();
+        let link = self.args.device_dir.join(device_link_name(&volume.id));
+        while !link.exists() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let device = std::fs::canonicalize(&link).expect("the link's device");
+        let made = std::process::Command::new("mkfs.ext4")
+            .args(["-F", "-m0"])
+            .arg(&device)
+            .output()
+            .expect("mkfs.ext4");
+        assert!(made.status.success(), "mkfs.ext4: {made:?}");
+        mount(Some(&device), &staging, Some("ext4"), MsFlags::empty());
+        steps.stage = ms(t);
+        let t = Instant::now();
+        std::fs::create_dir(&target).expect("target dir");
+        mount(Some(&staging), &target, None, MsFlags::MS_BIND);
+        steps.publish = ms(t);
+
+        for path in [&target, &staging] {
+            nix::mount::umount2(path, MntFlags::empty()).expect("umount");
+        }
+        let action = self
+            .provider
+            .detach(&volume.id, node)
+            .await
+            .expect("detach");
+        self.until_done(action.id).await;
+        self.provider
+            .delete_volume(&volume.id)
+            .await
+            .expect("delete");
+        steps
+    }
+}
+
+fn mount(source: Option<&Path>, target: &Path, fs: Option<&str>, flags: MsFlags) {
+    nix::mount::mount(source, target, fs, flags, None::<&str>).expect("mount(2)");
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    let args = Args::parse();
+    let token = std::env::var(TOKEN_ENV).expect("CLOUD_PROVIDER_TOKEN");
+    let token = Token::new(&token, TOKEN_ENV).expect("a token");
+    let provider = HttpProvider::new(&args.provider, token).expect("provider URL");
+    let controller = CsiClient::connect(&args.controller)
+        .await
+        .expect("controller");
+    let node = CsiClient::connect(&args.node).await.expect("node");
+    let rounds = args.rounds;
+    let mut bench = Bench {
+        args,
+        provider,
+        controller,
+        node,
+        n: 0,
+    };
+    // Warm-up: first connections, page cache, the provider's state file.
+    bench.driver_round().await;
+    bench.direct_round().await;
+    let (mut driver, mut direct, mut restage) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..rounds {
+        // Alternate which path goes first.
+        if round % 2 == 0 {
+            let (steps, again) = bench.driver_round().await;
+            driver.push(steps);
+            restage.push(again);
+            direct.push(bench.direct_round().await);
+        } else {
+            direct.push(bench.direct_round().await);
+            let (steps, again) = bench.driver_round().await;
+            driver.push(steps);
+            restage.push(again);
+        }
+    }
+    let totals = |s: &[Steps]| s.iter().map(Steps::total).collect::<Vec<_>>();
+    let (d, h) = (totals(&driver), totals(&direct));
+    println!("create-to-published, 1 GiB ext4, {rounds} alternating rounds (ms):");
+    for (label, steps, all) in [("driver", &driver, &d), ("direct", &direct, &h)] {
+        let step =
+            |f: fn(&Steps) -> f64| percentile(&steps.iter().map(f).collect::<Vec<_>>(), 50.0);
+        println!(
+            "  {label}: median {:.1} (create {:.1}, attach {:.1}, stage {:.1}, publish {:.1}); all: {}",
+            percentile(all, 50.0),
+            step(|s| s.create),
+            step(|s| s.attach),
+            step(|s| s.stage),
+            step(|s| s.publish),
+            list(all)
+        );
+    }
+    let ratio = percentile(&d, 50.0) / percentile(&h, 50.0);
+    println!("  ratio driver / direct (medians): {ratio:.2}");
+    let first: Vec<f64> = driver.iter().map(|s| s.stage).collect();
+    println!(
+        "NodeStageVolume of an attached device (ms): first (formats) p50 {:.1} p90 {:.1}; \
+         already formatted p50 {:.1} p90 {:.1}",
+        percentile(&first, 50.0),
+        percentile(&first, 90.0),
+        percentile(&restage, 50.0),
+        percentile(&restage, 90.0)
+    );
+}
