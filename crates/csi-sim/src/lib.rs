@@ -51,5 +51,5 @@ pub use runner::{
     DataView, MAX_ATTEMPTS, Services, SimReport, SimRunner, Start, Started, Violation,
 };
 pub use workload::{Call, Content, SimWorkload, workloads};
-pub use world::{Effect, FAULTS, ProviderFault, SimFault, UnknownFault, World};
+pub use world::{Effect, FAULTS, ProviderFault, SimFault, UnknownFault, Unobserved, World};
 pub use wrap::{SimClock, SimExec, SimFsTools, SimLoops, SimMounter};

@@ -152,6 +152,7 @@ impl fmt::Display for SimReport {
 pub struct SimRunner<'a> {
     start: &'a Start,
     rt: tokio::runtime::Runtime,
+    mode: Mode,
 }
 
 impl<'a> SimRunner<'a> {
@@ -163,7 +164,16 @@ impl<'a> SimRunner<'a> {
                 .enable_all()
                 .build()
                 .expect("a tokio runtime"),
+            mode: Mode::SingleNodeWriter,
         }
+    }
+
+    /// The access mode the CO asks for (SINGLE_NODE_WRITER by default;
+    /// Kubernetes asks SINGLE_NODE_MULTI_WRITER for a ReadWriteOnce volume
+    /// of a driver that declares it, so two pods on the node may share it).
+    pub fn access_mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
     }
 
     /// Every step of `workload` with every fault; a replay of one run
@@ -282,6 +292,7 @@ impl<'a> SimRunner<'a> {
             services: None,
             model: Model::default(),
             start_steps: None,
+            mode: self.mode,
         };
         let mut found = Vec::new();
         self.rt.block_on(async {
@@ -340,6 +351,8 @@ pub(crate) struct Co<'a> {
     pub(crate) model: Model,
     /// Steps made when the driver first started.
     start_steps: Option<u64>,
+    /// The access mode asked for.
+    mode: Mode,
 }
 
 /// One attempt's answer: OK, or an error worth retrying.
@@ -428,7 +441,8 @@ impl Co<'_> {
 
     async fn attempt(&mut self, call: &Call) -> Result<Answer, String> {
         let ctx = |m| CallContext::detached(0, m);
-        let mount_cap = || cap(false, Mode::SingleNodeWriter, &[]);
+        let mode = self.mode;
+        let mount_cap = || cap(false, mode, &[]);
         let s = self.services().await?;
         let (controller, node, group) = (s.controller.clone(), s.node.clone(), s.group.clone());
         Ok(match call {

@@ -141,6 +141,8 @@ struct State {
     trace: Option<Vec<String>>,
     /// The kind of every step so far.
     effects: Vec<Effect>,
+    /// Open [`Unobserved`] guards.
+    unobserved: usize,
 }
 
 /// The shared world: the fakes (mount table, loop devices, filesystem) and
@@ -199,6 +201,9 @@ fn step_in(
     if st.crashed || generation != st.generation {
         return Err(Errno::EIO);
     }
+    if st.unobserved > 0 {
+        return Ok(None);
+    }
     let n = st.step;
     st.step += 1;
     st.effects.push(effect);
@@ -224,7 +229,25 @@ fn step_in(
     }
 }
 
+/// While it lives, the world's effects are neither counted nor faulted:
+/// what the runner's checks make the driver do is not part of the run.
+#[derive(Debug)]
+pub struct Unobserved(Arc<Mutex<State>>);
+
+impl Drop for Unobserved {
+    fn drop(&mut self) {
+        let mut st = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        st.unobserved -= 1;
+    }
+}
+
 impl World {
+    /// Effects go uncounted and unfaulted until the guard is dropped.
+    pub fn unobserved(&self) -> Unobserved {
+        self.lock().unobserved += 1;
+        Unobserved(self.state.clone())
+    }
+
     /// A fresh world with `plan` (none: count only); its host directories
     /// (volume data, kubelet paths) live in a temporary directory removed
     /// with the last clone.
