@@ -330,10 +330,8 @@ fn adapt(calls: Vec<Call>, declared: Declared) -> Vec<Call> {
                 }
                 attached.insert(*pv);
             }
-            Call::ControllerUnpublish(pv) => {
-                if !declared.attaches || !attached.remove(pv) {
-                    continue;
-                }
+            Call::ControllerUnpublish(pv) if !declared.attaches || !attached.remove(pv) => {
+                continue;
             }
             Call::Stage(pv) if declared.attaches && attached.insert(pv) => {
                 out.push(Call::ControllerPublish(pv));
