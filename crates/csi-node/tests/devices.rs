@@ -176,6 +176,49 @@ async fn an_attached_disk_is_waited_for_formatted_once_mounted_and_never_detache
     assert!(w.host.detached().is_empty());
 }
 
+/// Found by the simulator (the CO tearing down a pod whose publish
+/// failed): NodeUnpublish carries no contexts, so a driver that knows its
+/// volumes only from them answered NOT_FOUND for a staged volume.
+#[tokio::test]
+async fn unpublishing_a_target_never_published_of_a_staged_volume_is_ok() {
+    let w = world();
+    w.host.attach_device(
+        &by_id("disk-1"),
+        DeviceNumber::new(8, 16),
+        MIB,
+        Duration::ZERO,
+    );
+    let staging = w.dir.path().join("staging");
+    w.exec.expect("blkid", ExecOutput::exit(2, ""));
+    w.exec.expect("mkfs.ext4", ExecOutput::ok(""));
+    let req = stage("vol-1", Some("disk-1"), &staging, false);
+    w.node.node_stage_volume(&ctx(), req).await.unwrap();
+    let target = w.dir.path().join("pod-never-published");
+    let unpublish = unpublish_req("vol-1", &target);
+    w.node
+        .node_unpublish_volume(&ctx(), unpublish)
+        .await
+        .unwrap();
+    assert_eq!(
+        w.host.mounts_at(&staging).len(),
+        1,
+        "the stage is untouched"
+    );
+    let unknown = unpublish_req("vol-2", &target);
+    let e = w
+        .node
+        .node_unpublish_volume(&ctx(), unknown)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        e.code(),
+        Code::NotFound,
+        "a volume neither staged nor known: {e}"
+    );
+    let unstage = unstage_req("vol-1", &staging);
+    w.node.node_unstage_volume(&ctx(), unstage).await.unwrap();
+}
+
 #[tokio::test]
 async fn a_device_that_never_appears_is_not_found_naming_it_and_leaves_nothing() {
     let w = world();

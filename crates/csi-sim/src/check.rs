@@ -18,6 +18,8 @@ impl Co<'_> {
         let ctx = |m| CallContext::detached(0, m);
         let s = self.services().await?;
         let (controller, data) = (s.controller.clone(), s.data.clone());
+        // Reading the driver's answers is no step of the workload.
+        let _unobserved = self.world.unobserved();
         // Records (as ListVolumes and ListSnapshots answer) = what the CO
         // was told exists = the data that exists, each owned by its id.
         let listed: BTreeSet<String> = controller
@@ -93,7 +95,7 @@ impl Co<'_> {
         for (path, (pv, ro)) in &expected {
             let m = &mounts[path];
             let id = self.id(pv);
-            if !m.root.ends_with(&id) {
+            if data.volume_at(m).as_ref() != Some(&id) {
                 return Err(format!("{path:?} shows {:?}, not volume {id}", m.root));
             }
             let is_ro = m.mount_options.iter().any(|o| o == "ro");
@@ -101,9 +103,12 @@ impl Co<'_> {
                 return Err(format!("{path:?} is read-only: {is_ro}, asked: {ro}"));
             }
         }
-        let attached = self.world.loops().attached();
-        if !attached.is_empty() {
-            return Err(format!("loop devices no volume uses: {attached:?}"));
+        // Loop devices: one per staged volume that stages through one.
+        let staged: BTreeSet<String> = self.model.staged.iter().map(|pv| self.id(pv)).collect();
+        let mut unused = self.world.loops().attached();
+        unused.retain(|d| !data.loop_volume(d).is_some_and(|id| staged.contains(&id)));
+        if !unused.is_empty() {
+            return Err(format!("loop devices no volume uses: {unused:?}"));
         }
         Ok(())
     }

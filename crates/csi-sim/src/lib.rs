@@ -6,7 +6,9 @@
 //!   counter over every effect they see. A [`SimFault`] planned at step k
 //!   crashes the driver there (its process state is dropped; mounts, loop
 //!   devices and the page cache, or with [`SimFault::PowerLoss`] only synced
-//!   data, stay) or fails that effect with an errno.
+//!   data, stay) or fails that effect with an errno (a provider call with
+//!   a [`ProviderFault`]: a 5xx, a 429, a timeout before or after the
+//!   provider made the change).
 //! - [`SimMounter`], [`SimLoops`], [`SimExec`]: mount-utils' seams over the
 //!   world, and [`SimClock`], volume-state's clock, whose sleeps are
 //!   steps; csi-store's `FileStore::open_on(world.fs().handle(), dir)`
@@ -49,5 +51,5 @@ pub use runner::{
     DataView, MAX_ATTEMPTS, Services, SimReport, SimRunner, Start, Started, Violation,
 };
 pub use workload::{Call, Content, SimWorkload, workloads};
-pub use world::{Effect, FAULTS, SimFault, UnknownFault, World};
-pub use wrap::{SimClock, SimExec, SimLoops, SimMounter};
+pub use world::{Effect, FAULTS, ProviderFault, SimFault, UnknownFault, Unobserved, World};
+pub use wrap::{SimClock, SimExec, SimFsTools, SimLoops, SimMounter};

@@ -3,7 +3,7 @@
 //! crash and retrying calls the way the CO does, checking the invariants
 //! after every call that got its final answer.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -15,7 +15,7 @@ use csi_proto::v1::*;
 
 use crate::targets::NODE_ID;
 use crate::workload::{Call, Content, SimWorkload};
-use crate::world::{FAULTS, SimFault, World};
+use crate::world::{Effect, FAULTS, SimFault, World};
 
 /// What the runner reads of the driver's data besides its answers: every
 /// volume's and snapshot's data by id, with the id its data says it was
@@ -25,6 +25,19 @@ pub trait DataView: Send + Sync {
     fn volumes(&self) -> BTreeMap<String, String>;
     /// Snapshot data: id → owner.
     fn snapshots(&self) -> BTreeMap<String, String>;
+    /// The id of the volume whose data `mount` shows: by default the
+    /// last component of the mount's root (a directory volume is bound
+    /// from a directory named by its id).
+    fn volume_at(&self, mount: &mount_utils::MountInfo) -> Option<String> {
+        let name = mount.root.file_name()?;
+        Some(name.to_string_lossy().into_owned())
+    }
+    /// The id of the volume a loop device serves (by default none: a
+    /// driver that stages through loop devices says which).
+    fn loop_volume(&self, device: &mount_utils::LoopDeviceInfo) -> Option<String> {
+        let _ = device;
+        None
+    }
 }
 
 /// A started driver: its services and a view of its data.
@@ -100,6 +113,9 @@ pub struct SimReport {
     /// Runs whose planned step was never reached (the run took another
     /// path than the counting run).
     pub unreached: u64,
+    /// Runs with each fault planned, by the fault's name (each fault is
+    /// tried at the steps it applies to).
+    pub runs_by_fault: BTreeMap<String, u64>,
     /// Invariant violations.
     pub violations: Vec<Violation>,
 }
@@ -108,13 +124,16 @@ impl fmt::Display for SimReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "driver start: {} steps x {} faults (explored once)",
+            "driver start: {} steps (explored once)",
             self.start_steps,
-            FAULTS.len()
         )?;
         for (w, s) in &self.steps {
-            writeln!(f, "workload {w}: {s} steps x {} faults", FAULTS.len())?;
+            writeln!(f, "workload {w}: {s} steps")?;
         }
+        let by_fault: Vec<String> = (self.runs_by_fault.iter())
+            .map(|(fault, runs)| format!("{fault} {runs}"))
+            .collect();
+        writeln!(f, "runs by fault: {}", by_fault.join(", "))?;
         writeln!(
             f,
             "runs executed: {} ({} with the planned step unreached); invariant violations: {}",
@@ -133,6 +152,7 @@ impl fmt::Display for SimReport {
 pub struct SimRunner<'a> {
     start: &'a Start,
     rt: tokio::runtime::Runtime,
+    mode: Mode,
 }
 
 impl<'a> SimRunner<'a> {
@@ -144,7 +164,16 @@ impl<'a> SimRunner<'a> {
                 .enable_all()
                 .build()
                 .expect("a tokio runtime"),
+            mode: Mode::SingleNodeWriter,
         }
+    }
+
+    /// The access mode the CO asks for (SINGLE_NODE_WRITER by default;
+    /// Kubernetes asks SINGLE_NODE_MULTI_WRITER for a ReadWriteOnce volume
+    /// of a driver that declares it, so two pods on the node may share it).
+    pub fn access_mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
     }
 
     /// Every step of `workload` with every fault; a replay of one run
@@ -165,7 +194,8 @@ impl<'a> SimRunner<'a> {
             }
             return;
         }
-        let (steps, start_steps, violations) = self.run(workload, None);
+        let (effects, start_steps, violations) = self.run(workload, None);
+        let steps = effects.len() as u64;
         report.runs += 1;
         report.violations.extend(violations);
         report.steps.push((workload.name.to_owned(), steps));
@@ -176,7 +206,9 @@ impl<'a> SimRunner<'a> {
         };
         report.start_steps = start_steps;
         for k in first..steps {
-            for fault in FAULTS {
+            let here = effects[k as usize];
+            for fault in FAULTS.into_iter().filter(|f| f.applies_to(here)) {
+                *report.runs_by_fault.entry(fault.to_string()).or_default() += 1;
                 let world = self.run_world(workload, Some((k, fault)), report);
                 if world.is_some_and(|w| w.fired().is_none()) {
                     report.unreached += 1;
@@ -227,25 +259,25 @@ impl<'a> SimRunner<'a> {
         Some(world)
     }
 
-    /// One run; its steps, the steps of the driver's first start, and
-    /// its violations.
+    /// One run; the kind of each of its steps, the steps of the driver's
+    /// first start, and its violations.
     fn run(
         &self,
         workload: &SimWorkload,
         plan: Option<(u64, SimFault)>,
-    ) -> (u64, u64, Vec<Violation>) {
+    ) -> (Vec<Effect>, u64, Vec<Violation>) {
         let world = match World::new(plan) {
             Ok(w) => w,
             Err(e) => {
                 return (
-                    0,
+                    Vec::new(),
                     0,
                     vec![violation(workload, plan, format!("no world: {e}"))],
                 );
             }
         };
         let (violations, start_steps) = self.run_in(&world, workload, plan);
-        (world.steps(), start_steps, violations)
+        (world.effects(), start_steps, violations)
     }
 
     fn run_in(
@@ -260,6 +292,7 @@ impl<'a> SimRunner<'a> {
             services: None,
             model: Model::default(),
             start_steps: None,
+            mode: self.mode,
         };
         let mut found = Vec::new();
         self.rt.block_on(async {
@@ -299,6 +332,16 @@ pub(crate) struct Model {
     pub(crate) groups: BTreeMap<&'static str, (String, Vec<String>)>,
     pub(crate) staged: BTreeSet<&'static str>,
     pub(crate) published: BTreeMap<(&'static str, &'static str), bool>,
+    /// What the CO hands NodeStage and NodePublish: CreateVolume's
+    /// volume_context and ControllerPublish's publish_context, by volume.
+    pub(crate) contexts: BTreeMap<&'static str, Contexts>,
+}
+
+/// A volume's contexts, as the driver answered them.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Contexts {
+    volume: HashMap<String, String>,
+    publish: HashMap<String, String>,
 }
 
 pub(crate) struct Co<'a> {
@@ -308,6 +351,8 @@ pub(crate) struct Co<'a> {
     pub(crate) model: Model,
     /// Steps made when the driver first started.
     start_steps: Option<u64>,
+    /// The access mode asked for.
+    mode: Mode,
 }
 
 /// One attempt's answer: OK, or an error worth retrying.
@@ -396,7 +441,8 @@ impl Co<'_> {
 
     async fn attempt(&mut self, call: &Call) -> Result<Answer, String> {
         let ctx = |m| CallContext::detached(0, m);
-        let mount_cap = || cap(false, Mode::SingleNodeWriter, &[]);
+        let mode = self.mode;
+        let mount_cap = || cap(false, mode, &[]);
         let s = self.services().await?;
         let (controller, node, group) = (s.controller.clone(), s.node.clone(), s.group.clone());
         Ok(match call {
@@ -428,8 +474,9 @@ impl Co<'_> {
                     .await
                 {
                     Ok(r) => {
-                        let id = r.volume.map(|v| v.volume_id).unwrap_or_default();
-                        self.model.volumes.insert(pv, id);
+                        let v = r.volume.unwrap_or_default();
+                        self.model.volumes.insert(pv, v.volume_id);
+                        self.model.contexts.entry(pv).or_default().volume = v.volume_context;
                         Ok(())
                     }
                     Err(e) => Err(e),
@@ -457,7 +504,9 @@ impl Co<'_> {
                 let r = controller
                     .controller_publish_volume(&ctx(Method::ControllerPublishVolume), req)
                     .await;
-                r.map(drop)
+                r.map(|r| {
+                    self.model.contexts.entry(pv).or_default().publish = r.publish_context;
+                })
             }
             Call::ControllerUnpublish(pv) => {
                 let req = ControllerUnpublishVolumeRequest {
@@ -473,7 +522,9 @@ impl Co<'_> {
             Call::Stage(pv) => {
                 let staging = self.staging(pv);
                 let _ = std::fs::create_dir_all(staging.parent().expect("a parent"));
-                let req = stage_req(&self.id(pv), &staging, mount_cap());
+                let mut req = stage_req(&self.id(pv), &staging, mount_cap());
+                let contexts = self.model.contexts.get(pv).cloned().unwrap_or_default();
+                (req.volume_context, req.publish_context) = (contexts.volume, contexts.publish);
                 let r = node
                     .node_stage_volume(&ctx(Method::NodeStageVolume), req)
                     .await;
@@ -497,6 +548,8 @@ impl Co<'_> {
                 let _ = std::fs::create_dir_all(target.parent().expect("a parent"));
                 let mut req = publish_req(&self.id(pv), &self.staging(pv), &target, mount_cap());
                 req.readonly = *readonly;
+                let contexts = self.model.contexts.get(pv).cloned().unwrap_or_default();
+                (req.volume_context, req.publish_context) = (contexts.volume, contexts.publish);
                 let r = node
                     .node_publish_volume(&ctx(Method::NodePublishVolume), req)
                     .await;

@@ -1,32 +1,39 @@
 //! The library's own services as a target: csi-controller's engine and
 //! csi-node's node service over a directory-volume driver (the README's
 //! walkthrough) on the world's fakes. The only file that constructs those
-//! services, so their renames change this file alone.
+//! services, so their renames change this file alone. And the standard
+//! workloads as another driver runs them ([`workloads_for`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use csi_controller::{
-    AttachBackend, AttachState, BackendResult, Config, ControllerBackend, ControllerService,
-    DataOnDisk, ExpandBackend, GroupSnapshotBackend, IdKind, SnapshotBackend, SnapshotRecord,
-    VolumeRecord,
+    AttachBackend, AttachState, BackendError, BackendResult, Config, ControllerBackend,
+    ControllerService, DataOnDisk, ExpandBackend, GroupSnapshotBackend, IdKind, SnapshotBackend,
+    SnapshotRecord, VolumeRecord,
 };
+use csi_driver::clock::FakeClock;
 use csi_driver::{CsiError, CsiResult, async_trait};
 use csi_node::{NodeBackend, NodeInfo, NodeService, VolumeInfo, VolumeLocator, VolumeSource};
 use csi_store::FileStore;
 use mount_utils::Mounter;
 
 use crate::runner::{DataView, Services};
-use crate::world::{Effect, World};
+use crate::workload::{Call, Content, SimWorkload, workloads};
+use crate::world::{ProviderFault, SimFault, World};
 use crate::wrap::SimMounter;
 
 /// The node id of the simulated node.
 pub const NODE_ID: &str = "node-1";
 
+/// The Retry-After of a throttled provider call.
+pub const THROTTLED_FOR: Duration = Duration::from_secs(1);
+
 /// Directory volumes kept by a simulated storage provider: each call to it
-/// is one step (it either happens whole or not at all), and its data
-/// outlives any crash of the driver. Every volume and snapshot directory
+/// is one step (it happens whole or not at all, and may fail as a
+/// provider's call does), and its data outlives any crash of the driver. Every volume and snapshot directory
 /// holds an `owner` file naming the id it was made for, so data showing
 /// through another id's path is seen.
 #[derive(Clone)]
@@ -54,14 +61,33 @@ impl SimDirs {
         self.root.join(kind).join(id)
     }
 
-    fn call(&self, what: &str) -> CsiResult<()> {
-        self.world
-            .step(self.generation, Effect::Provider, what)
-            .map_err(|e| CsiError::from(std::io::Error::from_raw_os_error(e as i32)))
+    /// One provider call whose change is `effect`: made unless the call
+    /// fails before it; a failed call is transient (the CO retries).
+    fn call<T>(&self, what: &str, effect: impl FnOnce() -> CsiResult<T>) -> BackendResult<T> {
+        match self.world.provider_call(self.generation, what) {
+            Ok(None) => Ok(effect()?),
+            Ok(Some(fault)) => {
+                if fault.applied() {
+                    // Only the answer is lost.
+                    let _ = effect();
+                }
+                let retry_after = (fault == ProviderFault::Throttled).then_some(THROTTLED_FOR);
+                Err(BackendError::Transient {
+                    message: format!("{what}: {}", SimFault::Provider(fault)),
+                    retry_after,
+                })
+            }
+            Err(e) => Err(CsiError::from(std::io::Error::from_raw_os_error(e as i32)).into()),
+        }
     }
 
+    /// Makes the directory; one already made for `id` (by a call whose
+    /// answer was lost) is the same volume.
     fn make(&self, kind: &str, id: &str) -> CsiResult<()> {
         let dir = self.dir(kind, id);
+        if std::fs::read_to_string(dir.join("owner")).is_ok_and(|owner| owner == id) {
+            return Ok(());
+        }
         std::fs::create_dir(&dir)
             .and_then(|()| std::fs::write(dir.join("owner"), id))
             .map_err(|e| csi_controller::io_failure("creating", &dir, e))
@@ -69,6 +95,17 @@ impl SimDirs {
 
     fn remove(&self, kind: &str, id: &str) -> CsiResult<bool> {
         csi_controller::remove_path(&self.dir(kind, id))
+    }
+
+    /// Makes a volume or snapshot (`kind` is its directory); a failed call
+    /// may have made it all the same (a timeout after the provider did),
+    /// so it is deleted again: a failed create leaves nothing behind.
+    fn create(&self, kind: &str, id: &str) -> BackendResult<()> {
+        self.call(&format!("create {kind}/{id}"), || self.make(kind, id))
+            .inspect_err(|_| {
+                // Fails only in a process that crashed: its restart sweeps.
+                let _ = self.call(&format!("delete {kind}/{id}"), || self.remove(kind, id));
+            })
     }
 
     fn owners(&self, kind: &str) -> BTreeMap<String, String> {
@@ -97,12 +134,12 @@ impl DataView for SimDirs {
 #[async_trait]
 impl ControllerBackend for SimDirs {
     async fn create_volume(&self, v: &mut VolumeRecord) -> BackendResult<()> {
-        self.call(&format!("create volume {}", v.id))?;
-        Ok(self.make("volumes", &v.id)?)
+        self.create("volumes", &v.id)
     }
     async fn delete_volume(&self, id: &str) -> BackendResult<bool> {
-        self.call(&format!("delete volume {id}"))?;
-        Ok(self.remove("volumes", id)?)
+        self.call(&format!("delete volumes/{id}"), || {
+            self.remove("volumes", id)
+        })
     }
     fn snapshots(&self) -> Option<&dyn SnapshotBackend> {
         Some(self)
@@ -139,35 +176,44 @@ impl ControllerBackend for SimDirs {
 #[async_trait]
 impl SnapshotBackend for SimDirs {
     async fn create_snapshot(&self, s: &mut SnapshotRecord) -> BackendResult<()> {
-        self.call(&format!("create snapshot {}", s.id))?;
-        Ok(self.make("snapshots", &s.id)?)
+        self.create("snapshots", &s.id)
     }
     async fn delete_snapshot(&self, id: &str) -> BackendResult<bool> {
-        self.call(&format!("delete snapshot {id}"))?;
-        Ok(self.remove("snapshots", id)?)
+        self.call(&format!("delete snapshots/{id}"), || {
+            self.remove("snapshots", id)
+        })
     }
 }
 
 #[async_trait]
 impl ExpandBackend for SimDirs {
     async fn expand_volume(&self, v: &VolumeRecord, size: i64) -> BackendResult<()> {
-        Ok(self.call(&format!("expand volume {} to {size}", v.id))?)
+        self.call(&format!("expand volume {} to {size}", v.id), || Ok(()))
     }
 }
 
 #[async_trait]
 impl GroupSnapshotBackend for SimDirs {
     async fn cut_group(&self, members: &[(SnapshotRecord, VolumeRecord)]) -> BackendResult<()> {
-        self.call(&format!("cut group of {} members", members.len()))?;
-        for (i, (snap, _)) in members.iter().enumerate() {
-            if let Err(e) = self.make("snapshots", &snap.id) {
-                for (done, _) in &members[..i] {
-                    let _ = self.remove("snapshots", &done.id);
-                }
-                return Err(e.into());
+        let remove_all = || {
+            for (snap, _) in members {
+                self.remove("snapshots", &snap.id)?;
             }
-        }
-        Ok(())
+            Ok(())
+        };
+        let cut = self.call(&format!("cut group of {} members", members.len()), || {
+            for (snap, _) in members {
+                if let Err(e) = self.make("snapshots", &snap.id) {
+                    let _ = remove_all();
+                    return Err(e);
+                }
+            }
+            Ok(())
+        });
+        // As in create: a lost answer may hide a cut that was made.
+        cut.inspect_err(|_| {
+            let _ = self.call("delete the group's members", remove_all);
+        })
     }
 }
 
@@ -195,6 +241,14 @@ impl NodeBackend for SimDirs {
     }
 }
 
+/// csi-controller's defaults with a clock that never waits: a retry's
+/// backoff costs no real time.
+pub fn config(node_id: &str) -> Config {
+    let mut config = Config::new(node_id);
+    config.clock = Arc::new(FakeClock::default());
+    config
+}
+
 /// Starts the library's services on `world` as a driver's main would:
 /// the engine on its state directory with the startup sweep, the node
 /// service on its own with the restore of what was staged and published.
@@ -202,8 +256,7 @@ pub async fn library(world: &World) -> Result<Services, String> {
     let dirs = Arc::new(SimDirs::new(world));
     let fs = world.fs().handle();
     let store = FileStore::open_on(fs.clone(), "/state/controller").map_err(|e| e.to_string())?;
-    let engine =
-        ControllerService::with_store(Arc::new(store), Config::new(NODE_ID), dirs.clone())?;
+    let engine = ControllerService::with_store(Arc::new(store), config(NODE_ID), dirs.clone())?;
     engine.reconcile().await.map_err(|e| e.to_string())?;
     let node_store = FileStore::open_on(fs, "/state/node").map_err(|e| e.to_string())?;
     let mounter: Arc<dyn Mounter> = Arc::new(SimMounter::new(world));
@@ -220,4 +273,151 @@ pub async fn library(world: &World) -> Result<Services, String> {
         node: Arc::new(node),
         data: dirs,
     })
+}
+
+/// What a driver declares, for [`workloads_for`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Declared {
+    /// CLONE_VOLUME.
+    pub clones: bool,
+    /// The GroupController service (CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT).
+    pub group_snapshots: bool,
+    /// PUBLISH_UNPUBLISH_VOLUME: a volume is attached to the node before
+    /// NodeStage and detached after NodeUnstage.
+    pub attaches: bool,
+}
+
+/// The standard workloads as the CO runs them against a driver that
+/// declares `declared`: without group snapshots the workload that needs
+/// them is left out; without clones the clone (and its deletion) is; a
+/// driver that attaches gets ControllerPublish before every NodeStage of
+/// a volume not attached yet and ControllerUnpublish after its
+/// NodeUnstage; one that does not gets neither.
+pub fn workloads_for(declared: Declared) -> Vec<SimWorkload> {
+    let needs_group = |w: &SimWorkload| w.calls.iter().any(|c| matches!(c, Call::CreateGroup(..)));
+    workloads()
+        .into_iter()
+        .filter(|w| declared.group_snapshots || !needs_group(w))
+        .map(|w| SimWorkload {
+            name: w.name,
+            calls: adapt(w.calls, declared),
+        })
+        .collect()
+}
+
+fn adapt(calls: Vec<Call>, declared: Declared) -> Vec<Call> {
+    let clones: Vec<&'static str> = (calls.iter())
+        .filter_map(|c| match c {
+            Call::CreateVolume {
+                pv,
+                from: Some(Content::Volume(_)),
+                ..
+            } => Some(*pv),
+            _ => None,
+        })
+        .collect();
+    let (mut out, mut attached) = (Vec::new(), BTreeSet::new());
+    for call in calls {
+        match &call {
+            Call::CreateVolume { pv, .. } | Call::DeleteVolume(pv)
+                if !declared.clones && clones.contains(pv) =>
+            {
+                continue;
+            }
+            Call::ControllerPublish(pv) => {
+                if !declared.attaches {
+                    continue;
+                }
+                attached.insert(*pv);
+            }
+            Call::ControllerUnpublish(pv) if !declared.attaches || !attached.remove(pv) => {
+                continue;
+            }
+            Call::Stage(pv) if declared.attaches && attached.insert(pv) => {
+                out.push(Call::ControllerPublish(pv));
+            }
+            Call::Unstage(pv) if declared.attaches && attached.remove(pv) => {
+                out.push(call.clone());
+                out.push(Call::ControllerUnpublish(pv));
+                continue;
+            }
+            _ => {}
+        }
+        out.push(call);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(calls: &[Call]) -> Vec<String> {
+        calls
+            .iter()
+            .map(|c| {
+                format!("{c:?}")
+                    .split([' ', '('])
+                    .next()
+                    .unwrap_or("")
+                    .to_owned()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn workloads_follow_what_the_driver_declares() {
+        let none = Declared {
+            clones: false,
+            group_snapshots: false,
+            attaches: false,
+        };
+        let ws = workloads_for(none);
+        assert!(ws.iter().all(|w| w.name != "group-snapshot"));
+        for w in &ws {
+            let calls = shape(&w.calls);
+            assert!(
+                !calls.iter().any(|c| c.starts_with("Controller")),
+                "{calls:?}"
+            );
+            let clone = w.calls.iter().any(|c| {
+                matches!(
+                    c,
+                    Call::CreateVolume {
+                        from: Some(Content::Volume(_)),
+                        ..
+                    }
+                )
+            });
+            assert!(!clone, "{}", w.name);
+        }
+        let srs = ws
+            .iter()
+            .find(|w| w.name == "snapshot-restore-clone")
+            .unwrap();
+        assert!(
+            !srs.calls
+                .iter()
+                .any(|c| matches!(c, Call::DeleteVolume("pv-c")))
+        );
+        let attaching = Declared {
+            attaches: true,
+            ..none
+        };
+        let shared = workloads_for(attaching)
+            .into_iter()
+            .find(|w| w.name == "shared-staging")
+            .unwrap();
+        let calls = shape(&shared.calls);
+        assert_eq!(&calls[..3], ["CreateVolume", "ControllerPublish", "Stage"]);
+        let unstaged = calls.iter().position(|c| c == "Unstage").unwrap();
+        assert_eq!(calls[unstaged + 1], "ControllerUnpublish");
+        let lifecycle = workloads_for(attaching).remove(0);
+        let publishes = shape(&lifecycle.calls);
+        let count = publishes
+            .iter()
+            .filter(|c| *c == "ControllerPublish")
+            .count();
+        assert_eq!(count, 1, "{publishes:?}");
+    }
 }

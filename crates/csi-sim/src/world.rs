@@ -2,6 +2,8 @@
 //! effect (mounts, loop devices, execs, file operations, provider calls,
 //! sleeps) and the fault planned for one step.
 
+use std::any::{Any, TypeId};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -9,7 +11,7 @@ use std::str::FromStr;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use csi_store::testing::{CrashKeep, FsEffect, FsHook, SimFs};
-use mount_utils::{Errno, FakeLoopDevices, FakeMounter};
+use mount_utils::{Errno, FakeBlockDevices, FakeLoopDevices, FakeMounter};
 
 /// What happens at the planned step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,19 +23,61 @@ pub enum SimFault {
     /// (the worst case of [`SimFs`]). Mounts and devices stay (they are
     /// the host's state, which the CO's node keeps in this model).
     PowerLoss,
-    /// The effect fails with this errno and is not made.
+    /// The effect fails with this errno and is not made (every step but
+    /// a provider call, which fails in its own ways).
     Fail(Errno),
+    /// A provider call fails this way (provider calls only).
+    Provider(ProviderFault),
 }
 
-/// Every fault the runner tries at every step.
-pub const FAULTS: [SimFault; 6] = [
+/// How a call to a storage provider's API fails.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProviderFault {
+    /// A 5xx answer: the provider did nothing.
+    ServerError,
+    /// 429 with a Retry-After: the provider did nothing.
+    Throttled,
+    /// No answer in time, and the request never reached the provider.
+    TimeoutBefore,
+    /// No answer in time, but the provider made the change: only the
+    /// answer was lost.
+    TimeoutAfter,
+}
+
+impl ProviderFault {
+    /// Whether the provider made the change although the call failed.
+    pub fn applied(self) -> bool {
+        self == ProviderFault::TimeoutAfter
+    }
+}
+
+/// Every fault the runner tries, each at every step it applies to
+/// ([`SimFault::applies_to`]).
+pub const FAULTS: [SimFault; 10] = [
     SimFault::Crash,
     SimFault::PowerLoss,
     SimFault::Fail(Errno::EIO),
     SimFault::Fail(Errno::ENOSPC),
     SimFault::Fail(Errno::EBUSY),
     SimFault::Fail(Errno::ENOENT),
+    SimFault::Provider(ProviderFault::ServerError),
+    SimFault::Provider(ProviderFault::Throttled),
+    SimFault::Provider(ProviderFault::TimeoutBefore),
+    SimFault::Provider(ProviderFault::TimeoutAfter),
 ];
+
+impl SimFault {
+    /// Whether this fault can happen at a step of `effect`: a crash
+    /// anywhere, an errno at every step but a provider call, a provider
+    /// fault at a provider call only.
+    pub fn applies_to(self, effect: Effect) -> bool {
+        match self {
+            SimFault::Crash | SimFault::PowerLoss => true,
+            SimFault::Fail(_) => effect != Effect::Provider,
+            SimFault::Provider(_) => effect == Effect::Provider,
+        }
+    }
+}
 
 impl fmt::Display for SimFault {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -41,13 +85,20 @@ impl fmt::Display for SimFault {
             SimFault::Crash => f.write_str("crash"),
             SimFault::PowerLoss => f.write_str("power-loss"),
             SimFault::Fail(e) => write!(f, "{}", format!("{e:?}").to_lowercase()),
+            SimFault::Provider(ProviderFault::ServerError) => f.write_str("provider-5xx"),
+            SimFault::Provider(ProviderFault::Throttled) => f.write_str("provider-429"),
+            SimFault::Provider(ProviderFault::TimeoutBefore) => f.write_str("timeout-before"),
+            SimFault::Provider(ProviderFault::TimeoutAfter) => f.write_str("timeout-after"),
         }
     }
 }
 
 /// A fault name that is not one of [`FAULTS`].
 #[derive(Debug, thiserror::Error)]
-#[error("unknown fault {0:?} (crash, power-loss, eio, enospc, ebusy, enoent)")]
+#[error(
+    "unknown fault {0:?} (crash, power-loss, eio, enospc, ebusy, enoent, provider-5xx, \
+     provider-429, timeout-before, timeout-after)"
+)]
 pub struct UnknownFault(String);
 
 impl FromStr for SimFault {
@@ -88,6 +139,10 @@ struct State {
     generation: u64,
     crashed: bool,
     trace: Option<Vec<String>>,
+    /// The kind of every step so far.
+    effects: Vec<Effect>,
+    /// Open [`Unobserved`] guards.
+    unobserved: usize,
 }
 
 /// The shared world: the fakes (mount table, loop devices, filesystem) and
@@ -99,6 +154,8 @@ pub struct World {
     fs: SimFs,
     mounter: Arc<FakeMounter>,
     loops: Arc<FakeLoopDevices>,
+    devices: Arc<FakeBlockDevices>,
+    kept: Arc<Mutex<BTreeMap<TypeId, Arc<dyn Any + Send + Sync>>>>,
     dir: Arc<tempfile::TempDir>,
 }
 
@@ -128,18 +185,30 @@ impl FsHook for Hook {
             Effect::File(effect),
             &path.display().to_string(),
         )
+        .map(drop)
         .map_err(|e| io::Error::from_raw_os_error(e as i32))
     }
 }
 
-fn step_in(st: &mut State, generation: u64, effect: Effect, what: &str) -> Result<(), Errno> {
+/// Counts a step; `Ok(Some(_))` is a provider fault planned here (only a
+/// provider call meets one), `Err` an errno or the dead process's `EIO`.
+fn step_in(
+    st: &mut State,
+    generation: u64,
+    effect: Effect,
+    what: &str,
+) -> Result<Option<ProviderFault>, Errno> {
     if st.crashed || generation != st.generation {
         return Err(Errno::EIO);
     }
+    if st.unobserved > 0 {
+        return Ok(None);
+    }
     let n = st.step;
     st.step += 1;
+    st.effects.push(effect);
     let fault = match st.plan {
-        Some((k, fault)) if k == n => {
+        Some((k, fault)) if k == n && fault.applies_to(effect) => {
             st.fired = Some(fault);
             Some(fault)
         }
@@ -150,7 +219,8 @@ fn step_in(st: &mut State, generation: u64, effect: Effect, what: &str) -> Resul
         trace.push(format!("step {n}: {effect:?} {what}{note}"));
     }
     match fault {
-        None => Ok(()),
+        None => Ok(None),
+        Some(SimFault::Provider(p)) => Ok(Some(p)),
         Some(SimFault::Fail(errno)) => Err(errno),
         Some(SimFault::Crash | SimFault::PowerLoss) => {
             st.crashed = true;
@@ -159,7 +229,25 @@ fn step_in(st: &mut State, generation: u64, effect: Effect, what: &str) -> Resul
     }
 }
 
+/// While it lives, the world's effects are neither counted nor faulted:
+/// what the runner's checks make the driver do is not part of the run.
+#[derive(Debug)]
+pub struct Unobserved(Arc<Mutex<State>>);
+
+impl Drop for Unobserved {
+    fn drop(&mut self) {
+        let mut st = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        st.unobserved -= 1;
+    }
+}
+
 impl World {
+    /// Effects go uncounted and unfaulted until the guard is dropped.
+    pub fn unobserved(&self) -> Unobserved {
+        self.lock().unobserved += 1;
+        Unobserved(self.state.clone())
+    }
+
     /// A fresh world with `plan` (none: count only); its host directories
     /// (volume data, kubelet paths) live in a temporary directory removed
     /// with the last clone.
@@ -174,6 +262,8 @@ impl World {
             fs: SimFs::new(),
             mounter: Arc::new(mounter),
             loops: Arc::new(FakeLoopDevices::new()),
+            devices: Arc::new(FakeBlockDevices::new()),
+            kept: Arc::default(),
             dir: Arc::new(tempfile::Builder::new().prefix("csi-sim-").tempdir()?),
         };
         world.fs.set_hook(Some(Arc::new(Hook(world.state.clone()))));
@@ -205,6 +295,24 @@ impl World {
         &self.loops
     }
 
+    /// The block devices a provider attached (by their stable names);
+    /// they stay across a crash of the driver.
+    pub fn block_devices(&self) -> &Arc<FakeBlockDevices> {
+        &self.devices
+    }
+
+    /// State that lives outside the driver, one value per type (a
+    /// storage provider's volumes and attachments, the filesystems on
+    /// disks): made with `T::default()` on first use, it stays across
+    /// every crash.
+    pub fn kept<T: Any + Send + Sync + Default>(&self) -> Arc<T> {
+        let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+        let state = kept
+            .entry(TypeId::of::<T>())
+            .or_insert_with(|| Arc::new(T::default()));
+        state.clone().downcast().expect("kept by its own type id")
+    }
+
     /// A host directory for data and kubelet paths.
     pub fn host_dir(&self) -> PathBuf {
         self.dir.path().to_owned()
@@ -231,11 +339,35 @@ impl World {
         self.lock().fired
     }
 
+    /// The kind of every step made so far, in order.
+    pub fn effects(&self) -> Vec<Effect> {
+        self.lock().effects.clone()
+    }
+
     /// Counts one effect of the process `generation` and says whether it
     /// happens: `Err` means it fails with that errno and is not made (the
-    /// planned failure, or any effect of a process that crashed).
+    /// planned failure, or any effect of a process that crashed). A
+    /// provider call counted here fails its provider fault with `EIO`
+    /// and is not made ([`provider_call`](Self::provider_call) tells the
+    /// faults apart).
     pub fn step(&self, generation: u64, effect: Effect, what: &str) -> Result<(), Errno> {
-        step_in(&mut self.lock(), generation, effect, what)
+        match step_in(&mut self.lock(), generation, effect, what)? {
+            None => Ok(()),
+            Some(_) => Err(Errno::EIO),
+        }
+    }
+
+    /// Counts one provider call of the process `generation`: `Ok(None)`,
+    /// it happens and answers; `Ok(Some(fault))`, it fails that way
+    /// (after the change was made for [`ProviderFault::TimeoutAfter`]);
+    /// `Err`, the process is dead (a crash planned here, or earlier) and
+    /// the call is never sent.
+    pub fn provider_call(
+        &self,
+        generation: u64,
+        what: &str,
+    ) -> Result<Option<ProviderFault>, Errno> {
+        step_in(&mut self.lock(), generation, Effect::Provider, what)
     }
 
     /// After a crash: the filesystem keeps what the fault keeps, and the

@@ -1,14 +1,15 @@
 //! mount-utils' seams over the world's fakes: every effect is a step that
 //! the plan may fail or crash; queries pass through.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use mount_utils::{
-    AttachedLoop, DeviceNumber, Errno, Exec, ExecError, ExecOutput, FsUsage, LoopDeviceInfo,
-    LoopDevices, LoopError, LoopOptions, MountArgs, MountError, MountInfo, MountSource, Mounter,
-    RedactedOptions,
+    AttachedLoop, BlockDevices, DeviceNumber, Errno, Exec, ExecError, ExecOutput, FsUsage,
+    LoopDeviceInfo, LoopDevices, LoopError, LoopOptions, MountArgs, MountError, MountInfo,
+    MountSource, Mounter, RedactedOptions,
 };
 
 use crate::world::{Effect, World};
@@ -216,6 +217,94 @@ impl Exec for SimExec {
                 message: errno.desc().to_owned(),
             })?;
         self.inner.run(program, args)
+    }
+}
+
+/// The filesystems on the world's disks (a loop device's backing file, or
+/// a provider's device by its path): their type and size. Kept outside
+/// the driver, as a disk keeps its filesystem across a crash.
+#[derive(Debug, Default)]
+struct Filesystems(Mutex<BTreeMap<PathBuf, (String, u64)>>);
+
+/// The filesystem tools a node runs (`blkid`, `mkfs.*`, `e2fsck`,
+/// `dumpe2fs`, `resize2fs`) over the world's disks; wrap it in
+/// [`SimExec`] so that each run is a step. A disk is what a loop device
+/// is attached to, or a device a provider attached.
+pub struct SimFsTools {
+    world: World,
+}
+
+impl SimFsTools {
+    /// The tools over `world`'s disks.
+    pub fn new(world: &World) -> Self {
+        SimFsTools {
+            world: world.clone(),
+        }
+    }
+
+    /// The disk behind `device`.
+    fn disk(&self, device: &Path) -> PathBuf {
+        match self.world.loops().info(device) {
+            Ok(Some(info)) => info.backing_file,
+            _ => device.to_owned(),
+        }
+    }
+
+    /// The size of `device` now (what `ResizeFs` compares with its
+    /// filesystem's size), from the loop devices or the provider's devices.
+    pub fn device_size(&self, device: &str) -> std::io::Result<u64> {
+        let path = Path::new(device);
+        if let Ok(Some(info)) = self.world.loops().info(path) {
+            return Ok(info.size);
+        }
+        match self.world.block_devices().find(path) {
+            Ok(Some(found)) => Ok(found.size),
+            _ => Err(std::io::Error::from_raw_os_error(Errno::ENOENT as i32)),
+        }
+    }
+
+    fn filesystems(&self) -> Arc<Filesystems> {
+        self.world.kept::<Filesystems>()
+    }
+}
+
+/// ext4's block size, as the tools report it.
+const BLOCK_SIZE: u64 = 4096;
+
+impl Exec for SimFsTools {
+    fn run(&self, program: &str, args: &[&str]) -> Result<ExecOutput, ExecError> {
+        let device = args.last().copied().unwrap_or_default();
+        let disk = self.disk(Path::new(device));
+        let kept = self.filesystems();
+        let mut filesystems = kept.0.lock().unwrap_or_else(|e| e.into_inner());
+        let on_disk = filesystems.get(&disk).cloned();
+        Ok(match (program, on_disk) {
+            ("blkid", None) => ExecOutput::exit(2, ""),
+            ("blkid", Some((fs, _))) => ExecOutput::ok(format!("TYPE={fs}\n")),
+            ("e2fsck", Some(_)) => ExecOutput::ok(""),
+            ("dumpe2fs", Some((_, size))) => ExecOutput::ok(format!(
+                "Block count:              {}\nBlock size:               {BLOCK_SIZE}\n",
+                size / BLOCK_SIZE
+            )),
+            ("resize2fs", Some((fs, _))) => {
+                let size = self.device_size(device).unwrap_or(0);
+                filesystems.insert(disk, (fs, size));
+                ExecOutput::ok("")
+            }
+            (mkfs, _) if mkfs.starts_with("mkfs.") => {
+                let size = self.device_size(device).unwrap_or(0);
+                filesystems.insert(disk, (mkfs["mkfs.".len()..].to_owned(), size));
+                ExecOutput::ok("")
+            }
+            ("e2fsck" | "dumpe2fs" | "resize2fs", None) => {
+                ExecOutput::exit(8, format!("{device}: no filesystem"))
+            }
+            _ => {
+                return Err(ExecError::NotFound {
+                    program: program.to_owned(),
+                });
+            }
+        })
     }
 }
 

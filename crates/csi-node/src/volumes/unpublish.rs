@@ -17,7 +17,10 @@ impl NodeVolumes {
         let _claim = self.claim(vol, &[&target])?;
         let view = View::Paths(self.inner.mounter.as_ref());
         let (record, claimed) = self.snapshot(vol, &target);
-        let known = self.inner.locator.source(vol).is_some();
+        // A volume staged here is known, also to a driver that learns its
+        // volumes only from the contexts of the request.
+        let staged = record.as_ref().is_some_and(|r| r.stage.is_some());
+        let known = staged || self.inner.locator.source(vol).is_some();
         let ids = self.identities(vol, record.as_ref(), &view)?;
         let (here, mounts_here) = view.facts(&target, &ids)?;
         let decision = decide_unpublish(

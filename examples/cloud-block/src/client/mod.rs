@@ -1,6 +1,6 @@
 //! What the driver calls: [`ProviderClient`], one async method per provider
 //! call, with [`HttpProvider`] over the network and (feature `testing`)
-//! `FakeProvider` in memory beside it.
+//! `FakeProvider` in memory and `SimProvider` in csi-sim's world beside it.
 //!
 //! Every failure is a [`ProviderError`] that says what the caller has to
 //! decide: retry later ([`is_transient`](ProviderError::is_transient), with
@@ -21,12 +21,16 @@ mod backend_error;
 #[cfg(feature = "testing")]
 mod fake;
 mod http;
+#[cfg(feature = "testing")]
+mod sim;
 mod window;
 
 pub use backend_error::{found, running, taken_is_transient};
 #[cfg(feature = "testing")]
 pub use fake::{FakeCall, FakeProvider};
 pub use http::HttpProvider;
+#[cfg(feature = "testing")]
+pub use sim::{SIM_RETRY_AFTER, SIM_TIMEOUT, SimProvider};
 pub use window::{page, read_window};
 
 /// Which rule of the provider a request ran into.

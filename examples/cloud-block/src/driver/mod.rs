@@ -11,9 +11,11 @@ use std::sync::Arc;
 use clap::Parser;
 use csi_controller::{Config, ControllerService};
 use csi_driver::{Capabilities, NodeRpc, PluginService, VolumeExpansion};
-use csi_node::{NodeInfo, NodeService};
+use csi_node::{NodeInfo, NodeService, NodeServiceBuilder};
 use csi_server::{ServeMode, flags::DriverFlags};
-use mount_utils::{LinuxMounter, Mounter, ResizeFs, SafeFormatAndMount, SystemExec};
+use mount_utils::{
+    BlockDevices, Exec, LinuxMounter, Mounter, ResizeFs, SafeFormatAndMount, SystemExec,
+};
 
 pub use {controller::CloudController, node::CRASH_ENV, node::CloudNode, node::FormatAndMount};
 
@@ -72,37 +74,73 @@ pub fn controller(flags: &Flags) -> Result<ControllerService<CloudController>, S
     let token = Token::resolve(env.as_deref(), file.as_deref(), TOKEN_ENV);
     let token = token.map_err(|e| format!("the provider's token: {e}"))?;
     let client = HttpProvider::new(url, token).map_err(|e| format!("--provider-url: {e}"))?;
-    let mut config = Config::new(flags.region.clone());
+    let (client, region) = (Arc::new(client), flags.region.clone());
+    let backend = CloudController { client, region };
+    ControllerService::without_store(controller_config(&flags.region), backend)
+}
+
+/// The controller service's configuration for volumes in `region`.
+pub fn controller_config(region: &str) -> Config {
+    let mut config = Config::new(region);
     config.topology_key = Some(TOPOLOGY_KEY.to_owned());
     // The provider's sizes are whole GiB.
     let gib = GIB as i64;
     (config.default_size, config.mount_unit, config.block_unit) = (gib, gib, gib);
     config.retry.initial = std::time::Duration::from_millis(2); // an action can end in ms
-    let (client, region) = (Arc::new(client), flags.region.clone());
-    ControllerService::without_store(config, CloudController { client, region })
+    config
+}
+
+/// What the node runs on: the host's mounts, programs and devices, or a
+/// simulation's.
+pub struct NodeHost {
+    /// Mounts.
+    pub mounter: Arc<dyn Mounter>,
+    /// mkfs, fsck and resize.
+    pub exec: Arc<dyn Exec>,
+    /// Attached devices (`None`: the host's).
+    pub devices: Option<Arc<dyn BlockDevices>>,
+    /// Grows filesystems.
+    pub resize: ResizeFs,
 }
 
 /// The node service on the host's devices and mounts.
 pub fn node(flags: &Flags) -> Result<NodeService<CloudNode>, String> {
-    let info = NodeInfo::new(flags.common.node_id())
-        .max_volumes(flags.max_volumes_per_node)
-        .topology(TOPOLOGY_KEY, flags.region.clone());
-    let (mounter, exec): (Arc<dyn Mounter>, _) =
+    let (mounter, exec): (Arc<dyn Mounter>, Arc<dyn Exec>) =
         (Arc::new(LinuxMounter::new()), Arc::new(SystemExec::new()));
-    let formatter = FormatAndMount(SafeFormatAndMount::new(mounter.clone(), exec.clone()));
-    let timeout = std::time::Duration::from_secs(flags.device_timeout_secs);
-    let backend = Arc::new(CloudNode(flags.device_dir.clone()));
-    let node = NodeService::builder(backend, info, mounter)
-        .volumes(|v| {
-            v.device_timeout(timeout)
-                .filesystem_mount(Arc::new(formatter))
-                .single_node_multi_writer(true)
-        })
-        .resize_filesystems(ResizeFs::new(exec))
+    let resize = ResizeFs::new(exec.clone());
+    let host = NodeHost {
+        mounter,
+        exec,
+        devices: None,
+        resize,
+    };
+    let node = node_on(flags, host)
         .open_in(&flags.statedir)
         .map_err(|e| format!("--statedir {}: {e}", flags.statedir.display()))?;
     node.restore();
     Ok(node)
+}
+
+/// The node service as `flags` say, on `host`, to be opened on its state.
+pub fn node_on(flags: &Flags, host: NodeHost) -> NodeServiceBuilder<CloudNode> {
+    let info = NodeInfo::new(flags.common.node_id())
+        .max_volumes(flags.max_volumes_per_node)
+        .topology(TOPOLOGY_KEY, flags.region.clone());
+    let formatter = FormatAndMount(SafeFormatAndMount::new(host.mounter.clone(), host.exec));
+    let timeout = std::time::Duration::from_secs(flags.device_timeout_secs);
+    let backend = Arc::new(CloudNode(flags.device_dir.clone()));
+    NodeService::builder(backend, info, host.mounter)
+        .volumes(|v| {
+            let v = v
+                .device_timeout(timeout)
+                .filesystem_mount(Arc::new(formatter))
+                .single_node_multi_writer(true);
+            match host.devices {
+                Some(devices) => v.block_devices(devices),
+                None => v,
+            }
+        })
+        .resize_filesystems(host.resize)
 }
 
 /// Serves what `--mode` says until SIGTERM or SIGINT.

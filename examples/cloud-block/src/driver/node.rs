@@ -19,12 +19,16 @@ pub const CRASH_ENV: &str = "CLOUD_BLOCK_CRASH_AT";
 pub struct CloudNode(pub PathBuf);
 
 impl VolumeLocator for CloudNode {
-    /// A device attached here: a repeated NodeUnstage/NodeUnpublish is OK.
+    /// Without contexts (NodeUnstage, NodeUnpublish, after a restart): an
+    /// id in the provider's format may be one of its volumes, whose device
+    /// has the stable name made from its id. Otherwise a volume whose
+    /// record went with the work of an answer that was lost (a crash right
+    /// after NodeUnstage removed it) would be NOT_FOUND to every retry.
     fn source(&self, id: &str) -> Option<VolumeSource> {
-        let device =
-            device_by_name(&self.0, &crate::api::device_link_name(id), "volume_id").ok()?;
-        device.exists().then_some(VolumeSource::Device(device))
+        let device = self.0.join(crate::api::device_link_name(id));
+        crate::cloud::is_provider_id(id).then_some(VolumeSource::Device(device))
     }
+
     fn source_in(&self, _: &str, c: &VolumeContexts) -> Result<Option<VolumeSource>, NodeError> {
         let name = c.publish(DEVICE_KEY)?;
         let field = format!("publish_context[{DEVICE_KEY}]");
@@ -67,5 +71,23 @@ impl FilesystemMount for FormatAndMount {
         }
         self.0
             .mount_filesystem(device, target, fs_type, options, may_format)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Found by csi-sim (a crash after NodeUnstage removed its record): a
+    /// retry of NodeUnstage must find the volume known without contexts.
+    #[test]
+    fn a_provider_id_is_known_without_contexts_by_its_stable_device_name() {
+        let node = CloudNode(PathBuf::from("/dev/disk/by-id"));
+        let id = "3f2c7a1e-8b4d-4c6e-9a10-2b3c4d5e6f70";
+        let want = Path::new("/dev/disk/by-id").join(crate::api::device_link_name(id));
+        assert_eq!(node.source(id), Some(VolumeSource::Device(want)));
+        for bad in ["", "vol-1", "../3f2c7a1e-8b4d-4c6e-9a10-2b3c4d5e6f70"] {
+            assert_eq!(node.source(bad), None, "{bad:?}");
+        }
     }
 }

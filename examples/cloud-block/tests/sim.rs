@@ -1,0 +1,113 @@
+//! The cloud-block driver in csi-sim's world: its controller (no store:
+//! the provider is the source of truth) over `SimProvider`, whose cloud
+//! outlives every crash, and its node over the world's mounts, devices and
+//! filesystem tools, with a crash or a fault (an errno; a 5xx, a 429 or a
+//! timeout before or after the change at a provider call) at every step
+//! of every standard workload the driver supports. It declares neither
+//! clones nor group snapshots, so the clone and the group workload are
+//! left out; it attaches, so staging is preceded by ControllerPublish.
+
+use std::sync::Arc;
+
+use clap::Parser;
+use cloud_block::client::SimProvider;
+use cloud_block::driver::{CloudController, Flags, NodeHost, controller_config, node_on};
+use csi_controller::ControllerService;
+use csi_driver::clock::FakeClock;
+use csi_proto::v1::volume_capability::access_mode::Mode;
+use csi_sim::targets::{Declared, NODE_ID, workloads_for};
+use csi_sim::{Services, SimExec, SimFsTools, SimMounter, SimReport, SimRunner, Started, World};
+use csi_store::FileStore;
+use mount_utils::{BlockDevices, Exec, Mounter, ResizeFs};
+
+const REGION: &str = "dev-1";
+
+/// The driver as its main starts it (controller, then node with the
+/// restore of what it staged and published), on `world`.
+fn cloud(world: &World) -> Result<Services, String> {
+    let provider = Arc::new(SimProvider::new(world, world.host_dir().join("by-id")));
+    let mut config = controller_config(REGION);
+    // Backoff and polling cost no real time.
+    config.clock = Arc::new(FakeClock::default());
+    let client = provider.clone();
+    let backend = CloudController {
+        client,
+        region: REGION.into(),
+    };
+    let controller = ControllerService::without_store(config, backend)?;
+    let mounter: Arc<dyn Mounter> = Arc::new(SimMounter::new(world));
+    let tools = Arc::new(SimFsTools::new(world));
+    let exec: Arc<dyn Exec> = Arc::new(SimExec::new(world, tools.clone()));
+    let resize = ResizeFs::new(exec.clone()).with_device_size_fn(move |d| tools.device_size(d));
+    let devices: Arc<dyn BlockDevices> = world.block_devices().clone();
+    let host = NodeHost {
+        mounter,
+        exec,
+        devices: Some(devices),
+        resize,
+    };
+    let device_dir = provider.device_dir().display().to_string();
+    let flags = Flags::parse_from([
+        "cloud-block",
+        "--nodeid",
+        NODE_ID,
+        "--device-dir",
+        &device_dir,
+    ]);
+    let store =
+        FileStore::open_on(world.fs().handle(), "/state/node").map_err(|e| e.to_string())?;
+    let node = node_on(&flags, host)
+        .open(Arc::new(store))
+        .map_err(|e| e.to_string())?;
+    let report = node.restore();
+    if !report.abnormal.is_empty() {
+        return Err(format!("abnormal after restore: {:?}", report.abnormal));
+    }
+    Ok(Services {
+        controller: Arc::new(controller),
+        group: None,
+        node: Arc::new(node),
+        data: provider,
+    })
+}
+
+fn start(world: &World) -> Started {
+    let world = world.clone();
+    Box::pin(async move { cloud(&world) })
+}
+
+#[test]
+fn every_step_of_every_workload_survives_every_fault() {
+    let declared = Declared {
+        clones: false,
+        group_snapshots: false,
+        attaches: true,
+    };
+    let workloads = workloads_for(declared);
+    // It declares SINGLE_NODE_MULTI_WRITER: what Kubernetes then asks for.
+    let runner = SimRunner::new(&start).access_mode(Mode::SingleNodeMultiWriter);
+    let mut report = SimReport::default();
+    for w in &workloads {
+        runner.explore(w, &mut report);
+    }
+    println!("{report}");
+    if std::env::var_os("CSI_SIM_REPLAY").is_none() {
+        assert_eq!(report.steps.len(), workloads.len());
+        assert!(report.steps.iter().all(|(_, s)| *s > 0), "{report}");
+        assert_eq!(report.unreached, 0, "{report}");
+        let provider_faults = [
+            "provider-5xx",
+            "provider-429",
+            "timeout-before",
+            "timeout-after",
+        ];
+        for fault in provider_faults {
+            assert!(
+                report.runs_by_fault.get(fault).is_some_and(|n| *n > 0),
+                "{report}"
+            );
+        }
+    }
+    let found: Vec<String> = report.violations.iter().map(|v| v.to_string()).collect();
+    assert!(found.is_empty(), "{}", found.join("\n"));
+}
