@@ -326,7 +326,10 @@ impl NodeVolumes {
                 Part::Stage => rec.stage = None,
                 Part::Publication(t) => rec.publications.retain(|p| p.target != t),
             }
-            self.save(rec, forget)
+            match undo.recorded {
+                true => self.save(rec, forget),
+                false => Ok(()),
+            }
         })();
         if let Err(e) = result {
             tracing::warn!(volume = %rec.volume_id, path = %path.display(), error = %e,

@@ -95,25 +95,33 @@ impl NodeVolumes {
         };
         rec.publications.retain(|p| p.target != target);
         rec.publications.push(publication);
-        self.save(&rec, Part::Publication(&target))?;
+        // No intent record: a publication is a bind mount, which shows in
+        // mountinfo as this volume's, so after a crash before the save
+        // below a retry completes it and NodeUnpublish removes it by that
+        // evidence alone. The one save is the outcome.
         let mut undo = Undo::default();
-        let result = self.bind(
-            &rec,
-            &view,
-            &source,
-            &target,
-            cap.is_block(),
-            readonly,
-            &options,
-            mounted,
-            &mut undo,
-        );
-        match result {
-            Ok(()) => {
+        let result = self
+            .bind(
+                &rec,
+                &view,
+                &source,
+                &target,
+                cap.is_block(),
+                readonly,
+                &options,
+                mounted,
+                &mut undo,
+            )
+            .and_then(|()| {
                 if let Some(p) = rec.publications.iter_mut().find(|p| p.target == target) {
                     p.state = PublishState::Published;
                 }
-                self.save(&rec, Part::Publication(&target))?;
+                // A failed save may still have reached the disk.
+                undo.recorded = true;
+                self.save(&rec, Part::Publication(&target))
+            });
+        match result {
+            Ok(()) => {
                 tracing::info!(volume = %vol, target = %target.display(), readonly, "published");
                 Ok(NodeOutcome::Changed)
             }
