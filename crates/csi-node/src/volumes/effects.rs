@@ -284,6 +284,18 @@ impl NodeVolumes {
         readonly: bool,
     ) -> Result<(), NodeError> {
         let ids = self.identities(volume, Some(rec), view)?;
+        self.verify_with(volume, &ids, path, readonly)
+    }
+
+    /// [`verify`](Self::verify) with the caller's identities of the volume,
+    /// when what it did (a bind mount) cannot have changed them.
+    pub(super) fn verify_with(
+        &self,
+        volume: &str,
+        ids: &Identities,
+        path: &Path,
+        readonly: bool,
+    ) -> Result<(), NodeError> {
         // Read now, whatever the caller's view holds.
         let here = View::Paths(self.inner.mounter.as_ref()).at(path)?;
         if here.is_empty() || !here.iter().all(|m| ids.owns(m)) {

@@ -8,7 +8,7 @@ use csi_proto::v1::NodePublishVolumeRequest;
 
 use super::{NodeOutcome, NodeVolumes, Part, Undo, View, absolute};
 use crate::error::NodeError;
-use crate::observe::PathKind;
+use crate::observe::{Identities, PathKind};
 use crate::record::{
     Capability, NodeVolumeRecord, PublishRecord, PublishState, VolumeSource, sorted,
 };
@@ -103,7 +103,7 @@ impl NodeVolumes {
         let result = self
             .bind(
                 &rec,
-                &view,
+                &ids,
                 &source,
                 &target,
                 cap.is_block(),
@@ -139,7 +139,7 @@ impl NodeVolumes {
     pub(super) fn bind(
         &self,
         rec: &NodeVolumeRecord,
-        view: &View<'_>,
+        ids: &Identities,
         source: &Path,
         target: &Path,
         block: bool,
@@ -176,6 +176,7 @@ impl NodeVolumes {
             result.map_err(|e| NodeError::mount("publishing at", target, &e))?;
             undo.mounted = true;
         }
-        self.verify(&rec.volume_id, rec, view, target, readonly)
+        // A bind changes nothing that identifies the volume.
+        self.verify_with(&rec.volume_id, ids, target, readonly)
     }
 }
