@@ -16,7 +16,10 @@
 # from before the drivers were packages put them) and DIR/csi instead of
 # building the `dist` profile; GO_DRIVER=PATH names the Go driver (default
 # ../shared/tools/hostpathplugin; without it only our figures are printed).
-# SCALE_ROUNDS (default 2) rounds per figure; SCALE_PUBLISHED, SCALE_LOOP,
+# SCALE_ROUNDS (default 2) rounds per restart figure, SCALE_MANY_ROUNDS (default 1)
+# for the many-volume figures (each makes SCALE_MANY volumes), SCALE_COST_SECS (default 5)
+# per create+delete rate; SCALE_GO_MANY=1 adds the Go driver to the many-volume figures
+# (SCALE_MANY more of its CreateVolume calls); SCALE_PUBLISHED, SCALE_LOOP,
 # SCALE_MANY, SCALE_FEW override the sizes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,6 +33,7 @@ else
   many=${SCALE_MANY:-10000} few=${SCALE_FEW:-10}
 fi
 rounds=${SCALE_ROUNDS:-2}
+many_rounds=${SCALE_MANY_ROUNDS:-1} cost_secs=${SCALE_COST_SECS:-5} go_many=${SCALE_GO_MANY:-}
 if [ -n "${BENCH_BIN:-}" ]; then
   bin=$(cd "$BENCH_BIN" && pwd)
 else
@@ -41,9 +45,11 @@ go=${GO_DRIVER:-$PWD/../shared/tools/hostpathplugin}
 work=$(mktemp -d /tmp/csi-scale.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 
-unshare -m --propagation private bash -s "$bin" "$go" "$work" "$rounds" "$published" "$loopn" "$many" "$few" <<'INNER'
+unshare -m --propagation private bash -s "$bin" "$go" "$work" "$rounds" "$published" "$loopn" "$many" "$few" \
+  "$many_rounds" "$cost_secs" "$go_many" <<'INNER'
 set -euo pipefail
 bin=$1 go=$2 work=$3 rounds=$4 published=$5 loopn=$6 many=$7 few=$8
+many_rounds=$9 cost_secs=${10} go_many=${11}
 drivers=$bin
 [ -x "$drivers/hostpath" ] || drivers=$bin/examples
 csi=$bin/csi
@@ -87,29 +93,41 @@ ready() {
 }
 
 # populate DRIVER DIR FROM TO STAGE: creates volumes FROM..TO, staged and published when STAGE=1.
+# One `csi` process per call, eight at a time, and no other interpreter: the 10,000-volume runs
+# are bound by how fast the volumes can be made.
 populate() {
   local drv=$1 dir=$2 from=$3 to=$4 stage=$5
   [ "$from" -le "$to" ] || return 0
   export drv dir stage csi
-  seq "$from" "$to" | xargs -P 4 -I{} bash -c '
+  seq "$from" "$to" | xargs -P 8 -I{} bash -c '
     set -e
     block=(); [ "$drv" = loop ] && block=(--block)
-    id=$("$csi" -o json controller create-volume "scale-{}" --size 1Mi "${block[@]}" | python3 -c "import json,sys; print(json.load(sys.stdin)[\"volume\"][\"volume_id\"])")
+    id=$("$csi" -o json controller create-volume "scale-{}" --size 1Mi "${block[@]}" |
+      sed -n "s/.*\"volume_id\": *\"\([^\"]*\)\".*/\1/p" | head -1)
+    [ -n "$id" ] || { echo "CreateVolume scale-{} gave no volume id" >&2; exit 1; }
     echo "$id" > "$dir/ids/{}"
     [ "$stage" = 1 ] || exit 0
     ctx=()
     if [ "$drv" = loop ]; then
       while read -r kv; do ctx+=(--publish-context "$kv"); done < <("$csi" -o json controller publish-volume "$id" --node n1 --block |
-        python3 -c "import json,sys; [print(k+\"=\"+v) for k,v in json.load(sys.stdin).get(\"publish_context\",{}).items()]")
+        tr -d "\n" | grep -o "\"publish_context\": *{[^}]*}" | grep -o "\"[^\"]*\": *\"[^\"]*\"" |
+        sed "s/\"\([^\"]*\)\": *\"\([^\"]*\)\"/\1=\2/")
     fi
     mkdir -p "$dir/stage/{}"
     "$csi" node stage "$id" --staging-path "$dir/stage/{}" "${block[@]}" "${ctx[@]}" >/dev/null
     "$csi" node publish "$id" --staging-path "$dir/stage/{}" --target-path "$dir/mnt/{}" "${block[@]}" "${ctx[@]}" >/dev/null'
 }
 
-# restart DRIVER N STAGE: prints "ms hwm_kb idle_hwm_kb" for a restart with N volumes.
+# rate: CreateVolume+DeleteVolume per second, one worker, against the running driver.
+rate() {
+  "$csi" -o json bench --workload create-delete --workers 1 --duration "${cost_secs}s" --no-progress --work-dir "$dir/bench" |
+    sed -n 's/.*"iterations_per_second": *\([0-9.]*\).*/\1/p' | head -1
+}
+
+# restart DRIVER N STAGE [cost]: prints "ms hwm_kb idle_hwm_kb [rate]" for a restart with N
+# volumes; with `cost`, then the CreateVolume+DeleteVolume rate with those N present.
 restart() {
-  local drv=$1 n=$2 stage=$3
+  local drv=$1 n=$2 stage=$3 cost=${4:-}
   dir=$work/$drv-$n-$RANDOM
   mkdir -p "$dir/ids" "$dir/mnt"
   start "$drv" "$dir"; ready "" ""
@@ -122,7 +140,8 @@ restart() {
   local t0; t0=$(now_ms)
   start "$drv" "$dir"; ready "$vol" "$path"
   local t1; t1=$(now_ms)
-  echo "$((t1 - t0)) $peak $idle"
+  local r=""; [ -z "$cost" ] || r=$(rate)
+  echo "$((t1 - t0)) $peak $idle $r"
   kill -9 "$pid"; wait "$pid" 2>/dev/null || true; pid=
   cleanup
   rm -rf "$dir"
@@ -135,8 +154,7 @@ opcost() {
   mkdir -p "$dir/ids"
   start "$drv" "$dir"; ready "" ""
   populate "$drv" "$dir" 1 "$n" 0
-  "$csi" -o json bench --workload create-delete --workers 1 --duration 5s --no-progress --work-dir "$dir/bench" |
-    python3 -c "import json,sys; print('%.1f' % json.load(sys.stdin)['iterations_per_second'])"
+  rate
   kill -9 "$pid"; wait "$pid" 2>/dev/null || true; pid=
   cleanup
   rm -rf "$dir"
@@ -165,21 +183,13 @@ for n in $loopn; do
   done
 done
 
-echo "== restart with $many volumes, none staged (ms until Probe ready)"
-for r in $(seq "$rounds"); do
-  line="round $r:"
-  for d in $(drivers ours) loop; do
-    read -r ms peak idle < <(restart "$d" "$many" 0)
-    line="$line $d ${ms} ms (peak RSS ${peak} kB);"
-  done
-  echo "$line"
-done
-
-echo "== CreateVolume+DeleteVolume per second, one worker, with $few and with $many volumes present"
-for r in $(seq "$rounds"); do
-  for d in $(drivers ours) loop; do
-    a=$(opcost "$d" "$few"); b=$(opcost "$d" "$many")
-    echo "$d round $r: $a/s with $few, $b/s with $many: cost ratio $(ratio "$a" "$b")"
+echo "== restart with $many volumes, none staged (ms until Probe ready); then CreateVolume+DeleteVolume per second (one worker, ${cost_secs} s) with them present vs with $few"
+many_drivers="ours loop"; [ -n "$go" ] && [ -n "$go_many" ] && many_drivers="ours go loop"
+for r in $(seq "$many_rounds"); do
+  for d in $many_drivers; do
+    read -r ms peak idle b < <(restart "$d" "$many" 0 cost)
+    a=$(opcost "$d" "$few")
+    echo "$d round $r: restart ${ms} ms (peak RSS ${peak} kB); $a/s with $few, $b/s with $many: cost ratio $(ratio "$a" "$b")"
   done
 done
 INNER

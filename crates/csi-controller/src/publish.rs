@@ -35,10 +35,15 @@ impl<B: ControllerBackend> ControllerService<B> {
                 }
                 check_access(&volume, &cap)?;
                 let limit = self.config().attach_limit;
-                let t = self.local()?;
-                let nodes = t.attachments.get(&volume.id).unwrap_or_default();
+                let nodes = self
+                    .local()?
+                    .attachments
+                    .get(&volume.id)
+                    .unwrap_or_default();
                 recorded_now = !nodes.contains_key(&req.node_id);
-                t.attach(&volume.id, &req.node_id, req.readonly, multi_node, limit)?;
+                let (id, node, readonly) = (volume.id.clone(), req.node_id.clone(), req.readonly);
+                self.off_runtime(move |t| t.attach(&id, &node, readonly, multi_node, limit))
+                    .await?;
                 volume
             }
             Some(catalog) => {
@@ -67,7 +72,8 @@ impl<B: ControllerBackend> ControllerService<B> {
         let publish_context = attach(attacher, &deadline, &volume, &req).await;
         if publish_context.is_err() && recorded_now {
             // Local bookkeeping follows the backend: undo this call's record.
-            self.local()?.detach(&volume.id, &req.node_id)?;
+            let (id, node) = (volume.id.clone(), req.node_id.clone());
+            self.off_runtime(move |t| t.detach(&id, &node)).await?;
         }
         Ok(ControllerPublishVolumeResponse {
             publish_context: publish_context?,
@@ -93,7 +99,8 @@ impl<B: ControllerBackend> ControllerService<B> {
             .retry(|| attacher.detach(&req.volume_id, &req.node_id))
             .await?;
         if local {
-            self.local()?.detach(&req.volume_id, &req.node_id)?;
+            let (id, node) = (req.volume_id.clone(), req.node_id.clone());
+            self.off_runtime(move |t| t.detach(&id, &node)).await?;
         }
         Ok(ControllerUnpublishVolumeResponse {})
     }

@@ -253,6 +253,17 @@ impl<B: ControllerBackend> ControllerService<B> {
         .await
     }
 
+    /// Record changes made outside [`run`](Self::run), off the async
+    /// runtime: a durable write waits for a flush, and on the runtime it
+    /// would hold up every other call (and their share of that flush).
+    pub(crate) async fn off_runtime<T: Send + 'static>(
+        &self,
+        change: impl FnOnce(&Tables) -> CsiResult<T> + Send + 'static,
+    ) -> CsiResult<T> {
+        let this = self.clone();
+        blocking_on(&*self.config().runner, move || change(this.local()?)).await
+    }
+
     /// The record of a volume, or NOT_FOUND (ids the service could not
     /// have generated never reach a local backend).
     pub fn known_volume(&self, id: &str) -> CsiResult<VolumeRecord> {

@@ -92,13 +92,16 @@ fn a_restart_reads_the_mount_table_once_however_many_volumes_are_published() {
         assert!(!node.volume_condition(id, &s(staging)).unwrap().abnormal);
     }
     // NodeUnpublish asks about its target alone; NodeUnstage reads the
-    // table once, to find every use of the volume.
-    for (id, staging, target) in &busy.volumes {
+    // table once to find every use of a volume with a device (detaching it
+    // under an unrecorded use would hand it on), and not at all for a
+    // directory, whose binds stay valid without the stage.
+    for (i, (id, staging, target)) in busy.volumes.iter().enumerate() {
         let before = counting.table_reads();
         node.unpublish(&unpublish(id, target)).unwrap();
         assert_eq!(counting.table_reads(), before, "{id}: unpublish");
         node.unstage(&unstage(id, staging)).unwrap();
-        assert_eq!(counting.table_reads(), before + 1, "{id}: unstage");
+        let reads = usize::from(i >= DIRECTORY_VOLUMES);
+        assert_eq!(counting.table_reads(), before + reads, "{id}: unstage");
     }
     assert!(host.mounted().is_empty(), "{:?}", host.mounted());
     assert_eq!(host.attached(), 0);

@@ -284,6 +284,18 @@ impl NodeVolumes {
         readonly: bool,
     ) -> Result<(), NodeError> {
         let ids = self.identities(volume, Some(rec), view)?;
+        self.verify_with(volume, &ids, path, readonly)
+    }
+
+    /// [`verify`](Self::verify) with the caller's identities of the volume,
+    /// when what it did (a bind mount) cannot have changed them.
+    pub(super) fn verify_with(
+        &self,
+        volume: &str,
+        ids: &Identities,
+        path: &Path,
+        readonly: bool,
+    ) -> Result<(), NodeError> {
         // Read now, whatever the caller's view holds.
         let here = View::Paths(self.inner.mounter.as_ref()).at(path)?;
         if here.is_empty() || !here.iter().all(|m| ids.owns(m)) {
@@ -326,7 +338,10 @@ impl NodeVolumes {
                 Part::Stage => rec.stage = None,
                 Part::Publication(t) => rec.publications.retain(|p| p.target != t),
             }
-            self.save(rec, forget)
+            match undo.recorded {
+                true => self.save(rec, forget),
+                false => Ok(()),
+            }
         })();
         if let Err(e) = result {
             tracing::warn!(volume = %rec.volume_id, path = %path.display(), error = %e,

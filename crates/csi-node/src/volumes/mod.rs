@@ -223,6 +223,8 @@ struct Undo {
     attached: Option<crate::record::Device>,
     created: Option<PathBuf>,
     mounted: bool,
+    /// The call saved its intent, so forgetting it is a delete.
+    recorded: bool,
 }
 
 impl NodeVolumes {
@@ -291,6 +293,12 @@ impl NodeVolumes {
             .map(|(p, why)| (p.display().to_string(), why.clone()));
         t.abnormal.clone().into_iter().chain(paths).collect()
     }
+}
+
+/// Whether a stage is a bind mount of a directory: its own evidence in
+/// mountinfo, so it needs no intent or progress record.
+fn is_bind(stage: &StageRecord) -> bool {
+    matches!(stage.source, crate::record::VolumeSource::Directory(_))
 }
 
 /// An absolute, lexically normalised path from a request field.

@@ -8,7 +8,7 @@ use csi_proto::v1::NodePublishVolumeRequest;
 
 use super::{NodeOutcome, NodeVolumes, Part, Undo, View, absolute};
 use crate::error::NodeError;
-use crate::observe::PathKind;
+use crate::observe::{Identities, PathKind};
 use crate::record::{
     Capability, NodeVolumeRecord, PublishRecord, PublishState, VolumeSource, sorted,
 };
@@ -95,25 +95,33 @@ impl NodeVolumes {
         };
         rec.publications.retain(|p| p.target != target);
         rec.publications.push(publication);
-        self.save(&rec, Part::Publication(&target))?;
+        // No intent record: a publication is a bind mount, which shows in
+        // mountinfo as this volume's, so after a crash before the save
+        // below a retry completes it and NodeUnpublish removes it by that
+        // evidence alone. The one save is the outcome.
         let mut undo = Undo::default();
-        let result = self.bind(
-            &rec,
-            &view,
-            &source,
-            &target,
-            cap.is_block(),
-            readonly,
-            &options,
-            mounted,
-            &mut undo,
-        );
-        match result {
-            Ok(()) => {
+        let result = self
+            .bind(
+                &rec,
+                &ids,
+                &source,
+                &target,
+                cap.is_block(),
+                readonly,
+                &options,
+                mounted,
+                &mut undo,
+            )
+            .and_then(|()| {
                 if let Some(p) = rec.publications.iter_mut().find(|p| p.target == target) {
                     p.state = PublishState::Published;
                 }
-                self.save(&rec, Part::Publication(&target))?;
+                // A failed save may still have reached the disk.
+                undo.recorded = true;
+                self.save(&rec, Part::Publication(&target))
+            });
+        match result {
+            Ok(()) => {
                 tracing::info!(volume = %vol, target = %target.display(), readonly, "published");
                 Ok(NodeOutcome::Changed)
             }
@@ -131,7 +139,7 @@ impl NodeVolumes {
     pub(super) fn bind(
         &self,
         rec: &NodeVolumeRecord,
-        view: &View<'_>,
+        ids: &Identities,
         source: &Path,
         target: &Path,
         block: bool,
@@ -168,6 +176,7 @@ impl NodeVolumes {
             result.map_err(|e| NodeError::mount("publishing at", target, &e))?;
             undo.mounted = true;
         }
-        self.verify(&rec.volume_id, rec, view, target, readonly)
+        // A bind changes nothing that identifies the volume.
+        self.verify_with(&rec.volume_id, ids, target, readonly)
     }
 }

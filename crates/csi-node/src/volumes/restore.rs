@@ -186,7 +186,7 @@ impl NodeVolumes {
         let mut undo = Undo::default();
         self.bind(
             rec,
-            view,
+            &ids,
             &source,
             &p.target,
             block,

@@ -2,7 +2,7 @@
 
 use csi_proto::v1::NodeStageVolumeRequest;
 
-use super::{NodeOutcome, NodeVolumes, Part, Undo, View, absolute};
+use super::{NodeOutcome, NodeVolumes, Part, Undo, View, absolute, is_bind};
 use std::collections::HashMap;
 
 use crate::error::NodeError;
@@ -79,16 +79,30 @@ impl NodeVolumes {
             },
         };
         rec.stage = Some(stage);
-        self.save(&rec, Part::Stage)?;
         let mut undo = Undo::default();
+        // A directory is staged with a bind mount, its own evidence in
+        // mountinfo (see NodePublish): only the outcome is saved. Devices
+        // and filesystems mounted by type save the intent first, as their
+        // effects (an attach, a format, a mount id) need a record to be
+        // found and resumed.
+        if !rec.stage.as_ref().is_some_and(is_bind) {
+            self.save(&rec, Part::Stage)?;
+            undo.recorded = true;
+        }
         let secrets = Some(&req.secrets);
-        match self.stage_effects(&mut rec, &view, &ids, mounted, &options, secrets, &mut undo) {
-            Ok(()) => {
+        let result = self
+            .stage_effects(&mut rec, &view, &ids, mounted, &options, secrets, &mut undo)
+            .and_then(|()| {
                 if let Some(s) = rec.stage.as_mut() {
                     s.state = StageState::Staged;
                     s.formatted |= s.device.is_some() && !s.capability.is_block();
                 }
-                self.save(&rec, Part::Stage)?;
+                // A failed save may still have reached the disk.
+                undo.recorded = true;
+                self.save(&rec, Part::Stage)
+            });
+        match result {
+            Ok(()) => {
                 self.table().abnormal.remove(vol);
                 tracing::info!(volume = %vol, path = %path.display(), "staged");
                 Ok(NodeOutcome::Changed)

@@ -4,7 +4,7 @@ use csi_proto::v1::NodeUnpublishVolumeRequest;
 
 use super::{NodeOutcome, NodeVolumes, Part, View, absolute};
 use crate::error::NodeError;
-use crate::record::{NodeVolumeRecord, PublishState};
+use crate::record::NodeVolumeRecord;
 use crate::rules::{UnpublishDecision, UnpublishFacts, decide_unpublish};
 
 impl NodeVolumes {
@@ -37,10 +37,10 @@ impl NodeVolumes {
             return Ok(NodeOutcome::Unchanged);
         };
         let mut rec = record.unwrap_or_else(|| NodeVolumeRecord::new(vol));
-        if let Some(p) = rec.publications.iter_mut().find(|p| p.target == target) {
-            p.state = PublishState::Unpublishing;
-            self.save_progress(&rec, Part::Publication(&target))?;
-        }
+        // No progress record: after a crash past the unmount the record
+        // still says Published, so a restart binds the target again and
+        // the CO's retry of this call removes it; the bind mount is its own
+        // evidence either way.
         if unmount {
             self.unmount_ours(vol, &target, &ids, mounts_here)?;
         }

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use csi_proto::v1::NodeUnstageVolumeRequest;
 
-use super::{NodeOutcome, NodeVolumes, Part, View, absolute};
+use super::{NodeOutcome, NodeVolumes, Part, View, absolute, is_bind};
 use crate::error::NodeError;
 use crate::observe::resolve;
 use crate::record::{NodeVolumeRecord, StageState};
@@ -19,8 +19,7 @@ impl NodeVolumes {
         let path = absolute(&req.staging_target_path, "staging_target_path")?;
         let vol = req.volume_id.as_str();
         let _claim = self.claim(vol, &[&path])?;
-        let table = self.mount_table()?;
-        let view = View::Table(&table);
+        let view = View::Paths(self.inner.mounter.as_ref());
         let (record, claimed) = self.snapshot(vol, &path);
         let known = self.inner.locator.source(vol).is_some();
         let ids = self.identities(vol, record.as_ref(), &view)?;
@@ -29,13 +28,24 @@ impl NodeVolumes {
             .iter()
             .flat_map(|r| r.publications.iter().map(|p| p.target.clone()))
             .collect();
-        // A mount in the volume's private directory is this plugin's
-        // half-made stage (a crash before the move), not a use.
         let private = self.private_path(vol).ok();
-        for p in ids.uses(&table, &resolve(&path)) {
-            let half_made = private.as_deref().is_some_and(|d| p.starts_with(d));
-            if !half_made && !in_use.iter().any(|t| resolve(t) == p) {
-                in_use.push(p.to_path_buf());
+        // Unrecorded uses (a lost record) matter where unstaging releases
+        // something they still need: a device, or a filesystem this plugin
+        // mounted. A bind of a directory stays valid without the staging
+        // mount, so the records and the paths alone answer for it.
+        let bind_only = ids.directory.is_some()
+            && ids.devices.is_empty()
+            && ids.attached.is_none()
+            && ids.mount_ids.is_empty();
+        if !bind_only {
+            let table = self.mount_table()?;
+            // A mount in the volume's private directory is this plugin's
+            // half-made stage (a crash before the move), not a use.
+            for p in ids.uses(&table, &resolve(&path)) {
+                let half_made = private.as_deref().is_some_and(|d| p.starts_with(d));
+                if !half_made && !in_use.iter().any(|t| resolve(t) == p) {
+                    in_use.push(p.to_path_buf());
+                }
             }
         }
         let decision = decide_unstage(
@@ -54,7 +64,8 @@ impl NodeVolumes {
             return Ok(NodeOutcome::Unchanged);
         };
         let mut rec = record.unwrap_or_else(|| NodeVolumeRecord::new(vol));
-        if let Some(s) = rec.stage.as_mut() {
+        // A bind stage needs no progress record (see NodeUnpublish).
+        if let Some(s) = rec.stage.as_mut().filter(|s| !is_bind(s)) {
             s.state = StageState::Unstaging;
             self.save_progress(&rec, Part::Stage)?;
         }
