@@ -12,7 +12,7 @@ pub const CRASH_AT_ENV: &str = "CSI_KIT_CRASH_AT";
 pub const CRASH_TRACE_ENV: &str = "CSI_KIT_CRASH_TRACE";
 
 /// Whether the process dies before its effect or just after it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum When {
     /// The effect is not made.
     Before,
@@ -22,7 +22,7 @@ pub enum When {
 
 /// Where a process crashes: `<n>` or `<n>:before` (before effect n, the
 /// first being 1) or `<n>:after`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct CrashPlan {
     /// The effect's number, from 1.
     pub step: u64,
