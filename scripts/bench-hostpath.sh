@@ -10,7 +10,8 @@
 # The build is the `dist` profile (how the drivers ship, and what
 # deploy/Dockerfile builds: size-optimised, LTO). state-fs: `disk` (default:
 # the state dir under /tmp, every change fsynced) or `tmpfs`.
-# BENCH_BIN=DIR uses DIR/examples/hostpath and DIR/csi instead of building
+# BENCH_BIN=DIR uses DIR/hostpath (or DIR/examples/hostpath, as builds from before
+# the drivers were packages put it) and DIR/csi instead of building
 # (to compare builds); BENCH_RUNS lists workload:workers pairs (default
 # "probe:1 probe:8 lifecycle:1 lifecycle:8"); GO_DRIVER names the Go driver
 # (default ../shared/tools/hostpathplugin; without it ours runs alone). The
@@ -25,7 +26,7 @@ rounds=${3:-2}
 if [ -n "${BENCH_BIN:-}" ]; then
   bin=$(cd "$BENCH_BIN" && pwd)
 else
-  cargo build --profile dist -q --workspace --example hostpath --bin csi
+  cargo build --profile dist -q -p hostpath -p csi-cli --bins
   bin=$PWD/target/dist
 fi
 runs=${BENCH_RUNS:-probe:1 probe:8 lifecycle:1 lifecycle:8}
@@ -39,6 +40,8 @@ trap 'rm -rf "$work"' EXIT
 unshare -m --propagation private bash -s "$bin" "$work" "$secs" "$statefs" "$runs" "$sanity" "$go" "$rounds" <<'INNER'
 set -euo pipefail
 bin=$1 work=$2 secs=$3 statefs=$4 runs=$5 sanity=$6 go=$7 rounds=$8
+hostpath=$bin/hostpath
+[ -x "$hostpath" ] || hostpath=$bin/examples/hostpath
 pid=
 trap '[ -n "$pid" ] && kill $pid 2>/dev/null; wait 2>/dev/null || true' EXIT
 results=$work/results
@@ -51,7 +54,7 @@ one() {
   if [ "$statefs" = tmpfs ]; then mount -t tmpfs -o size=2g tmpfs "$dir/state"; fi
   export CSI_ENDPOINT=unix://$dir/state/csi.sock
   if [ "$drv" = ours ]; then
-    "$bin/examples/hostpath" --statedir "$dir/state" --log warn --enable-attach --nodeid n1 > "$dir/driver.log" 2>&1 &
+    "$hostpath" --statedir "$dir/state" --log warn --enable-attach --nodeid n1 > "$dir/driver.log" 2>&1 &
   else
     "$go" --statedir "$dir/state/data" --endpoint "$CSI_ENDPOINT" --enable-attach --nodeid n1 --v 0 > "$dir/driver.log" 2>&1 &
   fi

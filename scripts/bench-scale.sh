@@ -12,7 +12,8 @@
 # is removed at the end.
 #   bash scripts/bench-scale.sh            # the issue's sizes
 #   SCALE_QUICK=1 bash scripts/bench-scale.sh   # small sizes, to try it out
-# BENCH_BIN=DIR uses DIR/examples/{hostpath,loop-block} and DIR/csi instead of
+# BENCH_BIN=DIR uses DIR/{hostpath,loop-block} (or DIR/examples/..., as builds
+# from before the drivers were packages put them) and DIR/csi instead of
 # building the `dist` profile; GO_DRIVER=PATH names the Go driver (default
 # ../shared/tools/hostpathplugin; without it only our figures are printed).
 # SCALE_ROUNDS (default 2) rounds per figure; SCALE_PUBLISHED, SCALE_LOOP,
@@ -32,7 +33,7 @@ rounds=${SCALE_ROUNDS:-2}
 if [ -n "${BENCH_BIN:-}" ]; then
   bin=$(cd "$BENCH_BIN" && pwd)
 else
-  cargo build --profile dist -q --workspace --example hostpath --example loop-block --bin csi
+  cargo build --profile dist -q -p hostpath -p loop-block -p csi-cli --bins
   bin=$PWD/target/dist
 fi
 go=${GO_DRIVER:-$PWD/../shared/tools/hostpathplugin}
@@ -43,6 +44,8 @@ trap 'rm -rf "$work"' EXIT
 unshare -m --propagation private bash -s "$bin" "$go" "$work" "$rounds" "$published" "$loopn" "$many" "$few" <<'INNER'
 set -euo pipefail
 bin=$1 go=$2 work=$3 rounds=$4 published=$5 loopn=$6 many=$7 few=$8
+drivers=$bin
+[ -x "$drivers/hostpath" ] || drivers=$bin/examples
 csi=$bin/csi
 pid=
 cleanup() {
@@ -62,9 +65,9 @@ start() {
   mkdir -p "$dir"
   export CSI_ENDPOINT=unix://$dir/csi.sock
   case $drv in
-    ours) "$bin/examples/hostpath" --statedir "$dir/state" --endpoint "$CSI_ENDPOINT" --nodeid n1 --log warn >> "$dir/driver.log" 2>&1 & ;;
+    ours) "$drivers/hostpath" --statedir "$dir/state" --endpoint "$CSI_ENDPOINT" --nodeid n1 --log warn >> "$dir/driver.log" 2>&1 & ;;
     go) "$go" --statedir "$dir/state" --endpoint "$CSI_ENDPOINT" --nodeid n1 --v 0 >> "$dir/driver.log" 2>&1 & ;;
-    loop) "$bin/examples/loop-block" --statedir "$dir/state" --endpoint "$CSI_ENDPOINT" --nodeid n1 --log warn >> "$dir/driver.log" 2>&1 & ;;
+    loop) "$drivers/loop-block" --statedir "$dir/state" --endpoint "$CSI_ENDPOINT" --nodeid n1 --log warn >> "$dir/driver.log" 2>&1 & ;;
   esac
   pid=$!
 }

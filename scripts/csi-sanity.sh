@@ -48,7 +48,7 @@ default_runs="hostpath:mount hostpath:block loop-block:mount loop-block:block lo
 runs=${CSI_SANITY_RUNS:-$default_runs}
 if [ -z "${CSI_SANITY_IN_NS:-}" ]; then
   case " $runs" in *" hostpath:"*|*" loop-block"*)
-    cargo build --quiet --example hostpath --example loop-block ;;
+    cargo build --quiet -p hostpath -p loop-block --bins ;;
   esac
   case " $runs" in *" cloud-block"*) cargo build --quiet -p cloud-block --bins ;; esac
 fi
@@ -165,7 +165,7 @@ start_cloud_block() {
 start_loop_block_split() {
   local log=$1 pid
   mkdir -p "$dir/controller" "$dir/node" "$dir/data"
-  target/debug/examples/loop-block --mode controller --endpoint "unix://$dir/controller.sock" \
+  target/debug/loop-block --mode controller --endpoint "unix://$dir/controller.sock" \
     --statedir "$dir/controller" --datadir "$dir/data" --nodeid sanity-node \
     --attach-limit "$attach_limit" --log warn >"$log" 2>&1 &
   pid=$!
@@ -222,8 +222,8 @@ for run in $runs; do
     *) echo "csi-sanity: unknown driver $driver"; exit 2 ;;
   esac
   # A driver with an attach limit flag gets one, and the attach-limit spec.
-  if [ -x "target/debug/examples/$bin" ] &&
-     "target/debug/examples/$bin" --help | grep -q -- '--attach-limit'; then
+  if [ -x "target/debug/$bin" ] &&
+     "target/debug/$bin" --help | grep -q -- '--attach-limit'; then
     args+=(--attach-limit "$attach_limit")
   fi
   run_size=$size run_expand=$expand
@@ -243,7 +243,7 @@ for run in $runs; do
     cloud-block) start_cloud_block none || started= ;;
     cloud-block-faults) start_cloud_block faults || started= ;;
     *)
-      "target/debug/examples/$bin" --endpoint "unix://$sock" "${args[@]}" --log warn \
+      "target/debug/$bin" --endpoint "unix://$sock" "${args[@]}" --log warn \
         >"$logs/$driver-$mode.driver.log" 2>&1 &
       driver_pid=$!
       ;;

@@ -48,9 +48,10 @@ log "building csi-proto with protoc removed from PATH"
 clean_path=$(printf '%s' "$PATH" | tr ':' '\n' | while read -r d; do [ -x "$d/protoc" ] || printf '%s:' "$d"; done)
 PATH="${clean_path%:}" PROTOC=/nonexistent/protoc cargo build -p csi-proto --quiet
 
-# The end-to-end tests run the example drivers as processes: build them
-# first (examples with `test = true` are otherwise built only as test harnesses).
-log "cargo build --examples"
+# The end-to-end tests run the example drivers as processes: the driver
+# packages' tests get their own binary from cargo, the root tests and
+# csi-cli's run the thin root examples. Build them all first.
+log "cargo build --examples --bins"
 cargo build --workspace --examples --bins --quiet
 
 log "cargo test --workspace (root-only tests are #[ignore]d here)"

@@ -8,7 +8,7 @@
 //! device is. Runs as root in a private mount namespace, for hostpath and
 //! loop-block.
 
-mod support;
+use e2e_support as support;
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};

@@ -7,7 +7,7 @@
 //! (after `cargo build --release --examples`). Figures go to
 //! docs/benchmarks.md.
 
-mod support;
+use e2e_support as support;
 
 use std::time::{Duration, Instant};
 

@@ -16,7 +16,7 @@
 //! hostpath's backend and in the tree-copy crate.) Tests that mount a tmpfs
 //! need root and run in a private mount namespace; they say when skipped.
 
-mod support;
+use e2e_support as support;
 
 use std::collections::BTreeSet;
 use std::io::Write;

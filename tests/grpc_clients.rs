@@ -9,7 +9,7 @@
 //! a test is reported as ignored, saying why, never as passed: this binary
 //! has its own harness (`harness = false`), which decides at run time.
 
-mod support;
+use e2e_support as support;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -6,7 +6,7 @@
 //! private mount namespace (its mounts vanish with it); loop devices are
 //! detached by the driver guard even on failure.
 
-mod support;
+use e2e_support as support;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -3,9 +3,8 @@
 //! hostpath, failing on a deliberately broken driver), and `csi bench`
 //! leaving no volume, mount or loop device after a normal end and after SIGINT.
 
-// The root package's end-to-end harness: these tests run its hostpath example.
-#[path = "../../../tests/support/mod.rs"]
-mod support;
+// The end-to-end harness: these tests run the root package's hostpath example.
+use e2e_support as support;
 
 use std::path::Path;
 use std::process::Output;

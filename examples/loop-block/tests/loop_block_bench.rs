@@ -5,17 +5,20 @@
 //! `cargo test --release --test loop_block_bench -- --ignored --nocapture`.
 //! Figures are recorded in docs/benchmarks.md.
 
-mod support;
+use e2e_support as support;
 
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use csi_kit::mount::require_root;
-use csi_kit::mount::testing::{assert_no_loop_device_for, detach_loop_devices_under};
-use csi_kit::proto::v1::volume_capability::access_mode::Mode;
-use csi_kit::proto::v1::*;
+use csi_proto::v1::volume_capability::access_mode::Mode;
+use csi_proto::v1::*;
+use mount_utils::require_root;
+use mount_utils::testing::{assert_no_loop_device_for, detach_loop_devices_under};
 use support::{Driver, mounts_under, run_isolated};
+
+/// The driver under test, built by cargo for this package's tests.
+const LOOP_BLOCK: &str = env!("CARGO_BIN_EXE_loop-block");
 
 const ROUNDS: usize = 7;
 const GIB: i64 = 1 << 30;
@@ -47,7 +50,7 @@ fn shell_round(dir: &Path) -> Duration {
     took
 }
 
-async fn driver_round(client: &csi_kit::client::CsiClient, dir: &Path, round: usize) -> Duration {
+async fn driver_round(client: &csi_client::CsiClient, dir: &Path, round: usize) -> Duration {
     let cap = VolumeCapability::mount("ext4").with_access_mode(Mode::SingleNodeWriter);
     let (staging, target) = (dir.join("staging"), dir.join("pods").join("target"));
     std::fs::create_dir_all(&staging).unwrap();
@@ -157,7 +160,7 @@ fn create_to_published_mount_1gib() {
     run_isolated("loop-block-bench", || async {
         let dir = tempfile::tempdir().unwrap();
         let statedir = dir.path().join("state");
-        let driver = Driver::start("loop-block", &statedir, &["--log", "warn"]);
+        let driver = Driver::start(LOOP_BLOCK, &statedir, &["--log", "warn"]);
         let client = driver.client().await;
         // One warm-up round each (page cache, binaries), then alternate.
         driver_round(&client, dir.path(), 0).await;

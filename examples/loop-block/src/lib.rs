@@ -14,6 +14,12 @@
 //! ([`tuning`]); group snapshots freeze the members' filesystems ([`group`]);
 //! `--attach-limit` caps the disks attached to the node.
 //!
+//! The package is the driver's library (its backend, node side and the
+//! [`LoopBlock`] value that holds both) and the `loop-block` binary over it,
+//! [`main`]. Tests and simulators build the driver in-process over their own
+//! seams with [`LoopBlock::open_with`] and call its services directly, or
+//! serve it with [`serve`].
+//!
 //! `cargo run --example loop-block` starts it with defaults (endpoint
 //! `unix:///var/lib/csi-loop-block/csi.sock`, state and backing files in
 //! `/var/lib/csi-loop-block`, node id = hostname) and prints them. It needs
@@ -25,33 +31,49 @@
 //! network disk). The node then learns everything from the publish context
 //! ([`context`]).
 
-mod backend;
-mod config;
-mod context;
-mod driver;
-mod group;
-mod node;
-mod tuning;
+pub mod backend;
+pub mod config;
+pub mod context;
+pub mod driver;
+pub mod group;
+pub mod node;
+pub mod tuning;
 
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Parser;
-use csi_kit::server::Readiness;
+use csi_server::Readiness;
 
-use config::Config;
-use driver::LoopBlock;
+pub use config::Config;
+pub use driver::LoopBlock;
 
-#[tokio::main]
-async fn main() -> ExitCode {
+/// The `loop-block` program: parses the flags, serves until SIGTERM or
+/// SIGINT and reports a failure on stderr in the exit code.
+pub fn main() -> ExitCode {
     let config = Config::parse();
     csi_server::init_tracing(&config.common.log);
-    csi_server::flags::exit_code("loop-block", run(config).await)
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build();
+    let result = match runtime {
+        Ok(rt) => rt.block_on(run(config)),
+        Err(e) => Err(format!("starting the runtime: {e}")),
+    };
+    csi_server::flags::exit_code("loop-block", result)
 }
 
-async fn run(config: Config) -> Result<(), String> {
-    let mounter = Arc::new(csi_kit::mount::LinuxMounter::new());
+/// Opens the driver the flags describe, on the host's mounts and loop
+/// devices, and [`serve`]s it.
+pub async fn run(config: Config) -> Result<(), String> {
+    let mounter = Arc::new(mount_utils::LinuxMounter::new());
     let driver = Arc::new(LoopBlock::open(config.clone(), mounter)?);
+    serve(config, driver).await
+}
+
+/// Serves `driver` at the flags' endpoint: reconciles its state, then
+/// serves while the node's volumes are restored (Probe is ready after).
+pub async fn serve(config: Config, driver: Arc<LoopBlock>) -> Result<(), String> {
     let readiness = Readiness::new();
     let mut builder = config
         .common

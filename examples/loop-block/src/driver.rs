@@ -15,11 +15,14 @@ use crate::node::{NodeSide, open_node};
 /// The loop-block driver: cheap to clone (everything shared is behind `Arc`).
 #[derive(Clone)]
 pub struct LoopBlock {
+    /// This node's id (`--nodeid`, else the hostname).
     pub node_id: String,
     /// The Controller and GroupController, and the records (`--mode
     /// controller` or `both`).
     pub controller: Option<ControllerService<Backend>>,
+    /// The backing files under `--datadir`.
     pub backend: Backend,
+    /// The node's mounts.
     pub mounter: Arc<dyn Mounter>,
     /// The node service, csi-node's, over what this node staged and
     /// published (`--mode node` or `both`).

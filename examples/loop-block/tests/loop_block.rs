@@ -9,28 +9,31 @@
 mod group;
 #[path = "loop_block/split.rs"]
 mod split;
-mod support;
+use e2e_support as support;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use csi_kit::client::CsiClient;
-use csi_kit::conformance::{Report, Status, SuiteAccessType};
-use csi_kit::mount::testing::{assert_no_loop_device_for, have_program};
-use csi_kit::mount::{LinuxMounter, Mounter, require_root};
-use csi_kit::proto::v1::volume_capability::access_mode::Mode;
-use csi_kit::proto::v1::*;
+use csi_client::CsiClient;
+use csi_conformance::{Report, Status, SuiteAccessType};
+use csi_proto::v1::volume_capability::access_mode::Mode;
+use csi_proto::v1::*;
+use mount_utils::testing::{assert_no_loop_device_for, have_program};
+use mount_utils::{LinuxMounter, Mounter, require_root};
 use support::{
     Driver, assert_one_point_in_time, create_and_attach, mounts_under, run_isolated,
     run_isolated_in_tempdir, spawn_ordered_writer,
 };
 use tonic::Code;
 
+/// The driver under test, built by cargo for this package's tests.
+const LOOP_BLOCK: &str = env!("CARGO_BIN_EXE_loop-block");
+
 /// Runs the suite against a fresh loop-block; `fs_type` None means block.
 async fn run_suite(fs_type: Option<&str>, size: i64, skip: &[&str]) -> Report {
     let dir = tempfile::tempdir().expect("tempdir");
     let statedir = dir.path().join("state");
-    let driver = Driver::start("loop-block", &statedir, &[]);
+    let driver = Driver::start(LOOP_BLOCK, &statedir, &[]);
     driver.client().await;
     let mut config = driver.suite_config(dir.path());
     config.volume_size = size;
@@ -364,9 +367,9 @@ fn block_cap() -> VolumeCapability {
 }
 
 /// The mount at exactly `path` in this thread's namespace.
-fn mount_at(path: &Path) -> Option<csi_kit::mount::MountInfo> {
+fn mount_at(path: &Path) -> Option<mount_utils::MountInfo> {
     let text = std::fs::read("/proc/thread-self/mountinfo").expect("mountinfo");
-    csi_kit::mount::parse_mountinfo(&text)
+    mount_utils::parse_mountinfo(&text)
         .expect("parse mountinfo")
         .into_iter()
         .rfind(|m| m.mount_point == path)
@@ -380,7 +383,7 @@ fn data_survives_unpublish_unstage_and_restage() {
     require_root!("data_survives_unpublish_unstage_and_restage");
     run_isolated("loop-block-data", || async {
         let dir = tempfile::tempdir().unwrap();
-        let driver = Driver::start("loop-block", &dir.path().join("state"), &[]);
+        let driver = Driver::start(LOOP_BLOCK, &dir.path().join("state"), &[]);
         let client = driver.client().await;
         let cap = mount_cap("ext4").with_mount_flags(["noatime"]);
         let disk = Disk::create(&client, &driver, "pvc-data", cap, 64 * MIB).await;
@@ -433,7 +436,7 @@ fn data_survives_unpublish_unstage_and_restage() {
 /// `df` (statvfs) of the target and NodeGetVolumeStats see it.
 async fn grow_published_filesystem(fs: &str) {
     let dir = tempfile::tempdir().unwrap();
-    let driver = Driver::start("loop-block", &dir.path().join("state"), &[]);
+    let driver = Driver::start(LOOP_BLOCK, &dir.path().join("state"), &[]);
     let client = driver.client().await;
     let disk = Disk::create(&client, &driver, "pvc-grow", mount_cap(fs), 320 * MIB).await;
     disk.stage().await.unwrap();
@@ -495,12 +498,12 @@ fn expansion_refreshes_the_loop_device_of_a_published_block_volume() {
     require_root!("expansion_refreshes_the_loop_device_of_a_published_block_volume");
     run_isolated("loop-block-grow-block", || async {
         let dir = tempfile::tempdir().unwrap();
-        let driver = Driver::start("loop-block", &dir.path().join("state"), &[]);
+        let driver = Driver::start(LOOP_BLOCK, &dir.path().join("state"), &[]);
         let client = driver.client().await;
         let disk = Disk::create(&client, &driver, "pvc-grow-block", block_cap(), 16 * MIB).await;
         disk.stage().await.unwrap();
         disk.publish().await.unwrap();
-        let size = |p: &Path| csi_kit::mount::block::device_size(p).unwrap() as i64;
+        let size = |p: &Path| mount_utils::block::device_size(p).unwrap() as i64;
         assert_eq!(
             size(&disk.target),
             16 * MIB,
@@ -521,7 +524,7 @@ fn restart_reattaches_loop_devices_and_remounts_staged_volumes() {
     require_root!("restart_reattaches_loop_devices_and_remounts_staged_volumes");
     run_isolated("loop-block-restart", || async {
         let dir = tempfile::tempdir().unwrap();
-        let mut driver = Driver::start("loop-block", &dir.path().join("state"), &[]);
+        let mut driver = Driver::start(LOOP_BLOCK, &dir.path().join("state"), &[]);
         let client = driver.client().await;
         let fs = Disk::create(&client, &driver, "pvc-fs", mount_cap("ext4"), 32 * MIB).await;
         let raw = Disk::create(&client, &driver, "pvc-raw", block_cap(), 16 * MIB).await;
@@ -543,7 +546,7 @@ fn restart_reattaches_loop_devices_and_remounts_staged_volumes() {
             mounter.unmount(path, false).unwrap();
         }
         for image in [&fs.image, &raw.image] {
-            csi_kit::mount::testing::detach_loop_devices_under(image);
+            mount_utils::testing::detach_loop_devices_under(image);
             assert_no_loop_device_for(image);
         }
         assert_eq!(mounts_under(dir.path()), Vec::<PathBuf>::new());
@@ -562,10 +565,10 @@ fn restart_reattaches_loop_devices_and_remounts_staged_volumes() {
             std::fs::read(fs.target.join("data")).unwrap(),
             b"before the reboot"
         );
-        let devices = csi_kit::mount::loopdev::find_by_backing_file(&raw.image).unwrap();
+        let devices = mount_utils::loopdev::find_by_backing_file(&raw.image).unwrap();
         assert_eq!(devices.len(), 1, "block volume re-attached: {devices:?}");
         assert_eq!(
-            csi_kit::mount::block::device_size(&raw.target).unwrap(),
+            mount_utils::block::device_size(&raw.target).unwrap(),
             16 << 20,
             "raw target bound to the new device"
         );
@@ -664,7 +667,7 @@ fn write_and_read_back(target: &Path, block: bool, data: &[u8]) {
 fn modify_volume_retunes_the_attached_disk_and_every_later_attachment() {
     require_root!("modify_volume_retunes_the_attached_disk_and_every_later_attachment");
     run_isolated_in_tempdir("loop-block-modify", |dir| async move {
-        let driver = Driver::start("loop-block", &dir.join("state"), &[]);
+        let driver = Driver::start(LOOP_BLOCK, &dir.join("state"), &[]);
         let client = driver.client().await;
         for (name, cap) in [("pvc-fs", mount_cap("ext4")), ("pvc-raw", block_cap())] {
             let block = cap.is_block();

@@ -15,9 +15,11 @@ use crate::node::{NodeSide, open_node};
 /// The hostpath driver: cheap to clone (everything shared is behind `Arc`).
 #[derive(Clone)]
 pub struct HostPath {
+    /// This node's id (`--nodeid`, else the hostname).
     pub node_id: String,
     /// The Controller and GroupController, and the records.
     pub controller: ControllerService<Backend>,
+    /// The volumes' and snapshots' data under the state directory.
     pub backend: Backend,
     /// The node service (csi-node's, over what this node staged and published).
     pub node: Arc<csi_node::NodeService<NodeSide>>,
@@ -55,9 +57,9 @@ impl HostPath {
         let files = open_state_on(fs, &statedir, || {
             // A crash during a group snapshot can leave the state filesystem
             // frozen; thaw it before anything below writes to it.
-            let dedicated = csi_kit::mount::freeze::same_filesystem(&statedir, Path::new("/"))
+            let dedicated = mount_utils::freeze::same_filesystem(&statedir, Path::new("/"))
                 .is_ok_and(|on_root| !on_root);
-            if dedicated && csi_kit::mount::freeze::thaw(&statedir).unwrap_or(false) {
+            if dedicated && mount_utils::freeze::thaw(&statedir).unwrap_or(false) {
                 tracing::warn!(statedir = %statedir.display(), "thawed a filesystem left frozen by a crash");
             }
         })?;

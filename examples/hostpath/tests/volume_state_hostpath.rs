@@ -3,19 +3,22 @@
 //! publish over the real socket, real bind mounts) and back to empty, with a
 //! clean mount table and no attachment left at the end.
 
-mod support;
+use e2e_support as support;
 
 use std::sync::Arc;
 
-use csi_kit::client::CsiClient;
-use csi_kit::mount::require_root;
-use csi_kit::proto::v1::volume_capability::access_mode::Mode;
-use csi_kit::proto::v1::*;
-use csi_kit::state::csi::CsiVolumePlugin;
-use csi_kit::state::node::PodMountState;
-use csi_kit::state::node::{ActualNodeState, AttachMode, DesiredNodeState, NodeReconciler};
-use csi_kit::state::{NodeAccess, VolumeSpec};
+use csi_client::CsiClient;
+use csi_proto::v1::volume_capability::access_mode::Mode;
+use csi_proto::v1::*;
+use mount_utils::require_root;
 use support::{Driver, mounts_under, run_isolated};
+use volume_state::csi::CsiVolumePlugin;
+use volume_state::node::PodMountState;
+use volume_state::node::{ActualNodeState, AttachMode, DesiredNodeState, NodeReconciler};
+use volume_state::{NodeAccess, VolumeSpec};
+
+/// The driver under test, built by cargo for this package's tests.
+const HOSTPATH: &str = env!("CARGO_BIN_EXE_hostpath");
 
 /// Runs reconcile passes until `done` holds (bounded: 30 s), sleeping
 /// between rounds so backoff windows can pass.
@@ -50,7 +53,7 @@ fn reconciler_mounts_pods_through_hostpath_and_tears_everything_down() {
     require_root!("reconciler_mounts_pods_through_hostpath_and_tears_everything_down");
     run_isolated("volume-state-hostpath", || async {
         let dir = tempfile::tempdir().unwrap();
-        let driver = Driver::start("hostpath", &dir.path().join("state"), &["--enable-attach"]);
+        let driver = Driver::start(HOSTPATH, &dir.path().join("state"), &["--enable-attach"]);
         let client = driver.client().await;
         let node_id = client
             .node()

@@ -3,19 +3,22 @@
 //! inline ephemeral volumes, restart reconciliation, and crash safety under
 //! SIGKILL. Runs as root in a private mount namespace per test.
 
-mod support;
+use e2e_support as support;
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use csi_kit::client::CsiClient;
-use csi_kit::mount::require_root;
-use csi_kit::proto::v1::volume_capability::access_mode::Mode;
-use csi_kit::proto::v1::*;
+use csi_client::CsiClient;
 use csi_node::testing::requests;
+use csi_proto::v1::volume_capability::access_mode::Mode;
+use csi_proto::v1::*;
+use mount_utils::require_root;
 use support::{Driver, assert_one_point_in_time, mounts_under, run_isolated, spawn_ordered_writer};
 use tonic::Code;
+
+/// The driver under test, built by cargo for this package's tests.
+const HOSTPATH: &str = env!("CARGO_BIN_EXE_hostpath");
 
 const MARKER: &str = "SECRET-MARKER-e2e-91c3";
 
@@ -122,7 +125,7 @@ fn every_rpc_repeated_ten_times_gives_one_result_and_one_mount() {
     require_root!("every_rpc_repeated_ten_times_gives_one_result_and_one_mount");
     run_isolated("hostpath-idempotency", || async {
         let dir = tempfile::tempdir().unwrap();
-        let driver = Driver::start("hostpath", &dir.path().join("state"), &[]);
+        let driver = Driver::start(HOSTPATH, &dir.path().join("state"), &[]);
         let client = driver.client().await;
         let (staging, target) = (dir.path().join("staging"), dir.path().join("pods/target"));
         std::fs::create_dir_all(&staging).unwrap();
@@ -216,7 +219,7 @@ fn hostile_ids_fields_and_access_types_are_refused_and_secrets_never_logged() {
         let dir = tempfile::tempdir().unwrap();
         let sentinel = dir.path().join("sentinel");
         std::fs::create_dir_all(sentinel.join("keep")).unwrap();
-        let driver = Driver::start("hostpath", &dir.path().join("state"), &[]);
+        let driver = Driver::start(HOSTPATH, &dir.path().join("state"), &[]);
         let client = driver.client().await;
         let staging = dir.path().join("staging");
         std::fs::create_dir_all(&staging).unwrap();
@@ -348,13 +351,13 @@ fn hostile_ids_fields_and_access_types_are_refused_and_secrets_never_logged() {
 #[ignore = "needs root: run by scripts/test.sh's root pass"]
 fn csi_sanity_answers() {
     require_root!("csi_sanity_answers");
-    if !csi_kit::mount::testing::have_program("csi_sanity_answers", "mkfs.ext4") {
+    if !mount_utils::testing::have_program("csi_sanity_answers", "mkfs.ext4") {
         return;
     }
     run_isolated("hostpath-sanity-answers", || async {
         let dir = tempfile::tempdir().unwrap();
         let state =
-            csi_kit::mount::testing::ScratchFilesystem::new(dir.path(), "state", 64 << 20, "ext4")
+            mount_utils::testing::ScratchFilesystem::new(dir.path(), "state", 64 << 20, "ext4")
                 .unwrap();
         let snapdir = format!("--snapshotdir={}", dir.path().join("snapshots").display());
         let args = [
@@ -363,7 +366,7 @@ fn csi_sanity_answers() {
             "--accepted-mutable-parameter-name=iops",
             &snapdir,
         ];
-        let driver = Driver::start("hostpath", state.path(), &args);
+        let driver = Driver::start(HOSTPATH, state.path(), &args);
         let client = driver.client().await;
         let info = client
             .node()
@@ -481,7 +484,7 @@ fn inline_ephemeral_volume_lives_and_dies_with_its_publish() {
     run_isolated("hostpath-ephemeral", || async {
         let dir = tempfile::tempdir().unwrap();
         let statedir = dir.path().join("state");
-        let driver = Driver::start("hostpath", &statedir, &[]);
+        let driver = Driver::start(HOSTPATH, &statedir, &[]);
         let client = driver.client().await;
         let target = dir.path().join("pod/vol");
         std::fs::create_dir_all(target.parent().unwrap()).unwrap();
@@ -535,7 +538,7 @@ fn staged_block_volume_is_reattached_after_a_restart() {
     run_isolated("hostpath-reattach", || async {
         let dir = tempfile::tempdir().unwrap();
         let statedir = dir.path().join("state");
-        let mut driver = Driver::start("hostpath", &statedir, &[]);
+        let mut driver = Driver::start(HOSTPATH, &statedir, &[]);
         let client = driver.client().await;
         let (staging, target) = (dir.path().join("staging"), dir.path().join("pod/dev"));
         std::fs::create_dir_all(&staging).unwrap();
@@ -551,14 +554,14 @@ fn staged_block_volume_is_reattached_after_a_restart() {
         let image = statedir
             .join("volumes")
             .join(format!("{}.img", vol.volume_id));
-        for dev in csi_kit::mount::loopdev::find_by_backing_file(&image).unwrap() {
-            csi_kit::mount::loopdev::detach(&dev).unwrap();
+        for dev in mount_utils::loopdev::find_by_backing_file(&image).unwrap() {
+            mount_utils::loopdev::detach(&dev).unwrap();
         }
-        csi_kit::mount::testing::assert_no_loop_device_for(&image);
+        mount_utils::testing::assert_no_loop_device_for(&image);
         driver.restart();
         let client = driver.client().await;
         assert_eq!(
-            csi_kit::mount::loopdev::find_by_backing_file(&image)
+            mount_utils::loopdev::find_by_backing_file(&image)
                 .unwrap()
                 .len(),
             1,
@@ -589,7 +592,7 @@ fn staged_block_volume_is_reattached_after_a_restart() {
             staging_target_path: staging.to_string_lossy().into(),
         };
         client.node().node_unstage_volume(unstage).await.unwrap();
-        csi_kit::mount::testing::assert_no_loop_device_for(&image);
+        mount_utils::testing::assert_no_loop_device_for(&image);
     });
 }
 
@@ -600,7 +603,7 @@ fn sigkill_during_churn_never_loses_a_volume_or_corrupts_state() {
     run_isolated("hostpath-crash", || async {
         let dir = tempfile::tempdir().unwrap();
         let statedir = dir.path().join("state");
-        let mut driver = Driver::start("hostpath", &statedir, &[]);
+        let mut driver = Driver::start(HOSTPATH, &statedir, &[]);
         let started = Instant::now();
         // Volumes whose CreateVolume returned OK and that no DeleteVolume touched.
         let mut confirmed: BTreeSet<String> = BTreeSet::new();
@@ -749,7 +752,7 @@ fn sigkill_during_churn_never_loses_a_volume_or_corrupts_state() {
 #[ignore = "needs root: run by scripts/test.sh's root pass"]
 fn group_snapshots_are_write_order_consistent() {
     require_root!("group_snapshots_are_write_order_consistent");
-    if !csi_kit::mount::testing::have_program(
+    if !mount_utils::testing::have_program(
         "group_snapshots_are_write_order_consistent",
         "mkfs.ext4",
     ) {
@@ -758,10 +761,10 @@ fn group_snapshots_are_write_order_consistent() {
     run_isolated("hostpath-group-consistency", || async {
         let dir = tempfile::tempdir().unwrap();
         let state =
-            csi_kit::mount::testing::ScratchFilesystem::new(dir.path(), "state", 256 << 20, "ext4")
+            mount_utils::testing::ScratchFilesystem::new(dir.path(), "state", 256 << 20, "ext4")
                 .unwrap();
         let snapdir = format!("--snapshotdir={}", dir.path().join("snapshots").display());
-        let driver = Driver::start("hostpath", state.path(), &[&snapdir]);
+        let driver = Driver::start(HOSTPATH, state.path(), &[&snapdir]);
         let client = driver.client().await;
         let caps = client
             .identity()
@@ -894,12 +897,12 @@ fn group_snapshots_are_write_order_consistent() {
 fn directory_volume_capacity_is_a_quota_that_expansion_raises() {
     const TEST: &str = "directory_volume_capacity_is_a_quota_that_expansion_raises";
     require_root!(TEST);
-    if !csi_kit::mount::testing::have_program(TEST, "mkfs.ext4") {
+    if !mount_utils::testing::have_program(TEST, "mkfs.ext4") {
         return;
     }
     run_isolated("hostpath-quota", || async {
         let dir = tempfile::tempdir().unwrap();
-        let state = match csi_kit::mount::testing::ScratchFilesystem::with_options(
+        let state = match mount_utils::testing::ScratchFilesystem::with_options(
             dir.path(),
             "state",
             256 << 20,
@@ -916,7 +919,7 @@ fn directory_volume_capacity_is_a_quota_that_expansion_raises() {
             }
             Err(e) => panic!("{e}"),
         };
-        let driver = Driver::start("hostpath", state.path(), &[]);
+        let driver = Driver::start(HOSTPATH, state.path(), &[]);
         let client = driver.client().await;
         let id = create(&client, "pvc-quota", mount_cap())
             .await

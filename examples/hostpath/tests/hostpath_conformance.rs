@@ -8,12 +8,15 @@
 //! write-order consistent) group snapshots; the other runs use the default
 //! layout, where the group service is not offered.
 
-mod support;
+use e2e_support as support;
 
-use csi_kit::conformance::Report;
-use csi_kit::mount::require_root;
-use csi_kit::mount::testing::ScratchFilesystem;
+use csi_conformance::Report;
+use mount_utils::require_root;
+use mount_utils::testing::ScratchFilesystem;
 use support::{Driver, mounts_under, run_isolated};
+
+/// The driver under test, built by cargo for this package's tests.
+const HOSTPATH: &str = env!("CARGO_BIN_EXE_hostpath");
 
 async fn run_suite(block: bool, attach: bool) -> Report {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -38,7 +41,7 @@ async fn run_suite(block: bool, attach: bool) -> Report {
     } else {
         vec![]
     };
-    let driver = Driver::start("hostpath", &statedir, &args);
+    let driver = Driver::start(HOSTPATH, &statedir, &args);
     driver.client().await;
     let mut config = driver.suite_config(dir.path());
     config.volume_size = 16 << 20;
@@ -77,7 +80,7 @@ fn skipped(report: &Report) -> Vec<String> {
         .iter()
         .filter(|r| r.id != "identity.split_endpoints")
         .filter_map(|r| match &r.status {
-            csi_kit::conformance::Status::Skipped(why) => Some(format!("{}: {why}", r.id)),
+            csi_conformance::Status::Skipped(why) => Some(format!("{}: {why}", r.id)),
             _ => None,
         })
         .collect()

@@ -1,5 +1,12 @@
 //! hostpath: a complete CSI driver built only on csi-kit's crates.
 //!
+//! The package is the driver's library (its backend, node side and the
+//! [`HostPath`] value that holds both) and the `hostpath` binary over it,
+//! [`main`]. Tests and simulators build the driver in-process over their own
+//! seams with [`HostPath::open_with`] (a fake mounter and loop devices) and
+//! call its [`controller`](HostPath::controller) and
+//! [`node`](HostPath::node) services directly, or serve it with [`serve`].
+//!
 //! `cargo run --example hostpath` starts it with defaults (endpoint
 //! `unix:///var/lib/csi-hostpath/csi.sock`, state in `/var/lib/csi-hostpath`,
 //! node id = hostname) and prints them. Volumes are directories (mount
@@ -7,21 +14,21 @@
 //! snapshots, clones, expansion, attach tracking, topology, group snapshots
 //! and inline ephemeral volumes are supported. See `--help` for the flags.
 
-mod backend;
-mod config;
-mod driver;
+pub mod backend;
+pub mod config;
+pub mod driver;
 mod group;
-mod node;
+pub mod node;
 
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Parser;
-use csi_kit::proto::v1::node_service_capability::rpc::Type as NodeRpc;
-use csi_kit::server::{Capabilities, Readiness, ServeMode};
+use csi_proto::v1::node_service_capability::rpc::Type as NodeRpc;
+use csi_server::{Capabilities, Readiness, ServeMode};
 
-use config::{Config, Mode};
-use driver::HostPath;
+pub use config::{Config, Mode};
+pub use driver::HostPath;
 
 /// The node's capabilities, from the flags (the controller service adds
 /// what its backend offers).
@@ -45,17 +52,19 @@ fn node_capabilities(config: &Config) -> Capabilities {
 // drops from 10.1 to 7.7-7.8 MB (docs/benchmarks.md).
 const BLOCKING_THREADS: usize = 4;
 
-// dlmalloc, not glibc's malloc: glibc keeps a cache of freed chunks per
+// The binary's allocator (see src/main.rs): dlmalloc, not glibc's malloc: glibc keeps a cache of freed chunks per
 // thread, and under 8-worker load those caches fragmented the heap from
 // 0.46 to 1.4 MB. With one allocator lock and no thread caches the heap
 // stays near 0.2 MB and peak RSS after conformance plus load falls from
 // 7.6-7.8 to 6.9-7.0 MB, for 0-5% of the lifecycle rate (docs/benchmarks.md). glibc's
 // malloc still serves libc's own allocations (realpath and the like), in
-// one arena.
-#[global_allocator]
-static ALLOCATOR: dlmalloc::GlobalDlmalloc = dlmalloc::GlobalDlmalloc;
+// one arena. A library cannot choose the allocator of the programs that link
+// it, so the binary declares it.
+pub use dlmalloc::GlobalDlmalloc as Allocator;
 
-fn main() -> ExitCode {
+/// The `hostpath` program: parses the flags, serves until SIGTERM or SIGINT
+/// and reports a failure on stderr in the exit code.
+pub fn main() -> ExitCode {
     let config = Config::parse();
     csi_server::init_tracing(&config.common.log);
     // SAFETY: called before any other thread exists.
@@ -74,14 +83,22 @@ fn main() -> ExitCode {
     csi_server::flags::exit_code("hostpath", result)
 }
 
-async fn run(config: Config) -> Result<(), String> {
+/// Opens the driver the flags describe, on the host's mounts and loop
+/// devices, and [`serve`]s it.
+pub async fn run(config: Config) -> Result<(), String> {
+    let mounter = Arc::new(mount_utils::LinuxMounter::new());
+    let driver = Arc::new(HostPath::open(config.clone(), mounter)?);
+    serve(config, driver).await
+}
+
+/// Serves `driver` at the flags' endpoint: reconciles its state, then
+/// serves while the node's volumes are restored (Probe is ready after).
+pub async fn serve(config: Config, driver: Arc<HostPath>) -> Result<(), String> {
     let mode = match config.mode {
         Mode::Controller => ServeMode::Controller,
         Mode::Node => ServeMode::Node,
         Mode::Both => ServeMode::Both,
     };
-    let mounter = Arc::new(csi_kit::mount::LinuxMounter::new());
-    let driver = Arc::new(HostPath::open(config.clone(), mounter)?);
     let group_snapshots = driver.backend.consistent_group_snapshots();
     let caps = driver.controller.capabilities(node_capabilities(&config));
     let readiness = Readiness::new();
@@ -152,7 +169,7 @@ async fn run(config: Config) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use csi_kit::server::ControllerRpc;
+    use csi_server::ControllerRpc;
 
     #[test]
     fn attach_limit_is_reported_and_mutable_keys_are_declared() {

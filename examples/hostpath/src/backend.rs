@@ -65,7 +65,7 @@ impl Backend {
             fs::create_dir_all(&dir)?;
             fs::set_permissions(&dir, fs::Permissions::from_mode(0o750))?;
         }
-        let quotas = csi_kit::mount::quota::supported(root);
+        let quotas = mount_utils::quota::supported(root);
         Ok(Self {
             root: root.to_owned(),
             snapshots,
@@ -79,7 +79,7 @@ impl Backend {
     /// filesystem can be frozen (it is not the root filesystem) and the
     /// copies go to another filesystem, which stays writable meanwhile.
     pub fn consistent_group_snapshots(&self) -> bool {
-        use csi_kit::mount::freeze::same_filesystem;
+        use mount_utils::freeze::same_filesystem;
         matches!(
             (
                 same_filesystem(&self.root, Path::new("/")),
@@ -130,7 +130,7 @@ impl Backend {
     /// limited to `size` when quotas are on (before any data goes in, so
     /// everything inside inherits the project).
     fn volume_dir(&self, id: &str, size: i64) -> Result<PathBuf, CsiError> {
-        use csi_kit::mount::quota;
+        use mount_utils::quota;
         let path = self.volume_path(id, Access::Mount);
         fs::create_dir_all(&path).map_err(|e| io_failure("creating", &path, e))?;
         if self.quotas {
@@ -144,7 +144,7 @@ impl Backend {
     /// Sets a directory volume's quota to `size` (no-op without quotas).
     pub fn grow_mount(&self, id: &str, size: i64) -> Result<(), CsiError> {
         if self.quotas {
-            csi_kit::mount::quota::set_limit(&self.root, project_id(id), size.max(0) as u64)
+            mount_utils::quota::set_limit(&self.root, project_id(id), size.max(0) as u64)
                 .map_err(|e| internal("quota of", &self.volume_path(id, Access::Mount), e))?;
         }
         Ok(())
@@ -179,7 +179,7 @@ impl Backend {
     pub fn delete_volume(&self, id: &str, access: Access) -> Result<(), CsiError> {
         remove_path(&self.volume_path(id, access))?;
         if access == Access::Mount && self.quotas {
-            let _ = csi_kit::mount::quota::clear(&self.root, project_id(id));
+            let _ = mount_utils::quota::clear(&self.root, project_id(id));
         }
         Ok(())
     }
@@ -502,7 +502,7 @@ mod tests {
     #[test]
     #[ignore = "needs root: run by scripts/test.sh's root pass"]
     fn copies_keep_owner_mode_xattrs_and_hard_links() {
-        csi_kit::mount::require_root!("copies_keep_owner_mode_xattrs_and_hard_links");
+        mount_utils::require_root!("copies_keep_owner_mode_xattrs_and_hard_links");
         use std::os::unix::fs::MetadataExt;
         let dir = tempfile::tempdir().unwrap();
         let b = Backend::new(dir.path(), None).unwrap();

@@ -16,7 +16,7 @@ pub struct Config {
     /// Where volumes, snapshots and the state file live.
     #[arg(long, default_value = "/var/lib/csi-hostpath")]
     pub statedir: PathBuf,
-    /// Where snapshots are kept (default: <statedir>/snapshots). On another
+    /// Where snapshots are kept (default: STATEDIR/snapshots). On another
     /// filesystem than a dedicated state dir, group snapshots are offered:
     /// they freeze the volumes' filesystem while copying (write-order
     /// consistency, which the spec requires of a group snapshot).
@@ -82,6 +82,5 @@ pub const TOPOLOGY_KEY: &str = "topology.hostpath.csi-kit.dev/node";
 
 /// clap value parser for sizes in bytes or with a suffix (10Gi).
 fn parse_size(text: &str) -> Result<i64, String> {
-    csi_kit::proto::size::parse_bytes(text)
-        .ok_or_else(|| format!("{text:?} is not a size like 10Gi"))
+    csi_proto::size::parse_bytes(text).ok_or_else(|| format!("{text:?} is not a size like 10Gi"))
 }

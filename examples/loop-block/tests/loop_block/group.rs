@@ -75,7 +75,7 @@ fn group_snapshots_freeze_the_members_and_cut_them_at_one_point_in_time() {
         return;
     }
     run_isolated_in_tempdir("loop-block-group", |dir| async move {
-        let driver = Driver::start("loop-block", &dir.join("state"), &[]);
+        let driver = Driver::start(LOOP_BLOCK, &dir.join("state"), &[]);
         let client = driver.client().await;
         let mut disks = Vec::new();
         for name in ["pvc-a", "pvc-b"] {
@@ -168,7 +168,7 @@ struct Unfreeze(PathBuf);
 
 impl Drop for Unfreeze {
     fn drop(&mut self) {
-        let _ = csi_kit::mount::freeze::thaw(&self.0);
+        let _ = mount_utils::freeze::thaw(&self.0);
     }
 }
 
@@ -180,7 +180,7 @@ fn a_filesystem_left_frozen_by_a_crash_is_thawed_at_start() {
         return;
     }
     run_isolated_in_tempdir("loop-block-thaw", |dir| async move {
-        let mut driver = Driver::start("loop-block", &dir.join("state"), &[]);
+        let mut driver = Driver::start(LOOP_BLOCK, &dir.join("state"), &[]);
         let client = driver.client().await;
         let disk = Disk::create(&client, &driver, "pvc-frozen", mount_cap("ext4"), 32 * MIB).await;
         disk.stage().await.unwrap();

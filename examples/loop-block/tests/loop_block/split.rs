@@ -14,7 +14,7 @@ fn split_controller_and_node_serve_disks_from_the_publish_context() {
         let data = dir.join("data").to_string_lossy().into_owned();
         let start = |mode: &str| {
             let args = ["--mode", mode, "--datadir", &data, "--nodeid", "split-node"];
-            Driver::start("loop-block", &dir.join(mode), &args)
+            Driver::start(LOOP_BLOCK, &dir.join(mode), &args)
         };
         let _detach = DetachUnder(PathBuf::from(&data));
         let (ctl_driver, mut node_driver) = (start("controller"), start("node"));
@@ -103,7 +103,7 @@ fn split_controller_and_node_serve_disks_from_the_publish_context() {
             if !disk.cap.is_block() {
                 mounter.unmount(&disk.staging, false).unwrap();
             }
-            csi_kit::mount::testing::detach_loop_devices_under(&disk.image);
+            mount_utils::testing::detach_loop_devices_under(&disk.image);
         }
         node_driver.restart();
         node = node_driver.client().await;
@@ -151,7 +151,7 @@ struct DetachUnder(PathBuf);
 
 impl Drop for DetachUnder {
     fn drop(&mut self) {
-        csi_kit::mount::testing::detach_loop_devices_under(&self.0);
+        mount_utils::testing::detach_loop_devices_under(&self.0);
     }
 }
 

@@ -40,11 +40,13 @@ mod ioctl {
 /// Why settings could not be applied to a loop device.
 #[derive(Debug, thiserror::Error)]
 pub enum TuneError {
+    /// The loop device could not be opened.
     #[error("opening {0}: {1}")]
     Open(PathBuf, std::io::Error),
     /// The kernel refused direct I/O (the backing file cannot do it).
     #[error("the kernel refused direct I/O on {0}: {1}")]
     DirectIo(PathBuf, nix::errno::Errno),
+    /// The kernel refused the read-ahead.
     #[error("setting the read-ahead of {0}: {1}")]
     ReadAhead(PathBuf, nix::errno::Errno),
 }
@@ -73,7 +75,9 @@ impl From<TuneError> for CsiError {
 /// The disk's settings; `None` leaves the kernel's default.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Tuning {
+    /// Read-ahead in KiB.
     pub read_ahead_kib: Option<u32>,
+    /// Direct I/O on the backing file (no double caching).
     pub direct_io: Option<bool>,
 }
 

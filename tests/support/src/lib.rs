@@ -1,16 +1,31 @@
-//! Shared harness of the end-to-end tests: start an example driver as a
-//! child process inside the test's private mount namespace, talk to it over
-//! its real unix socket, and leave nothing behind.
-#![allow(dead_code)]
+//! Shared harness of the end-to-end tests: start a driver as a child
+//! process inside the test's private mount namespace, talk to it over its
+//! real unix socket, and leave nothing behind.
+//!
+//! A driver package's own tests name its binary by path
+//! (`env!("CARGO_BIN_EXE_hostpath")`); the root tests, which check both
+//! drivers alike, name the root examples (`"hostpath"`, built by
+//! `cargo test` in the root package).
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use csi_kit::client::{ClientOptions, CsiClient, Endpoint};
+use csi_client::{ClientOptions, CsiClient, Endpoint};
 
-/// The path of a built example (`cargo test` builds examples first).
+/// The executable `program` names: an absolute path as it is, else the
+/// root example of that name.
+pub fn program_path(program: &str) -> PathBuf {
+    let path = Path::new(program);
+    if path.is_absolute() {
+        path.to_owned()
+    } else {
+        example_path(program)
+    }
+}
+
+/// The path of a built root example (`cargo test` builds examples first).
 pub fn example_path(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
     // target/<profile>/deps/<test> → target/<profile>/examples/<name>
@@ -21,22 +36,26 @@ pub fn example_path(name: &str) -> PathBuf {
     profile_dir.join("examples").join(name)
 }
 
-/// A running example driver. Dropping it kills the process and detaches any
+/// A running driver. Dropping it kills the process and detaches any
 /// loop device backed by a file in its state directory.
 pub struct Driver {
     child: Option<Child>,
     name: String,
     args: Vec<String>,
+    /// The driver's `--statedir`.
     pub statedir: PathBuf,
+    /// The driver's `--endpoint`: the unix socket in its state directory.
     pub endpoint: String,
+    /// Where its stdout and stderr go.
     pub log: PathBuf,
     /// The driver's `RUST_LOG`.
     pub log_filter: String,
 }
 
 impl Driver {
-    /// Starts `example` with `--statedir DIR --endpoint unix://DIR/csi.sock`
-    /// plus `args`; its stdout and stderr go to `DIR.log`.
+    /// Starts `program` (see [`program_path`]) with `--statedir DIR
+    /// --endpoint unix://DIR/csi.sock` plus `args`; its stdout and stderr go
+    /// to `DIR.log`.
     pub fn start(example: &str, statedir: &Path, args: &[&str]) -> Driver {
         Self::start_logging(
             example,
@@ -65,10 +84,10 @@ impl Driver {
     }
 
     fn spawn(&mut self) {
-        let program = example_path(&self.name);
+        let program = program_path(&self.name);
         assert!(
             program.exists(),
-            "{} is not built: run `cargo build --examples` first (scripts/test.sh does)",
+            "{} is not built: run `cargo build --workspace --examples --bins` first (scripts/test.sh does)",
             program.display()
         );
         let log = File::options()
@@ -87,7 +106,7 @@ impl Driver {
             .stderr(log)
             .stdin(Stdio::null())
             .spawn()
-            .unwrap_or_else(|e| panic!("starting {}: {e} (is the example built?)", self.name));
+            .unwrap_or_else(|e| panic!("starting {}: {e} (is it built?)", self.name));
         self.child = Some(child);
     }
 
@@ -107,7 +126,7 @@ impl Driver {
                 )
             });
         loop {
-            let probe = client.probe(csi_kit::proto::v1::ProbeRequest {}).await;
+            let probe = client.probe(csi_proto::v1::ProbeRequest {}).await;
             match probe {
                 Ok(p) if p.ready != Some(false) => return client,
                 _ if tokio::time::Instant::now() < deadline => {
@@ -146,13 +165,13 @@ impl Driver {
 
     /// A conformance suite configuration for this driver, its staging and
     /// target directories made under `dir`.
-    pub fn suite_config(&self, dir: &Path) -> csi_kit::conformance::SuiteConfig {
+    pub fn suite_config(&self, dir: &Path) -> csi_conformance::SuiteConfig {
         let staging = dir.join("staging");
         let targets = dir.join("targets");
         std::fs::create_dir_all(&staging).expect("staging dir");
         std::fs::create_dir_all(&targets).expect("targets dir");
         let mut config =
-            csi_kit::conformance::SuiteConfig::new(self.endpoint.clone()).driver_log(&self.log);
+            csi_conformance::SuiteConfig::new(self.endpoint.clone()).driver_log(&self.log);
         config.staging_dir = staging;
         config.target_dir = targets;
         config
@@ -160,11 +179,8 @@ impl Driver {
 
     /// Runs the conformance suite with `config` against this driver; panics
     /// with the report and the end of the driver's log on a failure.
-    pub async fn run_suite(
-        &self,
-        config: csi_kit::conformance::SuiteConfig,
-    ) -> csi_kit::conformance::Report {
-        let report = csi_kit::conformance::Suite::new(config)
+    pub async fn run_suite(&self, config: csi_conformance::SuiteConfig) -> csi_conformance::Report {
+        let report = csi_conformance::Suite::new(config)
             .run()
             .await
             .expect("suite runs");
@@ -193,7 +209,7 @@ impl Driver {
 impl Drop for Driver {
     fn drop(&mut self) {
         self.kill();
-        csi_kit::mount::testing::detach_loop_devices_under(&self.statedir);
+        mount_utils::testing::detach_loop_devices_under(&self.statedir);
     }
 }
 
@@ -205,7 +221,7 @@ where
     F: FnOnce() -> Fut + Send + 'static,
     Fut: std::future::Future<Output = ()>,
 {
-    csi_kit::mount::testing::in_private_mount_ns(name, move || {
+    mount_utils::testing::in_private_mount_ns(name, move || {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -217,7 +233,7 @@ where
 /// Mount points below `dir` in this thread's namespace.
 pub fn mounts_under(dir: &Path) -> Vec<PathBuf> {
     let text = std::fs::read("/proc/thread-self/mountinfo").expect("mountinfo");
-    csi_kit::mount::parse_mountinfo(&text)
+    mount_utils::parse_mountinfo(&text)
         .expect("parse mountinfo")
         .into_iter()
         .map(|m| m.mount_point)
@@ -244,13 +260,13 @@ where
 /// context NodeStage needs.
 pub async fn create_and_attach(
     client: &CsiClient,
-    req: csi_kit::proto::v1::CreateVolumeRequest,
+    req: csi_proto::v1::CreateVolumeRequest,
 ) -> (
-    csi_kit::proto::v1::Volume,
+    csi_proto::v1::Volume,
     String,
     std::collections::HashMap<String, String>,
 ) {
-    use csi_kit::proto::v1::{ControllerPublishVolumeRequest, NodeGetInfoRequest};
+    use csi_proto::v1::{ControllerPublishVolumeRequest, NodeGetInfoRequest};
     let cap = req.volume_capabilities.first().cloned();
     let volume = client
         .controller()

@@ -10,8 +10,8 @@
 //! elsewhere.
 
 use csi_controller::{SnapshotRecord, VolumeRecord};
-use csi_kit::mount::freeze::FrozenFilesystem;
 use csi_server::{CsiError, CsiResult};
+use mount_utils::freeze::FrozenFilesystem;
 
 use crate::backend::Backend;
 

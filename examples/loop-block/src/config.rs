@@ -69,6 +69,5 @@ impl Config {
 
 /// clap value parser for sizes in bytes or with a suffix (10Gi).
 fn parse_size(text: &str) -> Result<i64, String> {
-    csi_kit::proto::size::parse_bytes(text)
-        .ok_or_else(|| format!("{text:?} is not a size like 10Gi"))
+    csi_proto::size::parse_bytes(text).ok_or_else(|| format!("{text:?} is not a size like 10Gi"))
 }
