@@ -17,16 +17,9 @@ const WORKLOADS: &[&str] = &[
 ];
 
 fn args(l: &Layout) -> Vec<String> {
-    let mut args: Vec<String> = ["--statedir", &l.state.to_string_lossy()]
-        .into_iter()
-        .map(String::from)
-        .collect();
-    args.extend([
-        "--endpoint".into(),
-        format!("unix://{}", l.socket.display()),
-    ]);
+    let mut args = l.driver_flags("crash-node");
     // With attach, so ControllerPublish and its records are covered too.
-    args.extend(["--nodeid", "crash-node", "--log", "warn", "--enable-attach"].map(String::from));
+    args.push("--enable-attach".into());
     args
 }
 

@@ -6,37 +6,13 @@
 //! attached or on disk. csi-sim's `kernel` module does the work;
 //! `CSI_KIT_CRASH_REPLAY=workload:step:before|after` reruns one run.
 
-use csi_sim::kernel::{KernelTarget, Layout, explore};
-
-fn args(l: &Layout) -> Vec<String> {
-    let mut args: Vec<String> = ["--statedir", &l.state.to_string_lossy()]
-        .into_iter()
-        .map(String::from)
-        .collect();
-    args.extend([
-        "--endpoint".into(),
-        format!("unix://{}", l.socket.display()),
-    ]);
-    args.extend(["--nodeid", "crash-node", "--log", "warn"].map(String::from));
-    args
-}
-
-/// Whether this process may grow a mounted ext4 (EXT4_IOC_RESIZE_FS needs
-/// CAP_SYS_RESOURCE, bit 24 of CapEff, which some sandboxes drop for root).
-fn has_cap_sys_resource() -> bool {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
-        .is_some_and(|caps| caps & (1 << 24) != 0)
-}
+use csi_sim::kernel::{KernelTarget, explore};
 
 #[test]
 #[ignore = "needs root: run by scripts/test.sh's root pass"]
 fn loop_block_survives_a_crash_at_every_step() {
     mount_utils::require_root!("loop_block_survives_a_crash_at_every_step");
-    let workloads: &'static [&'static str] = match has_cap_sys_resource() {
+    let workloads: &'static [&'static str] = match e2e_support::has_cap_sys_resource() {
         true => &[
             "lifecycle",
             "snapshot-restore-clone",
@@ -60,7 +36,7 @@ fn loop_block_survives_a_crash_at_every_step() {
     let target = KernelTarget {
         name: "loop-block",
         program: env!("CARGO_BIN_EXE_loop-block").into(),
-        args,
+        args: |l| l.driver_flags("crash-node"),
         node_id: "crash-node",
         // Disks are whole MiB; 16 MiB formats as ext4 in a blink.
         volume_unit: 16 << 20,

@@ -185,20 +185,19 @@ impl<'a> Co<'a> {
                 }
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
-            if let Call::Publish {
-                pv,
-                pod,
-                deleted_if_uncertain: true,
-                ..
-            } = call
-            {
-                // The pod is gone: tear its publication down.
-                call = Call::Unpublish(pv, pod);
-            }
+            // A pod whose publication is uncertain is deleted: the CO
+            // tears the publication down instead.
+            call = match call {
+                Call::Publish {
+                    pv,
+                    pod,
+                    deleted_if_uncertain: true,
+                    ..
+                } => Call::Unpublish(pv, pod),
+                same => same,
+            };
         }
-        Err(format!(
-            "no final answer after {MAX_ATTEMPTS} attempts: {last}"
-        ))
+        Err(format!("{MAX_ATTEMPTS} attempts, none answered OK: {last}"))
     }
 
     fn size(&self, workload_size: i64) -> i64 {

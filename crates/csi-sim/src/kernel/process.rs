@@ -157,6 +157,26 @@ impl Layout {
         }
     }
 
+    /// The flags csi-kit's drivers share (csi-server's `DriverFlags` and
+    /// `--statedir`) for this layout: state dir, endpoint, node id, and
+    /// logging of warnings only.
+    pub fn driver_flags(&self, node_id: &str) -> Vec<String> {
+        let endpoint = format!("unix://{}", self.socket.display());
+        let state = self.state.to_string_lossy().into_owned();
+        [
+            "--statedir",
+            &state,
+            "--endpoint",
+            &endpoint,
+            "--nodeid",
+            node_id,
+            "--log",
+            "warn",
+        ]
+        .map(String::from)
+        .into()
+    }
+
     /// The driver's log.
     pub(crate) fn log(&self) -> PathBuf {
         self.base.join("driver.log")
