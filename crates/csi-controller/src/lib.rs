@@ -134,6 +134,7 @@ pub use records::{
 pub use retry::Deadline;
 pub use service::{ControllerService, WeakControllerService};
 pub use state::{
-    Claim, InFlight, Ledger, Records, Res, Reservation, load_table, open_state, report_quarantined,
+    Claim, InFlight, Ledger, Records, Res, Reservation, load_table, open_state, open_state_on,
+    report_quarantined,
 };
 pub use wire::{confirmed, now_nanos, page, sorted, timestamp, to_map};

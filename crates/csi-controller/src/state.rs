@@ -18,7 +18,9 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use csi_driver::{CsiError, CsiResult};
-use csi_store::{CachedTable, FileStore, Quarantined, RecordStore, StoreError, Table};
+use csi_store::{
+    CachedTable, FileStore, FileSystem, Quarantined, RealFs, RecordStore, StoreError, Table,
+};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -28,10 +30,20 @@ use serde::de::DeserializeOwned;
 /// filesystem left frozen by a crash is thawed there: taking the lock
 /// writes the pid, which would block on a frozen filesystem).
 pub fn open_state(dir: &Path, before: impl FnOnce()) -> Result<FileStore, String> {
+    open_state_on(Arc::new(RealFs), dir, before)
+}
+
+/// [`open_state`] with the store's file operations made through `fs` (the
+/// real ones counted by crash-points, in a driver's test builds).
+pub fn open_state_on(
+    fs: Arc<dyn FileSystem>,
+    dir: &Path,
+    before: impl FnOnce(),
+) -> Result<FileStore, String> {
     fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
     probe_lock(dir).map_err(|e| e.to_string())?;
     before();
-    FileStore::open(dir).map_err(|e| e.to_string())
+    FileStore::open_on(fs, dir).map_err(|e| e.to_string())
 }
 
 /// Whether another process holds `dir`'s lock, found without writing.

@@ -41,6 +41,8 @@
 //! ```
 
 mod check;
+#[cfg(feature = "kernel")]
+pub mod kernel;
 mod runner;
 pub mod targets;
 mod workload;

@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use csi_controller::{ControllerService, open_state};
+use csi_controller::{ControllerService, open_state_on};
 use csi_server::CsiError;
 use mount_utils::{LoopDevices, Mounter};
 
@@ -40,9 +40,10 @@ pub fn controller_config(config: &Config) -> csi_controller::Config {
 impl HostPath {
     /// Opens (or creates) the state directory and locks it for the life of
     /// the process: a second instance on it gets an error naming the first.
+    /// Its effects are crash points in test builds (crash-points, armed).
     pub fn open(config: Config, mounter: Arc<dyn Mounter>) -> Result<Self, String> {
-        let loops = Arc::new(mount_utils::LinuxLoopDevices::new());
-        Self::open_with(config, mounter, loops)
+        let loops = crash_points::loop_devices(Arc::new(mount_utils::LinuxLoopDevices::new()));
+        Self::open_with(config, crash_points::mounter(mounter), loops)
     }
 
     /// [`open`](Self::open) with the loop devices to use (a fake in tests).
@@ -52,7 +53,8 @@ impl HostPath {
         loops: Arc<dyn LoopDevices>,
     ) -> Result<Self, String> {
         let statedir = config.statedir.clone();
-        let files = open_state(&statedir, || {
+        let fs = crash_points::file_system(Arc::new(csi_store::RealFs));
+        let files = open_state_on(fs, &statedir, || {
             // A crash during a group snapshot can leave the state filesystem
             // frozen; thaw it before anything below writes to it.
             let dedicated = mount_utils::freeze::same_filesystem(&statedir, Path::new("/"))

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use csi_controller::{ControllerService, open_state};
+use csi_controller::{ControllerService, open_state_on};
 use csi_proto::v1::node_service_capability::rpc::Type as NodeRpc;
 use csi_server::v1::{GetPluginCapabilitiesRequest, GetPluginCapabilitiesResponse};
 use csi_server::{CallContext, Capabilities, CsiResult, PluginService, VolumeExpansion};
@@ -49,9 +49,11 @@ impl LoopBlock {
     /// Opens (or creates) the state directory and locks it for the life of
     /// the process: a second instance on it gets an error naming the first.
     /// The disks live in the data dir (the state dir unless `--datadir`).
+    /// Its effects are crash points in test builds (crash-points, armed).
     pub fn open(config: Config, mounter: Arc<dyn Mounter>) -> Result<Self, String> {
-        let exec: Arc<dyn Exec> = Arc::new(SystemExec::new());
-        Self::open_with(config, mounter, Arc::new(LinuxLoopDevices::new()), exec)
+        let exec = crash_points::exec(Arc::new(SystemExec::new()));
+        let loops = crash_points::loop_devices(Arc::new(LinuxLoopDevices::new()));
+        Self::open_with(config, crash_points::mounter(mounter), loops, exec)
     }
 
     /// [`open`](Self::open) with the loop devices and the program runner
@@ -62,7 +64,8 @@ impl LoopBlock {
         loops: Arc<dyn LoopDevices>,
         exec: Arc<dyn Exec>,
     ) -> Result<Self, String> {
-        let files = open_state(&config.statedir, || {})?;
+        let fs = crash_points::file_system(Arc::new(csi_store::RealFs));
+        let files = open_state_on(fs, &config.statedir, || {})?;
         let data = config.data_dir();
         let backend =
             Backend::new(&data).map_err(|e| format!("preparing {}: {e}", data.display()))?;

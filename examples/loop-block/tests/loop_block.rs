@@ -86,20 +86,9 @@ fn images(statedir: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
-/// Whether this process may grow a mounted ext4 (EXT4_IOC_RESIZE_FS needs
-/// CAP_SYS_RESOURCE, bit 24 of CapEff, which some sandboxes drop for root).
-fn has_cap_sys_resource() -> bool {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
-        .is_some_and(|caps| caps & (1 << 24) != 0)
-}
-
 /// Suite patterns to skip for a filesystem that cannot be grown online here.
 fn online_growth_skips(fs_type: &str) -> Vec<&'static str> {
-    if fs_type.starts_with("ext") && !has_cap_sys_resource() {
+    if fs_type.starts_with("ext") && !support::has_cap_sys_resource() {
         eprintln!(
             "note: node.expand_volume skipped for {fs_type}: growing a mounted ext4 needs \
              CAP_SYS_RESOURCE, which this process lacks (CapEff bit 24)"
@@ -475,7 +464,7 @@ async fn grow_published_filesystem(fs: &str) {
 fn expansion_while_published_grows_df_size() {
     require_root!("expansion_while_published_grows_df_size");
     let mut grown = Vec::new();
-    if has_cap_sys_resource() {
+    if support::has_cap_sys_resource() {
         run_isolated("loop-block-grow-ext4", || grow_published_filesystem("ext4"));
         grown.push("ext4");
     } else {

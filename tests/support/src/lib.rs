@@ -338,3 +338,14 @@ pub fn assert_one_point_in_time(round: usize, a: usize, b: usize, min: usize) {
     );
     assert!(b >= min, "round {round}: the cut missed the writes ({b})");
 }
+
+/// Whether this process may grow a mounted ext4 (EXT4_IOC_RESIZE_FS needs
+/// CAP_SYS_RESOURCE, bit 24 of CapEff, which some sandboxes drop for root).
+pub fn has_cap_sys_resource() -> bool {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .is_some_and(|caps| caps & (1 << 24) != 0)
+}

@@ -1,0 +1,349 @@
+//! The real-kernel companion (feature `kernel`): the same workloads as
+//! the simulator, run against a driver's own program on real mounts, loop
+//! devices and filesystems, with a SIGKILL at every step.
+//!
+//! The driver is built with crash-points armed (its test builds), so a
+//! process started with `CSI_KIT_CRASH_AT=<k>` dies right before its k-th
+//! effect (`<k>:after`: right after it). For each workload the driver
+//! supports, [`explore`] runs it once with a trace to count its steps N,
+//! then once for every k in 1..=N (and after the last step of every call):
+//! the driver dies there, is started again without the hook on the same
+//! state, and the CO retries as Kubernetes does (an uncertain stage or
+//! publish retried until certain, a pod deleted meanwhile torn down) until
+//! the workload is done. Checked on the real world: every acknowledged
+//! volume and snapshot is listed and keeps the data written through its
+//! pods, read-only publications are read-only, every call gets its final
+//! answer, and at the end nothing is listed, mounted under the run's
+//! directory, attached from its files or left in the driver's data
+//! directories. A violation prints `workload:step:before|after`;
+//! `CSI_KIT_CRASH_REPLAY=workload:step:before|after` runs that one alone
+//! and prints its events and the driver's log.
+//!
+//! It needs root (mounts, loop devices) and runs each workload in a
+//! private mount namespace.
+
+mod check;
+mod co;
+mod process;
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crash_points::{CrashPlan, When};
+use futures::StreamExt;
+
+pub use process::Layout;
+
+use crate::workload::{SimWorkload, workloads};
+use co::Co;
+
+/// The variable naming one run to replay: `workload:step:before|after`.
+pub const REPLAY_ENV: &str = "CSI_KIT_CRASH_REPLAY";
+
+/// The variable setting how many runs go at once (default 2).
+pub const JOBS_ENV: &str = "CSI_KIT_CRASH_JOBS";
+
+/// A driver program under test.
+#[derive(Debug, Clone)]
+pub struct KernelTarget {
+    /// Its name, in reports.
+    pub name: &'static str,
+    /// The program, built with crash-points armed.
+    pub program: PathBuf,
+    /// Its flags for a run's directories: the state directory, the
+    /// endpoint `unix://{socket}`, the node id, the fastest settings.
+    pub args: fn(&Layout) -> Vec<String>,
+    /// The node id it reports.
+    pub node_id: &'static str,
+    /// Bytes a workload's GiB becomes (small volumes are fast).
+    pub volume_unit: i64,
+    /// Directories holding volume and snapshot data, empty once all are
+    /// deleted.
+    pub data_dirs: fn(&Layout) -> Vec<PathBuf>,
+    /// The workloads of [`workloads`] it supports, by name.
+    pub workloads: &'static [&'static str],
+}
+
+/// An invariant that did not hold, with the run that shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelViolation {
+    /// The workload.
+    pub workload: String,
+    /// Where the driver was killed (`None`: the run without a crash).
+    pub plan: Option<CrashPlan>,
+    /// What broke.
+    pub what: String,
+}
+
+impl KernelViolation {
+    /// `workload:step:before|after`, the value of [`REPLAY_ENV`] that
+    /// reruns it.
+    pub fn replay_spec(&self) -> String {
+        match self.plan {
+            Some(p) => format!("{}:{p}", self.workload),
+            None => format!("{}:-", self.workload),
+        }
+    }
+}
+
+impl fmt::Display for KernelViolation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let spec = self.replay_spec();
+        write!(f, "{spec} ({REPLAY_ENV}={spec}): {}", self.what)
+    }
+}
+
+/// What a campaign covered and found.
+#[derive(Debug, Clone, Default)]
+pub struct KernelReport {
+    /// The driver.
+    pub driver: String,
+    /// Steps of each workload's run without a crash, start included.
+    pub steps: Vec<(String, u64)>,
+    /// Steps of the driver's first start (explored with the first
+    /// workload only: the same in every one).
+    pub start_steps: u64,
+    /// Runs executed.
+    pub runs: u64,
+    /// Runs in which the driver never reached its planned step (it took
+    /// another path than the counting run).
+    pub unreached: u64,
+    /// Invariant violations.
+    pub violations: Vec<KernelViolation>,
+    /// Wall time.
+    pub elapsed: Duration,
+}
+
+impl fmt::Display for KernelReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "{}: start {} steps (explored once)",
+            self.driver, self.start_steps
+        )?;
+        for (w, s) in &self.steps {
+            writeln!(f, "  workload {w}: {s} steps")?;
+        }
+        writeln!(
+            f,
+            "  runs: {} ({} with the planned step unreached) in {:.1?}; invariant violations: {}",
+            self.runs,
+            self.unreached,
+            self.elapsed,
+            self.violations.len()
+        )?;
+        for v in &self.violations {
+            writeln!(f, "  {v}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Every step of every workload `target` supports, killed before it, and
+/// after the last step of each call; or, when [`REPLAY_ENV`] is set, that
+/// one run with its events and the driver's log printed.
+pub fn explore(target: &KernelTarget) -> KernelReport {
+    let target = target.clone();
+    mount_utils::testing::in_private_mount_ns("crash-companion", move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a tokio runtime");
+        let started = Instant::now();
+        let mut report = KernelReport {
+            driver: target.name.to_owned(),
+            ..KernelReport::default()
+        };
+        let chosen: Vec<SimWorkload> = workloads()
+            .into_iter()
+            .filter(|w| target.workloads.contains(&w.name))
+            .collect();
+        match std::env::var(REPLAY_ENV) {
+            Ok(spec) => rt.block_on(replay(&target, &chosen, &spec, &mut report)),
+            Err(_) => {
+                for w in &chosen {
+                    rt.block_on(explore_one(&target, w, &mut report));
+                }
+            }
+        }
+        report.elapsed = started.elapsed();
+        report
+    })
+}
+
+async fn explore_one(target: &KernelTarget, w: &SimWorkload, report: &mut KernelReport) {
+    let counted = run(target, w, None).await;
+    report.runs += 1;
+    report.violations.extend(counted.violations);
+    let Some(trace) = counted.trace else {
+        return;
+    };
+    report.steps.push((w.name.to_owned(), trace.steps));
+    // The start is the same in every workload: explored once.
+    let first = match report.start_steps {
+        0 => 1,
+        _ => trace.start_steps + 1,
+    };
+    report.start_steps = trace.start_steps;
+    let befores = (first..=trace.steps).map(|step| (step, When::Before));
+    let afters = (trace.call_ends.iter().copied())
+        .filter(|&s| s >= first)
+        .map(|step| (step, When::After));
+    let plans: std::collections::BTreeSet<_> = befores.chain(afters).collect();
+    let runs = plans
+        .into_iter()
+        .map(|(step, when)| run(target, w, Some(CrashPlan { step, when })));
+    let mut runs = futures::stream::iter(runs).buffer_unordered(jobs());
+    let mut found = Vec::new();
+    while let Some(r) = runs.next().await {
+        report.runs += 1;
+        report.unreached += u64::from(!r.died);
+        found.extend(r.violations);
+    }
+    found.sort_by_key(|v| v.plan);
+    report.violations.extend(found);
+}
+
+/// Runs at once: [`JOBS_ENV`], else 2 (a run mostly waits on its driver).
+fn jobs() -> usize {
+    let jobs = std::env::var(JOBS_ENV).ok().and_then(|j| j.parse().ok());
+    jobs.unwrap_or(2).max(1)
+}
+
+async fn replay(
+    target: &KernelTarget,
+    chosen: &[SimWorkload],
+    spec: &str,
+    report: &mut KernelReport,
+) {
+    let Some((name, plan)) = spec.split_once(':') else {
+        panic!("{REPLAY_ENV}={spec}: expected workload:step:before|after");
+    };
+    let Some(w) = chosen.iter().find(|w| w.name == name) else {
+        return; // another driver's workload
+    };
+    let plan = match plan {
+        "-" => None,
+        p => Some(
+            p.parse::<CrashPlan>()
+                .unwrap_or_else(|e| panic!("{REPLAY_ENV}: {e}")),
+        ),
+    };
+    let r = run(target, w, plan).await;
+    for e in &r.events {
+        eprintln!("{e}");
+    }
+    eprintln!("--- driver log ---\n{}", r.log);
+    report.runs += 1;
+    report.unreached += u64::from(plan.is_some() && !r.died);
+    report.violations.extend(r.violations);
+}
+
+/// What the counting run learnt.
+struct Trace {
+    /// Every step of the workload.
+    steps: u64,
+    /// Steps of the first start.
+    start_steps: u64,
+    /// The last step of each call that made any.
+    call_ends: Vec<u64>,
+}
+
+/// One run's outcome.
+struct RunOutcome {
+    violations: Vec<KernelViolation>,
+    /// Whether the driver died (the plan fired).
+    died: bool,
+    /// The counting run's trace.
+    trace: Option<Trace>,
+    events: Vec<String>,
+    log: String,
+}
+
+/// One run in a fresh directory: with `plan`, or counting steps without.
+async fn run(target: &KernelTarget, w: &SimWorkload, plan: Option<CrashPlan>) -> RunOutcome {
+    let dir = match tempfile::Builder::new()
+        .prefix("crash-companion-")
+        .tempdir()
+    {
+        Ok(d) => d,
+        Err(e) => {
+            return RunOutcome {
+                violations: vec![violation(w, plan, format!("no directory: {e}"))],
+                died: false,
+                trace: None,
+                events: Vec::new(),
+                log: String::new(),
+            };
+        }
+    };
+    let layout = Layout::new(dir.path());
+    let trace_file = layout.base.join("trace");
+    let mut co = Co::new(target, layout.clone());
+    let mut found = Vec::new();
+    let mut trace = None;
+    match co.start(plan, Some(&trace_file)).await {
+        Err(e) => found.push(e),
+        Ok(()) => {
+            let start_steps = steps_in(&trace_file);
+            let mut call_ends = Vec::new();
+            for (i, call) in w.calls.iter().enumerate() {
+                if let Err(e) = co.perform(call).await {
+                    found.push(format!("call {i} ({call:?}): {e}"));
+                    break;
+                }
+                call_ends.push(steps_in(&trace_file));
+                if let Err(e) = check::after_call(&mut co).await {
+                    found.push(format!("after call {i} ({call:?}): {e}"));
+                    break;
+                }
+            }
+            if plan.is_none() {
+                // Without a crash every call is answered OK at once.
+                found.extend(
+                    co.refused
+                        .iter()
+                        .map(|r| format!("refused without a crash: {r}")),
+                );
+            }
+            if found.is_empty() {
+                let steps = call_ends.last().copied().unwrap_or(start_steps);
+                if let Err(e) = check::at_end(&co).await {
+                    found.push(format!("at the end: {e}"));
+                }
+                call_ends.dedup();
+                trace = plan.is_none().then_some(Trace {
+                    steps,
+                    start_steps,
+                    call_ends,
+                });
+            }
+        }
+    }
+    co.stop().await;
+    check::clean_up(&layout.base);
+    let log = std::fs::read_to_string(layout.log()).unwrap_or_default();
+    RunOutcome {
+        violations: found
+            .into_iter()
+            .map(|what| violation(w, plan, what))
+            .collect(),
+        died: co.deaths > 0,
+        trace,
+        events: std::mem::take(&mut co.events),
+        log,
+    }
+}
+
+fn steps_in(trace: &Path) -> u64 {
+    crash_points::read_trace(trace).map_or(0, |t| t.len() as u64)
+}
+
+fn violation(w: &SimWorkload, plan: Option<CrashPlan>, what: String) -> KernelViolation {
+    KernelViolation {
+        workload: w.name.to_owned(),
+        plan,
+        what,
+    }
+}
