@@ -401,6 +401,29 @@ impl FileStore {
         ))
     }
 
+    /// Removes the torn record file `name` of `td`, journaled like any
+    /// delete so no older entry brings it back.
+    fn remove_torn(&self, td: &TableDir, table: &str, name: &OsStr) -> io::Result<()> {
+        let src = td.path.join(name);
+        let fs = &*self.inner.fs;
+        let removed = match &self.inner.journal {
+            Some(j) => j
+                .commit(&td.path, &name.to_owned(), table, Change::Delete, || {
+                    fs.remove_file(&src)
+                })
+                .map_err(|e| match e {
+                    CommitError::Apply(e) | CommitError::Flush(e) => e,
+                }),
+            None => fs.remove_file(&src),
+        };
+        let removed = removed.and_then(|()| td.handle.sync_all());
+        match &removed {
+            Ok(()) => tracing::info!(table, file = %src.display(), "torn record file of an unacknowledged write removed"),
+            Err(e) => tracing::warn!(table, file = %src.display(), error = %e, "torn record file could not be removed"),
+        }
+        removed
+    }
+
     /// Moves `name` out of `td` into the quarantine directory, if its bytes
     /// are still `expected` (`None`: move whatever is there).
     fn move_aside(
@@ -419,6 +442,14 @@ impl FileStore {
                 Ok(now) if now == expected => {}
                 _ => return None, // rewritten or removed meanwhile
             }
+        }
+        // No record is all zeros: such a file is a name (and size) a crash
+        // kept without the data, of a write never acknowledged (an
+        // acknowledged one is in the journal, replayed before any read, or
+        // was synced).
+        let torn = expected.is_some_and(|b| b.iter().all(|&x| x == 0));
+        if torn && self.remove_torn(td, table, name).is_ok() {
+            return None;
         }
         let qdir = self.inner.quarantine_dir.join(table);
         let moved = (|| {

@@ -6,12 +6,39 @@
 //! by `fsync`/`fdatasync` of that file, a directory's entry ops (create,
 //! mkdir, rename, exchange, unlink) by `fsync` of that directory, and
 //! everything by `syncfs`. A crash keeps the persistent operations plus,
-//! depending on the chosen [`CrashKeep`], a prefix of the others in the
-//! order they were made: none (the worst case), each prefix, or all. That
-//! is stricter than ext4 (whose journal commits metadata in order) and is
-//! the model ALICE and CrashMonkey check applications against.
+//! depending on the chosen [`CrashKeep`], some of the others: none (the
+//! worst case), a prefix in the order they were made, all, or one of the
+//! reordered states below.
 //!
-//! One file of about 750 lines: the image, the operation log and the
+//! # Reordered crash states
+//!
+//! ext4 with `data=ordered` (its default) does not write unsynced changes
+//! in the order they were made. [`SimFs::reordered_states`] lists the
+//! states in between that it may leave, under these rules:
+//!
+//! - metadata (create, mkdir, rename, exchange, unlink, truncate) reaches
+//!   the disk in order: the jbd2 journal commits transactions in sequence,
+//!   so a kept metadata operation keeps every earlier one;
+//! - file data is written back page by page, independently of the
+//!   metadata and of other pages: a later write may persist before an
+//!   earlier one, but a page holds its latest contents, so a later write
+//!   to a page keeps the earlier writes to that page;
+//! - a write that grows a file persists with its new size (ordered mode
+//!   writes the data before the size that exposes it);
+//! - a rename over an existing file persists only with the renamed
+//!   file's data (`auto_da_alloc` flushes it first); a rename to a new
+//!   name does not wait, so the name may survive without the data.
+//!
+//! The states listed, bounded by [`MAX_REORDERED`] and each distinct from
+//! the worst case, from keeping everything and from the others: the
+//! metadata kept without the data, the data without the metadata, each
+//! prefix of the operations since the last sync, and for each of those
+//! operations the state without it (and what the rules drop with it).
+//! Older unsynced operations vary only in the first two: the states that
+//! matter most are those of the step in flight, and the runner crashes
+//! at every step.
+//!
+//! One file of about 900 lines: the image, the operation log and the
 //! handles that append to it are one model, each part read with the others.
 
 use std::collections::{BTreeMap, HashMap};
@@ -62,11 +89,21 @@ pub enum CrashKeep {
     Prefix(usize),
     /// All of them (as if the process died and the kernel flushed later).
     All,
+    /// The `i`th of the states [`SimFs::reordered_states`] counts (all of
+    /// them if there are not that many).
+    Reordered(usize),
 }
+
+/// At most this many reordered states per crash (see the module docs).
+pub const MAX_REORDERED: usize = 4;
+
+/// The granularity of data writeback.
+const PAGE: u64 = 4096;
 
 #[derive(Debug, Clone)]
 enum Node {
-    File(Vec<u8>),
+    /// Shared until written: crash states are images built side by side.
+    File(Arc<Vec<u8>>),
     Dir(BTreeMap<OsString, Ino>),
 }
 
@@ -88,6 +125,9 @@ enum Op {
         to_dir: Ino,
         to: OsString,
         exchange: bool,
+        /// The inode renamed, and whether the rename replaced a file.
+        ino: Ino,
+        replaces: bool,
     },
     Write {
         ino: Ino,
@@ -110,6 +150,23 @@ impl Op {
                 from_dir, to_dir, ..
             } => *from_dir == synced || *to_dir == synced,
             Op::Write { ino, .. } | Op::SetLen { ino, .. } => *ino == synced,
+        }
+    }
+
+    /// File data, written back apart from the metadata journal.
+    fn is_data(&self) -> bool {
+        matches!(self, Op::Write { .. })
+    }
+
+    /// The pages a write covers.
+    fn pages(&self) -> Option<(Ino, u64, u64)> {
+        match self {
+            Op::Write { ino, offset, bytes } if !bytes.is_empty() => Some((
+                *ino,
+                offset / PAGE,
+                (offset + bytes.len() as u64 - 1) / PAGE,
+            )),
+            _ => None,
         }
     }
 }
@@ -141,10 +198,26 @@ impl Image {
         match self
             .nodes
             .entry(ino)
-            .or_insert_with(|| Node::File(Vec::new()))
+            .or_insert_with(|| Node::File(Arc::default()))
         {
-            Node::File(f) => Some(f),
+            Node::File(f) => Some(Arc::make_mut(f)),
             Node::Dir(_) => None,
+        }
+    }
+
+    /// Whether the trees reachable from the roots hold the same names and
+    /// contents (inode numbers aside).
+    fn same_tree(&self, a: Ino, other: &Image, b: Ino) -> bool {
+        match (self.nodes.get(&a), other.nodes.get(&b)) {
+            (Some(Node::File(x)), Some(Node::File(y))) => Arc::ptr_eq(x, y) || x == y,
+            (Some(Node::Dir(x)), Some(Node::Dir(y))) => {
+                x.len() == y.len()
+                    && x.iter().zip(y).all(|((n, i), (m, j))| {
+                        n == m && self.same_tree(*i, other, *j)
+                    })
+            }
+            (None, None) => true,
+            _ => false,
         }
     }
 
@@ -160,7 +233,7 @@ impl Image {
             } => {
                 self.nodes.entry(*ino).or_insert_with(|| match dir_node {
                     true => Node::Dir(BTreeMap::new()),
-                    false => Node::File(Vec::new()),
+                    false => Node::File(Arc::default()),
                 });
                 if let Some(d) = self.dir_mut(*dir) {
                     d.insert(name.clone(), *ino);
@@ -177,6 +250,7 @@ impl Image {
                 to_dir,
                 to,
                 exchange,
+                ..
             } => {
                 let a = self.dir_mut(*from_dir).and_then(|d| d.get(from).copied());
                 let b = self.dir_mut(*to_dir).and_then(|d| d.get(to).copied());
@@ -228,8 +302,11 @@ struct State {
     generation: u64,
     base: Image,
     live: Image,
-    /// Operations since `base`, with whether they are persistent.
+    /// Operations since `base`, with whether they are persistent; the
+    /// first is not (a persistent head is folded into `base`).
     log: Vec<(Op, bool)>,
+    /// Where in `log` the operations since the last sync start.
+    window: usize,
     next_ino: Ino,
     /// Locked inode -> the open file holding the lock.
     locks: HashMap<Ino, u64>,
@@ -289,6 +366,7 @@ impl SimFs {
                     base: Image::new(),
                     live: Image::new(),
                     log: Vec::new(),
+                    window: 0,
                     next_ino: ROOT + 1,
                     locks: HashMap::new(),
                 }),
@@ -326,29 +404,40 @@ impl SimFs {
             .collect()
     }
 
+    /// How many reordered crash states (see the module docs) a crash now
+    /// may leave besides the worst case and keeping everything; each is
+    /// [`CrashKeep::Reordered`]`(i)` for `i` below it.
+    pub fn reordered_states(&self) -> usize {
+        reordered(&self.lock()).len()
+    }
+
     /// Crashes: the files of the process die with it (handles made before
     /// fail with `EIO`, locks are released) and the filesystem keeps the
     /// persistent operations plus what `keep` says of the others.
     pub fn crash(&self, keep: CrashKeep) {
         let mut st = self.lock();
-        let mut image = st.base.clone();
-        let mut kept_unsynced = 0;
-        for (op, persistent) in &st.log {
-            let keep_it = *persistent
-                || match keep {
-                    CrashKeep::All => true,
-                    CrashKeep::Prefix(n) => kept_unsynced < n,
-                };
-            if !persistent {
-                kept_unsynced += 1;
+        let kept: Vec<bool> = match keep {
+            CrashKeep::All => vec![true; st.log.len()],
+            CrashKeep::Prefix(n) => {
+                let mut unsynced = 0;
+                st.log
+                    .iter()
+                    .map(|(_, persistent)| {
+                        unsynced += usize::from(!persistent);
+                        *persistent || unsynced <= n
+                    })
+                    .collect()
             }
-            if keep_it {
-                image.apply(op);
-            }
-        }
+            CrashKeep::Reordered(i) => reordered(&st)
+                .into_iter()
+                .nth(i)
+                .unwrap_or_else(|| vec![true; st.log.len()]),
+        };
+        let image = image_of(&st, &kept);
         st.base = image.clone();
         st.live = image;
         st.log.clear();
+        st.window = 0;
         st.locks.clear();
         st.generation += 1;
     }
@@ -358,7 +447,7 @@ impl SimFs {
         let st = self.lock();
         let ino = resolve(&st.live, path).ok()?;
         match st.live.nodes.get(&ino)? {
-            Node::File(f) => Some(f.clone()),
+            Node::File(f) => Some(f.to_vec()),
             Node::Dir(_) => None,
         }
     }
@@ -449,12 +538,132 @@ fn record(st: &mut State, op: Op) {
     st.log.push((op, false));
 }
 
-fn persist(st: &mut State, synced: Ino) {
+fn persist(st: &mut State, synced: Option<Ino>) {
     for (op, persistent) in &mut st.log {
-        if op.covered_by(synced) {
+        if synced.is_none_or(|ino| op.covered_by(ino)) {
             *persistent = true;
         }
     }
+    // The persistent head is in every crash state: fold it into the base.
+    let head = st.log.iter().take_while(|(_, p)| *p).count();
+    for (op, _) in st.log.drain(..head) {
+        st.base.apply(&op);
+    }
+    st.window = st.log.len();
+}
+
+/// The image a crash keeping `kept` (one flag per logged operation) leaves.
+fn image_of(st: &State, kept: &[bool]) -> Image {
+    let mut image = st.base.clone();
+    for ((op, persistent), keep) in st.log.iter().zip(kept) {
+        if *persistent || *keep {
+            image.apply(op);
+        }
+    }
+    image
+}
+
+/// Drops from `kept` what the rules of the module docs drop with the
+/// operations it already drops, until nothing changes.
+fn legal(log: &[(Op, bool)], mut kept: Vec<bool>) -> Vec<bool> {
+    let dropped = |kept: &[bool], i: usize| !log[i].1 && !kept[i];
+    loop {
+        let before = kept.clone();
+        // Metadata in order: after a dropped one, none.
+        if let Some(first) = (0..log.len()).find(|&i| !log[i].0.is_data() && dropped(&kept, i)) {
+            for (i, (op, persistent)) in log.iter().enumerate().skip(first) {
+                if !op.is_data() && !persistent {
+                    kept[i] = false;
+                }
+            }
+        }
+        for i in 0..log.len() {
+            if !dropped(&kept, i) {
+                continue;
+            }
+            // A later write to a page holds the earlier ones.
+            if let Some((ino, from, to)) = log[i].0.pages() {
+                for (j, (op, persistent)) in log.iter().enumerate().skip(i + 1) {
+                    if let Some((other, a, b)) = op.pages()
+                        && other == ino
+                        && a <= to
+                        && from <= b
+                        && !persistent
+                    {
+                        kept[j] = false;
+                    }
+                }
+            }
+            // A rename over a file waits for the renamed file's data.
+            if let Op::Write { ino, .. } = log[i].0 {
+                for (j, (op, persistent)) in log.iter().enumerate().skip(i + 1) {
+                    if let Op::Rename {
+                        ino: renamed,
+                        replaces: true,
+                        exchange: false,
+                        ..
+                    } = op
+                        && *renamed == ino
+                        && !persistent
+                    {
+                        kept[j] = false;
+                    }
+                }
+            }
+        }
+        if kept == before {
+            return kept;
+        }
+    }
+}
+
+/// The reordered crash states of the module docs: each a flag per logged
+/// operation, legal, distinct in the image it leaves, at most
+/// [`MAX_REORDERED`].
+fn reordered(st: &State) -> Vec<Vec<bool>> {
+    let log = &st.log;
+    let n = log.len();
+    let unsynced = log.iter().filter(|(_, p)| !p).count();
+    if unsynced < 2 {
+        return Vec::new();
+    }
+    let window: Vec<usize> = (st.window..n).filter(|&i| !log[i].1).collect();
+    let mut candidates: Vec<Vec<bool>> = vec![
+        log.iter().map(|(op, _)| !op.is_data()).collect(),
+        log.iter().map(|(op, _)| op.is_data()).collect(),
+    ];
+    for &end in window.iter().skip(1) {
+        candidates.push((0..n).map(|i| i < end).collect());
+    }
+    for &gone in &window {
+        let mut kept = vec![true; n];
+        kept[gone] = false;
+        if !log[gone].0.is_data() {
+            // The metadata from it on; the data stays.
+            for (i, (op, _)) in log.iter().enumerate().skip(gone) {
+                kept[i] = op.is_data();
+            }
+        }
+        candidates.push(kept);
+    }
+    let worst = image_of(st, &vec![false; n]);
+    let all = image_of(st, &vec![true; n]);
+    let mut states: Vec<(Vec<bool>, Image)> = Vec::new();
+    for kept in candidates {
+        if states.len() == MAX_REORDERED {
+            break;
+        }
+        let kept = legal(log, kept);
+        let image = image_of(st, &kept);
+        let seen = [&worst, &all]
+            .into_iter()
+            .chain(states.iter().map(|(_, i)| i))
+            .any(|other| image.same_tree(ROOT, other, ROOT));
+        if !seen {
+            states.push((kept, image));
+        }
+    }
+    states.into_iter().map(|(kept, _)| kept).collect()
 }
 
 impl FileSystem for SimHandle {
@@ -600,6 +809,8 @@ impl SimHandle {
         let mut st = self.state()?;
         let (from_dir, from) = parent(&st.live, from)?;
         let (to_dir, to) = parent(&st.live, to)?;
+        let ino = st.live.lookup(from_dir, &from).unwrap_or(0);
+        let replaces = st.live.lookup(to_dir, &to).is_some();
         record(
             &mut st,
             Op::Rename {
@@ -608,6 +819,8 @@ impl SimHandle {
                 to_dir,
                 to,
                 exchange,
+                ino,
+                replaces,
             },
         );
         Ok(())
@@ -653,7 +866,7 @@ impl SimFile {
         let h = self.handle();
         let st = h.state()?;
         match st.live.nodes.get(&self.ino) {
-            Some(Node::File(f)) => Ok(f.clone()),
+            Some(Node::File(f)) => Ok(f.to_vec()),
             _ => Err(errno(libc::EISDIR)),
         }
     }
@@ -673,7 +886,7 @@ impl SimFile {
         let h = self.handle();
         drop(h.state()?);
         h.before(FsEffect::Sync, &self.path)?;
-        persist(&mut *h.state()?, self.ino);
+        persist(&mut *h.state()?, Some(self.ino));
         Ok(())
     }
 }
@@ -755,9 +968,7 @@ impl FsFile for SimFile {
         let h = self.handle();
         drop(h.state()?);
         h.before(FsEffect::Sync, &self.path)?;
-        for (_, persistent) in &mut h.state()?.log {
-            *persistent = true;
-        }
+        persist(&mut *h.state()?, None);
         Ok(())
     }
 }
