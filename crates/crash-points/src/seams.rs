@@ -9,7 +9,7 @@ use std::sync::Arc;
 use csi_store::{DirEntry, FileMeta, FileSystem, FsFile, OpenMode};
 use mount_utils::{
     AttachedLoop, DeviceNumber, Exec, ExecError, ExecOutput, FsUsage, LoopDeviceInfo, LoopDevices,
-    LoopError, LoopOptions, MountError, MountInfo, MountSource, Mounter, Sensitive,
+    LoopError, LoopOptions, MountArgs, MountError, MountInfo, MountSource, Mounter,
 };
 
 use crate::hook::{armed, effect};
@@ -54,17 +54,8 @@ pub fn file_system(inner: Arc<dyn FileSystem>) -> Arc<dyn FileSystem> {
 struct CountedMounter(Arc<dyn Mounter>);
 
 impl Mounter for CountedMounter {
-    fn mount_sensitive(
-        &self,
-        source: &str,
-        target: &Path,
-        fstype: &str,
-        options: &[&str],
-        sensitive_options: &[Sensitive],
-    ) -> Result<(), MountError> {
-        effect("mount", || {
-            (self.0).mount_sensitive(source, target, fstype, options, sensitive_options)
-        })
+    fn mount_with(&self, args: &MountArgs<'_>) -> Result<(), MountError> {
+        effect("mount", || self.0.mount_with(args))
     }
 
     fn bind_mount(&self, source: &Path, target: &Path, read_only: bool) -> Result<(), MountError> {
