@@ -17,7 +17,7 @@
 ///
 /// struct Disks;
 ///
-/// #[async_trait::async_trait]
+/// #[csi_driver::async_trait]
 /// impl ControllerBackend for Disks {
 ///     async fn create_volume(&self, _: &mut VolumeRecord) -> BackendResult<()> {
 ///         Ok(())
@@ -28,7 +28,7 @@
 ///     csi_controller::offer_abilities!(snapshots, expansion);
 /// }
 ///
-/// #[async_trait::async_trait]
+/// #[csi_driver::async_trait]
 /// impl SnapshotBackend for Disks {
 ///     async fn create_snapshot(&self, _: &mut SnapshotRecord) -> BackendResult<()> {
 ///         Ok(())
@@ -38,7 +38,7 @@
 ///     }
 /// }
 ///
-/// #[async_trait::async_trait]
+/// #[csi_driver::async_trait]
 /// impl ExpandBackend for Disks {
 ///     async fn expand_volume(&self, _: &VolumeRecord, _: i64) -> BackendResult<()> {
 ///         Ok(())

@@ -7,6 +7,17 @@
 //! call its [`controller`](HostPath::controller) and
 //! [`node`](HostPath::node) services directly, or serve it with [`serve`].
 //!
+//! ```
+//! use clap::Parser;
+//! use csi_node::testing::FakeHost;
+//!
+//! let (dir, host) = (tempfile::tempdir().unwrap(), FakeHost::new());
+//! let statedir = dir.path().to_str().unwrap();
+//! let config = hostpath::Config::parse_from(["hostpath", "--statedir", statedir, "--nodeid", "n1"]);
+//! let driver = hostpath::HostPath::open_with(config, host.mounter(), host.loops()).unwrap();
+//! assert_eq!(driver.node_id, "n1");
+//! ```
+//!
 //! `cargo run --example hostpath` starts it with defaults (endpoint
 //! `unix:///var/lib/csi-hostpath/csi.sock`, state in `/var/lib/csi-hostpath`,
 //! node id = hostname) and prints them. Volumes are directories (mount

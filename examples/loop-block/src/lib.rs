@@ -20,6 +20,20 @@
 //! seams with [`LoopBlock::open_with`] and call its services directly, or
 //! serve it with [`serve`].
 //!
+//! ```
+//! use std::sync::Arc;
+//!
+//! use clap::Parser;
+//! use csi_node::testing::FakeHost;
+//!
+//! let (dir, host) = (tempfile::tempdir().unwrap(), FakeHost::new());
+//! let statedir = dir.path().to_str().unwrap();
+//! let config = loop_block::Config::parse_from(["loop-block", "--statedir", statedir, "--nodeid", "n1"]);
+//! let exec = Arc::new(mount_utils::FakeExec::new());
+//! let driver = loop_block::LoopBlock::open_with(config, host.mounter(), host.loops(), exec).unwrap();
+//! assert!(driver.controller.is_some() && driver.node.is_some());
+//! ```
+//!
 //! `cargo run --example loop-block` starts it with defaults (endpoint
 //! `unix:///var/lib/csi-loop-block/csi.sock`, state and backing files in
 //! `/var/lib/csi-loop-block`, node id = hostname) and prints them. It needs
