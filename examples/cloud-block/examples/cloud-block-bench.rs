@@ -16,8 +16,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use cloud_block::api::{self, ActionStatus, device_link_name};
-use cloud_block::client::{HttpProvider, ProviderClient};
+use cloud_block::api::{self, Action, ActionStatus, device_link_name};
+use cloud_block::client::{HttpProvider, ProviderClient, ProviderError};
 use cloud_block::token::{TOKEN_ENV, Token};
 use csi_client::CsiClient;
 use csi_driver::v1::volume_capability::access_mode::Mode;
@@ -191,8 +191,9 @@ impl Bench {
         (steps, restage)
     }
 
-    /// Polls an action every millisecond until it completes.
-    async fn until_done(&self, id: u64) {
+    /// Polls a started action every millisecond until it completes.
+    async fn until_done(&self, started: Result<Action, ProviderError>) {
+        let id = started.expect("an action").id;
         loop {
             let action = self.provider.get_action(id).await.expect("GET action");
             match action.status {
@@ -218,12 +219,8 @@ impl Bench {
         steps.create = ms(t);
         let t = Instant::now();
         let node = &self.args.node_id;
-        let action = self
-            .provider
-            .attach(&volume.id, node)
-            .await
-            .expect("attach");
-        self.until_done(action.id).await;
+        self.until_done(self.provider.attach(&volume.id, node).await)
+            .await;
         steps.attach = ms(t);
         let t = Instant::now();
         let link = self.args.device_dir.join(device_link_name(&volume.id));
@@ -247,12 +244,8 @@ impl Bench {
         for path in [&target, &staging] {
             nix::mount::umount2(path, MntFlags::empty()).expect("umount");
         }
-        let action = self
-            .provider
-            .detach(&volume.id, node)
-            .await
-            .expect("detach");
-        self.until_done(action.id).await;
+        self.until_done(self.provider.detach(&volume.id, node).await)
+            .await;
         self.provider
             .delete_volume(&volume.id)
             .await
