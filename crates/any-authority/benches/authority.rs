@@ -12,32 +12,11 @@ use std::time::{Duration, Instant};
 
 use any_authority::AnyAuthority;
 use csi_client::{ClientOptions, CsiClient, Endpoint};
-use csi_proto::v1::identity_server::{Identity, IdentityServer};
+use csi_proto::testing::FakeIdentity;
+use csi_proto::v1::identity_server::IdentityServer;
 use csi_proto::v1::*;
 use futures::TryStreamExt;
 use tokio_stream::wrappers::UnixListenerStream;
-use tonic::{Request, Response, Status};
-
-struct Bare;
-
-#[tonic::async_trait]
-impl Identity for Bare {
-    async fn get_plugin_info(
-        &self,
-        _: Request<GetPluginInfoRequest>,
-    ) -> Result<Response<GetPluginInfoResponse>, Status> {
-        Ok(Response::new(GetPluginInfoResponse::default()))
-    }
-    async fn get_plugin_capabilities(
-        &self,
-        _: Request<GetPluginCapabilitiesRequest>,
-    ) -> Result<Response<GetPluginCapabilitiesResponse>, Status> {
-        Ok(Response::new(GetPluginCapabilitiesResponse::default()))
-    }
-    async fn probe(&self, _: Request<ProbeRequest>) -> Result<Response<ProbeResponse>, Status> {
-        Ok(Response::new(ProbeResponse { ready: Some(true) }))
-    }
-}
 
 async fn client(path: &std::path::Path) -> CsiClient {
     let endpoint = Endpoint::unix(path).unwrap();
@@ -89,7 +68,7 @@ fn main() {
         let plain = UnixListenerStream::new(tokio::net::UnixListener::bind(&plain_path).unwrap());
         tokio::spawn(
             tonic::transport::Server::builder()
-                .add_service(IdentityServer::new(Bare))
+                .add_service(IdentityServer::new(FakeIdentity))
                 .serve_with_incoming(plain),
         );
         let adapted =
@@ -97,7 +76,7 @@ fn main() {
                 .map_ok(AnyAuthority::new);
         tokio::spawn(
             tonic::transport::Server::builder()
-                .add_service(IdentityServer::new(Bare))
+                .add_service(IdentityServer::new(FakeIdentity))
                 .serve_with_incoming(adapted),
         );
         (client(&plain_path).await, client(&adapted_path).await)

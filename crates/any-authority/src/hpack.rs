@@ -1,6 +1,9 @@
 //! HPACK (RFC 7541), as much as the authority rewriter and its raw client
 //! need: a decoder that keeps the peer encoder's dynamic table, and an
 //! encoder of literals that never adds to the receiver's table.
+//!
+//! One file over 700 lines: the decoder, the encoder and the Huffman code
+//! of RFC 7541 Appendix B share private tables and helpers.
 
 use std::collections::VecDeque;
 use std::ops::Range;

@@ -40,6 +40,28 @@ impl From<AccessMode> for Mode {
     }
 }
 
+/// The contexts a node call carries from earlier calls.
+#[derive(Debug, Clone, Args)]
+pub struct ContextArgs {
+    /// Publish context from ControllerPublishVolume (repeatable).
+    #[arg(long = "publish-context", value_parser = parse_kv)]
+    pub publish_context: Vec<(String, String)>,
+    /// Volume context from CreateVolume (repeatable).
+    #[arg(long = "volume-context", value_parser = parse_kv)]
+    pub volume_context: Vec<(String, String)>,
+}
+
+/// Where a node call finds a volume.
+#[derive(Debug, Clone, Args)]
+pub struct VolumePathArgs {
+    /// A path where the volume is published or staged.
+    #[arg(long)]
+    pub volume_path: String,
+    /// Where it is staged.
+    #[arg(long, default_value = "")]
+    pub staging_path: String,
+}
+
 /// The volume capability of a request.
 #[derive(Debug, Clone, Args)]
 pub struct CapabilityArgs {

@@ -20,6 +20,7 @@ use csi_proto::methods::Method;
 use csi_proto::v1::*;
 
 use args::{CapabilityArgs, SecretArgs, SizeArgs, parse_kv, to_map};
+use node::NodeCmd;
 use output::Format;
 
 /// A command-line client for CSI drivers.
@@ -210,92 +211,6 @@ enum ControllerCmd {
 }
 
 #[derive(Debug, Subcommand)]
-enum NodeCmd {
-    /// NodeStageVolume.
-    Stage {
-        /// The volume id.
-        volume_id: String,
-        /// Where to stage.
-        #[arg(long)]
-        staging_path: String,
-        #[command(flatten)]
-        cap: CapabilityArgs,
-        /// Publish context from ControllerPublishVolume (repeatable).
-        #[arg(long = "publish-context", value_parser = parse_kv)]
-        publish_context: Vec<(String, String)>,
-        /// Volume context from CreateVolume (repeatable).
-        #[arg(long = "volume-context", value_parser = parse_kv)]
-        volume_context: Vec<(String, String)>,
-    },
-    /// NodeUnstageVolume.
-    Unstage {
-        /// The volume id.
-        volume_id: String,
-        /// Where it is staged.
-        #[arg(long)]
-        staging_path: String,
-    },
-    /// NodePublishVolume.
-    Publish {
-        /// The volume id.
-        volume_id: String,
-        /// Where to publish.
-        #[arg(long)]
-        target_path: String,
-        /// Where it is staged (when the driver stages).
-        #[arg(long, default_value = "")]
-        staging_path: String,
-        /// Publish read-only.
-        #[arg(long)]
-        readonly: bool,
-        #[command(flatten)]
-        cap: CapabilityArgs,
-        /// Publish context (repeatable).
-        #[arg(long = "publish-context", value_parser = parse_kv)]
-        publish_context: Vec<(String, String)>,
-        /// Volume context (repeatable).
-        #[arg(long = "volume-context", value_parser = parse_kv)]
-        volume_context: Vec<(String, String)>,
-    },
-    /// NodeUnpublishVolume.
-    Unpublish {
-        /// The volume id.
-        volume_id: String,
-        /// Where it is published.
-        #[arg(long)]
-        target_path: String,
-    },
-    /// NodeGetVolumeStats.
-    Stats {
-        /// The volume id.
-        volume_id: String,
-        /// A path where the volume is published or staged.
-        #[arg(long)]
-        volume_path: String,
-        /// Where it is staged.
-        #[arg(long, default_value = "")]
-        staging_path: String,
-    },
-    /// NodeExpandVolume.
-    Expand {
-        /// The volume id.
-        volume_id: String,
-        /// A path where the volume is published or staged.
-        #[arg(long)]
-        volume_path: String,
-        /// Where it is staged.
-        #[arg(long, default_value = "")]
-        staging_path: String,
-        #[command(flatten)]
-        size: SizeArgs,
-    },
-    /// NodeGetInfo.
-    Info,
-    /// NodeGetCapabilities.
-    Capabilities,
-}
-
-#[derive(Debug, Subcommand)]
 enum GroupCmd {
     /// GroupControllerGetCapabilities.
     Capabilities,
@@ -355,6 +270,8 @@ async fn show<Req: UnaryRequest>(out: Format, client: &CsiClient, req: Req) -> R
     Ok(())
 }
 
+mod node;
+
 fn with_newline(mut s: String) -> String {
     if !s.ends_with('\n') {
         s.push('\n');
@@ -390,7 +307,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Failure> {
     match cli.command {
         Command::Identity(cmd) => identity(&connect().await?, cmd, out).await?,
         Command::Controller(cmd) => controller(&connect().await?, cmd, out, secrets).await?,
-        Command::Node(cmd) => node(&connect().await?, cmd, out, secrets).await?,
+        Command::Node(cmd) => node::run(&connect().await?, cmd, out, secrets).await?,
         Command::Group(cmd) => group(&connect().await?, cmd, out, secrets).await?,
         Command::Bench(args) => {
             return bench::run(connect().await?, args, out, secrets)
@@ -615,113 +532,6 @@ async fn controller(
                 secrets
             }
         ),
-    }
-    Ok(())
-}
-
-async fn node(
-    client: &CsiClient,
-    cmd: NodeCmd,
-    out: Format,
-    secrets: HashMap<String, String>,
-) -> Result<(), Failure> {
-    match cmd {
-        NodeCmd::Stage {
-            volume_id,
-            staging_path,
-            cap,
-            publish_context,
-            volume_context,
-        } => show!(
-            out,
-            client,
-            NodeStageVolumeRequest {
-                volume_id,
-                publish_context: to_map(&publish_context),
-                staging_target_path: staging_path,
-                volume_capability: Some(cap.capability()),
-                secrets,
-                volume_context: to_map(&volume_context),
-            }
-        ),
-        NodeCmd::Unstage {
-            volume_id,
-            staging_path,
-        } => show!(
-            out,
-            client,
-            NodeUnstageVolumeRequest {
-                volume_id,
-                staging_target_path: staging_path
-            }
-        ),
-        NodeCmd::Publish {
-            volume_id,
-            target_path,
-            staging_path,
-            readonly,
-            cap,
-            publish_context,
-            volume_context,
-        } => {
-            show!(
-                out,
-                client,
-                NodePublishVolumeRequest {
-                    volume_id,
-                    publish_context: to_map(&publish_context),
-                    staging_target_path: staging_path,
-                    target_path,
-                    volume_capability: Some(cap.capability()),
-                    readonly,
-                    secrets,
-                    volume_context: to_map(&volume_context),
-                }
-            )
-        }
-        NodeCmd::Unpublish {
-            volume_id,
-            target_path,
-        } => show!(
-            out,
-            client,
-            NodeUnpublishVolumeRequest {
-                volume_id,
-                target_path
-            }
-        ),
-        NodeCmd::Stats {
-            volume_id,
-            volume_path,
-            staging_path,
-        } => show!(
-            out,
-            client,
-            NodeGetVolumeStatsRequest {
-                volume_id,
-                volume_path,
-                staging_target_path: staging_path,
-            }
-        ),
-        NodeCmd::Expand {
-            volume_id,
-            volume_path,
-            staging_path,
-            size,
-        } => show!(
-            out,
-            client,
-            NodeExpandVolumeRequest {
-                volume_id,
-                volume_path,
-                capacity_range: size.range(),
-                staging_target_path: staging_path,
-                volume_capability: None,
-                secrets,
-            }
-        ),
-        NodeCmd::Info => show!(out, client, NodeGetInfoRequest {}),
-        NodeCmd::Capabilities => show!(out, client, NodeGetCapabilitiesRequest {}),
     }
     Ok(())
 }

@@ -139,7 +139,7 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use clap::Parser;
-    use csi_conformance::fake::{FakeDriver, Fault};
+    use csi_conformance::fake::{FakeDriver, FakeSplitServer, Fault};
 
     use super::*;
 
@@ -154,6 +154,28 @@ mod tests {
         Cli::try_parse_from(argv).expect("valid arguments").args
     }
 
+    /// `csi sanity` against the split endpoints of `server`, with the
+    /// secrets file `secrets` and its staging and target directories in
+    /// `dirs`.
+    async fn run_split(server: &FakeSplitServer, secrets: &str, dirs: &str) -> ExitCode {
+        let log = server.log_path().to_string_lossy().into_owned();
+        let argv = [
+            "--controller-endpoint",
+            server.controller_endpoint(),
+            "--rpc-secrets",
+            secrets,
+            "--staging-dir",
+            dirs,
+            "--target-dir",
+            dirs,
+            "--driver-log",
+            log.as_str(),
+        ];
+        run(server.node_endpoint(), args(&argv), HashMap::new())
+            .await
+            .unwrap()
+    }
+
     #[tokio::test]
     async fn split_endpoints_with_a_secrets_file() {
         let dir = tempfile::tempdir().unwrap();
@@ -164,27 +186,9 @@ mod tests {
             "NodeStageVolumeSecret:\n  password: stage-secret-5e21\n",
         )
         .unwrap();
-        let log = server.log_path().to_string_lossy().into_owned();
         let dirs = dir.path().to_string_lossy().into_owned();
-        let common = [
-            "--staging-dir",
-            dirs.as_str(),
-            "--target-dir",
-            dirs.as_str(),
-            "--driver-log",
-            log.as_str(),
-        ];
         let secrets = secrets.to_string_lossy().into_owned();
-        let mut argv = vec![
-            "--controller-endpoint",
-            server.controller_endpoint(),
-            "--rpc-secrets",
-            secrets.as_str(),
-        ];
-        argv.extend(common);
-        let code = run(server.node_endpoint(), args(&argv), HashMap::new())
-            .await
-            .unwrap();
+        let code = run_split(&server, &secrets, &dirs).await;
         assert_eq!(code, ExitCode::SUCCESS);
         let sent = std::fs::read_to_string(server.log_path()).unwrap();
         assert!(sent.contains("NodeStageVolume"), "{sent}");
@@ -196,22 +200,7 @@ mod tests {
             .serve_split()
             .await
             .unwrap();
-        let log = leaky.log_path().to_string_lossy().into_owned();
-        let argv = [
-            "--controller-endpoint",
-            leaky.controller_endpoint(),
-            "--rpc-secrets",
-            secrets.as_str(),
-            "--staging-dir",
-            dirs.as_str(),
-            "--target-dir",
-            dirs.as_str(),
-            "--driver-log",
-            log.as_str(),
-        ];
-        let code = run(leaky.node_endpoint(), args(&argv), HashMap::new())
-            .await
-            .unwrap();
+        let code = run_split(&leaky, &secrets, &dirs).await;
         assert_eq!(code, ExitCode::FAILURE);
         leaky.shutdown().await;
     }

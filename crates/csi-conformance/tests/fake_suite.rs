@@ -451,23 +451,9 @@ async fn leftovers(env: &Env) -> (usize, usize) {
     let client = csi_client::CsiClient::connect(env.server.endpoint())
         .await
         .unwrap();
-    let vols = client
-        .controller()
-        .list_volumes(ListVolumesRequest::default())
-        .await
-        .unwrap()
-        .into_inner()
-        .entries
-        .len();
-    let snaps = client
-        .controller()
-        .list_snapshots(ListSnapshotsRequest::default())
-        .await
-        .unwrap()
-        .into_inner()
-        .entries
-        .len();
-    (vols, snaps)
+    let vols = client.call(ListVolumesRequest::default()).await.unwrap();
+    let snaps = client.call(ListSnapshotsRequest::default()).await.unwrap();
+    (vols.entries.len(), snaps.entries.len())
 }
 
 #[tokio::test]

@@ -12,7 +12,6 @@
 //! - [`Ledger`]: capacity checked and reserved in one step.
 
 use std::collections::{BTreeMap, HashMap};
-use std::fmt;
 use std::fs;
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
@@ -209,35 +208,9 @@ where
     }
 }
 
-/// What a claim covers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Res {
-    /// A volume id.
-    Volume,
-    /// A CreateVolume name.
-    VolumeName,
-    /// A snapshot id.
-    Snapshot,
-    /// A CreateSnapshot name.
-    SnapshotName,
-    /// A group snapshot id.
-    GroupSnapshot,
-    /// A CreateVolumeGroupSnapshot name.
-    GroupSnapshotName,
-}
-
-impl fmt::Display for Res {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Res::Volume => "volume",
-            Res::VolumeName => "volume name",
-            Res::Snapshot => "snapshot",
-            Res::SnapshotName => "snapshot name",
-            Res::GroupSnapshot => "group snapshot",
-            Res::GroupSnapshotName => "group snapshot name",
-        })
-    }
-}
+/// What a claim covers: the kind of resource the server's lock keys name
+/// (a claim never covers a path).
+pub use csi_proto::methods::KeyKind as Res;
 
 type Held = HashMap<(Res, String), &'static str>;
 
@@ -307,7 +280,8 @@ impl Claim {
         if let Some((key, op)) = fresh.iter().find_map(|k| held.get(k).map(|op| (k, *op))) {
             return Err(CsiError::Aborted(format!(
                 "{} {:?} is busy: {op} is in progress on it",
-                key.0, key.1
+                key.0.describe(),
+                key.1
             )));
         }
         for key in fresh {

@@ -107,6 +107,17 @@ impl PluginCapability {
 }
 
 impl Mode {
+    /// Every access mode but `Unknown`.
+    pub const KNOWN: [Mode; 7] = [
+        Mode::SingleNodeWriter,
+        Mode::SingleNodeReaderOnly,
+        Mode::MultiNodeReaderOnly,
+        Mode::MultiNodeSingleWriter,
+        Mode::MultiNodeMultiWriter,
+        Mode::SingleNodeSingleWriter,
+        Mode::SingleNodeMultiWriter,
+    ];
+
     /// The volume may be published on one node at a time.
     pub fn is_single_node(self) -> bool {
         matches!(
@@ -247,15 +258,7 @@ mod tests {
 
     #[test]
     fn access_mode_predicates_partition_the_modes() {
-        for mode in [
-            Mode::SingleNodeWriter,
-            Mode::SingleNodeReaderOnly,
-            Mode::MultiNodeReaderOnly,
-            Mode::MultiNodeSingleWriter,
-            Mode::MultiNodeMultiWriter,
-            Mode::SingleNodeSingleWriter,
-            Mode::SingleNodeMultiWriter,
-        ] {
+        for mode in Mode::KNOWN {
             assert_ne!(mode.is_single_node(), mode.is_multi_node(), "{mode:?}");
         }
         assert!(!Mode::Unknown.is_single_node() && !Mode::Unknown.is_multi_node());

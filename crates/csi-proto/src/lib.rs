@@ -34,6 +34,8 @@ mod helpers;
 pub mod methods;
 pub mod redact;
 pub mod size;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use code::code_name;
 

@@ -7,33 +7,13 @@ use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use csi_client::{ClientOptions, CsiClient};
-use csi_proto::v1::identity_server::{Identity as TonicIdentity, IdentityServer};
+use csi_proto::testing::FakeIdentity;
+use csi_proto::v1::identity_server::IdentityServer;
 use csi_proto::v1::*;
 use csi_server::{Endpoint, Node, PluginInfo, ServeMode, Server};
 use tokio::runtime::Runtime;
 use tokio_stream::wrappers::UnixListenerStream;
-use tonic::{Request, Response, Status};
-
-struct Bare;
-
-#[tonic::async_trait]
-impl TonicIdentity for Bare {
-    async fn get_plugin_info(
-        &self,
-        _: Request<GetPluginInfoRequest>,
-    ) -> Result<Response<GetPluginInfoResponse>, Status> {
-        Ok(Response::new(GetPluginInfoResponse::default()))
-    }
-    async fn get_plugin_capabilities(
-        &self,
-        _: Request<GetPluginCapabilitiesRequest>,
-    ) -> Result<Response<GetPluginCapabilitiesResponse>, Status> {
-        Ok(Response::new(GetPluginCapabilitiesResponse::default()))
-    }
-    async fn probe(&self, _: Request<ProbeRequest>) -> Result<Response<ProbeResponse>, Status> {
-        Ok(Response::new(ProbeResponse { ready: Some(true) }))
-    }
-}
+use tonic::Status;
 
 struct NodeDriver;
 impl Node for NodeDriver {}
@@ -55,7 +35,7 @@ fn probe(c: &mut Criterion) {
     };
     rt.spawn(
         tonic::transport::Server::builder()
-            .add_service(IdentityServer::new(Bare))
+            .add_service(IdentityServer::new(FakeIdentity))
             .serve_with_incoming(UnixListenerStream::new(listener)),
     );
 

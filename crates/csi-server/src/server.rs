@@ -1,5 +1,8 @@
 //! The `Server` builder: endpoint, mode, driver services, layers; then
 //! `serve()` until SIGTERM/SIGINT with a graceful shutdown.
+//!
+//! One file over 700 lines: the builder's options and the serve loop share
+//! the private state of one server.
 
 use std::future::Future;
 use std::str::FromStr;

@@ -1,4 +1,7 @@
 //! The full stack over real unix sockets.
+//!
+//! One file over 700 lines: it lists cases over the one test driver
+//! of `common`.
 
 mod common;
 

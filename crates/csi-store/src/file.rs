@@ -1,5 +1,8 @@
 //! [`FileStore`]: one crash-safe file per record.
 //!
+//! One file over 700 lines: every `RecordStore` method shares the store's
+//! directory layout, journal and spare-file bookkeeping below.
+//!
 //! ```text
 //! DIR/LOCK                          flock held for the store's life (pid inside)
 //! DIR/journal                       write-ahead journal (see crate::journal)

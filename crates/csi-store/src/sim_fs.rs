@@ -1,6 +1,9 @@
 //! [`SimFs`]: an in-memory filesystem behind the store's seam that keeps
 //! what a crash keeps, and lets a test fail or crash any effect.
 //!
+//! One file over 700 lines: the operation log, the sync rules and the
+//! crash replay are one model over one inode table.
+//!
 //! Every change is logged as an operation on inodes. An operation becomes
 //! persistent when something that covers it is synced: a file's data ops
 //! by `fsync`/`fdatasync` of that file, a directory's entry ops (create,

@@ -1,3 +1,6 @@
+//! The controller checks. One file over 700 lines: one function per
+//! check, in the order the suite runs them.
+
 use std::collections::{HashMap, HashSet};
 
 use csi_proto::v1::controller_service_capability::rpc::Type as CtrlCap;

@@ -114,16 +114,6 @@ mod tests {
     use super::*;
     use tonic::Code;
 
-    const ALL_MODES: [Mode; 7] = [
-        Mode::SingleNodeWriter,
-        Mode::SingleNodeReaderOnly,
-        Mode::MultiNodeReaderOnly,
-        Mode::MultiNodeSingleWriter,
-        Mode::MultiNodeMultiWriter,
-        Mode::SingleNodeSingleWriter,
-        Mode::SingleNodeMultiWriter,
-    ];
-
     fn req(mode: Mode, target: &str, readonly: bool) -> NodePublishVolumeRequest {
         NodePublishVolumeRequest {
             volume_id: "v".into(),
@@ -146,7 +136,7 @@ mod tests {
     fn exhaustive_repeat_table() {
         use PublishDecision::*;
         for snmw in [false, true] {
-            for mode in ALL_MODES {
+            for mode in Mode::KNOWN {
                 let many = mode.is_multi_node() || (mode == Mode::SingleNodeMultiWriter && snmw);
                 let other_target = if many {
                     Ok(PublishDecision::NEW)

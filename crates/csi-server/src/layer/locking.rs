@@ -19,13 +19,13 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures::TryFutureExt;
-use futures::future::{Either, ErrInto};
+use futures::future::Either;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tower::{Layer, Service};
 use tracing::Instrument;
 
-use super::{CsiCall, CsiFuture};
+use super::{CsiCall, CsiFuture, PassOr};
 use crate::error::CsiError;
 use crate::request::{CsiRequest, LockKey};
 
@@ -222,7 +222,7 @@ where
 {
     type Response = Req::Output;
     type Error = CsiError;
-    type Future = Either<ErrInto<S::Future, CsiError>, CsiFuture<Req::Output>>;
+    type Future = PassOr<S::Future, CsiFuture<Req::Output>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), CsiError>> {
         self.inner.poll_ready(cx).map_err(Into::into)

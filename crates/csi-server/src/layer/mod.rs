@@ -73,6 +73,10 @@ mod tracing;
 mod validation;
 mod wrap;
 
+/// The future of a layer that passes a call on to the service below (its
+/// error converted into [`CsiError`]) or answers it itself with `A`.
+pub(crate) type PassOr<F, A> = futures::future::Either<futures::future::ErrInto<F, CsiError>, A>;
+
 pub use gating::{Gating, GatingLayer};
 pub use locking::{LockGuard, LockMap, Locking, LockingLayer};
 #[cfg(feature = "metrics")]

@@ -4,10 +4,10 @@
 use std::task::{Context, Poll};
 
 use futures::TryFutureExt;
-use futures::future::{Either, ErrInto, Ready, ready};
+use futures::future::{Either, Ready, ready};
 use tower::Service;
 
-use super::CsiCall;
+use super::{CsiCall, PassOr};
 use crate::error::CsiError;
 use crate::request::CsiRequest;
 
@@ -46,7 +46,7 @@ where
 {
     type Response = Req::Output;
     type Error = CsiError;
-    type Future = Either<ErrInto<S::Future, CsiError>, Ready<Result<Req::Output, CsiError>>>;
+    type Future = PassOr<S::Future, Ready<Result<Req::Output, CsiError>>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), CsiError>> {
         self.inner.poll_ready(cx).map_err(Into::into)

@@ -4,10 +4,10 @@
 use std::task::{Context, Poll};
 
 use futures::TryFutureExt;
-use futures::future::{Either, ErrInto};
+use futures::future::Either;
 use tower::Service;
 
-use super::{CsiCall, CsiFuture};
+use super::{CsiCall, CsiFuture, PassOr};
 use crate::error::CsiError;
 use crate::request::CsiRequest;
 
@@ -61,7 +61,7 @@ pub struct Wrapped<W, S> {
 impl<W: Wrap, S: WrapInner<Req>, Req: CsiRequest> Service<CsiCall<Req>> for Wrapped<W, S> {
     type Response = Req::Output;
     type Error = CsiError;
-    type Future = Either<ErrInto<S::Future, CsiError>, CsiFuture<Req::Output>>;
+    type Future = PassOr<S::Future, CsiFuture<Req::Output>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), CsiError>> {
         self.inner.poll_ready(cx).map_err(Into::into)
