@@ -5,7 +5,7 @@
 //! workloads as another driver runs them ([`workloads_for`]).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,7 +18,7 @@ use csi_driver::clock::FakeClock;
 use csi_driver::{CsiError, CsiResult, async_trait};
 use csi_node::{NodeBackend, NodeInfo, NodeService, VolumeInfo, VolumeLocator, VolumeSource};
 use csi_store::FileStore;
-use mount_utils::Mounter;
+use mount_utils::{LoopDevices, Mounter};
 
 use crate::runner::{DataView, Services};
 use crate::workload::{Call, Content, SimWorkload, workloads};
@@ -247,6 +247,64 @@ pub fn config(node_id: &str) -> Config {
     let mut config = Config::new(node_id);
     config.clock = Arc::new(FakeClock::default());
     config
+}
+
+/// A driver's data as its controller backend lists it
+/// ([`ControllerBackend::data`]): each id's data is its own, and an entry
+/// no id owns shows as data of its path, so the checks report it. A mount
+/// of a loop device shows the volume whose data is the device's backing
+/// file; any other mount the last component of its root.
+pub struct BackendData<B> {
+    backend: B,
+    world: World,
+}
+
+impl<B: ControllerBackend> BackendData<B> {
+    /// `backend`'s data, with the loop devices of `world`.
+    pub fn new(backend: B, world: &World) -> Self {
+        BackendData {
+            backend,
+            world: world.clone(),
+        }
+    }
+
+    fn by_id(found: Vec<(String, PathBuf)>, foreign: &[PathBuf]) -> BTreeMap<String, String> {
+        let paths = foreign.iter().map(|p| p.display().to_string());
+        (found.into_iter().map(|(id, path)| match id.as_str() {
+            "" => path.display().to_string(),
+            _ => id,
+        }))
+        .chain(paths)
+        .map(|id| (id.clone(), id))
+        .collect()
+    }
+
+    fn volume_of_file(&self, file: &Path) -> Option<String> {
+        let volumes = self.backend.data().volumes;
+        volumes
+            .into_iter()
+            .find(|(_, p)| p == file)
+            .map(|(id, _)| id)
+    }
+}
+
+impl<B: ControllerBackend> DataView for BackendData<B> {
+    fn volumes(&self) -> BTreeMap<String, String> {
+        let data = self.backend.data();
+        Self::by_id(data.volumes, &data.foreign)
+    }
+    fn snapshots(&self) -> BTreeMap<String, String> {
+        Self::by_id(self.backend.data().snapshots, &[])
+    }
+    fn volume_at(&self, mount: &mount_utils::MountInfo) -> Option<String> {
+        match self.world.loops().info(Path::new(&mount.source)) {
+            Ok(Some(device)) => self.volume_of_file(&device.backing_file),
+            _ => Some(mount.root.file_name()?.to_string_lossy().into_owned()),
+        }
+    }
+    fn loop_volume(&self, device: &mount_utils::LoopDeviceInfo) -> Option<String> {
+        self.volume_of_file(&device.backing_file)
+    }
 }
 
 /// Starts the library's services on `world` as a driver's main would:
