@@ -20,7 +20,7 @@ use csi_node::{NodeBackend, NodeInfo, NodeService, VolumeInfo, VolumeLocator, Vo
 use csi_store::FileStore;
 use mount_utils::{LoopDevices, Mounter};
 
-use crate::runner::{DataView, Services};
+use crate::runner::{DataView, Services, SimReport, SimRunner};
 use crate::workload::{Call, Content, SimWorkload, workloads};
 use crate::world::{ProviderFault, SimFault, World};
 use crate::wrap::SimMounter;
@@ -331,6 +331,26 @@ pub async fn library(world: &World) -> Result<Services, String> {
         node: Arc::new(node),
         data: dirs,
     })
+}
+
+/// Explores every step of every workload with every fault, prints the
+/// coverage, and panics (a test's failure) when a workload was not
+/// covered or an invariant broke, listing each violation with its replay.
+/// With `CSI_SIM_REPLAY` set, only the named run is made and checked.
+pub fn assert_survives(runner: &SimRunner<'_>, workloads: &[SimWorkload]) -> SimReport {
+    let mut report = SimReport::default();
+    for w in workloads {
+        runner.explore(w, &mut report);
+    }
+    println!("{report}");
+    if std::env::var_os("CSI_SIM_REPLAY").is_none() {
+        assert_eq!(report.steps.len(), workloads.len(), "{report}");
+        assert!(report.steps.iter().all(|(_, s)| *s > 0), "{report}");
+        assert_eq!(report.unreached, 0, "{report}");
+    }
+    let found: Vec<String> = report.violations.iter().map(|v| v.to_string()).collect();
+    assert!(found.is_empty(), "{}", found.join("\n"));
+    report
 }
 
 /// What a driver declares, for [`workloads_for`].

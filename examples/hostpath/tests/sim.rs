@@ -11,8 +11,8 @@ use std::sync::Arc;
 
 use clap::Parser;
 use csi_proto::v1::volume_capability::access_mode::Mode;
-use csi_sim::targets::{BackendData, Declared, NODE_ID, workloads_for};
-use csi_sim::{Services, SimLoops, SimMounter, SimReport, SimRunner, Started, World};
+use csi_sim::targets::{BackendData, Declared, NODE_ID, assert_survives, workloads_for};
+use csi_sim::{Services, SimLoops, SimMounter, SimRunner, Started, World};
 use csi_store::FileStore;
 use hostpath::{Config, HostPath};
 
@@ -61,16 +61,5 @@ fn every_step_of_every_workload_survives_every_fault() {
     let workloads = workloads_for(declared);
     // It declares SINGLE_NODE_MULTI_WRITER: what Kubernetes then asks for.
     let runner = SimRunner::new(&start).access_mode(Mode::SingleNodeMultiWriter);
-    let mut report = SimReport::default();
-    for w in &workloads {
-        runner.explore(w, &mut report);
-    }
-    println!("{report}");
-    if std::env::var_os("CSI_SIM_REPLAY").is_none() {
-        assert_eq!(report.steps.len(), workloads.len());
-        assert!(report.steps.iter().all(|(_, s)| *s > 0), "{report}");
-        assert_eq!(report.unreached, 0, "{report}");
-    }
-    let found: Vec<String> = report.violations.iter().map(|v| v.to_string()).collect();
-    assert!(found.is_empty(), "{}", found.join("\n"));
+    assert_survives(&runner, &workloads);
 }
