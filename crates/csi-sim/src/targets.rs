@@ -5,7 +5,7 @@
 //! workloads as another driver runs them ([`workloads_for`]).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,9 +18,9 @@ use csi_driver::clock::FakeClock;
 use csi_driver::{CsiError, CsiResult, async_trait};
 use csi_node::{NodeBackend, NodeInfo, NodeService, VolumeInfo, VolumeLocator, VolumeSource};
 use csi_store::FileStore;
-use mount_utils::Mounter;
+use mount_utils::{LoopDevices, Mounter};
 
-use crate::runner::{DataView, Services};
+use crate::runner::{DataView, Services, SimReport, SimRunner};
 use crate::workload::{Call, Content, SimWorkload, workloads};
 use crate::world::{ProviderFault, SimFault, World};
 use crate::wrap::SimMounter;
@@ -249,6 +249,64 @@ pub fn config(node_id: &str) -> Config {
     config
 }
 
+/// A driver's data as its controller backend lists it
+/// ([`ControllerBackend::data`]): each id's data is its own, and an entry
+/// no id owns shows as data of its path, so the checks report it. A mount
+/// of a loop device shows the volume whose data is the device's backing
+/// file; any other mount the last component of its root.
+pub struct BackendData<B> {
+    backend: B,
+    world: World,
+}
+
+impl<B: ControllerBackend> BackendData<B> {
+    /// `backend`'s data, with the loop devices of `world`.
+    pub fn new(backend: B, world: &World) -> Self {
+        BackendData {
+            backend,
+            world: world.clone(),
+        }
+    }
+
+    fn by_id(found: Vec<(String, PathBuf)>, foreign: &[PathBuf]) -> BTreeMap<String, String> {
+        let paths = foreign.iter().map(|p| p.display().to_string());
+        (found.into_iter().map(|(id, path)| match id.as_str() {
+            "" => path.display().to_string(),
+            _ => id,
+        }))
+        .chain(paths)
+        .map(|id| (id.clone(), id))
+        .collect()
+    }
+
+    fn volume_of_file(&self, file: &Path) -> Option<String> {
+        let volumes = self.backend.data().volumes;
+        volumes
+            .into_iter()
+            .find(|(_, p)| p == file)
+            .map(|(id, _)| id)
+    }
+}
+
+impl<B: ControllerBackend> DataView for BackendData<B> {
+    fn volumes(&self) -> BTreeMap<String, String> {
+        let data = self.backend.data();
+        Self::by_id(data.volumes, &data.foreign)
+    }
+    fn snapshots(&self) -> BTreeMap<String, String> {
+        Self::by_id(self.backend.data().snapshots, &[])
+    }
+    fn volume_at(&self, mount: &mount_utils::MountInfo) -> Option<String> {
+        match self.world.loops().info(Path::new(&mount.source)) {
+            Ok(Some(device)) => self.volume_of_file(&device.backing_file),
+            _ => Some(mount.root.file_name()?.to_string_lossy().into_owned()),
+        }
+    }
+    fn loop_volume(&self, device: &mount_utils::LoopDeviceInfo) -> Option<String> {
+        self.volume_of_file(&device.backing_file)
+    }
+}
+
 /// Starts the library's services on `world` as a driver's main would:
 /// the engine on its state directory with the startup sweep, the node
 /// service on its own with the restore of what was staged and published.
@@ -273,6 +331,26 @@ pub async fn library(world: &World) -> Result<Services, String> {
         node: Arc::new(node),
         data: dirs,
     })
+}
+
+/// Explores every step of every workload with every fault, prints the
+/// coverage, and panics (a test's failure) when a workload was not
+/// covered or an invariant broke, listing each violation with its replay.
+/// With `CSI_SIM_REPLAY` set, only the named run is made and checked.
+pub fn assert_survives(runner: &SimRunner<'_>, workloads: &[SimWorkload]) -> SimReport {
+    let mut report = SimReport::default();
+    for w in workloads {
+        runner.explore(w, &mut report);
+    }
+    println!("{report}");
+    if std::env::var_os("CSI_SIM_REPLAY").is_none() {
+        assert_eq!(report.steps.len(), workloads.len(), "{report}");
+        assert!(report.steps.iter().all(|(_, s)| *s > 0), "{report}");
+        assert_eq!(report.unreached, 0, "{report}");
+    }
+    let found: Vec<String> = report.violations.iter().map(|v| v.to_string()).collect();
+    assert!(found.is_empty(), "{}", found.join("\n"));
+    report
 }
 
 /// What a driver declares, for [`workloads_for`].

@@ -143,6 +143,8 @@ struct State {
     effects: Vec<Effect>,
     /// Open [`Unobserved`] guards.
     unobserved: usize,
+    /// Host directories put back as they were at the crash on restart.
+    kept_dirs: Vec<PathBuf>,
 }
 
 /// The shared world: the fakes (mount table, loop devices, filesystem) and
@@ -224,6 +226,10 @@ fn step_in(
         Some(SimFault::Fail(errno)) => Err(errno),
         Some(SimFault::Crash | SimFault::PowerLoss) => {
             st.crashed = true;
+            for dir in &st.kept_dirs {
+                // A failed image shows as a violation after the restart.
+                let _ = image_dir(dir, &crash_image(dir));
+            }
             Err(Errno::EIO)
         }
     }
@@ -241,7 +247,49 @@ impl Drop for Unobserved {
     }
 }
 
+/// Where `dir`'s image at the crash is kept.
+fn crash_image(dir: &Path) -> PathBuf {
+    let mut name = dir.as_os_str().to_owned();
+    name.push(".at-crash");
+    PathBuf::from(name)
+}
+
+/// Copies the tree at `from` to `to` as it is now: directories and
+/// symbolic links anew, files as hard links (cheap for large sparse
+/// images; what a dead process could still do is create, remove or rename
+/// entries, which the copy undoes).
+fn image_dir(from: &Path, to: &Path) -> io::Result<()> {
+    std::fs::create_dir(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let (src, dst) = (entry.path(), to.join(entry.file_name()));
+        let kind = entry.file_type()?;
+        if kind.is_dir() {
+            image_dir(&src, &dst)?;
+        } else if kind.is_symlink() {
+            std::os::unix::fs::symlink(std::fs::read_link(&src)?, &dst)?;
+        } else {
+            std::fs::hard_link(&src, &dst)?;
+        }
+    }
+    Ok(())
+}
+
 impl World {
+    /// Data the driver keeps on the host, outside the simulated filesystem
+    /// (a directory of volumes): at a crash its tree is imaged, and the
+    /// restart puts the image back, so nothing the dead process still runs
+    /// changes it (its effects through the world fail; plain file
+    /// operations would not). `dir` is made if missing.
+    pub fn keep_on_crash(&self, dir: &Path) -> io::Result<()> {
+        std::fs::create_dir_all(dir)?;
+        let mut st = self.lock();
+        if !st.kept_dirs.iter().any(|d| d == dir) {
+            st.kept_dirs.push(dir.to_owned());
+        }
+        Ok(())
+    }
+
     /// Effects go uncounted and unfaulted until the guard is dropped.
     pub fn unobserved(&self) -> Unobserved {
         self.lock().unobserved += 1;
@@ -379,6 +427,13 @@ impl World {
         };
         self.fs.crash(keep);
         let mut st = self.lock();
+        for dir in &st.kept_dirs {
+            let image = crash_image(dir);
+            if image.exists() {
+                let _ = std::fs::remove_dir_all(dir);
+                let _ = std::fs::rename(&image, dir);
+            }
+        }
         st.crashed = false;
         st.generation += 1;
     }

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use csi_controller::{ControllerService, open_state_on};
 use csi_server::CsiError;
+use csi_store::FileStore;
 use mount_utils::{LoopDevices, Mounter};
 
 use crate::backend::Backend;
@@ -63,6 +64,18 @@ impl HostPath {
                 tracing::warn!(statedir = %statedir.display(), "thawed a filesystem left frozen by a crash");
             }
         })?;
+        Self::open_on(config, files, mounter, loops)
+    }
+
+    /// [`open_with`](Self::open_with) with its records in `files`, a store
+    /// already open (csi-sim's simulated filesystem in the simulation
+    /// test); the data stays under `--statedir`.
+    pub fn open_on(
+        config: Config,
+        files: FileStore,
+        mounter: Arc<dyn Mounter>,
+        loops: Arc<dyn LoopDevices>,
+    ) -> Result<Self, String> {
         let mut backend = Backend::new(&config.statedir, config.snapshotdir.as_deref())
             .map_err(|e| format!("preparing {}: {e}", config.statedir.display()))?;
         backend.attach = config.enable_attach;

@@ -6,7 +6,8 @@ use csi_controller::{ControllerService, open_state_on};
 use csi_proto::v1::node_service_capability::rpc::Type as NodeRpc;
 use csi_server::v1::{GetPluginCapabilitiesRequest, GetPluginCapabilitiesResponse};
 use csi_server::{CallContext, Capabilities, CsiResult, PluginService, VolumeExpansion};
-use mount_utils::{Exec, LinuxLoopDevices, LoopDevices, Mounter, SystemExec};
+use csi_store::FileStore;
+use mount_utils::{Exec, LinuxLoopDevices, LoopDevices, Mounter, ResizeFs, SystemExec};
 
 use crate::backend::Backend;
 use crate::config::Config;
@@ -66,6 +67,22 @@ impl LoopBlock {
     ) -> Result<Self, String> {
         let fs = crash_points::file_system(Arc::new(csi_store::RealFs));
         let files = open_state_on(fs, &config.statedir, || {})?;
+        let resize = ResizeFs::new(exec.clone());
+        Self::open_on(config, files, mounter, loops, exec, resize)
+    }
+
+    /// [`open_with`](Self::open_with) with its records in `files`, a store
+    /// already open (csi-sim's simulated filesystem in the simulation
+    /// test), and `resize` to grow filesystems with (which reads device
+    /// sizes: from the simulated devices there).
+    pub fn open_on(
+        config: Config,
+        files: FileStore,
+        mounter: Arc<dyn Mounter>,
+        loops: Arc<dyn LoopDevices>,
+        exec: Arc<dyn Exec>,
+        resize: ResizeFs,
+    ) -> Result<Self, String> {
         let data = config.data_dir();
         let backend =
             Backend::new(&data).map_err(|e| format!("preparing {}: {e}", data.display()))?;
@@ -84,7 +101,8 @@ impl LoopBlock {
                     backend: backend.for_node_side(),
                     records: Arc::downgrade(&backend.node),
                 };
-                let node = open_node(&config, side, mounter.clone(), loops, &files, exec)?;
+                let seams = (mounter.clone(), loops, exec, resize);
+                let node = open_node(&config, side, seams, &files)?;
                 let _ = backend.node.set(node.volumes().clone());
                 Some(node)
             }

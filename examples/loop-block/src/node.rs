@@ -41,15 +41,22 @@ pub struct NodeSide {
     pub records: Weak<OnceLock<NodeVolumes>>,
 }
 
+/// What the node runs on: mounts, loop devices, mkfs and fsck, and the
+/// filesystem resizer.
+pub type NodeSeams = (
+    Arc<dyn Mounter>,
+    Arc<dyn LoopDevices>,
+    Arc<dyn Exec>,
+    ResizeFs,
+);
+
 /// The node service, its record in this process's state store (under
 /// `statedir/node` for a state dir from before they shared one).
 pub fn open_node(
     config: &Config,
     side: NodeSide,
-    mounter: Arc<dyn Mounter>,
-    loops: Arc<dyn LoopDevices>,
+    (mounter, loops, exec, resize): NodeSeams,
     files: &FileStore,
-    exec: Arc<dyn Exec>,
 ) -> Result<Arc<NodeService<NodeSide>>, String> {
     let info = NodeInfo::new(config.common.node_id()).max_volumes(config.attach_limit);
     // mkfs is I/O heavy: a burst of first-time stages formats two at a time.
@@ -60,7 +67,7 @@ pub fn open_node(
                 .filesystem_mount(Arc::new(formatter.with_max_concurrent_formats(2)))
                 .single_node_multi_writer(true)
         })
-        .resize_filesystems(ResizeFs::new(exec))
+        .resize_filesystems(resize)
         .open_shared(files, &config.statedir.join("node"))
         .map_err(|e| e.to_string())?;
     Ok(Arc::new(service))
