@@ -159,6 +159,15 @@ pub fn explore(target: &KernelTarget) -> KernelReport {
             .into_iter()
             .filter(|w| target.workloads.contains(&w.name))
             .collect();
+        for name in target.workloads {
+            if !chosen.iter().any(|w| w.name == *name) {
+                report.violations.push(KernelViolation {
+                    workload: (*name).to_owned(),
+                    plan: None,
+                    what: "no such workload in csi-sim's list".into(),
+                });
+            }
+        }
         match std::env::var(REPLAY_ENV) {
             Ok(spec) => rt.block_on(replay(&target, &chosen, &spec, &mut report)),
             Err(_) => {
@@ -345,5 +354,49 @@ fn violation(w: &SimWorkload, plan: Option<CrashPlan>, what: String) -> KernelVi
         workload: w.name.to_owned(),
         plan,
         what,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_violation_names_the_run_that_replays_it() {
+        let v = KernelViolation {
+            workload: "lifecycle".into(),
+            plan: Some(CrashPlan {
+                step: 42,
+                when: When::After,
+            }),
+            what: "still mounted".into(),
+        };
+        assert_eq!(v.replay_spec(), "lifecycle:42:after");
+        let text = v.to_string();
+        assert!(
+            text.contains("CSI_KIT_CRASH_REPLAY=lifecycle:42:after"),
+            "{text}"
+        );
+        let spec = v.replay_spec();
+        let (_, plan) = spec.split_once(':').unwrap();
+        assert_eq!(plan.parse::<CrashPlan>().unwrap(), v.plan.unwrap());
+    }
+
+    #[test]
+    fn the_drivers_flags_name_the_runs_directories() {
+        let l = Layout::new(Path::new("/tmp/run"));
+        assert_eq!(
+            l.driver_flags("n1"),
+            [
+                "--statedir",
+                "/tmp/run/state",
+                "--endpoint",
+                "unix:///tmp/run/csi.sock",
+                "--nodeid",
+                "n1",
+                "--log",
+                "warn"
+            ]
+        );
     }
 }
