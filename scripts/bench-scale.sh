@@ -53,6 +53,7 @@ many_rounds=$9 cost_secs=${10} go_many=${11}
 drivers=$bin
 [ -x "$drivers/hostpath" ] || drivers=$bin/examples
 csi=$bin/csi
+loop=loop; [ -x "$drivers/loop-block" ] || { echo "bench-scale: no loop-block in $drivers; hostpath alone"; loop=; loopn=; }
 pid=
 cleanup() {
   [ -n "$pid" ] && kill -9 "$pid" 2>/dev/null; wait 2>/dev/null || true
@@ -184,7 +185,7 @@ for n in $loopn; do
 done
 
 echo "== restart with $many volumes, none staged (ms until Probe ready); then CreateVolume+DeleteVolume per second (one worker, ${cost_secs} s) with them present vs with $few"
-many_drivers="ours loop"; [ -n "$go" ] && [ -n "$go_many" ] && many_drivers="ours go loop"
+many_drivers="ours $loop"; [ -n "$go" ] && [ -n "$go_many" ] && many_drivers="ours go $loop"
 for r in $(seq "$many_rounds"); do
   for d in $many_drivers; do
     read -r ms peak idle b < <(restart "$d" "$many" 0 cost)
