@@ -217,6 +217,9 @@ pub fn facts_of<'a>(
 pub fn resolve(path: &Path) -> PathBuf {
     let path = normalize(path);
     match (path.parent(), path.file_name()) {
+        // A parent reached without a symlink is its own canonical form: one
+        // openat2 instead of realpath's readlink per component.
+        (Some(parent), Some(_)) if mount_utils::nofollow::open(parent).is_ok() => path,
         (Some(parent), Some(name)) => std::fs::canonicalize(parent)
             .map(|p| p.join(name))
             .unwrap_or(path),
