@@ -418,8 +418,12 @@ impl FileStore {
         };
         let removed = removed.and_then(|()| td.handle.sync_all());
         match &removed {
-            Ok(()) => tracing::info!(table, file = %src.display(), "torn record file of an unacknowledged write removed"),
-            Err(e) => tracing::warn!(table, file = %src.display(), error = %e, "torn record file could not be removed"),
+            Ok(()) => {
+                tracing::info!(table, file = %src.display(), "torn record file of an unacknowledged write removed")
+            }
+            Err(e) => {
+                tracing::warn!(table, file = %src.display(), error = %e, "torn record file could not be removed")
+            }
         }
         removed
     }

@@ -95,7 +95,7 @@ pub enum CrashKeep {
 }
 
 /// At most this many reordered states per crash (see the module docs).
-pub const MAX_REORDERED: usize = 4;
+pub const MAX_REORDERED: usize = 2;
 
 /// The granularity of data writeback.
 const PAGE: u64 = 4096;
@@ -212,9 +212,9 @@ impl Image {
             (Some(Node::File(x)), Some(Node::File(y))) => Arc::ptr_eq(x, y) || x == y,
             (Some(Node::Dir(x)), Some(Node::Dir(y))) => {
                 x.len() == y.len()
-                    && x.iter().zip(y).all(|((n, i), (m, j))| {
-                        n == m && self.same_tree(*i, other, *j)
-                    })
+                    && x.iter()
+                        .zip(y)
+                        .all(|((n, i), (m, j))| n == m && self.same_tree(*i, other, *j))
             }
             (None, None) => true,
             _ => false,
