@@ -39,14 +39,16 @@
 //! ```
 
 mod check;
+pub mod kubelet;
 mod runner;
 pub mod targets;
 mod workload;
 mod world;
 mod wrap;
 
+pub use kubelet::{Change, KubeletWorkload, kubelet_workloads};
 pub use runner::{
-    DataView, MAX_ATTEMPTS, Services, SimReport, SimRunner, Start, Started, Violation,
+    DataView, FaultTally, MAX_ATTEMPTS, Services, SimReport, SimRunner, Start, Started, Violation,
 };
 pub use workload::{Call, Content, SimWorkload, workloads};
 pub use world::{Effect, FAULTS, SimFault, UnknownFault, World};
