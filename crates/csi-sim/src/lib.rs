@@ -46,7 +46,7 @@ mod workload;
 mod world;
 mod wrap;
 
-pub use kubelet::{Change, KubeletWorkload, kubelet_workloads};
+pub use kubelet::{Change, KubeletWorkload, Pod, kubelet_workloads};
 pub use runner::{
     DataView, FaultTally, MAX_ATTEMPTS, Services, SimReport, SimRunner, Start, Started, Violation,
 };

@@ -353,11 +353,12 @@ pub(crate) trait Scenario {
     /// Its name, in reports and replays.
     fn name(&self) -> &'static str;
 
-    /// One run on `world` (with its fault planned): what broke, and the
-    /// steps made when the driver first started.
-    fn run<'a>(&'a self, start: &'a Start, world: &'a World)
-    -> LocalFuture<'a, (Vec<String>, u64)>;
+    /// One run on `world` (with its fault planned).
+    fn run<'a>(&'a self, start: &'a Start, world: &'a World) -> LocalFuture<'a, Outcome>;
 }
+
+/// What broke in a run, and the steps made when the driver first started.
+pub(crate) type Outcome = (Vec<String>, u64);
 
 /// A boxed future run on the runner's single thread.
 pub(crate) type LocalFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + 'a>>;
@@ -367,26 +368,27 @@ impl Scenario for SimWorkload {
         self.name
     }
 
-    fn run<'a>(
-        &'a self,
-        start: &'a Start,
-        world: &'a World,
-    ) -> LocalFuture<'a, (Vec<String>, u64)> {
-        Box::pin(async move {
-            let mut co = Co::new(world, start);
-            let mut found = Vec::new();
-            for (i, call) in self.calls.iter().enumerate() {
-                if let Err(e) = co.perform(call).await {
-                    found.push(format!("call {i} ({call:?}): {e}"));
-                    break;
-                }
-                if let Err(e) = co.check().await {
-                    found.push(format!("after call {i} ({call:?}): {e}"));
-                    break;
-                }
+    fn run<'a>(&'a self, start: &'a Start, world: &'a World) -> LocalFuture<'a, Outcome> {
+        Box::pin(self.perform_all(start, world))
+    }
+}
+
+impl SimWorkload {
+    /// Performs every call, checking the invariants after each answer.
+    async fn perform_all(&self, start: &Start, world: &World) -> Outcome {
+        let mut co = Co::new(world, start);
+        let mut found = Vec::new();
+        for (i, call) in self.calls.iter().enumerate() {
+            if let Err(e) = co.perform(call).await {
+                found.push(format!("call {i} ({call:?}): {e}"));
+                break;
             }
-            (found, co.start_steps.unwrap_or(0))
-        })
+            if let Err(e) = co.check().await {
+                found.push(format!("after call {i} ({call:?}): {e}"));
+                break;
+            }
+        }
+        (found, co.start_steps.unwrap_or(0))
     }
 }
 

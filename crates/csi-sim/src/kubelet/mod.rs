@@ -31,7 +31,7 @@ use volume_state::node::{
 use volume_state::{FakeClock, NodeAccess, Reconcile, VolumeSpec};
 
 use self::plugin::{SimMountTable, SimVolumePlugin};
-use crate::runner::{Co, LocalFuture, MAX_ATTEMPTS, Scenario, Start};
+use crate::runner::{Co, LocalFuture, MAX_ATTEMPTS, Outcome, Scenario, Start};
 use crate::targets::NODE_ID;
 use crate::workload::Call;
 use crate::world::World;
@@ -52,15 +52,8 @@ pub enum Change {
     Provision(&'static str),
     /// The provisioner deletes volume `pv` (DeleteVolume, retried).
     Deprovision(&'static str),
-    /// A pod using `pv` is scheduled to the node.
-    AddPod {
-        /// The pod.
-        pod: &'static str,
-        /// Its volume.
-        pv: &'static str,
-        /// The pod mounts it read-only.
-        readonly: bool,
-    },
+    /// A pod is scheduled to the node.
+    AddPod(Pod),
     /// A pod is deleted.
     DeletePod(&'static str),
     /// The kubelet restarts (its memory lost, the driver kept) after
@@ -69,6 +62,17 @@ pub enum Change {
         /// Passes run before the restart.
         after_passes: usize,
     },
+}
+
+/// A pod and the volume it mounts.
+#[derive(Debug, Clone, Copy)]
+pub struct Pod {
+    /// Its name.
+    pub name: &'static str,
+    /// The volume it mounts.
+    pub pv: &'static str,
+    /// It mounts the volume read-only.
+    pub read_only: bool,
 }
 
 /// A sequence of changes, explored by [`SimRunner::explore_kubelet`](crate::SimRunner::explore_kubelet).
@@ -86,22 +90,20 @@ pub struct KubeletWorkload {
 /// (kubernetes#85476).
 pub fn kubelet_workloads() -> Vec<KubeletWorkload> {
     use Change::*;
-    let add = |pod, pv| AddPod {
-        pod,
-        pv,
-        readonly: false,
+    let add = |name, pv, read_only| {
+        AddPod(Pod {
+            name,
+            pv,
+            read_only,
+        })
     };
     vec![
         KubeletWorkload {
             name: "kubelet-shared",
             changes: vec![
                 Provision("pv-a"),
-                add("pod-1", "pv-a"),
-                AddPod {
-                    pod: "pod-2",
-                    pv: "pv-a",
-                    readonly: true,
-                },
+                add("pod-1", "pv-a", false),
+                add("pod-2", "pv-a", true),
                 DeletePod("pod-1"),
                 DeletePod("pod-2"),
                 Deprovision("pv-a"),
@@ -111,7 +113,7 @@ pub fn kubelet_workloads() -> Vec<KubeletWorkload> {
             name: "kubelet-restart",
             changes: vec![
                 Provision("pv-a"),
-                add("pod-1", "pv-a"),
+                add("pod-1", "pv-a", false),
                 RestartKubelet { after_passes: 0 },
                 DeletePod("pod-1"),
                 // Unpublished, then the kubelet stops before the unstage.
@@ -126,34 +128,37 @@ impl Scenario for KubeletWorkload {
         self.name
     }
 
-    fn run<'a>(
-        &'a self,
-        start: &'a Start,
-        world: &'a World,
-    ) -> LocalFuture<'a, (Vec<String>, u64)> {
-        Box::pin(async move {
-            let mut cluster = Cluster::new(world, start);
-            let mut found = Vec::new();
-            for (i, change) in self.changes.iter().enumerate() {
-                let interrupted = match self.changes.get(i + 1) {
-                    Some(Change::RestartKubelet { after_passes }) => Some(*after_passes),
-                    _ => None,
-                };
-                if let Err(e) = cluster.apply(change, interrupted).await {
-                    found.push(format!("change {i} ({change:?}): {e}"));
-                    break;
-                }
-                if interrupted.is_some() {
-                    continue;
-                }
-                if let Err(e) = cluster.check().await {
-                    found.push(format!("after change {i} ({change:?}): {e}"));
-                    break;
-                }
+    fn run<'a>(&'a self, start: &'a Start, world: &'a World) -> LocalFuture<'a, Outcome> {
+        Box::pin(self.apply_all(start, world))
+    }
+}
+
+impl KubeletWorkload {
+    /// Applies every change, letting the reconcilers converge and checking
+    /// the invariants after each one (a change a restart interrupts is
+    /// checked once the restarted kubelet converged).
+    async fn apply_all(&self, start: &Start, world: &World) -> Outcome {
+        let mut cluster = Cluster::new(world, start);
+        let mut found = Vec::new();
+        for (i, change) in self.changes.iter().enumerate() {
+            let interrupted = match self.changes.get(i + 1) {
+                Some(Change::RestartKubelet { after_passes }) => Some(*after_passes),
+                _ => None,
+            };
+            if let Err(e) = cluster.apply(change, interrupted).await {
+                found.push(format!("change {i} ({change:?}): {e}"));
+                break;
             }
-            found.extend(cluster.plugin.take_found());
-            (found, cluster.co.start_steps.unwrap_or(0))
-        })
+            if interrupted.is_some() {
+                continue;
+            }
+            if let Err(e) = cluster.check().await {
+                found.push(format!("after change {i} ({change:?}): {e}"));
+                break;
+            }
+        }
+        found.extend(cluster.plugin.take_found());
+        (found, cluster.co.start_steps.unwrap_or(0))
     }
 }
 
@@ -239,8 +244,12 @@ impl<'a> Cluster<'a> {
                 self.co.perform(&create).await?;
             }
             Change::Deprovision(pv) => self.co.perform(&Call::DeleteVolume(pv)).await?,
-            Change::AddPod { pod, pv, readonly } => {
-                self.pods.insert(pod, (pv, *readonly));
+            Change::AddPod(Pod {
+                name: pod,
+                pv,
+                read_only,
+            }) => {
+                self.pods.insert(pod, (pv, *read_only));
                 let (id, spec) = (self.co.id(pv), Arc::new(self.spec(pv)));
                 if let Some(k) = &self.kubelet {
                     let target = self.co.target(pv, pod);
