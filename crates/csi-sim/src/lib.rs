@@ -43,14 +43,16 @@
 mod check;
 #[cfg(feature = "kernel")]
 pub mod kernel;
+pub mod kubelet;
 mod runner;
 pub mod targets;
 mod workload;
 mod world;
 mod wrap;
 
+pub use kubelet::{Change, KubeletWorkload, Pod, kubelet_workloads};
 pub use runner::{
-    DataView, MAX_ATTEMPTS, Services, SimReport, SimRunner, Start, Started, Violation,
+    DataView, FaultTally, MAX_ATTEMPTS, Services, SimReport, SimRunner, Start, Started, Violation,
 };
 pub use workload::{Call, Content, SimWorkload, workloads};
 pub use world::{Effect, FAULTS, ProviderFault, SimFault, UnknownFault, Unobserved, World};

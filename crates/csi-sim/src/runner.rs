@@ -13,6 +13,7 @@ use csi_node::testing::requests::{cap, publish_req, stage_req, unpublish_req, un
 use csi_proto::v1::volume_capability::access_mode::Mode;
 use csi_proto::v1::*;
 
+use crate::kubelet::KubeletWorkload;
 use crate::targets::NODE_ID;
 use crate::workload::{Call, Content, SimWorkload};
 use crate::world::{Effect, FAULTS, SimFault, World};
@@ -105,19 +106,47 @@ impl fmt::Display for Violation {
 pub struct SimReport {
     /// Steps of each workload's run without faults.
     pub steps: Vec<(String, u64)>,
+    /// Intermediate crash states explored in each workload (over all its
+    /// steps; see [`SimFault::CrashState`]).
+    pub crash_states: Vec<(String, u64)>,
     /// Steps of the driver's start (the same in every workload, so
     /// explored with the first workload only; 0 until then).
     pub start_steps: u64,
     /// Runs executed (with and without faults).
     pub runs: u64,
+    /// Runs and violations per fault kind ([`SimFault::kind`]).
+    pub by_fault: BTreeMap<String, FaultTally>,
     /// Runs whose planned step was never reached (the run took another
     /// path than the counting run).
     pub unreached: u64,
-    /// Runs with each fault planned, by the fault's name (each fault is
-    /// tried at the steps it applies to).
-    pub runs_by_fault: BTreeMap<String, u64>,
     /// Invariant violations.
     pub violations: Vec<Violation>,
+}
+
+impl SimReport {
+    /// Adds `other`'s coverage and findings (a campaign run in parts).
+    pub fn merge(&mut self, other: SimReport) {
+        self.steps.extend(other.steps);
+        self.crash_states.extend(other.crash_states);
+        self.start_steps = self.start_steps.max(other.start_steps);
+        self.runs += other.runs;
+        for (kind, t) in other.by_fault {
+            let mine = self.by_fault.entry(kind).or_default();
+            mine.runs += t.runs;
+            mine.violations += t.violations;
+        }
+        self.unreached += other.unreached;
+        self.violations.extend(other.violations);
+    }
+}
+
+/// The runs made with one kind of fault and the violations they found.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FaultTally {
+    /// Runs with this fault planned.
+    pub runs: u64,
+    /// Violations those runs found.
+    pub violations: u64,
 }
 
 impl fmt::Display for SimReport {
@@ -128,12 +157,21 @@ impl fmt::Display for SimReport {
             self.start_steps,
         )?;
         for (w, s) in &self.steps {
-            writeln!(f, "workload {w}: {s} steps")?;
+            let states = self
+                .crash_states
+                .iter()
+                .find(|(n, _)| n == w)
+                .map_or(0, |(_, c)| *c);
+            // Each fault is tried at every step it applies to: the runs per
+            // fault follow.
+            writeln!(
+                f,
+                "workload {w}: {s} steps, {states} intermediate crash states"
+            )?;
         }
-        let by_fault: Vec<String> = (self.runs_by_fault.iter())
-            .map(|(fault, runs)| format!("{fault} {runs}"))
-            .collect();
-        writeln!(f, "runs by fault: {}", by_fault.join(", "))?;
+        for (kind, t) in &self.by_fault {
+            writeln!(f, "  {kind}: {} runs, {} violations", t.runs, t.violations)?;
+        }
         writeln!(
             f,
             "runs executed: {} ({} with the planned step unreached); invariant violations: {}",
@@ -179,9 +217,15 @@ impl<'a> SimRunner<'a> {
     /// Every step of `workload` with every fault; a replay of one run
     /// instead when `CSI_SIM_REPLAY` names one of this workload.
     pub fn explore(&self, workload: &SimWorkload, report: &mut SimReport) {
+        self.explore_scenario(workload, report)
+    }
+
+    /// Every step of `scenario` with every fault, and after a crash at a
+    /// step every intermediate crash state the filesystem had there.
+    pub(crate) fn explore_scenario(&self, scenario: &dyn Scenario, report: &mut SimReport) {
         if let Ok(spec) = std::env::var("CSI_SIM_REPLAY") {
-            if spec.split(':').next() == Some(workload.name) {
-                match self.replay(workload, &spec) {
+            if spec.split(':').next() == Some(scenario.name()) {
+                match self.replay_scenario(scenario, &spec) {
                     Ok((trace, violations)) => {
                         for line in trace {
                             eprintln!("{line}");
@@ -194,33 +238,59 @@ impl<'a> SimRunner<'a> {
             }
             return;
         }
-        let (effects, start_steps, violations) = self.run(workload, None);
+        let (effects, start_steps, violations) = self.run(scenario, None);
         let steps = effects.len() as u64;
         report.runs += 1;
         report.violations.extend(violations);
-        report.steps.push((workload.name.to_owned(), steps));
         // The start is the same in every workload: explored once.
         let first = match report.start_steps {
             0 => 0,
             _ => start_steps,
         };
         report.start_steps = start_steps;
+        let mut crash_states = 0;
         for k in first..steps {
             let here = effects[k as usize];
             for fault in FAULTS.into_iter().filter(|f| f.applies_to(here)) {
-                *report.runs_by_fault.entry(fault.to_string()).or_default() += 1;
-                let world = self.run_world(workload, Some((k, fault)), report);
-                if world.is_some_and(|w| w.fired().is_none()) {
+                let world = self.run_world(scenario, Some((k, fault)), report);
+                if world.as_ref().is_some_and(|w| w.fired().is_none()) {
                     report.unreached += 1;
+                }
+                if fault != SimFault::Crash {
+                    continue;
+                }
+                // The intermediate states the filesystem could keep there.
+                let states = world.map_or(0, |w| w.crash_states_seen());
+                crash_states += states as u64;
+                for i in 0..states {
+                    self.run_world(scenario, Some((k, SimFault::CrashState(i))), report);
                 }
             }
         }
+        report.steps.push((scenario.name().to_owned(), steps));
+        report
+            .crash_states
+            .push((scenario.name().to_owned(), crash_states));
+    }
+
+    /// Every step of a simulated kubelet's `workload` (see
+    /// [`kubelet`](crate::kubelet)) with every fault, like [`explore`](Self::explore).
+    pub fn explore_kubelet(&self, workload: &KubeletWorkload, report: &mut SimReport) {
+        self.explore_scenario(workload, report)
     }
 
     /// One run named `workload:step:fault`, with its trace.
     pub fn replay(
         &self,
         workload: &SimWorkload,
+        spec: &str,
+    ) -> Result<(Vec<String>, Vec<Violation>), String> {
+        self.replay_scenario(workload, spec)
+    }
+
+    pub(crate) fn replay_scenario(
+        &self,
+        scenario: &dyn Scenario,
         spec: &str,
     ) -> Result<(Vec<String>, Vec<Violation>), String> {
         let mut parts = spec.split(':');
@@ -233,28 +303,35 @@ impl<'a> SimRunner<'a> {
         let fault: SimFault = fault.parse().map_err(|e| format!("{e}"))?;
         let world = World::new(Some((step, fault))).map_err(|e| e.to_string())?;
         world.trace();
-        let (violations, _) = self.run_in(&world, workload, Some((step, fault)));
+        let (violations, _) = self.run_in(&world, scenario, Some((step, fault)));
         Ok((world.traced(), violations))
     }
 
     /// One run, counted in `report`; its world.
     fn run_world(
         &self,
-        workload: &SimWorkload,
+        scenario: &dyn Scenario,
         plan: Option<(u64, SimFault)>,
         report: &mut SimReport,
     ) -> Option<World> {
         report.runs += 1;
+        let tally = plan.map(|(_, f)| report.by_fault.entry(f.kind()).or_default());
+        if let Some(t) = tally {
+            t.runs += 1;
+        }
         let world = match World::new(plan) {
             Ok(w) => w,
             Err(e) => {
                 report
                     .violations
-                    .push(violation(workload, plan, format!("no world: {e}")));
+                    .push(violation(scenario, plan, format!("no world: {e}")));
                 return None;
             }
         };
-        let (violations, _) = self.run_in(&world, workload, plan);
+        let (violations, _) = self.run_in(&world, scenario, plan);
+        if let Some((_, f)) = plan {
+            report.by_fault.entry(f.kind()).or_default().violations += violations.len() as u64;
+        }
         report.violations.extend(violations);
         Some(world)
     }
@@ -263,7 +340,7 @@ impl<'a> SimRunner<'a> {
     /// first start, and its violations.
     fn run(
         &self,
-        workload: &SimWorkload,
+        scenario: &dyn Scenario,
         plan: Option<(u64, SimFault)>,
     ) -> (Vec<Effect>, u64, Vec<Violation>) {
         let world = match World::new(plan) {
@@ -272,52 +349,87 @@ impl<'a> SimRunner<'a> {
                 return (
                     Vec::new(),
                     0,
-                    vec![violation(workload, plan, format!("no world: {e}"))],
+                    vec![violation(scenario, plan, format!("no world: {e}"))],
                 );
             }
         };
-        let (violations, start_steps) = self.run_in(&world, workload, plan);
+        let (violations, start_steps) = self.run_in(&world, scenario, plan);
         (world.effects(), start_steps, violations)
     }
 
     fn run_in(
         &self,
         world: &World,
-        workload: &SimWorkload,
+        scenario: &dyn Scenario,
         plan: Option<(u64, SimFault)>,
     ) -> (Vec<Violation>, u64) {
-        let mut co = Co {
-            world: world.clone(),
-            start: self.start,
-            services: None,
-            model: Model::default(),
-            start_steps: None,
-            mode: self.mode,
-        };
-        let mut found = Vec::new();
-        self.rt.block_on(async {
-            for (i, call) in workload.calls.iter().enumerate() {
-                if let Err(e) = co.perform(call).await {
-                    found.push(format!("call {i} ({call:?}): {e}"));
-                    return;
-                }
-                if let Err(e) = co.check().await {
-                    found.push(format!("after call {i} ({call:?}): {e}"));
-                    return;
-                }
-            }
-        });
+        let (found, start_steps) = self.rt.block_on(scenario.run(self.start, world, self.mode));
         let found = found
             .into_iter()
-            .map(|what| violation(workload, plan, what))
+            .map(|what| violation(scenario, plan, what))
             .collect();
+        (found, start_steps)
+    }
+}
+
+/// Something the runner explores step by step: a CO's workload of calls,
+/// or a simulated kubelet's sequence of desired-state changes.
+pub(crate) trait Scenario {
+    /// Its name, in reports and replays.
+    fn name(&self) -> &'static str;
+
+    /// One run on `world` (with its fault planned).
+    fn run<'a>(
+        &'a self,
+        start: &'a Start,
+        world: &'a World,
+        mode: Mode,
+    ) -> LocalFuture<'a, Outcome>;
+}
+
+/// What broke in a run, and the steps made when the driver first started.
+pub(crate) type Outcome = (Vec<String>, u64);
+
+/// A boxed future run on the runner's single thread.
+pub(crate) type LocalFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + 'a>>;
+
+impl Scenario for SimWorkload {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn run<'a>(
+        &'a self,
+        start: &'a Start,
+        world: &'a World,
+        mode: Mode,
+    ) -> LocalFuture<'a, Outcome> {
+        Box::pin(self.perform_all(start, world, mode))
+    }
+}
+
+impl SimWorkload {
+    /// Performs every call, checking the invariants after each answer.
+    async fn perform_all(&self, start: &Start, world: &World, mode: Mode) -> Outcome {
+        let mut co = Co::new(world, start, mode);
+        let mut found = Vec::new();
+        for (i, call) in self.calls.iter().enumerate() {
+            if let Err(e) = co.perform(call).await {
+                found.push(format!("call {i} ({call:?}): {e}"));
+                break;
+            }
+            if let Err(e) = co.check().await {
+                found.push(format!("after call {i} ({call:?}): {e}"));
+                break;
+            }
+        }
         (found, co.start_steps.unwrap_or(0))
     }
 }
 
-fn violation(workload: &SimWorkload, plan: Option<(u64, SimFault)>, what: String) -> Violation {
+fn violation(scenario: &dyn Scenario, plan: Option<(u64, SimFault)>, what: String) -> Violation {
     Violation {
-        workload: workload.name.to_owned(),
+        workload: scenario.name().to_owned(),
         step: plan.map(|p| p.0),
         fault: plan.map(|p| p.1),
         what,
@@ -350,7 +462,7 @@ pub(crate) struct Co<'a> {
     services: Option<Services>,
     pub(crate) model: Model,
     /// Steps made when the driver first started.
-    start_steps: Option<u64>,
+    pub(crate) start_steps: Option<u64>,
     /// The access mode asked for.
     mode: Mode,
 }
@@ -358,7 +470,19 @@ pub(crate) struct Co<'a> {
 /// One attempt's answer: OK, or an error worth retrying.
 type Answer = Result<(), CsiError>;
 
-impl Co<'_> {
+impl<'a> Co<'a> {
+    /// A CO that has created nothing yet, for the driver `start` starts.
+    pub(crate) fn new(world: &World, start: &'a Start, mode: Mode) -> Self {
+        Co {
+            world: world.clone(),
+            start,
+            services: None,
+            model: Model::default(),
+            start_steps: None,
+            mode,
+        }
+    }
+
     pub(crate) fn staging(&self, pv: &str) -> PathBuf {
         self.world.host_dir().join("kubelet/staging").join(pv)
     }
@@ -407,7 +531,7 @@ impl Co<'_> {
     }
 
     /// Retries `call` until it is answered OK, as the CO does.
-    async fn perform(&mut self, call: &Call) -> Result<(), String> {
+    pub(crate) async fn perform(&mut self, call: &Call) -> Result<(), String> {
         let mut call = call.clone();
         let mut last = String::new();
         for _ in 0..MAX_ATTEMPTS {

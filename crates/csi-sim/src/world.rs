@@ -28,6 +28,11 @@ pub enum SimFault {
     Fail(Errno),
     /// A provider call fails this way (provider calls only).
     Provider(ProviderFault),
+    /// The machine loses power there and the filesystem keeps the `i`th
+    /// reordered state (`SimFs::reordered_states`: later changes kept
+    /// without earlier ones, as ext4 may). Not in [`FAULTS`]: the runner
+    /// tries each state a crash at that step finds.
+    CrashState(usize),
 }
 
 /// How a call to a storage provider's API fails.
@@ -72,7 +77,7 @@ impl SimFault {
     /// fault at a provider call only.
     pub fn applies_to(self, effect: Effect) -> bool {
         match self {
-            SimFault::Crash | SimFault::PowerLoss => true,
+            SimFault::Crash | SimFault::PowerLoss | SimFault::CrashState(_) => true,
             SimFault::Fail(_) => effect != Effect::Provider,
             SimFault::Provider(_) => effect == Effect::Provider,
         }
@@ -89,6 +94,19 @@ impl fmt::Display for SimFault {
             SimFault::Provider(ProviderFault::Throttled) => f.write_str("provider-429"),
             SimFault::Provider(ProviderFault::TimeoutBefore) => f.write_str("timeout-before"),
             SimFault::Provider(ProviderFault::TimeoutAfter) => f.write_str("timeout-after"),
+            SimFault::CrashState(i) => write!(f, "{CRASH_STATE}-{i}"),
+        }
+    }
+}
+
+const CRASH_STATE: &str = "crash-state";
+
+impl SimFault {
+    /// The fault's kind: its name, without the index of a crash state.
+    pub fn kind(&self) -> String {
+        match self {
+            SimFault::CrashState(_) => CRASH_STATE.to_owned(),
+            f => f.to_string(),
         }
     }
 }
@@ -97,17 +115,22 @@ impl fmt::Display for SimFault {
 #[derive(Debug, thiserror::Error)]
 #[error(
     "unknown fault {0:?} (crash, power-loss, eio, enospc, ebusy, enoent, provider-5xx, \
-     provider-429, timeout-before, timeout-after)"
+     provider-429, timeout-before, timeout-after, crash-state-N)"
 )]
 pub struct UnknownFault(String);
 
 impl FromStr for SimFault {
     type Err = UnknownFault;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let state = s
+            .strip_prefix(CRASH_STATE)
+            .and_then(|i| i.strip_prefix('-'))
+            .and_then(|i| i.parse().ok());
         FAULTS
             .iter()
             .copied()
             .find(|f| f.to_string() == s)
+            .or(state.map(SimFault::CrashState))
             .ok_or_else(|| UnknownFault(s.to_owned()))
     }
 }
@@ -145,6 +168,8 @@ struct State {
     unobserved: usize,
     /// Host directories put back as they were at the crash on restart.
     kept_dirs: Vec<PathBuf>,
+    /// Reordered crash states the filesystem had at the planned crash.
+    crash_states: usize,
 }
 
 /// The shared world: the fakes (mount table, loop devices, filesystem) and
@@ -224,7 +249,7 @@ fn step_in(
         None => Ok(None),
         Some(SimFault::Provider(p)) => Ok(Some(p)),
         Some(SimFault::Fail(errno)) => Err(errno),
-        Some(SimFault::Crash | SimFault::PowerLoss) => {
+        Some(SimFault::Crash | SimFault::PowerLoss | SimFault::CrashState(_)) => {
             st.crashed = true;
             for dir in &st.kept_dirs {
                 // A failed image shows as a violation after the restart.
@@ -382,6 +407,12 @@ impl World {
         self.lock().crashed
     }
 
+    /// How many reordered crash states the filesystem had when the
+    /// planned [`SimFault::Crash`] fired (0 before).
+    pub fn crash_states_seen(&self) -> usize {
+        self.lock().crash_states
+    }
+
     /// The fault that fired, if any.
     pub fn fired(&self) -> Option<SimFault> {
         self.lock().fired
@@ -423,6 +454,12 @@ impl World {
     pub fn restart(&self) {
         let keep = match self.fired() {
             Some(SimFault::PowerLoss) => CrashKeep::Prefix(0),
+            Some(SimFault::CrashState(i)) => CrashKeep::Reordered(i),
+            Some(SimFault::Crash) => {
+                let states = self.fs.reordered_states();
+                self.lock().crash_states = states;
+                CrashKeep::All
+            }
             _ => CrashKeep::All,
         };
         self.fs.crash(keep);

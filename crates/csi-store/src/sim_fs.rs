@@ -98,7 +98,7 @@ pub enum CrashKeep {
 }
 
 /// At most this many reordered states per crash (see the module docs).
-pub const MAX_REORDERED: usize = 4;
+pub const MAX_REORDERED: usize = 2;
 
 /// The granularity of data writeback.
 const PAGE: u64 = 4096;

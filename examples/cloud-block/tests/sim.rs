@@ -96,7 +96,7 @@ fn every_step_of_every_workload_survives_every_fault() {
         ];
         for fault in provider_faults {
             assert!(
-                report.runs_by_fault.get(fault).is_some_and(|n| *n > 0),
+                report.by_fault.get(fault).is_some_and(|t| t.runs > 0),
                 "{report}"
             );
         }

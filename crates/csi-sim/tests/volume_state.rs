@@ -1,0 +1,51 @@
+//! volume-state's reconcilers (a simulated kubelet and the attach/detach
+//! controller, with the kubelet's journal on the world's filesystem)
+//! driving the library's services, under a crash and each fault at every
+//! step of every kubelet workload.
+
+use csi_sim::{KubeletWorkload, SimReport, SimRunner, Started, World, kubelet_workloads};
+
+/// The library's services, started on `world`.
+fn start(world: &World) -> Started {
+    let world = world.clone();
+    Box::pin(async move { csi_sim::targets::library(&world).await })
+}
+
+/// One workload explored on its own runner.
+fn explore(w: &KubeletWorkload) -> SimReport {
+    let runner = SimRunner::new(&start);
+    let mut report = SimReport {
+        // The driver's start is the library's, explored by tests/library.rs.
+        start_steps: 1,
+        ..SimReport::default()
+    };
+    runner.explore_kubelet(w, &mut report);
+    report
+}
+
+#[test]
+fn the_reconcilers_converge_after_every_fault_at_every_step() {
+    // One thread per workload: runs are independent and deterministic.
+    let reports: Vec<SimReport> = std::thread::scope(|s| {
+        let threads: Vec<_> = kubelet_workloads()
+            .into_iter()
+            .map(|w| s.spawn(move || explore(&w)))
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| t.join().expect("a workload's thread"))
+            .collect()
+    });
+    let mut report = SimReport::default();
+    for r in reports {
+        report.merge(r);
+    }
+    println!("{report}");
+    if std::env::var_os("CSI_SIM_REPLAY").is_none() {
+        assert_eq!(report.steps.len(), kubelet_workloads().len());
+        assert!(report.steps.iter().all(|(_, s)| *s > 0), "{report}");
+        assert_eq!(report.unreached, 0, "{report}");
+    }
+    let found: Vec<String> = report.violations.iter().map(|v| v.to_string()).collect();
+    assert!(found.is_empty(), "{}", found.join("\n"));
+}
