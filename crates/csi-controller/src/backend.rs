@@ -159,6 +159,12 @@ pub trait VolumeCatalog: Send + Sync {
     async fn volume_by_name(&self, name: &str) -> BackendResult<Option<ProviderVolume>>;
     /// Volume `id`.
     async fn volume(&self, id: &str) -> BackendResult<Option<ProviderVolume>>;
+    /// Whether a volume is ready once the provider answered its create, so
+    /// CreateVolume answers from that record instead of polling
+    /// [`Self::volume`]. Default: false (polled until ready).
+    fn ready_when_created(&self) -> bool {
+        false
+    }
     /// A page of volumes (`max_entries` 0: the provider's page size).
     async fn list_volumes(
         &self,

@@ -11,7 +11,7 @@ use csi_proto::v1::*;
 use prost::Message;
 
 use crate::access::{Access, ContentSource};
-use crate::backend::{ControllerBackend, VolumeCatalog};
+use crate::backend::{ControllerBackend, ProviderVolume, VolumeCatalog};
 use crate::error::BackendError;
 use crate::ids::IdKind;
 use crate::records::VolumeRecord;
@@ -244,7 +244,7 @@ impl<B: ControllerBackend> ControllerService<B> {
         req: CreateVolumeRequest,
         (access, source, mutable): (Access, Option<ContentSource>, BTreeMap<String, String>),
     ) -> CsiResult<CreateVolumeResponse> {
-        let id = match deadline.retry(|| catalog.volume_by_name(&req.name)).await? {
+        let volume = match deadline.retry(|| catalog.volume_by_name(&req.name)).await? {
             Some(found) => {
                 let mut original = req.clone();
                 original.parameters = crate::wire::to_map(&found.record.parameters);
@@ -252,7 +252,7 @@ impl<B: ControllerBackend> ControllerService<B> {
                 original.volume_content_source =
                     found.record.source.as_ref().map(ContentSource::message);
                 compare_volume(&original, &found.record.message(), &req)?;
-                found.record.id
+                found
             }
             None => {
                 self.check_topology(&req)?;
@@ -277,9 +277,30 @@ impl<B: ControllerBackend> ControllerService<B> {
                 self.provision_once(catalog, deadline, &plan).await?
             }
         };
-        let volume = deadline
-            .wait_until_ready(&format!("volume {id} ({:?})", req.name), || async {
-                match catalog.volume(&id).await? {
+        let volume = if volume.ready {
+            volume.record
+        } else {
+            self.wait_for_volume(catalog, deadline, &volume.record.id, &req.name)
+                .await?
+        };
+        tracing::info!(volume = %volume.id, name = %volume.name, "volume ready");
+        Ok(CreateVolumeResponse {
+            volume: Some(volume.message()),
+        })
+    }
+
+    /// Polls volume `id` (CreateVolume name `name`) until the provider
+    /// reports it ready.
+    async fn wait_for_volume(
+        &self,
+        catalog: &dyn VolumeCatalog,
+        deadline: &Deadline,
+        id: &str,
+        name: &str,
+    ) -> CsiResult<VolumeRecord> {
+        deadline
+            .wait_until_ready(&format!("volume {id} ({name:?})"), || async {
+                match catalog.volume(id).await? {
                     Some(v) if v.ready => Ok(Some(v.record)),
                     Some(_) => Ok(None),
                     None => Err(BackendError::Csi(CsiError::Aborted(format!(
@@ -287,37 +308,44 @@ impl<B: ControllerBackend> ControllerService<B> {
                     )))),
                 }
             })
-            .await?;
-        tracing::info!(volume = %volume.id, name = %volume.name, "volume ready");
-        Ok(CreateVolumeResponse {
-            volume: Some(volume.message()),
-        })
+            .await
     }
 
-    /// Asks the provider to make `plan` once; returns the provider's id.
+    /// Asks the provider to make `plan` once; returns the volume as the
+    /// provider answered it.
     async fn provision_once(
         &self,
         catalog: &dyn VolumeCatalog,
         deadline: &Deadline,
         plan: &VolumeRecord,
-    ) -> CsiResult<String> {
+    ) -> CsiResult<ProviderVolume> {
+        let mut retried = false;
         deadline
-            .retry(|| async {
+            .retry(|| {
                 // After a transient failure the create may have reached the
-                // provider: look before asking again.
-                if let Some(found) = catalog.volume_by_name(&plan.name).await? {
-                    return Ok(found.record.id);
+                // provider: look before asking again (the first attempt
+                // follows the caller's lookup).
+                let look = std::mem::replace(&mut retried, true);
+                async move {
+                    if look && let Some(found) = catalog.volume_by_name(&plan.name).await? {
+                        return Ok(found);
+                    }
+                    let mut made = plan.clone();
+                    self.backend().create_volume(&mut made).await?;
+                    if made.id.is_empty() {
+                        return Err(BackendError::Malformed(format!(
+                            "the provider gave volume {:?} no id",
+                            plan.name
+                        )));
+                    }
+                    tracing::info!(volume = %made.id, name = %made.name, "provider is making the volume");
+                    let ready = catalog.ready_when_created();
+                    Ok(ProviderVolume {
+                        record: made,
+                        ready,
+                        attached: Default::default(),
+                    })
                 }
-                let mut made = plan.clone();
-                self.backend().create_volume(&mut made).await?;
-                if made.id.is_empty() {
-                    return Err(BackendError::Malformed(format!(
-                        "the provider gave volume {:?} no id",
-                        plan.name
-                    )));
-                }
-                tracing::info!(volume = %made.id, name = %made.name, "provider is making the volume");
-                Ok(made.id)
             })
             .await
             .map_err(CsiError::from)

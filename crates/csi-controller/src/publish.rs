@@ -129,13 +129,18 @@ async fn attach(
         .retry(|| attacher.attachment(&volume.id, node))
         .await?;
     if state.is_none() {
+        let mut retried = false;
         state = Some(
             deadline
-                .retry(|| async {
-                    // A transient failure may have started the attach.
-                    match attacher.attachment(&volume.id, node).await? {
-                        Some(s) => Ok(s),
-                        None => attacher.attach(volume, node, req.readonly).await,
+                .retry(|| {
+                    // A transient failure may have started the attach; the
+                    // first attempt follows the lookup above.
+                    let look = std::mem::replace(&mut retried, true);
+                    async move {
+                        if look && let Some(s) = attacher.attachment(&volume.id, node).await? {
+                            return Ok(s);
+                        }
+                        attacher.attach(volume, node, req.readonly).await
                     }
                 })
                 .await?,

@@ -286,6 +286,22 @@ async fn attach_goes_through_the_backend_and_a_slow_one_is_polled_not_restarted(
 }
 
 #[tokio::test]
+async fn create_and_publish_make_no_redundant_provider_calls() {
+    let (s, provider, clock) = world();
+    let v = create(&s, &ctx(&clock, 10), "pvc").await.unwrap();
+    // The lookup by name, the create, and the readiness read (this
+    // provider's volumes are not ready when created).
+    assert_eq!(provider.calls(), 3);
+    s.controller_publish_volume(&ctx(&clock, 10), publish(&v.volume_id, "node-a"))
+        .await
+        .unwrap();
+    // The volume, the lookup of an attach in flight, the attach, and one
+    // poll (this provider's attach answers that it is attaching).
+    assert_eq!(provider.calls(), 7);
+    assert_eq!((provider.creates(), provider.attaches()), (1, 1));
+}
+
+#[tokio::test]
 async fn snapshots_are_found_by_name_and_listed_in_pages() {
     let (s, provider, clock) = world();
     let v = create(&s, &ctx(&clock, 10), "pvc").await.unwrap();

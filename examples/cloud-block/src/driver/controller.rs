@@ -171,6 +171,9 @@ impl VolumeCatalog for CloudController {
     async fn volume(&self, id: &str) -> BackendResult<Option<ProviderVolume>> {
         Ok(found(self.client.get_volume(id).await)?.map(volume_view))
     }
+    fn ready_when_created(&self) -> bool {
+        true // the provider's volumes are usable once created
+    }
     async fn list_volumes(&self, token: &str, max: i32) -> Listed<ProviderVolume> {
         let (name, region) = (None, Some(self.region.clone()));
         let filter = VolumeFilter { name, region };
