@@ -46,6 +46,19 @@ pub struct Backend {
     pub attach: bool,
 }
 
+/// Copies a directory tree as one crash point: a crash inside leaves a
+/// partial copy that no record owns, which the start-up sweep removes.
+fn copy_tree(src: &Path, dst: &Path) -> Result<(), CsiError> {
+    crash_points::effect("copy-tree", || tree_copy::copy_tree(src, dst))
+        .map(drop)
+        .map_err(copy_failure)
+}
+
+/// Copies a block volume's image: one crash point.
+fn copy_image(src: &Path, dst: &Path) -> Result<(), CsiError> {
+    crash_points::effect("copy-image", || copy_sparse(src, dst))
+}
+
 /// The quota project of a directory volume: a stable hash of its id (never
 /// 0, the default project).
 fn project_id(volume_id: &str) -> u32 {
@@ -132,7 +145,8 @@ impl Backend {
     fn volume_dir(&self, id: &str, size: i64) -> Result<PathBuf, CsiError> {
         use mount_utils::quota;
         let path = self.volume_path(id, Access::Mount);
-        fs::create_dir_all(&path).map_err(|e| io_failure("creating", &path, e))?;
+        crash_points::effect("mkdir", || fs::create_dir_all(&path))
+            .map_err(|e| io_failure("creating", &path, e))?;
         if self.quotas {
             quota::set_project(&path, project_id(id))
                 .map_err(|e| internal("quota project of", &path, e))?;
@@ -155,7 +169,7 @@ impl Backend {
         let path = self.volume_path(id, access);
         let made = match access {
             Access::Mount => self.volume_dir(id, size).map(drop),
-            Access::Block => create_sparse(&path, size),
+            Access::Block => crash_points::effect("create-image", || create_sparse(&path, size)),
         };
         self.undo_on_error(made, || self.delete_volume(id, access))
     }
@@ -177,7 +191,7 @@ impl Backend {
 
     /// Removes a volume's data; absent data is fine (idempotent delete).
     pub fn delete_volume(&self, id: &str, access: Access) -> Result<(), CsiError> {
-        remove_path(&self.volume_path(id, access))?;
+        crash_points::effect("remove", || remove_path(&self.volume_path(id, access)))?;
         if access == Access::Mount && self.quotas {
             let _ = mount_utils::quota::clear(&self.root, project_id(id));
         }
@@ -199,7 +213,9 @@ impl Backend {
 
     /// Grows a block volume's backing file (never shrinks it).
     pub fn grow_block(&self, id: &str, size: i64) -> Result<(), CsiError> {
-        grow_file(&self.volume_path(id, Access::Block), size)
+        crash_points::effect("truncate", || {
+            grow_file(&self.volume_path(id, Access::Block), size)
+        })
     }
 
     /// Cuts a snapshot of a volume: a copy of a directory, or a sparse
@@ -213,10 +229,8 @@ impl Backend {
         let src = self.volume_path(volume_id, access);
         let dst = self.snapshot_path(snapshot_id, access);
         let made = match access {
-            Access::Mount => tree_copy::copy_tree(&src, &dst)
-                .map(drop)
-                .map_err(copy_failure),
-            Access::Block => copy_sparse(&src, &dst),
+            Access::Mount => copy_tree(&src, &dst),
+            Access::Block => copy_image(&src, &dst),
         };
         self.undo_on_error(made, || self.delete_snapshot(snapshot_id, access))
     }
@@ -236,11 +250,9 @@ impl Backend {
                 if !src.exists() && archive.exists() {
                     return unpack_archive(&archive, &dst);
                 }
-                tree_copy::copy_tree(&src, &dst)
-                    .map(drop)
-                    .map_err(copy_failure)
+                copy_tree(&src, &dst)
             }),
-            Access::Block => copy_sparse(&src, &self.volume_path(volume_id, access))
+            Access::Block => copy_image(&src, &self.volume_path(volume_id, access))
                 .and_then(|()| self.grow_block(volume_id, size)),
         };
         self.undo_on_error(made, || self.delete_volume(volume_id, access))
@@ -257,14 +269,10 @@ impl Backend {
         let src = self.volume_path(source_id, access);
         let dst = self.volume_path(volume_id, access);
         let made = match access {
-            Access::Mount => self.volume_dir(volume_id, size).and_then(|dst| {
-                tree_copy::copy_tree(&src, &dst)
-                    .map(drop)
-                    .map_err(copy_failure)
-            }),
-            Access::Block => {
-                copy_sparse(&src, &dst).and_then(|()| self.grow_block(volume_id, size))
-            }
+            Access::Mount => self
+                .volume_dir(volume_id, size)
+                .and_then(|dst| copy_tree(&src, &dst)),
+            Access::Block => copy_image(&src, &dst).and_then(|()| self.grow_block(volume_id, size)),
         };
         self.undo_on_error(made, || self.delete_volume(volume_id, access))
     }
@@ -272,7 +280,7 @@ impl Backend {
     /// Removes a snapshot's data; absent data is fine.
     pub fn delete_snapshot(&self, id: &str, access: Access) -> Result<(), CsiError> {
         let path = self.snapshot_path(id, access);
-        remove_path(&path)?;
+        crash_points::effect("remove", || remove_path(&path))?;
         if access == Access::Mount {
             remove_file_if_present(&self.legacy_archive(id))?;
         }
@@ -291,7 +299,7 @@ impl Backend {
         for path in paths {
             if fs::symlink_metadata(&path).is_ok() {
                 found = true;
-                remove_path(&path)?;
+                crash_points::effect("remove", || remove_path(&path))?;
             }
         }
         Ok(found)

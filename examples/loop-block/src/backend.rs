@@ -95,7 +95,9 @@ impl Backend {
     /// Creates an empty (sparse) disk of `size` bytes; nothing is left on
     /// error.
     pub fn create(&self, id: &str, size: i64) -> CsiResult<()> {
-        let made = create_sparse(&self.volume_path(id), size);
+        let made = crash_points::effect("create-image", || {
+            create_sparse(&self.volume_path(id), size)
+        });
         if made.is_err() {
             let _ = self.delete(id);
         }
@@ -104,27 +106,30 @@ impl Backend {
 
     /// Removes a disk's backing file; an absent one is fine.
     pub fn delete(&self, id: &str) -> CsiResult<bool> {
-        remove_file_if_present(&self.volume_path(id))
+        crash_points::effect("remove", || remove_file_if_present(&self.volume_path(id)))
     }
 
     /// Grows a disk (never shrinks it).
     pub fn grow(&self, id: &str, size: i64) -> CsiResult<()> {
-        grow_file(&self.volume_path(id), size)
+        crash_points::effect("truncate", || grow_file(&self.volume_path(id), size))
     }
 
     /// Copies a disk into a snapshot (nothing is left on error).
     pub fn snapshot(&self, volume_id: &str, snapshot_id: &str) -> CsiResult<()> {
-        copy_sparse(
-            &self.volume_path(volume_id),
-            &self.snapshot_path(snapshot_id),
-        )
+        crash_points::effect("copy-image", || {
+            copy_sparse(
+                &self.volume_path(volume_id),
+                &self.snapshot_path(snapshot_id),
+            )
+        })
     }
 
     /// Fills a new disk from a snapshot or another disk, then grows it to
     /// `size`; nothing is left on error.
     pub fn copy_into(&self, src: &Path, volume_id: &str, size: i64) -> CsiResult<()> {
         let dst = self.volume_path(volume_id);
-        let made = copy_sparse(src, &dst).and_then(|()| grow_file(&dst, size));
+        let made = crash_points::effect("copy-image", || copy_sparse(src, &dst))
+            .and_then(|()| crash_points::effect("truncate", || grow_file(&dst, size)));
         if made.is_err() {
             let _ = self.delete(volume_id);
         }
@@ -133,7 +138,7 @@ impl Backend {
 
     /// Removes a snapshot's copy; an absent one is fine.
     pub fn remove_snapshot(&self, id: &str) -> CsiResult<bool> {
-        remove_file_if_present(&self.snapshot_path(id))
+        crash_points::effect("remove", || remove_file_if_present(&self.snapshot_path(id)))
     }
 
     /// The volume id whose backing file is `path`, if `path` is one (the

@@ -87,12 +87,14 @@ pub fn cut_consistently(
     let mut frozen = Vec::new();
     for (snap, volume) in members {
         if let Writer::Filesystem(staging) = backend.writer_of(volume)? {
-            let f = FrozenFilesystem::freeze(&staging).map_err(|e| {
-                CsiError::FailedPrecondition(format!(
-                    "cannot freeze the filesystem of volume {}: {e}",
-                    snap.source_volume_id
-                ))
-            })?;
+            let f = crash_points::effect("freeze", || FrozenFilesystem::freeze(&staging)).map_err(
+                |e| {
+                    CsiError::FailedPrecondition(format!(
+                        "cannot freeze the filesystem of volume {}: {e}",
+                        snap.source_volume_id
+                    ))
+                },
+            )?;
             frozen.push(f);
         }
     }
@@ -106,7 +108,7 @@ pub fn cut_consistently(
         }
     }
     for f in frozen {
-        f.thaw()
+        crash_points::effect("thaw", || f.thaw())
             .map_err(|e| CsiError::Internal(format!("thawing a member's filesystem: {e}")))?;
     }
     Ok(())
