@@ -704,12 +704,7 @@ fn group_snapshots_are_write_order_consistent() {
         let snapdir = format!("--snapshotdir={}", dir.path().join("snapshots").display());
         let driver = Driver::start(HOSTPATH, state.path(), &[&snapdir]);
         let client = driver.client().await;
-        let caps = client
-            .identity()
-            .get_plugin_capabilities(GetPluginCapabilitiesRequest {})
-            .await
-            .unwrap()
-            .into_inner();
+        let caps = calls::plugin_capabilities(&client).await;
         assert!(
             caps.capabilities.iter().any(|c| c.service_type()
                 == Some(plugin_capability::service::Type::GroupControllerService)),

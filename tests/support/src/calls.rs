@@ -8,8 +8,9 @@ use std::path::Path;
 use csi_client::CsiClient;
 use csi_proto::v1::{
     ControllerModifyVolumeRequest, ControllerUnpublishVolumeRequest, CreateVolumeRequest,
-    DeleteVolumeRequest, ListSnapshotsRequest, ListSnapshotsResponse, ListVolumesRequest,
-    ListVolumesResponse, NodeGetInfoRequest, NodePublishVolumeRequest, NodeStageVolumeRequest,
+    DeleteVolumeRequest, GetPluginCapabilitiesRequest, GetPluginCapabilitiesResponse,
+    ListSnapshotsRequest, ListSnapshotsResponse, ListVolumesRequest, ListVolumesResponse,
+    NodeGetInfoRequest, NodePublishVolumeRequest, NodeStageVolumeRequest,
     NodeUnpublishVolumeRequest, NodeUnstageVolumeRequest, Volume, VolumeCapability,
 };
 
@@ -29,6 +30,16 @@ pub async fn try_create_volume(
 /// CreateVolume of `req`: the volume made.
 pub async fn create_volume(client: &CsiClient, req: CreateVolumeRequest) -> Volume {
     try_create_volume(client, req).await.expect("CreateVolume")
+}
+
+/// GetPluginCapabilities: the services and features the driver offers.
+pub async fn plugin_capabilities(client: &CsiClient) -> GetPluginCapabilitiesResponse {
+    client
+        .identity()
+        .get_plugin_capabilities(GetPluginCapabilitiesRequest {})
+        .await
+        .expect("GetPluginCapabilities")
+        .into_inner()
 }
 
 /// NodeGetInfo: the driver's node id.
