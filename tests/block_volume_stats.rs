@@ -18,7 +18,7 @@ use csi_kit::mount::{LinuxMounter, Mounter, require_root};
 use csi_kit::proto::v1::volume_capability::access_mode::Mode;
 use csi_kit::proto::v1::*;
 use nix::sys::stat::{Mode as Perm, SFlag, mknod};
-use support::{Driver, create_and_attach, mounts_under, run_isolated_in_tempdir};
+use support::{Driver, calls, create_and_attach, mounts_under, run_isolated_in_tempdir};
 use tonic::Code;
 
 const SIZE: i64 = 16 << 20;
@@ -48,31 +48,18 @@ impl Published {
         let target = dir.join(format!("{name}-pods/target"));
         std::fs::create_dir_all(&staging).unwrap();
         std::fs::create_dir_all(target.parent().unwrap()).unwrap();
-        client
-            .node()
-            .node_stage_volume(NodeStageVolumeRequest {
-                volume_id: volume.volume_id.clone(),
-                publish_context: publish_context.clone(),
-                staging_target_path: staging.to_string_lossy().into(),
-                volume_capability: Some(block_cap()),
-                ..Default::default()
-            })
-            .await
-            .expect("NodeStageVolume");
-        client
-            .node()
-            .node_publish_volume(NodePublishVolumeRequest {
-                volume_id: volume.volume_id.clone(),
-                publish_context,
-                staging_target_path: staging.to_string_lossy().into(),
-                target_path: target.to_string_lossy().into(),
-                volume_capability: Some(block_cap()),
-                ..Default::default()
-            })
-            .await
-            .expect("NodePublishVolume");
+        let id = volume.volume_id;
+        calls::node_stage(client, &id, publish_context.clone(), &staging, block_cap()).await;
+        calls::node_publish(
+            client,
+            &id,
+            publish_context,
+            (&staging, &target),
+            block_cap(),
+        )
+        .await;
         Published {
-            id: volume.volume_id,
+            id,
             node,
             staging,
             target,
@@ -85,35 +72,7 @@ impl Published {
     }
 
     async fn tear_down(&self, client: &CsiClient) {
-        let mut node = client.node();
-        node.node_unpublish_volume(NodeUnpublishVolumeRequest {
-            volume_id: self.id.clone(),
-            target_path: self.target.to_string_lossy().into(),
-        })
-        .await
-        .expect("NodeUnpublishVolume");
-        node.node_unstage_volume(NodeUnstageVolumeRequest {
-            volume_id: self.id.clone(),
-            staging_target_path: self.staging.to_string_lossy().into(),
-        })
-        .await
-        .expect("NodeUnstageVolume");
-        let mut controller = client.controller();
-        controller
-            .controller_unpublish_volume(ControllerUnpublishVolumeRequest {
-                volume_id: self.id.clone(),
-                node_id: self.node.clone(),
-                ..Default::default()
-            })
-            .await
-            .expect("ControllerUnpublishVolume");
-        controller
-            .delete_volume(DeleteVolumeRequest {
-                volume_id: self.id.clone(),
-                ..Default::default()
-            })
-            .await
-            .expect("DeleteVolume");
+        calls::tear_down(client, &self.id, &self.node, (&self.staging, &self.target)).await;
     }
 }
 

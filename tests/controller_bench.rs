@@ -15,7 +15,7 @@ use csi_kit::client::CsiClient;
 use csi_kit::mount::{Mounter, require_root};
 use csi_kit::proto::v1::volume_capability::access_mode::Mode;
 use csi_kit::proto::v1::*;
-use support::{Driver, run_isolated_in_tempdir};
+use support::{Driver, calls, run_isolated_in_tempdir};
 
 /// Create+delete pairs timed per measurement.
 const PAIRS: usize = 300;
@@ -37,27 +37,13 @@ fn request(driver: &str, name: String) -> CreateVolumeRequest {
 }
 
 async fn create(client: &CsiClient, driver: &str, name: String) -> String {
-    client
-        .controller()
-        .create_volume(request(driver, name))
+    calls::create_volume(client, request(driver, name))
         .await
-        .expect("CreateVolume")
-        .into_inner()
-        .volume
-        .unwrap()
         .volume_id
 }
 
 async fn delete(client: &CsiClient, id: String) {
-    let req = DeleteVolumeRequest {
-        volume_id: id,
-        ..Default::default()
-    };
-    client
-        .controller()
-        .delete_volume(req)
-        .await
-        .expect("DeleteVolume");
+    calls::delete_volume(client, &id).await;
 }
 
 /// Grows or shrinks the population to `n` volumes (8 calls in flight).

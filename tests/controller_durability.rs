@@ -28,7 +28,7 @@ use csi_kit::client::CsiClient;
 use csi_kit::mount::{Mounter, require_root};
 use csi_kit::proto::v1::volume_capability::access_mode::Mode;
 use csi_kit::proto::v1::*;
-use support::{Driver, example_path, run_isolated_in_tempdir};
+use support::{Driver, calls, example_path, run_isolated_in_tempdir};
 use tonic::Code;
 
 const DRIVERS: [&str; 2] = ["hostpath", "loop-block"];
@@ -75,13 +75,7 @@ fn from_snapshot(mut req: CreateVolumeRequest, id: &str) -> CreateVolumeRequest 
 }
 
 async fn create(client: &CsiClient, req: CreateVolumeRequest) -> Result<Volume, tonic::Status> {
-    Ok(client
-        .controller()
-        .create_volume(req)
-        .await?
-        .into_inner()
-        .volume
-        .expect("volume"))
+    calls::try_create_volume(client, req).await
 }
 
 async fn snapshot(client: &CsiClient, volume: &str, name: &str) -> Result<Snapshot, tonic::Status> {
@@ -116,12 +110,7 @@ async fn delete_snapshot(client: &CsiClient, id: &str) -> Result<(), tonic::Stat
 }
 
 async fn listed_volumes(client: &CsiClient) -> BTreeSet<String> {
-    let list = client
-        .controller()
-        .list_volumes(ListVolumesRequest::default())
-        .await
-        .expect("ListVolumes")
-        .into_inner();
+    let list = calls::list_volumes(client).await;
     list.entries
         .into_iter()
         .map(|e| e.volume.unwrap().volume_id)
@@ -129,12 +118,7 @@ async fn listed_volumes(client: &CsiClient) -> BTreeSet<String> {
 }
 
 async fn listed_snapshots(client: &CsiClient) -> BTreeSet<String> {
-    let list = client
-        .controller()
-        .list_snapshots(ListSnapshotsRequest::default())
-        .await
-        .expect("ListSnapshots")
-        .into_inner();
+    let list = calls::list_snapshots(client).await;
     list.entries
         .into_iter()
         .map(|e| e.snapshot.unwrap().snapshot_id)
@@ -321,13 +305,8 @@ fn a_cancelled_clone_finishes_once_and_a_retry_meanwhile_is_aborted() {
 #[test]
 fn a_second_instance_on_the_same_statedir_exits_with_a_message() {
     for driver in DRIVERS {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async {
-            let tmp = tempfile::tempdir().unwrap();
-            let statedir = tmp.path().join("state");
+        in_tempdir(|tmp| async move {
+            let statedir = tmp.join("state");
             let first = Driver::start(driver, &statedir, &[]);
             let client = first.client().await;
             let kept = create(&client, create_req(driver, "kept", 8 * MIB))
@@ -338,10 +317,7 @@ fn a_second_instance_on_the_same_statedir_exits_with_a_message() {
                 .arg("--statedir")
                 .arg(&statedir)
                 .arg("--endpoint")
-                .arg(format!(
-                    "unix://{}",
-                    tmp.path().join("second.sock").display()
-                ))
+                .arg(format!("unix://{}", tmp.join("second.sock").display()))
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
                 .spawn()
@@ -369,7 +345,7 @@ fn a_second_instance_on_the_same_statedir_exits_with_a_message() {
                 )),
                 "{driver}: {stderr}"
             );
-            assert!(!tmp.path().join("second.sock").exists());
+            assert!(!tmp.join("second.sock").exists());
             assert!(listed_volumes(&client).await.contains(&kept.volume_id));
             delete(&client, &kept.volume_id).await.unwrap();
         });
@@ -444,32 +420,11 @@ fn a_full_state_filesystem_refuses_creates_cleanly_and_still_frees_space() {
             delete(&client, &spare.volume_id).await.unwrap();
             assert!(!data_path(driver, &statedir, &spare.volume_id).exists());
             fill_filesystem(&statedir);
-            let unpublish = NodeUnpublishVolumeRequest {
-                volume_id: used.volume_id.clone(),
-                target_path: target.to_string_lossy().into(),
-            };
-            client
-                .node()
-                .node_unpublish_volume(unpublish)
-                .await
-                .unwrap();
+            calls::node_unpublish(&client, &used.volume_id, &target).await;
             fill_filesystem(&statedir);
-            let unstage = NodeUnstageVolumeRequest {
-                volume_id: used.volume_id.clone(),
-                staging_target_path: staging.to_string_lossy().into(),
-            };
-            client.node().node_unstage_volume(unstage).await.unwrap();
+            calls::node_unstage(&client, &used.volume_id, &staging).await;
             fill_filesystem(&statedir);
-            let detach = ControllerUnpublishVolumeRequest {
-                volume_id: used.volume_id.clone(),
-                node_id: node,
-                ..Default::default()
-            };
-            client
-                .controller()
-                .controller_unpublish_volume(detach)
-                .await
-                .unwrap();
+            calls::controller_unpublish(&client, &used.volume_id, &node).await;
             fill_filesystem(&statedir);
             delete(&client, &used.volume_id).await.unwrap();
             assert!(listed_volumes(&client).await.is_empty(), "{driver}");
@@ -483,6 +438,41 @@ fn a_full_state_filesystem_refuses_creates_cleanly_and_still_frees_space() {
             drop(d);
         });
     }
+}
+
+/// Runs `f` on a current-thread runtime with a fresh temporary directory,
+/// removed after.
+fn in_tempdir<F, Fut>(f: F)
+where
+    F: FnOnce(PathBuf) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    rt.block_on(f(tmp.path().to_path_buf()));
+}
+
+/// Starts CreateVolume of `req` (a clone or a restore) and returns once its
+/// copy is under way: when the volumes directory holds `count` entries.
+async fn create_while_copying(
+    client: &CsiClient,
+    req: CreateVolumeRequest,
+    statedir: &Path,
+    count: usize,
+    what: &str,
+) -> tokio::task::JoinHandle<Result<Volume, tonic::Status>> {
+    let task = {
+        let client = client.clone();
+        tokio::spawn(async move { create(&client, req).await })
+    };
+    wait_until(what, Duration::from_secs(20), || {
+        names(&statedir.join("volumes")).len() == count
+    })
+    .await;
+    task
 }
 
 /// Case 4: DeleteVolume of a source while a snapshot or clone of it was
@@ -516,15 +506,8 @@ fn sources_of_snapshots_and_clones_in_flight_cannot_be_deleted() {
                 "{driver}"
             );
 
-            let clone = {
-                let (client, id) = (client.clone(), src.volume_id.clone());
-                let req = from_volume(create_req(driver, "clone", 512 * MIB), &id);
-                tokio::spawn(async move { create(&client, req).await })
-            };
-            wait_until("the clone's copy", Duration::from_secs(20), || {
-                names(&statedir.join("volumes")).len() == 2
-            })
-            .await;
+            let req = from_volume(create_req(driver, "clone", 512 * MIB), &src.volume_id);
+            let clone = create_while_copying(&client, req, &statedir, 2, "the clone's copy").await;
             assert_eq!(
                 code(delete(&client, &src.volume_id).await),
                 Code::Aborted,
@@ -532,16 +515,9 @@ fn sources_of_snapshots_and_clones_in_flight_cannot_be_deleted() {
             );
             let clone = clone.await.unwrap().unwrap();
 
-            let restore = {
-                let client = client.clone();
-                let req =
-                    from_snapshot(create_req(driver, "restore", 512 * MIB), &snap.snapshot_id);
-                tokio::spawn(async move { create(&client, req).await })
-            };
-            wait_until("the restore's copy", Duration::from_secs(20), || {
-                names(&statedir.join("volumes")).len() == 3
-            })
-            .await;
+            let req = from_snapshot(create_req(driver, "restore", 512 * MIB), &snap.snapshot_id);
+            let restore =
+                create_while_copying(&client, req, &statedir, 3, "the restore's copy").await;
             assert_eq!(
                 code(delete_snapshot(&client, &snap.snapshot_id).await),
                 Code::Aborted,
@@ -626,13 +602,8 @@ fn hostpath_capacity_is_checked_and_reserved_atomically() {
 #[test]
 fn startup_sweeps_unowned_data_and_keeps_unreadable_records_data() {
     for driver in DRIVERS {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async {
-            let tmp = tempfile::tempdir().unwrap();
-            let statedir = tmp.path().join("state");
+        in_tempdir(|tmp| async move {
+            let statedir = tmp.join("state");
             let mut d = Driver::start(driver, &statedir, &[]);
             let client = d.client().await;
             let kept = create(&client, create_req(driver, "kept", 8 * MIB))
@@ -732,16 +703,15 @@ fn startup_sweeps_unowned_data_and_keeps_unreadable_records_data() {
 #[test]
 fn an_earlier_state_file_is_imported_not_swept() {
     for driver in DRIVERS {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async {
-            let tmp = tempfile::tempdir().unwrap();
-            let statedir = tmp.path().join("state");
+        in_tempdir(|tmp| async move {
+            let statedir = tmp.join("state");
             let id = "vol-0123456789abcdef0123456789abcdef";
             std::fs::create_dir_all(statedir.join("volumes")).unwrap();
-            let access = if driver == "hostpath" { "Mount" } else { "Block" };
+            let access = if driver == "hostpath" {
+                "Mount"
+            } else {
+                "Block"
+            };
             let (attached, extra) = if driver == "hostpath" {
                 (
                     "published_nodes",
@@ -771,7 +741,11 @@ fn an_earlier_state_file_is_imported_not_swept() {
             let got = client.controller().controller_get_volume(req).await;
             let got = got.unwrap_or_else(|e| panic!("{driver}: {e}\n{}", d.log_text()));
             let status = got.into_inner().status.unwrap();
-            assert_eq!(status.published_node_ids, vec!["node-1".to_string()], "{driver}");
+            assert_eq!(
+                status.published_node_ids,
+                vec!["node-1".to_string()],
+                "{driver}"
+            );
             assert!(data.exists(), "{driver}: imported, not swept");
             assert!(statedir.join("state.json.imported").exists());
             assert!(!statedir.join("state.json").exists());

@@ -16,7 +16,7 @@ use csi_kit::mount::require_root;
 use csi_kit::mount::testing::{assert_no_loop_device_for, have_program};
 use csi_kit::proto::v1::volume_capability::access_mode::Mode;
 use csi_kit::proto::v1::*;
-use support::{Driver, create_and_attach, mounts_under, run_isolated_in_tempdir};
+use support::{Driver, calls, create_and_attach, mounts_under, run_isolated_in_tempdir};
 use tonic::Code;
 
 const SECRET: &str = "SECRET-node-safety-5e1f";
@@ -59,14 +59,7 @@ async fn volume(driver: &Driver, client: &CsiClient, name: &str, block: bool) ->
             image,
         };
     }
-    let v = client
-        .controller()
-        .create_volume(req)
-        .await
-        .expect("CreateVolume")
-        .into_inner()
-        .volume
-        .expect("volume");
+    let v = calls::create_volume(client, req).await;
     let image = block.then(|| {
         driver
             .statedir

@@ -13,9 +13,8 @@ use std::time::Duration;
 use csi_kit::conformance::fake::{FakeDriver, Fault};
 use csi_kit::mount::require_root;
 use csi_kit::mount::testing::ScratchFilesystem;
-use csi_kit::proto::v1::{ListSnapshotsRequest, ListVolumesRequest};
 use serde_json::Value;
-use support::{Driver, mounts_under, run_isolated};
+use support::{Driver, calls, mounts_under, run_isolated};
 
 const MARKER: &str = "SECRET-MARKER-cli-4b7e";
 
@@ -329,23 +328,13 @@ fn sanity_passes_on_hostpath_and_fails_on_a_broken_driver() {
 
 async fn assert_nothing_left(driver: &Driver, dir: &Path) {
     let client = driver.client().await;
-    let volumes = client
-        .controller()
-        .list_volumes(ListVolumesRequest::default())
-        .await
-        .unwrap()
-        .into_inner();
+    let volumes = calls::list_volumes(&client).await;
     assert!(
         volumes.entries.is_empty(),
         "bench left volumes: {:?}",
         volumes.entries
     );
-    let snaps = client
-        .controller()
-        .list_snapshots(ListSnapshotsRequest::default())
-        .await
-        .unwrap()
-        .into_inner();
+    let snaps = calls::list_snapshots(&client).await;
     assert!(snaps.entries.is_empty());
     assert!(
         mounts_under(dir).is_empty(),

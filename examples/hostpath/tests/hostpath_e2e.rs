@@ -14,7 +14,9 @@ use csi_node::testing::requests;
 use csi_proto::v1::volume_capability::access_mode::Mode;
 use csi_proto::v1::*;
 use mount_utils::require_root;
-use support::{Driver, assert_one_point_in_time, mounts_under, run_isolated, spawn_ordered_writer};
+use support::{
+    Driver, assert_one_point_in_time, calls, mounts_under, run_isolated, spawn_ordered_writer,
+};
 use tonic::Code;
 
 /// The driver under test, built by cargo for this package's tests.
@@ -46,13 +48,7 @@ async fn create(
         secrets: secrets(),
         ..Default::default()
     };
-    Ok(client
-        .controller()
-        .create_volume(req)
-        .await?
-        .into_inner()
-        .volume
-        .expect("volume"))
+    calls::try_create_volume(client, req).await
 }
 
 fn stage_req(id: &str, staging: &Path, cap: VolumeCapability) -> NodeStageVolumeRequest {
@@ -95,21 +91,9 @@ async fn stage_and_publish(client: &CsiClient, id: &str, staging: &Path, target:
 }
 
 async fn unpublish_unstage_delete(client: &CsiClient, id: &str, staging: &Path, target: &Path) {
-    let req = NodeUnpublishVolumeRequest {
-        volume_id: id.into(),
-        target_path: target.to_string_lossy().into(),
-    };
-    client.node().node_unpublish_volume(req).await.unwrap();
-    let req = NodeUnstageVolumeRequest {
-        volume_id: id.into(),
-        staging_target_path: staging.to_string_lossy().into(),
-    };
-    client.node().node_unstage_volume(req).await.unwrap();
-    let req = DeleteVolumeRequest {
-        volume_id: id.into(),
-        ..Default::default()
-    };
-    client.controller().delete_volume(req).await.unwrap();
+    calls::node_unpublish(client, id, target).await;
+    calls::node_unstage(client, id, staging).await;
+    calls::delete_volume(client, id).await;
 }
 
 fn code<T>(r: Result<T, tonic::Status>) -> Code {
@@ -201,12 +185,7 @@ fn every_rpc_repeated_ten_times_gives_one_result_and_one_mount() {
             };
             client.controller().delete_volume(req).await.unwrap();
         }
-        let list = client
-            .controller()
-            .list_volumes(ListVolumesRequest::default())
-            .await
-            .unwrap()
-            .into_inner();
+        let list = calls::list_volumes(&client).await;
         assert!(list.entries.is_empty());
     });
 }
@@ -393,29 +372,12 @@ fn csi_sanity_answers() {
             .unwrap_err();
         assert_eq!(err.code(), Code::InvalidArgument);
         assert!(err.message().contains("XXX_FakeKey"), "{}", err.message());
-        let listed = c
-            .list_volumes(ListVolumesRequest::default())
-            .await
-            .unwrap()
-            .into_inner()
-            .entries;
+        let listed = calls::list_volumes(&client).await.entries;
         assert!(listed.is_empty(), "a refused CreateVolume made {listed:?}");
-        let id = c
-            .create_volume(with_params("pvc-iops", &[("iops", "100")]))
+        let id = calls::create_volume(&client, with_params("pvc-iops", &[("iops", "100")]))
             .await
-            .unwrap()
-            .into_inner()
-            .volume
-            .unwrap()
             .volume_id;
-        let modify = |id: &str, params: &[(&str, &str)]| ControllerModifyVolumeRequest {
-            volume_id: id.into(),
-            mutable_parameters: params
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-            ..Default::default()
-        };
+        let modify = calls::modify_request;
         let missing = c
             .controller_modify_volume(modify("non-existing-volume-id", &[]))
             .await;
@@ -578,20 +540,8 @@ fn staged_block_volume_is_reattached_after_a_restart() {
             meta.file_type().is_block_device(),
             "the target is the device node"
         );
-        let unpublish = NodeUnpublishVolumeRequest {
-            volume_id: vol.volume_id.clone(),
-            target_path: target.to_string_lossy().into(),
-        };
-        client
-            .node()
-            .node_unpublish_volume(unpublish)
-            .await
-            .unwrap();
-        let unstage = NodeUnstageVolumeRequest {
-            volume_id: vol.volume_id.clone(),
-            staging_target_path: staging.to_string_lossy().into(),
-        };
-        client.node().node_unstage_volume(unstage).await.unwrap();
+        calls::node_unpublish(&client, &vol.volume_id, &target).await;
+        calls::node_unstage(&client, &vol.volume_id, &staging).await;
         mount_utils::testing::assert_no_loop_device_for(&image);
     });
 }
@@ -713,12 +663,7 @@ fn sigkill_during_churn_never_loses_a_volume_or_corrupts_state() {
         // Everything still deletes cleanly after the crashes (snapshots a
         // kill left behind first: a volume with snapshots is not deletable).
         let client = driver.client().await;
-        let snaps = client
-            .controller()
-            .list_snapshots(ListSnapshotsRequest::default())
-            .await
-            .unwrap()
-            .into_inner();
+        let snaps = calls::list_snapshots(&client).await;
         for e in snaps.entries {
             let snapshot_id = e.snapshot.unwrap().snapshot_id;
             client
@@ -731,14 +676,7 @@ fn sigkill_during_churn_never_loses_a_volume_or_corrupts_state() {
                 .unwrap();
         }
         for id in &confirmed {
-            client
-                .controller()
-                .delete_volume(DeleteVolumeRequest {
-                    volume_id: id.clone(),
-                    ..Default::default()
-                })
-                .await
-                .unwrap();
+            calls::delete_volume(&client, id).await;
         }
         driver.stop();
         assert!(
@@ -766,12 +704,7 @@ fn group_snapshots_are_write_order_consistent() {
         let snapdir = format!("--snapshotdir={}", dir.path().join("snapshots").display());
         let driver = Driver::start(HOSTPATH, state.path(), &[&snapdir]);
         let client = driver.client().await;
-        let caps = client
-            .identity()
-            .get_plugin_capabilities(GetPluginCapabilitiesRequest {})
-            .await
-            .unwrap()
-            .into_inner();
+        let caps = calls::plugin_capabilities(&client).await;
         assert!(
             caps.capabilities.iter().any(|c| c.service_type()
                 == Some(plugin_capability::service::Type::GroupControllerService)),
@@ -825,40 +758,27 @@ fn group_snapshots_are_write_order_consistent() {
                 .unwrap();
             let mut lines = Vec::new();
             for snap in &group.snapshots {
-                let restored = client
-                    .controller()
-                    .create_volume(CreateVolumeRequest {
-                        name: format!("restore-{round}-{}", snap.snapshot_id),
-                        capacity_range: Some(CapacityRange::at_least(8 << 20)),
-                        volume_capabilities: vec![mount_cap()],
-                        volume_content_source: Some(VolumeContentSource {
-                            r#type: Some(volume_content_source::Type::Snapshot(
-                                volume_content_source::SnapshotSource {
-                                    snapshot_id: snap.snapshot_id.clone(),
-                                },
-                            )),
-                        }),
-                        ..Default::default()
-                    })
-                    .await
-                    .unwrap()
-                    .into_inner()
-                    .volume
-                    .unwrap();
+                let req = CreateVolumeRequest {
+                    name: format!("restore-{round}-{}", snap.snapshot_id),
+                    capacity_range: Some(CapacityRange::at_least(8 << 20)),
+                    volume_capabilities: vec![mount_cap()],
+                    volume_content_source: Some(VolumeContentSource {
+                        r#type: Some(volume_content_source::Type::Snapshot(
+                            volume_content_source::SnapshotSource {
+                                snapshot_id: snap.snapshot_id.clone(),
+                            },
+                        )),
+                    }),
+                    ..Default::default()
+                };
+                let restored = calls::create_volume(&client, req).await;
                 let data = state
                     .path()
                     .join("volumes")
                     .join(&restored.volume_id)
                     .join("log");
                 lines.push((snap.source_volume_id.clone(), count(&data)));
-                client
-                    .controller()
-                    .delete_volume(DeleteVolumeRequest {
-                        volume_id: restored.volume_id,
-                        ..Default::default()
-                    })
-                    .await
-                    .unwrap();
+                calls::delete_volume(&client, &restored.volume_id).await;
             }
             let of = |id: &String| lines.iter().find(|(v, _)| v == id).unwrap().1;
             assert_one_point_in_time(round, of(&ids[0]), of(&ids[1]), 1000);

@@ -11,7 +11,7 @@ use csi_client::CsiClient;
 use csi_proto::v1::volume_capability::access_mode::Mode;
 use csi_proto::v1::*;
 use mount_utils::require_root;
-use support::{Driver, mounts_under, run_isolated};
+use support::{Driver, calls, mounts_under, run_isolated};
 use volume_state::csi::CsiVolumePlugin;
 use volume_state::node::PodMountState;
 use volume_state::node::{ActualNodeState, AttachMode, DesiredNodeState, NodeReconciler};
@@ -55,13 +55,7 @@ fn reconciler_mounts_pods_through_hostpath_and_tears_everything_down() {
         let dir = tempfile::tempdir().unwrap();
         let driver = Driver::start(HOSTPATH, &dir.path().join("state"), &["--enable-attach"]);
         let client = driver.client().await;
-        let node_id = client
-            .node()
-            .node_get_info(NodeGetInfoRequest {})
-            .await
-            .unwrap()
-            .into_inner()
-            .node_id;
+        let node_id = calls::node_id(&client).await;
 
         // The provisioner's part: two volumes, one shared by two pods.
         let mut ids = Vec::new();

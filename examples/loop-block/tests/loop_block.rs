@@ -21,7 +21,7 @@ use csi_proto::v1::*;
 use mount_utils::testing::{assert_no_loop_device_for, have_program};
 use mount_utils::{LinuxMounter, Mounter, require_root};
 use support::{
-    Driver, assert_one_point_in_time, create_and_attach, mounts_under, run_isolated,
+    Driver, assert_one_point_in_time, calls, create_and_attach, mounts_under, run_isolated,
     run_isolated_in_tempdir, spawn_ordered_writer,
 };
 use tonic::Code;
@@ -231,27 +231,11 @@ impl Disk {
     }
 
     async fn unpublish(&self) {
-        let req = NodeUnpublishVolumeRequest {
-            volume_id: self.id.clone(),
-            target_path: self.target.to_string_lossy().into(),
-        };
-        self.client
-            .node()
-            .node_unpublish_volume(req)
-            .await
-            .expect("NodeUnpublishVolume");
+        calls::node_unpublish(&self.client, &self.id, &self.target).await;
     }
 
     async fn unstage(&self) {
-        let req = NodeUnstageVolumeRequest {
-            volume_id: self.id.clone(),
-            staging_target_path: self.staging.to_string_lossy().into(),
-        };
-        self.client
-            .node()
-            .node_unstage_volume(req)
-            .await
-            .expect("NodeUnstageVolume");
+        calls::node_unstage(&self.client, &self.id, &self.staging).await;
     }
 
     async fn delete(&self) -> Result<(), tonic::Status> {
@@ -284,16 +268,8 @@ impl Disk {
 
     /// ControllerUnpublish and DeleteVolume of an unstaged disk.
     async fn tear_down_detached(&self) {
-        self.client
-            .controller()
-            .controller_unpublish_volume(ControllerUnpublishVolumeRequest {
-                volume_id: self.id.clone(),
-                node_id: self.node.clone(),
-                ..Default::default()
-            })
-            .await
-            .expect("ControllerUnpublishVolume");
-        self.delete().await.expect("DeleteVolume");
+        calls::controller_unpublish(&self.client, &self.id, &self.node).await;
+        calls::delete_volume(&self.client, &self.id).await;
         assert_no_loop_device_for(&self.image);
         assert!(!self.image.exists(), "backing file removed");
     }

@@ -15,7 +15,7 @@ use csi_proto::v1::volume_capability::access_mode::Mode;
 use csi_proto::v1::*;
 use mount_utils::require_root;
 use mount_utils::testing::{assert_no_loop_device_for, detach_loop_devices_under};
-use support::{Driver, mounts_under, run_isolated};
+use support::{Driver, calls, mounts_under, run_isolated};
 
 /// The driver under test, built by cargo for this package's tests.
 const LOOP_BLOCK: &str = env!("CARGO_BIN_EXE_loop-block");
@@ -55,31 +55,18 @@ async fn driver_round(client: &csi_client::CsiClient, dir: &Path, round: usize) 
     let (staging, target) = (dir.join("staging"), dir.join("pods").join("target"));
     std::fs::create_dir_all(&staging).unwrap();
     std::fs::create_dir_all(target.parent().unwrap()).unwrap();
-    let (ctrl, node) = (client.controller(), client.node());
-    let node_id = node
-        .clone()
-        .node_get_info(NodeGetInfoRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .node_id;
+    let node_id = calls::node_id(client).await;
     let start = Instant::now();
-    let volume = ctrl
-        .clone()
-        .create_volume(CreateVolumeRequest {
-            name: format!("bench-{round}"),
-            capacity_range: Some(CapacityRange::exactly(GIB)),
-            volume_capabilities: vec![cap.clone()],
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let req = CreateVolumeRequest {
+        name: format!("bench-{round}"),
+        capacity_range: Some(CapacityRange::exactly(GIB)),
+        volume_capabilities: vec![cap.clone()],
+        ..Default::default()
+    };
+    let volume = calls::create_volume(client, req).await;
     let id = volume.volume_id;
-    let publish_context = ctrl
-        .clone()
+    let publish_context = client
+        .controller()
         .controller_publish_volume(ControllerPublishVolumeRequest {
             volume_id: id.clone(),
             node_id: node_id.clone(),
@@ -90,57 +77,10 @@ async fn driver_round(client: &csi_client::CsiClient, dir: &Path, round: usize) 
         .unwrap()
         .into_inner()
         .publish_context;
-    node.clone()
-        .node_stage_volume(NodeStageVolumeRequest {
-            volume_id: id.clone(),
-            publish_context: publish_context.clone(),
-            staging_target_path: staging.to_string_lossy().into(),
-            volume_capability: Some(cap.clone()),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    node.clone()
-        .node_publish_volume(NodePublishVolumeRequest {
-            volume_id: id.clone(),
-            publish_context,
-            staging_target_path: staging.to_string_lossy().into(),
-            target_path: target.to_string_lossy().into(),
-            volume_capability: Some(cap),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    calls::node_stage(client, &id, publish_context.clone(), &staging, cap.clone()).await;
+    calls::node_publish(client, &id, publish_context, (&staging, &target), cap).await;
     let took = start.elapsed();
-    node.clone()
-        .node_unpublish_volume(NodeUnpublishVolumeRequest {
-            volume_id: id.clone(),
-            target_path: target.to_string_lossy().into(),
-        })
-        .await
-        .unwrap();
-    node.clone()
-        .node_unstage_volume(NodeUnstageVolumeRequest {
-            volume_id: id.clone(),
-            staging_target_path: staging.to_string_lossy().into(),
-        })
-        .await
-        .unwrap();
-    ctrl.clone()
-        .controller_unpublish_volume(ControllerUnpublishVolumeRequest {
-            volume_id: id.clone(),
-            node_id,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    ctrl.clone()
-        .delete_volume(DeleteVolumeRequest {
-            volume_id: id,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    calls::tear_down(client, &id, &node_id, (&staging, &target)).await;
     took
 }
 

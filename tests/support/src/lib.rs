@@ -14,6 +14,8 @@ use std::time::Duration;
 
 use csi_client::{ClientOptions, CsiClient, Endpoint};
 
+pub mod calls;
+
 /// The executable `program` names: an absolute path as it is, else the
 /// root example of that name.
 pub fn program_path(program: &str) -> PathBuf {
@@ -266,23 +268,10 @@ pub async fn create_and_attach(
     String,
     std::collections::HashMap<String, String>,
 ) {
-    use csi_proto::v1::{ControllerPublishVolumeRequest, NodeGetInfoRequest};
+    use csi_proto::v1::ControllerPublishVolumeRequest;
     let cap = req.volume_capabilities.first().cloned();
-    let volume = client
-        .controller()
-        .create_volume(req)
-        .await
-        .expect("CreateVolume")
-        .into_inner()
-        .volume
-        .expect("volume");
-    let node = client
-        .node()
-        .node_get_info(NodeGetInfoRequest {})
-        .await
-        .expect("NodeGetInfo")
-        .into_inner()
-        .node_id;
+    let volume = calls::create_volume(client, req).await;
+    let node = calls::node_id(client).await;
     let publish_context = client
         .controller()
         .controller_publish_volume(ControllerPublishVolumeRequest {
