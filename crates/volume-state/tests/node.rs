@@ -109,6 +109,21 @@ impl Env {
         let passes = self.reconciler.run_until_idle(20).await;
         assert!(passes < 20, "did not settle");
     }
+
+    /// Settles, then checks `volume` went attach, stage, unstage, detach
+    /// and nothing else ran.
+    async fn settle_through_a_full_cycle(&self, volume: &str) {
+        self.settle().await;
+        assert_eq!(
+            self.calls(),
+            [
+                v(Attach, volume),
+                v(Stage, volume),
+                v(Unstage, volume),
+                v(Detach, volume)
+            ]
+        );
+    }
 }
 
 fn v(method: PluginMethod, volume: &str) -> (PluginMethod, String) {
@@ -218,16 +233,7 @@ async fn stage_timeout_is_uncertain_and_still_unstaged_on_delete() {
     assert_eq!(report.failed, 1);
     assert_eq!(env.device("v1"), Some(DeviceState::Uncertain));
     env.remove("v1", "a");
-    env.settle().await;
-    assert_eq!(
-        env.calls(),
-        [
-            v(Attach, "v1"),
-            v(Stage, "v1"),
-            v(Unstage, "v1"),
-            v(Detach, "v1")
-        ]
-    );
+    env.settle_through_a_full_cycle("v1").await;
     assert!(env.actual.snapshot().is_empty());
 }
 
@@ -448,16 +454,7 @@ async fn never_detached_while_an_operation_on_the_volume_is_pending() {
     );
     assert!(env.actual.snapshot().get(&"v1".into()).is_some());
     stage.await.unwrap();
-    env.settle().await;
-    assert_eq!(
-        env.calls(),
-        [
-            v(Attach, "v1"),
-            v(Stage, "v1"),
-            v(Unstage, "v1"),
-            v(Detach, "v1")
-        ]
-    );
+    env.settle_through_a_full_cycle("v1").await;
 }
 
 #[tokio::test]
