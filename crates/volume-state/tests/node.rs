@@ -110,6 +110,15 @@ impl Env {
         assert!(passes < 20, "did not settle");
     }
 
+    /// Mounts `v1` for pod `a` and settles, then makes the next `method`
+    /// on `v1` fail with `kind` and removes the pod.
+    async fn mount_then_remove_failing(&self, method: PluginMethod, kind: ErrorKind) {
+        self.add("v1", "a");
+        self.settle().await;
+        self.plugin.fail_once(method, Some("v1".into()), kind);
+        self.remove("v1", "a");
+    }
+
     /// Settles, then checks `volume` went attach, stage, unstage, detach
     /// and nothing else ran.
     async fn settle_through_a_full_cycle(&self, volume: &str) {
@@ -280,11 +289,8 @@ async fn publish_timeout_is_retried_after_backoff() {
 #[tokio::test]
 async fn failed_unpublish_makes_a_returning_pod_publish_again() {
     let env = env(AttachMode::ByNode);
-    env.add("v1", "a");
-    env.settle().await;
-    env.plugin
-        .fail_once(Unpublish, Some("v1".into()), ErrorKind::Final);
-    env.remove("v1", "a");
+    env.mount_then_remove_failing(Unpublish, ErrorKind::Final)
+        .await;
     env.reconciler.run_pass().await;
     assert_eq!(env.pod_state("v1", "a"), Some(PodMountState::Uncertain));
     env.calls();
@@ -297,11 +303,8 @@ async fn failed_unpublish_makes_a_returning_pod_publish_again() {
 #[tokio::test]
 async fn failed_unstage_makes_a_new_pod_stage_again() {
     let env = env(AttachMode::ByNode);
-    env.add("v1", "a");
-    env.settle().await;
-    env.plugin
-        .fail_once(Unstage, Some("v1".into()), ErrorKind::Uncertain);
-    env.remove("v1", "a");
+    env.mount_then_remove_failing(Unstage, ErrorKind::Uncertain)
+        .await;
     env.reconciler.run_pass().await; // unpublish
     env.reconciler.run_pass().await; // unstage fails
     assert_eq!(env.device("v1"), Some(DeviceState::Uncertain));
