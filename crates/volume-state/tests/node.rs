@@ -119,6 +119,17 @@ impl Env {
         self.remove("v1", "a");
     }
 
+    /// Runs an unpublish of `volume` for `pod` outside the reconciler's plan.
+    async fn unpublish_directly(&self, volume: &str, pod: &str) {
+        self.reconciler
+            .execute(NodeOperation::Unpublish {
+                volume: volume.into(),
+                pod: pod.into(),
+                target_path: target(pod, volume),
+            })
+            .await;
+    }
+
     /// Settles, then checks `volume` went attach, stage, unstage, detach
     /// and nothing else ran.
     async fn settle_through_a_full_cycle(&self, volume: &str) {
@@ -378,21 +389,9 @@ async fn plan_emits_operations_in_the_fixed_phase_order() {
     env.settle().await;
     env.add("a", "a"); // needs attach
     env.remove("u", "a"); // needs unpublish
-    env.reconciler
-        .execute(NodeOperation::Unpublish {
-            volume: "x".into(),
-            pod: "a".into(),
-            target_path: target("a", "x"),
-        })
-        .await;
+    env.unpublish_directly("x", "a").await;
     env.remove("x", "a"); // mounted device, no pods: needs unstage
-    env.reconciler
-        .execute(NodeOperation::Unpublish {
-            volume: "d".into(),
-            pod: "a".into(),
-            target_path: target("a", "d"),
-        })
-        .await;
+    env.unpublish_directly("d", "a").await;
     env.reconciler
         .execute(NodeOperation::Unstage {
             volume: "d".into(),
