@@ -82,6 +82,14 @@ impl Env {
         self.calls();
     }
 
+    /// Single-node attached on `node` and unused; the next detach fails
+    /// uncertain.
+    async fn attached_with_an_uncertain_detach_next(&self, node: &str) {
+        self.attached_unused(node, NodeAccess::SingleNode).await;
+        self.plugin
+            .fail_once(PluginMethod::Detach, None, ErrorKind::Uncertain);
+    }
+
     /// The pod moves from `from` to `to`.
     fn move_pod(&self, from: &str, to: &str, mode: NodeAccess) {
         self.remove(from);
@@ -360,9 +368,7 @@ async fn never_detached_while_an_operation_on_the_volume_is_pending() {
 #[tokio::test]
 async fn failed_detach_blocks_attaching_a_single_node_volume_elsewhere_until_it_succeeds() {
     let env = env(AttachConfig::default());
-    env.attached_unused("n1", NodeAccess::SingleNode).await;
-    env.plugin
-        .fail_once(PluginMethod::Detach, None, ErrorKind::Uncertain);
+    env.attached_with_an_uncertain_detach_next("n1").await;
     env.move_pod("n1", "n2", NodeAccess::SingleNode);
     env.reconciler.run_until_idle(5).await;
     assert_eq!(env.calls(), [n(PluginMethod::Detach, "n1")]);
@@ -408,9 +414,7 @@ async fn a_failed_detach_does_not_block_a_multi_node_volume_or_when_opted_out() 
 #[tokio::test]
 async fn a_failed_attach_never_clears_detach_uncertain() {
     let env = env(AttachConfig::default());
-    env.attached_unused("n1", NodeAccess::SingleNode).await;
-    env.plugin
-        .fail_once(PluginMethod::Detach, None, ErrorKind::Uncertain);
+    env.attached_with_an_uncertain_detach_next("n1").await;
     env.remove("n1");
     env.reconciler.run_until_idle(5).await;
     assert_eq!(env.state("n1"), Some(AttachState::DetachUncertain));
