@@ -438,22 +438,20 @@ async fn never_detached_while_an_operation_on_the_volume_is_pending() {
     env.remove("v1", "a");
     // The volume is unwanted and its device not (yet) mounted, but stage runs.
     assert!(env.reconciler.plan().is_empty());
-    assert_eq!(
-        env.reconciler
-            .execute(NodeOperation::MarkDetached {
-                volume: "v1".into()
-            })
-            .await,
-        ExecutionResult::Skipped(GateError::AlreadyExists)
-    );
-    assert_eq!(
-        env.reconciler
-            .execute(NodeOperation::Detach {
-                volume: "v1".into()
-            })
-            .await,
-        ExecutionResult::Skipped(GateError::AlreadyExists)
-    );
+    let detaches = [
+        NodeOperation::MarkDetached {
+            volume: "v1".into(),
+        },
+        NodeOperation::Detach {
+            volume: "v1".into(),
+        },
+    ];
+    for detach in detaches {
+        assert_eq!(
+            env.reconciler.execute(detach).await,
+            ExecutionResult::Skipped(GateError::AlreadyExists)
+        );
+    }
     assert!(env.actual.snapshot().get(&"v1".into()).is_some());
     stage.await.unwrap();
     env.settle_through_a_full_cycle("v1").await;
