@@ -1,5 +1,7 @@
 //! Scenario tests for the attach/detach controller reconciler.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -8,38 +10,20 @@ use volume_state::controller::{
     NodeHealth,
 };
 use volume_state::node::AttachState;
-use volume_state::{
-    ErrorKind, FakeClock, FakeVolumePlugin, NodeAccess, PluginCall, PluginMethod, VolumeSpec,
-};
+use volume_state::{ErrorKind, NodeAccess, PluginCall, PluginMethod, VolumeSpec};
 
 type Desired = DesiredAttachState<String, String, String>;
 type Actual = ActualAttachState<String, String>;
-type Plugin = FakeVolumePlugin<String, String>;
-
-struct Env {
-    desired: Arc<Desired>,
-    actual: Arc<Actual>,
-    plugin: Arc<Plugin>,
-    clock: FakeClock,
-    reconciler: Arc<AttachReconciler<String, String, String>>,
-}
+type Env = common::Env<Desired, Actual, AttachReconciler<String, String, String>>;
 
 fn env(config: AttachConfig) -> Env {
-    let desired = Arc::new(Desired::new());
-    let actual = Arc::new(Actual::new());
-    let plugin = Arc::new(Plugin::new());
-    let clock = FakeClock::new();
-    let reconciler = Arc::new(
-        AttachReconciler::new(config, desired.clone(), actual.clone(), plugin.clone())
-            .with_clock(Arc::new(clock.clone())),
-    );
-    Env {
-        desired,
-        actual,
-        plugin,
-        clock,
-        reconciler,
-    }
+    Env::new(
+        Desired::new(),
+        Actual::new(),
+        |desired, actual, plugin, clock| {
+            AttachReconciler::new(config, desired, actual, plugin).with_clock(Arc::new(clock))
+        },
+    )
 }
 
 fn spec(mode: NodeAccess) -> VolumeSpec {

@@ -1,6 +1,10 @@
 //! Scenario tests for the node (kubelet) reconciler with the fake plugin and
 //! a fake clock.
 
+mod common;
+
+use common::Plugin;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,45 +14,23 @@ use volume_state::node::{
     ActualNodeState, AttachMode, AttachState, DesiredNodeState, DeviceState, DiscoveredMount,
     NodeOperation, NodeReconciler, Phase, PodMountState,
 };
-use volume_state::{
-    ErrorKind, ExecutionResult, FakeClock, FakeVolumePlugin, GateError, PluginMethod, VolumeSpec,
-};
+use volume_state::{ErrorKind, ExecutionResult, FakeClock, GateError, PluginMethod, VolumeSpec};
 
 type Desired = DesiredNodeState<String, String>;
 type Actual = ActualNodeState<String, String>;
-type Plugin = FakeVolumePlugin<String, String>;
-
-struct Env {
-    desired: Arc<Desired>,
-    actual: Arc<Actual>,
-    plugin: Arc<Plugin>,
-    clock: FakeClock,
-    reconciler: Arc<NodeReconciler<String, String, String>>,
-}
+type Env = common::Env<Desired, Actual, NodeReconciler<String, String, String>>;
 
 fn env(mode: AttachMode) -> Env {
-    let desired = Arc::new(Desired::new());
-    let actual = Arc::new(Actual::new());
-    let plugin = Arc::new(Plugin::new());
-    let clock = FakeClock::new();
-    let reconciler = Arc::new(
-        NodeReconciler::new(
-            "node-1".to_string(),
-            mode,
-            desired.clone(),
-            actual.clone(),
-            plugin.clone(),
-        )
-        .with_clock(Arc::new(clock.clone())),
+    let env = Env::new(
+        Desired::new(),
+        Actual::new(),
+        |desired, actual, plugin, clock| {
+            NodeReconciler::new("node-1".to_string(), mode, desired, actual, plugin)
+                .with_clock(Arc::new(clock))
+        },
     );
-    desired.mark_populated();
-    Env {
-        desired,
-        actual,
-        plugin,
-        clock,
-        reconciler,
-    }
+    env.desired.mark_populated();
+    env
 }
 
 fn spec(volume: &str) -> VolumeSpec {
