@@ -34,14 +34,12 @@ where
     service.clone().oneshot(CsiCall::new(1, request)).await
 }
 
+type DeleteCall = CsiCall<DeleteVolumeRequest>;
+
 /// A DeleteVolume service that any layer here can wrap.
 trait DeleteHandler:
-    Service<
-        CsiCall<DeleteVolumeRequest>,
-        Response = DeleteVolumeResponse,
-        Error = CsiError,
-        Future: Send + 'static,
-    > + Clone
+    Service<DeleteCall, Response = DeleteVolumeResponse, Error = CsiError, Future: Send + 'static>
+    + Clone
     + Send
     + 'static
 {
@@ -49,7 +47,7 @@ trait DeleteHandler:
 
 impl<S> DeleteHandler for S where
     S: Service<
-            CsiCall<DeleteVolumeRequest>,
+            DeleteCall,
             Response = DeleteVolumeResponse,
             Error = CsiError,
             Future: Send + 'static,
