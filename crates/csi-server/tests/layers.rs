@@ -34,17 +34,31 @@ where
     service.clone().oneshot(CsiCall::new(1, request)).await
 }
 
+type DeleteCall = CsiCall<DeleteVolumeRequest>;
+
+/// A DeleteVolume service that any layer here can wrap.
+trait DeleteHandler:
+    Service<DeleteCall, Response = DeleteVolumeResponse, Error = CsiError, Future: Send + 'static>
+    + Clone
+    + Send
+    + 'static
+{
+}
+
+impl<S> DeleteHandler for S where
+    S: Service<
+            DeleteCall,
+            Response = DeleteVolumeResponse,
+            Error = CsiError,
+            Future: Send + 'static,
+        > + Clone
+        + Send
+        + 'static
+{
+}
+
 /// A DeleteVolume handler that counts its calls.
-fn counting(
-    calls: &Arc<AtomicUsize>,
-) -> impl Service<
-    CsiCall<DeleteVolumeRequest>,
-    Response = DeleteVolumeResponse,
-    Error = CsiError,
-    Future: Send + 'static,
-> + Clone
-+ Send
-+ 'static {
+fn counting(calls: &Arc<AtomicUsize>) -> impl DeleteHandler {
     let calls = calls.clone();
     service_fn(move |_: CsiCall<DeleteVolumeRequest>| {
         calls.fetch_add(1, Ordering::SeqCst);
@@ -53,16 +67,7 @@ fn counting(
 }
 
 /// A DeleteVolume handler that runs `body` for each call.
-fn handler<F, Fut>(
-    body: F,
-) -> impl Service<
-    CsiCall<DeleteVolumeRequest>,
-    Response = DeleteVolumeResponse,
-    Error = CsiError,
-    Future: Send + 'static,
-> + Clone
-+ Send
-+ 'static
+fn handler<F, Fut>(body: F) -> impl DeleteHandler
 where
     F: Fn() -> Fut + Clone + Send + 'static,
     Fut: Future<Output = Result<DeleteVolumeResponse, CsiError>> + Send + 'static,
@@ -97,17 +102,7 @@ async fn gating_alone() {
 }
 
 /// A handler that signals `entered`, then waits for `release`.
-fn blocking(
-    entered: &Arc<Notify>,
-    release: &Arc<Notify>,
-) -> impl Service<
-    CsiCall<DeleteVolumeRequest>,
-    Response = DeleteVolumeResponse,
-    Error = CsiError,
-    Future: Send + 'static,
-> + Clone
-+ Send
-+ 'static {
+fn blocking(entered: &Arc<Notify>, release: &Arc<Notify>) -> impl DeleteHandler {
     let (e, r) = (entered.clone(), release.clone());
     handler(move || {
         let (e, r) = (e.clone(), r.clone());

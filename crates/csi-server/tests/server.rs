@@ -54,44 +54,39 @@ async fn validation_comes_before_the_driver() {
     let (_dir, driver, s) = start_test_driver().await;
     let mut c = s.client.controller();
     // The driver would say NOT_FOUND; validation must answer first.
-    let err = c
-        .delete_volume(DeleteVolumeRequest {
+    let err = expect_code(
+        c.delete_volume(DeleteVolumeRequest {
             volume_id: String::new(),
             ..Default::default()
-        })
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), Code::InvalidArgument);
+        }),
+        Code::InvalidArgument,
+    )
+    .await;
     assert_eq!(err.message(), "volume_id: required");
     assert!(err.details().is_empty());
     let mut cap = mount_cap();
     cap.access_mode = None;
-    let err = c
-        .create_volume(CreateVolumeRequest {
+    let err = expect_code(
+        c.create_volume(CreateVolumeRequest {
             name: "v".into(),
             volume_capabilities: vec![cap],
             ..Default::default()
-        })
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), Code::InvalidArgument);
+        }),
+        Code::InvalidArgument,
+    )
+    .await;
     assert_eq!(
         err.message(),
         "volume_capabilities[0].access_mode: required"
     );
-    let err = s
-        .client
-        .node()
-        .node_publish_volume(publish("v", "relative/path"))
-        .await
-        .unwrap_err();
-    assert_eq!(
-        (err.code(), err.message()),
-        (
-            Code::InvalidArgument,
-            "target_path: must be an absolute path"
-        )
-    );
+    let err = expect_code(
+        s.client
+            .node()
+            .node_publish_volume(publish("v", "relative/path")),
+        Code::InvalidArgument,
+    )
+    .await;
+    assert_eq!(err.message(), "target_path: must be an absolute path");
     assert_eq!(driver.executions.load(Ordering::SeqCst), 0);
     s.stop().await.unwrap();
 }
@@ -102,8 +97,7 @@ async fn validation_comes_before_the_driver() {
 #[tokio::test]
 async fn required_fields_come_before_capability_rules() {
     use csi_proto::v1::controller_service_capability::rpc::Type as ControllerRpc;
-    let dir = tempfile::tempdir().unwrap();
-    let driver = Arc::new(TestDriver::default());
+    let (dir, driver) = test_driver();
     let caps = Capabilities::new()
         .controller([
             ControllerRpc::CreateDeleteVolume,
@@ -131,23 +125,20 @@ async fn required_fields_come_before_capability_rules() {
         ),
     ];
     for (req, message) in no_staging {
-        let err = n.node_publish_volume(req).await.unwrap_err();
-        assert_eq!(
-            (err.code(), err.message()),
-            (Code::InvalidArgument, message)
-        );
+        let err = expect_code(n.node_publish_volume(req), Code::InvalidArgument).await;
+        assert_eq!(err.message(), message);
     }
-    let err = n
-        .node_publish_volume(publish("v", "/mnt/t"))
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), Code::FailedPrecondition, "{}", err.message());
+    expect_code(
+        n.node_publish_volume(publish("v", "/mnt/t")),
+        Code::FailedPrecondition,
+    )
+    .await;
     // Undeclared wins over missing fields.
-    let err = n
-        .node_get_volume_stats(NodeGetVolumeStatsRequest::default())
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), Code::Unimplemented);
+    expect_code(
+        n.node_get_volume_stats(NodeGetVolumeStatsRequest::default()),
+        Code::Unimplemented,
+    )
+    .await;
 
     let mut c = s.client.controller();
     let modify = |id: &str, params: &[(&str, &str)]| ControllerModifyVolumeRequest {
@@ -158,38 +149,38 @@ async fn required_fields_come_before_capability_rules() {
             .collect(),
         ..Default::default()
     };
-    let err = c
-        .controller_modify_volume(modify("v", &[("XXX_FakeKey", "x"), ("iops", "1")]))
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), Code::InvalidArgument);
+    let err = expect_code(
+        c.controller_modify_volume(modify("v", &[("XXX_FakeKey", "x"), ("iops", "1")])),
+        Code::InvalidArgument,
+    )
+    .await;
     assert!(
         err.message()
             .starts_with("mutable_parameters[\"XXX_FakeKey\"]: "),
         "{}",
         err.message()
     );
-    let err = c
-        .create_volume(CreateVolumeRequest {
+    expect_code(
+        c.create_volume(CreateVolumeRequest {
             name: "v".into(),
             volume_capabilities: vec![mount_cap()],
             mutable_parameters: [("XXX_FakeKey".to_string(), "x".to_string())].into(),
             ..Default::default()
-        })
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), Code::InvalidArgument);
+        }),
+        Code::InvalidArgument,
+    )
+    .await;
     assert_eq!(
         driver.executions.load(Ordering::SeqCst),
         0,
         "nothing applied"
     );
     // Empty mutable parameters reach the driver: NOT_FOUND or a no-op.
-    let err = c
-        .controller_modify_volume(modify("missing-v", &[]))
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), Code::NotFound);
+    expect_code(
+        c.controller_modify_volume(modify("missing-v", &[])),
+        Code::NotFound,
+    )
+    .await;
     c.controller_modify_volume(modify("v", &[])).await.unwrap();
     c.controller_modify_volume(modify("v", &[("iops", "100")]))
         .await
@@ -201,8 +192,7 @@ async fn required_fields_come_before_capability_rules() {
 #[tokio::test]
 async fn undeclared_capabilities_are_gated() {
     use csi_proto::v1::volume_content_source::{SnapshotSource, Type};
-    let dir = tempfile::tempdir().unwrap();
-    let driver = Arc::new(TestDriver::default());
+    let (dir, driver) = test_driver();
     let s = start(
         builder(&dir, &driver)
             .capabilities(Capabilities::new().node([NodeRpc::StageUnstageVolume])),
@@ -214,42 +204,41 @@ async fn undeclared_capabilities_are_gated() {
         volume_capabilities: vec![mount_cap()],
         ..Default::default()
     };
-    let err = c.create_volume(create.clone()).await.unwrap_err();
-    assert_eq!(err.code(), Code::Unimplemented);
+    let err = expect_code(c.create_volume(create.clone()), Code::Unimplemented).await;
     assert!(
         err.message().contains("CREATE_DELETE_VOLUME"),
         "{}",
         err.message()
     );
-    let err = c
-        .list_volumes(ListVolumesRequest::default())
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), Code::Unimplemented);
-    let err = c
-        .controller_get_volume(ControllerGetVolumeRequest {
+    expect_code(
+        c.list_volumes(ListVolumesRequest::default()),
+        Code::Unimplemented,
+    )
+    .await;
+    expect_code(
+        c.controller_get_volume(ControllerGetVolumeRequest {
             volume_id: "v".into(),
-        })
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), Code::Unimplemented);
+        }),
+        Code::Unimplemented,
+    )
+    .await;
     // Not declared: NodeGetVolumeStats; declared: staging, so a publish
     // without staging_target_path is FAILED_PRECONDITION.
     let mut n = s.client.node();
-    let err = n
-        .node_get_volume_stats(NodeGetVolumeStatsRequest {
+    expect_code(
+        n.node_get_volume_stats(NodeGetVolumeStatsRequest {
             volume_id: "v".into(),
             volume_path: "/mnt/v".into(),
             ..Default::default()
-        })
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), Code::Unimplemented);
-    let err = n
-        .node_publish_volume(publish("v", "/mnt/t"))
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), Code::FailedPrecondition);
+        }),
+        Code::Unimplemented,
+    )
+    .await;
+    expect_code(
+        n.node_publish_volume(publish("v", "/mnt/t")),
+        Code::FailedPrecondition,
+    )
+    .await;
     let mut staged = publish("v", "/mnt/t");
     staged.staging_target_path = "/mnt/s".into();
     n.node_publish_volume(staged).await.unwrap();
@@ -273,38 +262,34 @@ async fn undeclared_capabilities_are_gated() {
     mutable
         .mutable_parameters
         .insert("iops".into(), "100".into());
-    let err = c.create_volume(mutable).await.unwrap_err();
-    assert_eq!(err.code(), Code::InvalidArgument);
+    let err = expect_code(c.create_volume(mutable), Code::InvalidArgument).await;
     assert!(err.message().starts_with("mutable_parameters:"));
     c.create_volume(create).await.unwrap();
     // NodeStage is not declared here.
-    let err = s
-        .client
-        .node()
-        .node_stage_volume(NodeStageVolumeRequest {
+    expect_code(
+        s.client.node().node_stage_volume(NodeStageVolumeRequest {
             volume_id: "v".into(),
             staging_target_path: "/mnt/s".into(),
             volume_capability: Some(mount_cap()),
             ..Default::default()
-        })
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), Code::Unimplemented);
+        }),
+        Code::Unimplemented,
+    )
+    .await;
     s.stop().await.unwrap();
 }
 
 #[tokio::test]
 async fn services_outside_the_mode_are_not_served() {
-    let dir = tempfile::tempdir().unwrap();
-    let driver = Arc::new(TestDriver::default());
+    let (dir, driver) = test_driver();
     let s = start(builder(&dir, &driver).mode(ServeMode::Node)).await;
-    let err = s
-        .client
-        .controller()
-        .controller_get_capabilities(ControllerGetCapabilitiesRequest {})
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), Code::Unimplemented);
+    let err = expect_code(
+        s.client
+            .controller()
+            .controller_get_capabilities(ControllerGetCapabilitiesRequest {}),
+        Code::Unimplemented,
+    )
+    .await;
     // Every error carries a human-readable message, this one too.
     assert!(
         err.message()
@@ -432,13 +417,13 @@ async fn a_cancelled_call_keeps_its_lock_until_its_work_ends() {
     assert_eq!(driver.running.load(Ordering::SeqCst), 1, "the work goes on");
     // A retry while it runs is ABORTED and never reaches the driver.
     for _ in 0..3 {
-        let err = s
-            .client
-            .node()
-            .node_publish_volume(publish("block-v", "/mnt/t"))
-            .await
-            .unwrap_err();
-        assert_eq!(err.code(), Code::Aborted, "{err:?}");
+        expect_code(
+            s.client
+                .node()
+                .node_publish_volume(publish("block-v", "/mnt/t")),
+            Code::Aborted,
+        )
+        .await;
     }
     assert_eq!(driver.executions.load(Ordering::SeqCst), 1);
     assert_eq!(driver.max_running.load(Ordering::SeqCst), 1);
@@ -461,8 +446,7 @@ async fn a_cancelled_call_keeps_its_lock_until_its_work_ends() {
 async fn a_snapshot_or_clone_locks_its_source() {
     use csi_proto::v1::controller_service_capability::rpc::Type as C;
     use csi_proto::v1::volume_content_source::{Type, VolumeSource};
-    let dir = tempfile::tempdir().unwrap();
-    let driver = Arc::new(TestDriver::default());
+    let (dir, driver) = test_driver();
     let caps = Capabilities::new().controller([
         C::CreateDeleteVolume,
         C::CreateDeleteSnapshot,
@@ -490,8 +474,7 @@ async fn a_snapshot_or_clone_locks_its_source() {
         .await
     });
     driver.entered.notified().await;
-    let err = delete_source().await.unwrap_err();
-    assert_eq!(err.code(), Code::Aborted, "{err:?}");
+    let err = expect_code(delete_source(), Code::Aborted).await;
     assert_eq!(
         err.message(),
         "an operation for volume \"src\" is already in progress"
@@ -561,8 +544,7 @@ where
 #[tokio::test]
 async fn a_tower_layer_at_any_position() {
     use csi_server::{Builtin, Position};
-    let dir = tempfile::tempdir().unwrap();
-    let driver = Arc::new(TestDriver::default());
+    let (dir, driver) = test_driver();
     // A time limit on the driver's work, inside the lock; calls seen before
     // tracing are counted by a layer of our own.
     let seen = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -579,16 +561,14 @@ async fn a_tower_layer_at_any_position() {
             ),
     )
     .await;
-    let err = s
-        .client
-        .controller()
-        .delete_volume(DeleteVolumeRequest {
+    expect_code(
+        s.client.controller().delete_volume(DeleteVolumeRequest {
             volume_id: "slow-1".into(),
             ..Default::default()
-        })
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), Code::DeadlineExceeded, "{err:?}");
+        }),
+        Code::DeadlineExceeded,
+    )
+    .await;
     s.client
         .controller()
         .delete_volume(DeleteVolumeRequest {
@@ -605,14 +585,14 @@ async fn a_tower_layer_at_any_position() {
 async fn a_panicking_driver_gives_internal_and_the_server_keeps_serving() {
     let (_dir, _driver, s) = start_test_driver().await;
     let mut c = s.client.controller();
-    let err = c
-        .delete_volume(DeleteVolumeRequest {
+    expect_code(
+        c.delete_volume(DeleteVolumeRequest {
             volume_id: "boom".into(),
             ..Default::default()
-        })
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), Code::Internal);
+        }),
+        Code::Internal,
+    )
+    .await;
     assert!(s.lock_map.is_empty());
     c.delete_volume(DeleteVolumeRequest {
         volume_id: "fine".into(),
@@ -625,8 +605,7 @@ async fn a_panicking_driver_gives_internal_and_the_server_keeps_serving() {
 
 #[tokio::test]
 async fn shutdown_lets_in_flight_calls_finish_and_removes_the_socket() {
-    let dir = tempfile::tempdir().unwrap();
-    let driver = Arc::new(TestDriver::default());
+    let (dir, driver) = test_driver();
     let mut s = start(builder(&dir, &driver)).await;
     let mut c = s.client.controller();
     let call = tokio::spawn(async move {
@@ -688,8 +667,7 @@ async fn socket_is_0600_and_stale_sockets_are_replaced() {
 
 #[tokio::test]
 async fn probe_follows_the_readiness_handle() {
-    let dir = tempfile::tempdir().unwrap();
-    let driver = Arc::new(TestDriver::default());
+    let (dir, driver) = test_driver();
     let readiness = Readiness::new();
     let s = start(builder(&dir, &driver).readiness(readiness.clone())).await;
     let mut id = s.client.identity();
@@ -703,18 +681,14 @@ async fn probe_follows_the_readiness_handle() {
         Some(true)
     );
     readiness.set_unhealthy("backend unreachable");
-    let err = id.probe(ProbeRequest {}).await.unwrap_err();
-    assert_eq!(
-        (err.code(), err.message()),
-        (Code::FailedPrecondition, "backend unreachable")
-    );
+    let err = expect_code(id.probe(ProbeRequest {}), Code::FailedPrecondition).await;
+    assert_eq!(err.message(), "backend unreachable");
     s.stop().await.unwrap();
 }
 
 #[tokio::test]
 async fn built_in_layers_can_be_switched_off() {
-    let dir = tempfile::tempdir().unwrap();
-    let driver = Arc::new(TestDriver::default());
+    let (dir, driver) = test_driver();
     let s = start(
         builder(&dir, &driver)
             .validation(false)
@@ -728,13 +702,13 @@ async fn built_in_layers_can_be_switched_off() {
         .await
         .unwrap();
     // No gating: an undeclared RPC reaches the driver's default.
-    let err = c
-        .controller_get_volume(ControllerGetVolumeRequest {
+    let err = expect_code(
+        c.controller_get_volume(ControllerGetVolumeRequest {
             volume_id: "v".into(),
-        })
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), Code::Unimplemented);
+        }),
+        Code::Unimplemented,
+    )
+    .await;
     assert!(err.message().contains("not implemented"), "{err:?}");
     // No locking: two calls on one volume run at once.
     let mut c2 = s.client.controller();

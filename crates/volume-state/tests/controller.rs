@@ -1,5 +1,7 @@
 //! Scenario tests for the attach/detach controller reconciler.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -8,38 +10,20 @@ use volume_state::controller::{
     NodeHealth,
 };
 use volume_state::node::AttachState;
-use volume_state::{
-    ErrorKind, FakeClock, FakeVolumePlugin, NodeAccess, PluginCall, PluginMethod, VolumeSpec,
-};
+use volume_state::{ErrorKind, NodeAccess, PluginCall, PluginMethod, VolumeSpec};
 
 type Desired = DesiredAttachState<String, String, String>;
 type Actual = ActualAttachState<String, String>;
-type Plugin = FakeVolumePlugin<String, String>;
-
-struct Env {
-    desired: Arc<Desired>,
-    actual: Arc<Actual>,
-    plugin: Arc<Plugin>,
-    clock: FakeClock,
-    reconciler: Arc<AttachReconciler<String, String, String>>,
-}
+type Env = common::Env<Desired, Actual, AttachReconciler<String, String, String>>;
 
 fn env(config: AttachConfig) -> Env {
-    let desired = Arc::new(Desired::new());
-    let actual = Arc::new(Actual::new());
-    let plugin = Arc::new(Plugin::new());
-    let clock = FakeClock::new();
-    let reconciler = Arc::new(
-        AttachReconciler::new(config, desired.clone(), actual.clone(), plugin.clone())
-            .with_clock(Arc::new(clock.clone())),
-    );
-    Env {
-        desired,
-        actual,
-        plugin,
-        clock,
-        reconciler,
-    }
+    Env::new(
+        Desired::new(),
+        Actual::new(),
+        |desired, actual, plugin, clock| {
+            AttachReconciler::new(config, desired, actual, plugin).with_clock(Arc::new(clock))
+        },
+    )
 }
 
 fn spec(mode: NodeAccess) -> VolumeSpec {
@@ -80,6 +64,14 @@ impl Env {
         self.reconciler.run_until_idle(5).await;
         self.not_in_use(node);
         self.calls();
+    }
+
+    /// Single-node attached on `node` and unused; the next detach fails
+    /// uncertain.
+    async fn attached_with_an_uncertain_detach_next(&self, node: &str) {
+        self.attached_unused(node, NodeAccess::SingleNode).await;
+        self.plugin
+            .fail_once(PluginMethod::Detach, None, ErrorKind::Uncertain);
     }
 
     /// The pod moves from `from` to `to`.
@@ -360,9 +352,7 @@ async fn never_detached_while_an_operation_on_the_volume_is_pending() {
 #[tokio::test]
 async fn failed_detach_blocks_attaching_a_single_node_volume_elsewhere_until_it_succeeds() {
     let env = env(AttachConfig::default());
-    env.attached_unused("n1", NodeAccess::SingleNode).await;
-    env.plugin
-        .fail_once(PluginMethod::Detach, None, ErrorKind::Uncertain);
+    env.attached_with_an_uncertain_detach_next("n1").await;
     env.move_pod("n1", "n2", NodeAccess::SingleNode);
     env.reconciler.run_until_idle(5).await;
     assert_eq!(env.calls(), [n(PluginMethod::Detach, "n1")]);
@@ -408,9 +398,7 @@ async fn a_failed_detach_does_not_block_a_multi_node_volume_or_when_opted_out() 
 #[tokio::test]
 async fn a_failed_attach_never_clears_detach_uncertain() {
     let env = env(AttachConfig::default());
-    env.attached_unused("n1", NodeAccess::SingleNode).await;
-    env.plugin
-        .fail_once(PluginMethod::Detach, None, ErrorKind::Uncertain);
+    env.attached_with_an_uncertain_detach_next("n1").await;
     env.remove("n1");
     env.reconciler.run_until_idle(5).await;
     assert_eq!(env.state("n1"), Some(AttachState::DetachUncertain));

@@ -1,6 +1,10 @@
 //! Scenario tests for the node (kubelet) reconciler with the fake plugin and
 //! a fake clock.
 
+mod common;
+
+use common::Plugin;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,45 +14,23 @@ use volume_state::node::{
     ActualNodeState, AttachMode, AttachState, DesiredNodeState, DeviceState, DiscoveredMount,
     NodeOperation, NodeReconciler, Phase, PodMountState,
 };
-use volume_state::{
-    ErrorKind, ExecutionResult, FakeClock, FakeVolumePlugin, GateError, PluginMethod, VolumeSpec,
-};
+use volume_state::{ErrorKind, ExecutionResult, FakeClock, GateError, PluginMethod, VolumeSpec};
 
 type Desired = DesiredNodeState<String, String>;
 type Actual = ActualNodeState<String, String>;
-type Plugin = FakeVolumePlugin<String, String>;
-
-struct Env {
-    desired: Arc<Desired>,
-    actual: Arc<Actual>,
-    plugin: Arc<Plugin>,
-    clock: FakeClock,
-    reconciler: Arc<NodeReconciler<String, String, String>>,
-}
+type Env = common::Env<Desired, Actual, NodeReconciler<String, String, String>>;
 
 fn env(mode: AttachMode) -> Env {
-    let desired = Arc::new(Desired::new());
-    let actual = Arc::new(Actual::new());
-    let plugin = Arc::new(Plugin::new());
-    let clock = FakeClock::new();
-    let reconciler = Arc::new(
-        NodeReconciler::new(
-            "node-1".to_string(),
-            mode,
-            desired.clone(),
-            actual.clone(),
-            plugin.clone(),
-        )
-        .with_clock(Arc::new(clock.clone())),
+    let env = Env::new(
+        Desired::new(),
+        Actual::new(),
+        |desired, actual, plugin, clock| {
+            NodeReconciler::new("node-1".to_string(), mode, desired, actual, plugin)
+                .with_clock(Arc::new(clock))
+        },
     );
-    desired.mark_populated();
-    Env {
-        desired,
-        actual,
-        plugin,
-        clock,
-        reconciler,
-    }
+    env.desired.mark_populated();
+    env
 }
 
 fn spec(volume: &str) -> VolumeSpec {
@@ -108,6 +90,41 @@ impl Env {
     async fn settle(&self) {
         let passes = self.reconciler.run_until_idle(20).await;
         assert!(passes < 20, "did not settle");
+    }
+
+    /// Mounts `v1` for pod `a` and settles, then makes the next `method`
+    /// on `v1` fail with `kind` and removes the pod.
+    async fn mount_then_remove_failing(&self, method: PluginMethod, kind: ErrorKind) {
+        self.add("v1", "a");
+        self.settle().await;
+        self.plugin.fail_once(method, Some("v1".into()), kind);
+        self.remove("v1", "a");
+    }
+
+    /// Runs an unpublish of `volume` for `pod` outside the reconciler's plan.
+    async fn unpublish_directly(&self, volume: &str, pod: &str) {
+        self.reconciler
+            .execute(NodeOperation::Unpublish {
+                volume: volume.into(),
+                pod: pod.into(),
+                target_path: target(pod, volume),
+            })
+            .await;
+    }
+
+    /// Settles, then checks `volume` went attach, stage, unstage, detach
+    /// and nothing else ran.
+    async fn settle_through_a_full_cycle(&self, volume: &str) {
+        self.settle().await;
+        assert_eq!(
+            self.calls(),
+            [
+                v(Attach, volume),
+                v(Stage, volume),
+                v(Unstage, volume),
+                v(Detach, volume)
+            ]
+        );
     }
 }
 
@@ -218,16 +235,7 @@ async fn stage_timeout_is_uncertain_and_still_unstaged_on_delete() {
     assert_eq!(report.failed, 1);
     assert_eq!(env.device("v1"), Some(DeviceState::Uncertain));
     env.remove("v1", "a");
-    env.settle().await;
-    assert_eq!(
-        env.calls(),
-        [
-            v(Attach, "v1"),
-            v(Stage, "v1"),
-            v(Unstage, "v1"),
-            v(Detach, "v1")
-        ]
-    );
+    env.settle_through_a_full_cycle("v1").await;
     assert!(env.actual.snapshot().is_empty());
 }
 
@@ -274,11 +282,8 @@ async fn publish_timeout_is_retried_after_backoff() {
 #[tokio::test]
 async fn failed_unpublish_makes_a_returning_pod_publish_again() {
     let env = env(AttachMode::ByNode);
-    env.add("v1", "a");
-    env.settle().await;
-    env.plugin
-        .fail_once(Unpublish, Some("v1".into()), ErrorKind::Final);
-    env.remove("v1", "a");
+    env.mount_then_remove_failing(Unpublish, ErrorKind::Final)
+        .await;
     env.reconciler.run_pass().await;
     assert_eq!(env.pod_state("v1", "a"), Some(PodMountState::Uncertain));
     env.calls();
@@ -291,11 +296,8 @@ async fn failed_unpublish_makes_a_returning_pod_publish_again() {
 #[tokio::test]
 async fn failed_unstage_makes_a_new_pod_stage_again() {
     let env = env(AttachMode::ByNode);
-    env.add("v1", "a");
-    env.settle().await;
-    env.plugin
-        .fail_once(Unstage, Some("v1".into()), ErrorKind::Uncertain);
-    env.remove("v1", "a");
+    env.mount_then_remove_failing(Unstage, ErrorKind::Uncertain)
+        .await;
     env.reconciler.run_pass().await; // unpublish
     env.reconciler.run_pass().await; // unstage fails
     assert_eq!(env.device("v1"), Some(DeviceState::Uncertain));
@@ -369,21 +371,9 @@ async fn plan_emits_operations_in_the_fixed_phase_order() {
     env.settle().await;
     env.add("a", "a"); // needs attach
     env.remove("u", "a"); // needs unpublish
-    env.reconciler
-        .execute(NodeOperation::Unpublish {
-            volume: "x".into(),
-            pod: "a".into(),
-            target_path: target("a", "x"),
-        })
-        .await;
+    env.unpublish_directly("x", "a").await;
     env.remove("x", "a"); // mounted device, no pods: needs unstage
-    env.reconciler
-        .execute(NodeOperation::Unpublish {
-            volume: "d".into(),
-            pod: "a".into(),
-            target_path: target("a", "d"),
-        })
-        .await;
+    env.unpublish_directly("d", "a").await;
     env.reconciler
         .execute(NodeOperation::Unstage {
             volume: "d".into(),
@@ -430,34 +420,23 @@ async fn never_detached_while_an_operation_on_the_volume_is_pending() {
     env.remove("v1", "a");
     // The volume is unwanted and its device not (yet) mounted, but stage runs.
     assert!(env.reconciler.plan().is_empty());
-    assert_eq!(
-        env.reconciler
-            .execute(NodeOperation::MarkDetached {
-                volume: "v1".into()
-            })
-            .await,
-        ExecutionResult::Skipped(GateError::AlreadyExists)
-    );
-    assert_eq!(
-        env.reconciler
-            .execute(NodeOperation::Detach {
-                volume: "v1".into()
-            })
-            .await,
-        ExecutionResult::Skipped(GateError::AlreadyExists)
-    );
+    let detaches = [
+        NodeOperation::MarkDetached {
+            volume: "v1".into(),
+        },
+        NodeOperation::Detach {
+            volume: "v1".into(),
+        },
+    ];
+    for detach in detaches {
+        assert_eq!(
+            env.reconciler.execute(detach).await,
+            ExecutionResult::Skipped(GateError::AlreadyExists)
+        );
+    }
     assert!(env.actual.snapshot().get(&"v1".into()).is_some());
     stage.await.unwrap();
-    env.settle().await;
-    assert_eq!(
-        env.calls(),
-        [
-            v(Attach, "v1"),
-            v(Stage, "v1"),
-            v(Unstage, "v1"),
-            v(Detach, "v1")
-        ]
-    );
+    env.settle_through_a_full_cycle("v1").await;
 }
 
 #[tokio::test]

@@ -202,11 +202,18 @@ impl Running {
     }
 }
 
+/// A fresh [`TestDriver`] and a new temporary directory for its socket.
+pub fn test_driver() -> (tempfile::TempDir, Arc<TestDriver>) {
+    (
+        tempfile::tempdir().unwrap(),
+        Arc::new(TestDriver::default()),
+    )
+}
+
 /// A server over a fresh [`TestDriver`] with every capability, in a new
 /// temporary directory (kept alive by the caller).
 pub async fn start_test_driver() -> (tempfile::TempDir, Arc<TestDriver>, Running) {
-    let dir = tempfile::tempdir().unwrap();
-    let driver = Arc::new(TestDriver::default());
+    let (dir, driver) = test_driver();
     let running = start(builder(&dir, &driver)).await;
     (dir, driver, running)
 }
@@ -257,5 +264,20 @@ pub fn publish(volume_id: &str, target: &str) -> NodePublishVolumeRequest {
         target_path: target.into(),
         volume_capability: Some(mount_cap()),
         ..Default::default()
+    }
+}
+
+/// Awaits a call that must fail with `code`; returns the status so the
+/// caller can check its message.
+pub async fn expect_code<T>(
+    call: impl std::future::Future<Output = Result<T, tonic::Status>>,
+    code: tonic::Code,
+) -> tonic::Status {
+    match call.await {
+        Ok(_) => panic!("expected {code:?}, got OK"),
+        Err(status) => {
+            assert_eq!(status.code(), code, "{}", status.message());
+            status
+        }
     }
 }
