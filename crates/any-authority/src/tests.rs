@@ -109,12 +109,12 @@ impl TestEncoder {
         }
         let mut never = Vec::new();
         for (name, value) in fields {
-            if rng.chance(60) {
-                if let Some(i) = self.find(name, Some(value)) {
-                    encode_integer(i, 7, 0x80, out);
-                    never.push(false);
-                    continue;
-                }
+            if rng.chance(60)
+                && let Some(i) = self.find(name, Some(value))
+            {
+                encode_integer(i, 7, 0x80, out);
+                never.push(false);
+                continue;
             }
             let (flags, prefix) = match rng.below(3) {
                 0 => (0x40, 6),

@@ -41,13 +41,13 @@ pub(crate) async fn discover(ctx: &mut Ctx) -> Option<String> {
         Ok(r) => ctx.caps.node = r.capabilities.iter().filter_map(|c| c.rpc_type()).collect(),
         Err(s) => ctx.caps.node_err = Some(err(s)),
     }
-    if ctx.caps.node_err.is_none() {
-        if let Ok(r) = ctx.rpc(NodeGetInfoRequest {}).await.result {
-            if !r.node_id.is_empty() {
-                ctx.caps.node_id = Some(r.node_id);
-            }
-            ctx.caps.max_volumes_per_node = r.max_volumes_per_node;
+    if ctx.caps.node_err.is_none()
+        && let Ok(r) = ctx.rpc(NodeGetInfoRequest {}).await.result
+    {
+        if !r.node_id.is_empty() {
+            ctx.caps.node_id = Some(r.node_id);
         }
+        ctx.caps.max_volumes_per_node = r.max_volumes_per_node;
     }
     if ctx.has_plugin(PluginCap::GroupControllerService) {
         match ctx

@@ -440,10 +440,10 @@ impl ServerBuilder {
             Some(e) => e,
             None => Endpoint::from_env()?,
         };
-        if let Endpoint::Tcp(_) = endpoint {
-            if !self.allow_tcp {
-                return Err(ServerError::TcpNotAllowed(endpoint.to_string()));
-            }
+        if let Endpoint::Tcp(_) = endpoint
+            && !self.allow_tcp
+        {
+            return Err(ServerError::TcpNotAllowed(endpoint.to_string()));
         }
         let mode = self.mode;
         let mut drivers = self.drivers;

@@ -54,10 +54,12 @@ impl SocketFile {
 
     /// Removes the socket unless something else replaced it meanwhile.
     pub fn remove(self) {
-        if let Ok(meta) = std::fs::symlink_metadata(&self.path) {
-            if meta.file_type().is_socket() && meta.dev() == self.dev && meta.ino() == self.ino {
-                let _ = std::fs::remove_file(&self.path);
-            }
+        if let Ok(meta) = std::fs::symlink_metadata(&self.path)
+            && meta.file_type().is_socket()
+            && meta.dev() == self.dev
+            && meta.ino() == self.ino
+        {
+            let _ = std::fs::remove_file(&self.path);
         }
     }
 }

@@ -693,10 +693,10 @@ fn device_for_source(st: &mut State, source: &str) -> DeviceNumber {
     if let Some(d) = FakeMounter::device_node(st, &normalize(path)) {
         return d;
     }
-    if source.starts_with('/') {
-        if let Some(d) = st.source_devices.get(source) {
-            return *d;
-        }
+    if source.starts_with('/')
+        && let Some(d) = st.source_devices.get(source)
+    {
+        return *d;
     }
     st.next_anon += 1;
     let d = DeviceNumber::new(0, FIRST_ANON_MINOR + st.next_anon);

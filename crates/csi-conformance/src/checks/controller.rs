@@ -692,12 +692,12 @@ pub(super) async fn clone_volume(ctx: &mut Ctx) -> Outcome {
     if clone.volume_id == src.volume_id {
         return fail("CreateVolume: a clone must be a new volume, got the source's id");
     }
-    if let Some(cs) = &clone.content_source {
-        if *cs != source(&src.volume_id) {
-            return fail(format!(
-                "CreateVolume: content_source {cs:?} does not name the source volume"
-            ));
-        }
+    if let Some(cs) = &clone.content_source
+        && *cs != source(&src.volume_id)
+    {
+        return fail(format!(
+            "CreateVolume: content_source {cs:?} does not name the source volume"
+        ));
     }
     let mut req = ctx.create_request("clone-missing");
     let missing = missing_id(ctx, "vol");

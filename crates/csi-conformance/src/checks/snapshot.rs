@@ -309,12 +309,12 @@ pub(super) async fn restore(ctx: &mut Ctx) -> Outcome {
     let mut req = ctx.create_request("restored");
     req.volume_content_source = Some(snapshot_source(&snap.snapshot_id));
     let restored = ctx.create_volume_with(req).await?;
-    if let Some(cs) = &restored.content_source {
-        if *cs != snapshot_source(&snap.snapshot_id) {
-            return fail(format!(
-                "CreateVolume: content_source {cs:?} does not name the snapshot"
-            ));
-        }
+    if let Some(cs) = &restored.content_source
+        && *cs != snapshot_source(&snap.snapshot_id)
+    {
+        return fail(format!(
+            "CreateVolume: content_source {cs:?} does not name the snapshot"
+        ));
     }
     let mut req = ctx.create_request("restore-missing");
     let missing = missing_id(ctx, "snap");

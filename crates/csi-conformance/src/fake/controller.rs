@@ -20,13 +20,13 @@ impl Controller for FakeDriver {
     ) -> CsiResult<CreateVolumeResponse> {
         req.secrets.clear();
         let mut st = self.lock();
-        if !self.has(Fault::NotIdempotentCreate) {
-            if let Some(v) = st.volumes.values().find(|v| v.request.name == req.name) {
-                compare_volume(&v.request, &v.volume, &req)?;
-                return Ok(CreateVolumeResponse {
-                    volume: Some(v.volume.clone()),
-                });
-            }
+        if !self.has(Fault::NotIdempotentCreate)
+            && let Some(v) = st.volumes.values().find(|v| v.request.name == req.name)
+        {
+            compare_volume(&v.request, &v.volume, &req)?;
+            return Ok(CreateVolumeResponse {
+                volume: Some(v.volume.clone()),
+            });
         }
         let source_size = match req
             .volume_content_source

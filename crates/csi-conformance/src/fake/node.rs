@@ -131,10 +131,10 @@ impl Node for FakeDriver {
                 .truncate(false)
                 .write(true)
                 .open(target)?;
-        } else if let Err(e) = std::fs::create_dir(target) {
-            if !target.is_dir() {
-                return Err(e.into());
-            }
+        } else if let Err(e) = std::fs::create_dir(target)
+            && !target.is_dir()
+        {
+            return Err(e.into());
         }
         st.node_pubs
             .entry(req.volume_id.clone())

@@ -57,16 +57,15 @@ impl GatingLayer {
 
     /// The decision for one request, without running it.
     pub fn check<Req: CsiRequest>(&self, request: &Req) -> Result<(), CsiError> {
-        if self.rpcs {
-            if let Some(req) = Req::METHOD.requirement() {
-                if !self.capabilities.satisfies(req) {
-                    return Err(CsiError::Unimplemented(format!(
-                        "{} is not supported: the plugin does not declare {}",
-                        Req::METHOD,
-                        req.as_str_name()
-                    )));
-                }
-            }
+        if self.rpcs
+            && let Some(req) = Req::METHOD.requirement()
+            && !self.capabilities.satisfies(req)
+        {
+            return Err(CsiError::Unimplemented(format!(
+                "{} is not supported: the plugin does not declare {}",
+                Req::METHOD,
+                req.as_str_name()
+            )));
         }
         if self.fields {
             request.check_capabilities(&self.capabilities)?;

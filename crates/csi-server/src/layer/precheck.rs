@@ -53,10 +53,10 @@ where
     }
 
     fn call(&mut self, call: CsiCall<Req>) -> Self::Future {
-        if self.on {
-            if let Some(answer) = self.check.answer(&call) {
-                return Either::Right(ready(answer));
-            }
+        if self.on
+            && let Some(answer) = self.check.answer(&call)
+        {
+            return Either::Right(ready(answer));
         }
         Either::Left(self.inner.call(call).err_into())
     }

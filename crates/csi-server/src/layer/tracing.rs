@@ -43,10 +43,10 @@ impl Wrap for TracingLayer {
             code = Empty,
             duration_us = Empty,
         );
-        if !span.is_disabled() {
-            if let Some(v) = call.request.volume_id() {
-                span.record("volume_id", v);
-            }
+        if !span.is_disabled()
+            && let Some(v) = call.request.volume_id()
+        {
+            span.record("volume_id", v);
         }
         tracing::debug!(parent: &span, request = ?call.request, "request");
         let start = Instant::now();
