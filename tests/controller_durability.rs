@@ -1,5 +1,5 @@
-//! Controller durability of both example drivers (issue #14), over their
-//! real sockets:
+//! Controller durability of both example drivers, over their real
+//! sockets. One file over 700 lines: a list of cases sharing one setup.
 //!
 //! 1. a cancelled clone finishes once, and a retry meanwhile is ABORTED;
 //! 2. a second instance on the same `--statedir` exits with a message;

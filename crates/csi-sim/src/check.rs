@@ -10,7 +10,7 @@ use csi_driver::{CallContext, Method};
 use csi_proto::v1::*;
 use mount_utils::Mounter;
 
-use crate::runner::Co;
+use crate::co::Co;
 
 impl Co<'_> {
     /// The invariants, after a call got its final answer.

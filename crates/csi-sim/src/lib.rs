@@ -41,6 +41,7 @@
 //! ```
 
 mod check;
+mod co;
 #[cfg(feature = "kernel")]
 pub mod kernel;
 pub mod kubelet;

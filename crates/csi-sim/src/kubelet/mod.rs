@@ -32,7 +32,8 @@ use volume_state::node::{
 use volume_state::{FakeClock, NodeAccess, Reconcile, VolumeSpec};
 
 use self::plugin::{SimMountTable, SimVolumePlugin};
-use crate::runner::{Co, LocalFuture, MAX_ATTEMPTS, Outcome, Scenario, Start};
+use crate::co::Co;
+use crate::runner::{LocalFuture, MAX_ATTEMPTS, Outcome, Scenario, Start};
 use crate::targets::NODE_ID;
 use crate::workload::Call;
 use crate::world::World;
