@@ -805,16 +805,17 @@ fn read_record(fs: &dyn FileSystem, path: &Path) -> Result<Vec<u8>, ReadError> {
         }
         Err(e) => return Err(ReadError::Io(e)),
     };
-    let meta = f.metadata().map_err(ReadError::Io)?;
-    if !meta.is_file {
-        return Err(ReadError::NotRecord("not a regular file"));
+    let not_file = |f: &dyn FsFile| f.metadata().is_ok_and(|m| !m.is_file);
+    match f.read_bounded(MAX_RECORD_LEN + key::MAX_KEY_LEN + 64) {
+        // No record is empty: only then is the kind worth asking.
+        Ok(Some(bytes)) if bytes.is_empty() && not_file(&*f) => {
+            Err(ReadError::NotRecord("not a regular file"))
+        }
+        Ok(Some(bytes)) => Ok(bytes),
+        Ok(None) => Err(ReadError::NotRecord("larger than any record")),
+        Err(_) if not_file(&*f) => Err(ReadError::NotRecord("not a regular file")),
+        Err(e) => Err(ReadError::Io(e)),
     }
-    if meta.len > (MAX_RECORD_LEN + key::MAX_KEY_LEN + 64) as u64 {
-        return Err(ReadError::NotRecord("larger than any record"));
-    }
-    let mut bytes = Vec::with_capacity(meta.len as usize);
-    f.read_to_end(&mut bytes).map_err(ReadError::Io)?;
-    Ok(bytes)
 }
 
 /// Removes the temporary file of a write that did not finish (unlink needs

@@ -56,6 +56,21 @@ pub trait FsFile: Send + Sync + fmt::Debug {
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
     /// Reads from the current position to the end.
     fn read_to_end(&mut self, buf: &mut Vec<u8>) -> io::Result<usize>;
+    /// Reads from the current position to the end, `None` past `max`
+    /// bytes; what is not a regular file reads as empty or fails (the
+    /// caller asks [`metadata`](Self::metadata) then, not on every read).
+    fn read_bounded(&mut self, max: usize) -> io::Result<Option<Vec<u8>>> {
+        let meta = self.metadata()?;
+        if !meta.is_file {
+            return Ok(Some(Vec::new()));
+        }
+        if meta.len > max as u64 {
+            return Ok(None);
+        }
+        let mut buf = Vec::with_capacity(meta.len as usize);
+        self.read_to_end(&mut buf)?;
+        Ok((buf.len() <= max).then_some(buf))
+    }
     /// Writes all of `buf` at `offset`.
     fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
     /// Truncates or extends the file.
@@ -106,6 +121,28 @@ impl FsFile for File {
     }
     fn read_to_end(&mut self, buf: &mut Vec<u8>) -> io::Result<usize> {
         Read::read_to_end(self, buf)
+    }
+    fn read_bounded(&mut self, max: usize) -> io::Result<Option<Vec<u8>>> {
+        // read(2) until it returns 0: no fstat for a size hint (std's
+        // read_to_end asks for one), as a scan reads thousands of files.
+        let mut buf = vec![0u8; 4096.min(max + 1)];
+        let mut len = 0;
+        loop {
+            if len == buf.len() {
+                if len > max {
+                    return Ok(None);
+                }
+                buf.resize((len * 2).min(max + 1), 0);
+            }
+            match Read::read(self, &mut buf[len..]) {
+                Ok(0) => break,
+                Ok(n) => len += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        buf.truncate(len);
+        Ok(Some(buf))
     }
     fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         FileExt::write_all_at(self, buf, offset)
