@@ -41,7 +41,9 @@ use crate::group::GroupSync;
 use crate::journal::{self, Change, CommitError, Journal};
 use crate::key::{self, NameKind, TMP_PREFIX, check_key, check_table, file_name, shorten};
 use crate::lock::DirLock;
-use crate::store::{MAX_RECORD_LEN, Quarantined, RawRecord, RawScan, RecordStore, check_put};
+use crate::store::{
+    MAX_RECORD_LEN, Quarantined, RawRecord, RawScan, RecordStore, check_at, check_put,
+};
 
 const TABLES: &str = "tables";
 const QUARANTINE: &str = "quarantine";
@@ -569,8 +571,7 @@ impl RecordStore for FileStore {
     }
 
     fn get(&self, table: &str, key: &str) -> Result<Option<RawRecord>, StoreError> {
-        check_table(table)?;
-        check_key(key)?;
+        check_at(table, key)?;
         let Some(td) = self.table_dir(table, None)? else {
             return Ok(None);
         };
@@ -616,8 +617,7 @@ impl RecordStore for FileStore {
     }
 
     fn delete(&self, table: &str, key: &str) -> Result<bool, StoreError> {
-        check_table(table)?;
-        check_key(key)?;
+        check_at(table, key)?;
         let Some(td) = self.table_dir(table, None)? else {
             return Ok(false);
         };
@@ -715,8 +715,7 @@ impl RecordStore for FileStore {
         seen: &RawRecord,
         reason: &str,
     ) -> Result<Option<Quarantined>, StoreError> {
-        check_table(table)?;
-        check_key(key)?;
+        check_at(table, key)?;
         let Some(td) = self.table_dir(table, None)? else {
             return Ok(None);
         };

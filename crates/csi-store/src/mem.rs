@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::codec::CodecId;
 use crate::error::StoreError;
-use crate::key::{check_key, check_table, shorten};
-use crate::store::{Quarantined, RawRecord, RawScan, RecordStore, check_put};
+use crate::key::{check_table, shorten};
+use crate::store::{Quarantined, RawRecord, RawScan, RecordStore, check_at, check_put};
 
 /// Records in memory, with the same rules and errors as
 /// [`crate::FileStore`] (key and table checks, size limit, quarantine of
@@ -131,8 +131,7 @@ impl RecordStore for MemStore {
     }
 
     fn get(&self, table: &str, key: &str) -> Result<Option<RawRecord>, StoreError> {
-        check_table(table)?;
-        check_key(key)?;
+        check_at(table, key)?;
         let mut i = self.lock();
         match i.tables.get(table).and_then(|t| t.get(key)).cloned() {
             None => Ok(None),
@@ -150,8 +149,7 @@ impl RecordStore for MemStore {
     }
 
     fn delete(&self, table: &str, key: &str) -> Result<bool, StoreError> {
-        check_table(table)?;
-        check_key(key)?;
+        check_at(table, key)?;
         let mut i = self.lock();
         i.deletes += 1;
         Ok(i.tables
@@ -188,8 +186,7 @@ impl RecordStore for MemStore {
         seen: &RawRecord,
         reason: &str,
     ) -> Result<Option<Quarantined>, StoreError> {
-        check_table(table)?;
-        check_key(key)?;
+        check_at(table, key)?;
         let mut i = self.lock();
         let same = matches!(i.tables.get(table).and_then(|t| t.get(key)),
             Some(Slot::Good(r)) if r == seen);

@@ -89,11 +89,17 @@ pub trait RecordStore: Send + Sync + fmt::Debug {
     fn quarantined_keys(&self, table: &str) -> Result<Vec<String>, StoreError>;
 }
 
-/// The checks every implementation makes before a put: table name, key and
-/// size, so both give the same errors.
-pub(crate) fn check_put(table: &str, key: &str, len: usize) -> Result<(), StoreError> {
+/// The checks every implementation makes before it touches one record:
+/// table name and key, so both give the same errors.
+pub(crate) fn check_at(table: &str, key: &str) -> Result<(), StoreError> {
     check_table(table)?;
-    check_key(key)?;
+    check_key(key)
+}
+
+/// The checks every implementation makes before a put: [`check_at`] and
+/// size.
+pub(crate) fn check_put(table: &str, key: &str, len: usize) -> Result<(), StoreError> {
+    check_at(table, key)?;
     if len > MAX_RECORD_LEN {
         return Err(StoreError::TooLarge {
             table: table.to_owned(),
