@@ -122,11 +122,10 @@ enum Op {
         dir: Ino,
         name: OsString,
     },
+    /// `from` and `to` are (directory, name) as [`parent`] gives them.
     Rename {
-        from_dir: Ino,
-        from: OsString,
-        to_dir: Ino,
-        to: OsString,
+        from: (Ino, OsString),
+        to: (Ino, OsString),
         exchange: bool,
         /// The inode renamed, and whether the rename replaced a file.
         ino: Ino,
@@ -149,9 +148,7 @@ impl Op {
     fn covered_by(&self, synced: Ino) -> bool {
         match self {
             Op::Link { dir, .. } | Op::Unlink { dir, .. } => *dir == synced,
-            Op::Rename {
-                from_dir, to_dir, ..
-            } => *from_dir == synced || *to_dir == synced,
+            Op::Rename { from, to, .. } => from.0 == synced || to.0 == synced,
             Op::Write { ino, .. } | Op::SetLen { ino, .. } => *ino == synced,
         }
     }
@@ -248,10 +245,8 @@ impl Image {
                 }
             }
             Op::Rename {
-                from_dir,
-                from,
-                to_dir,
-                to,
+                from: (from_dir, from),
+                to: (to_dir, to),
                 exchange,
                 ..
             } => {
@@ -536,6 +531,23 @@ impl SimHandle {
     }
 }
 
+/// Links a new inode (a directory when `dir_node`) at `path`.
+fn link_new(st: &mut State, path: &Path, dir_node: bool) -> io::Result<Ino> {
+    let (dir, name) = parent(&st.live, path)?;
+    let ino = st.next_ino;
+    st.next_ino += 1;
+    record(
+        st,
+        Op::Link {
+            dir,
+            name,
+            ino,
+            dir_node,
+        },
+    );
+    Ok(ino)
+}
+
 fn record(st: &mut State, op: Op) {
     st.live.apply(&op);
     st.log.push((op, false));
@@ -693,20 +705,7 @@ impl FileSystem for SimHandle {
             (_, Some((ino, _))) => self.file(ino, writable, path),
             (OpenMode::CreateNew | OpenMode::CreateTruncate | OpenMode::CreateKeep, None) => {
                 self.before(FsEffect::Create, path)?;
-                let mut st = self.state()?;
-                let (dir, name) = parent(&st.live, path)?;
-                let ino = st.next_ino;
-                st.next_ino += 1;
-                record(
-                    &mut st,
-                    Op::Link {
-                        dir,
-                        name,
-                        ino,
-                        dir_node: false,
-                    },
-                );
-                drop(st);
+                let ino = link_new(&mut *self.state()?, path, false)?;
                 self.file(ino, true, path)
             }
             (_, None) => return Err(errno(libc::ENOENT)),
@@ -723,19 +722,7 @@ impl FileSystem for SimHandle {
             }
         }
         self.before(FsEffect::Mkdir, path)?;
-        let mut st = self.state()?;
-        let (dir, name) = parent(&st.live, path)?;
-        let ino = st.next_ino;
-        st.next_ino += 1;
-        record(
-            &mut st,
-            Op::Link {
-                dir,
-                name,
-                ino,
-                dir_node: true,
-            },
-        );
+        link_new(&mut *self.state()?, path, true)?;
         Ok(())
     }
 
@@ -810,16 +797,14 @@ impl SimHandle {
         }
         self.before(FsEffect::Rename, to)?;
         let mut st = self.state()?;
-        let (from_dir, from) = parent(&st.live, from)?;
-        let (to_dir, to) = parent(&st.live, to)?;
-        let ino = st.live.lookup(from_dir, &from).unwrap_or(0);
-        let replaces = st.live.lookup(to_dir, &to).is_some();
+        let from = parent(&st.live, from)?;
+        let to = parent(&st.live, to)?;
+        let ino = st.live.lookup(from.0, &from.1).unwrap_or(0);
+        let replaces = st.live.lookup(to.0, &to.1).is_some();
         record(
             &mut st,
             Op::Rename {
-                from_dir,
                 from,
-                to_dir,
                 to,
                 exchange,
                 ino,
