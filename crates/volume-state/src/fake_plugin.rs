@@ -11,34 +11,15 @@ use async_trait::async_trait;
 
 use crate::error::{ErrorKind, PluginError};
 use crate::plugin::{ExpandRequest, MountResult, PublishRequest, StageRequest, VolumePlugin};
-use crate::types::{AttachInfo, Key, VolumeSpec};
-
-/// A [`VolumePlugin`] method, for fault injection and call counting.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum PluginMethod {
-    /// [`VolumePlugin::attach`]
-    Attach,
-    /// [`VolumePlugin::wait_for_attach`]
-    WaitForAttach,
-    /// [`VolumePlugin::detach`]
-    Detach,
-    /// [`VolumePlugin::stage`]
-    Stage,
-    /// [`VolumePlugin::unstage`]
-    Unstage,
-    /// [`VolumePlugin::publish`]
-    Publish,
-    /// [`VolumePlugin::unpublish`]
-    Unpublish,
-    /// [`VolumePlugin::expand`]
-    Expand,
-}
+use crate::types::{AttachInfo, Key, OperationKind, VolumeSpec};
 
 /// A call recorded by [`FakeVolumePlugin`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PluginCall<V, N> {
-    /// Which method.
-    pub method: PluginMethod,
+    /// Which method, named by the operation it serves:
+    /// [`OperationKind::VerifyAttached`] for `wait_for_attach`, never
+    /// `CleanupOrphan` (that runs `unpublish` and `unstage`).
+    pub method: OperationKind,
     /// The volume.
     pub volume: V,
     /// The node, for attach, wait-for-attach and detach.
@@ -65,7 +46,7 @@ enum Effect {
 
 #[derive(Debug)]
 struct Fault<V> {
-    method: PluginMethod,
+    method: OperationKind,
     volume: Option<V>,
     /// `None`: forever.
     remaining: Option<u32>,
@@ -162,29 +143,35 @@ impl<V: Key, N: Key> FakeVolumePlugin<V, N> {
     }
 
     /// The next call of `method` on `volume` (any volume if `None`) fails with `kind`.
-    pub fn fail_once(&self, method: PluginMethod, volume: Option<V>, kind: ErrorKind) {
+    pub fn fail_once(&self, method: OperationKind, volume: Option<V>, kind: ErrorKind) {
         self.fail_times(method, volume, 1, kind);
     }
 
     /// The next `times` calls fail with `kind`.
-    pub fn fail_times(&self, method: PluginMethod, volume: Option<V>, times: u32, kind: ErrorKind) {
+    pub fn fail_times(
+        &self,
+        method: OperationKind,
+        volume: Option<V>,
+        times: u32,
+        kind: ErrorKind,
+    ) {
         self.push_fault(method, volume, Some(times), Effect::Fail(kind));
     }
 
     /// Every call fails with `kind` until [`clear_faults`](Self::clear_faults).
-    pub fn fail_always(&self, method: PluginMethod, volume: Option<V>, kind: ErrorKind) {
+    pub fn fail_always(&self, method: OperationKind, volume: Option<V>, kind: ErrorKind) {
         self.push_fault(method, volume, None, Effect::Fail(kind));
     }
 
     /// The next `times` calls take `delay` (then succeed unless another fault applies).
-    pub fn delay(&self, method: PluginMethod, volume: Option<V>, times: u32, delay: Duration) {
+    pub fn delay(&self, method: OperationKind, volume: Option<V>, times: u32, delay: Duration) {
         self.push_fault(method, volume, Some(times), Effect::Delay(delay));
     }
 
     /// The next call of `method` on `volume` (any volume if `None`) stays
     /// in flight until the returned handle releases it; then other faults
     /// apply as usual.
-    pub fn hold(&self, method: PluginMethod, volume: Option<V>) -> CallHold {
+    pub fn hold(&self, method: OperationKind, volume: Option<V>) -> CallHold {
         let state = Arc::new(HoldState {
             entered: tokio::sync::watch::Sender::new(false),
             release: tokio::sync::Semaphore::new(0),
@@ -252,15 +239,17 @@ impl<V: Key, N: Key> FakeVolumePlugin<V, N> {
     }
 
     /// The recorded calls as (method, volume) pairs.
-    pub fn call_summary(&self) -> Vec<(PluginMethod, V)> {
-        self.calls()
-            .into_iter()
-            .map(|c| (c.method, c.volume))
-            .collect()
+    pub fn call_summary(&self) -> Vec<(OperationKind, V)> {
+        summary(self.calls())
+    }
+
+    /// Returns and forgets the recorded calls as (method, volume) pairs.
+    pub fn take_call_summary(&self) -> Vec<(OperationKind, V)> {
+        summary(self.take_calls())
     }
 
     /// How many calls of `method` were recorded.
-    pub fn count(&self, method: PluginMethod) -> usize {
+    pub fn count(&self, method: OperationKind) -> usize {
         self.recorded_lock()
             .calls
             .iter()
@@ -282,7 +271,7 @@ impl<V: Key, N: Key> FakeVolumePlugin<V, N> {
 
     fn push_fault(
         &self,
-        method: PluginMethod,
+        method: OperationKind,
         volume: Option<V>,
         remaining: Option<u32>,
         effect: Effect,
@@ -298,7 +287,7 @@ impl<V: Key, N: Key> FakeVolumePlugin<V, N> {
     /// Takes one use of the first fault of each kind that applies.
     fn take_faults(
         &self,
-        method: PluginMethod,
+        method: OperationKind,
         volume: &V,
     ) -> (Option<Arc<HoldState>>, Option<Duration>, Option<ErrorKind>) {
         let mut faults = self.faults_lock();
@@ -337,7 +326,7 @@ impl<V: Key, N: Key> FakeVolumePlugin<V, N> {
 
     async fn call(
         &self,
-        method: PluginMethod,
+        method: OperationKind,
         volume: &V,
         node: Option<&N>,
         path: Option<&Path>,
@@ -395,7 +384,7 @@ impl<V: Key, N: Key> VolumePlugin<V, N> for FakeVolumePlugin<V, N> {
         node: &N,
         _spec: &VolumeSpec,
     ) -> Result<AttachInfo, PluginError> {
-        self.call(PluginMethod::Attach, volume, Some(node), None)
+        self.call(OperationKind::Attach, volume, Some(node), None)
             .await?;
         Ok(AttachInfo {
             device_path: Some(PathBuf::from(format!("/dev/fake/{volume:?}"))),
@@ -409,7 +398,7 @@ impl<V: Key, N: Key> VolumePlugin<V, N> for FakeVolumePlugin<V, N> {
         node: &N,
         _spec: &VolumeSpec,
     ) -> Result<AttachInfo, PluginError> {
-        self.call(PluginMethod::WaitForAttach, volume, Some(node), None)
+        self.call(OperationKind::VerifyAttached, volume, Some(node), None)
             .await?;
         Ok(AttachInfo {
             device_path: Some(PathBuf::from(format!("/dev/fake/{volume:?}"))),
@@ -418,13 +407,13 @@ impl<V: Key, N: Key> VolumePlugin<V, N> for FakeVolumePlugin<V, N> {
     }
 
     async fn detach(&self, volume: &V, node: &N) -> Result<(), PluginError> {
-        self.call(PluginMethod::Detach, volume, Some(node), None)
+        self.call(OperationKind::Detach, volume, Some(node), None)
             .await
     }
 
     async fn stage(&self, request: &StageRequest<V>) -> Result<MountResult, PluginError> {
         self.call(
-            PluginMethod::Stage,
+            OperationKind::Stage,
             &request.volume,
             None,
             Some(&request.staging_path),
@@ -434,13 +423,13 @@ impl<V: Key, N: Key> VolumePlugin<V, N> for FakeVolumePlugin<V, N> {
     }
 
     async fn unstage(&self, volume: &V, staging_path: &Path) -> Result<(), PluginError> {
-        self.call(PluginMethod::Unstage, volume, None, Some(staging_path))
+        self.call(OperationKind::Unstage, volume, None, Some(staging_path))
             .await
     }
 
     async fn publish(&self, request: &PublishRequest<V>) -> Result<MountResult, PluginError> {
         self.call(
-            PluginMethod::Publish,
+            OperationKind::Publish,
             &request.volume,
             None,
             Some(&request.target_path),
@@ -450,13 +439,13 @@ impl<V: Key, N: Key> VolumePlugin<V, N> for FakeVolumePlugin<V, N> {
     }
 
     async fn unpublish(&self, volume: &V, target_path: &Path) -> Result<(), PluginError> {
-        self.call(PluginMethod::Unpublish, volume, None, Some(target_path))
+        self.call(OperationKind::Unpublish, volume, None, Some(target_path))
             .await
     }
 
     async fn expand(&self, request: &ExpandRequest<V>) -> Result<u64, PluginError> {
         self.call(
-            PluginMethod::Expand,
+            OperationKind::Expand,
             &request.volume,
             None,
             Some(&request.volume_path),
@@ -470,6 +459,10 @@ impl<V: Key, N: Key> VolumePlugin<V, N> for FakeVolumePlugin<V, N> {
     }
 }
 
+fn summary<V, N>(calls: Vec<PluginCall<V, N>>) -> Vec<(OperationKind, V)> {
+    calls.into_iter().map(|c| (c.method, c.volume)).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -477,8 +470,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn faults_apply_per_method_and_volume_and_run_out() {
         let plugin = FakeVolumePlugin::<&str, &str>::new();
-        plugin.fail_times(PluginMethod::Detach, Some("a"), 2, ErrorKind::Uncertain);
-        plugin.delay(PluginMethod::Detach, None, 1, Duration::from_secs(5));
+        plugin.fail_times(OperationKind::Detach, Some("a"), 2, ErrorKind::Uncertain);
+        plugin.delay(OperationKind::Detach, None, 1, Duration::from_secs(5));
         let start = tokio::time::Instant::now();
         let first = plugin.detach(&"a", &"n").await;
         assert_eq!(start.elapsed(), Duration::from_secs(5));
@@ -486,8 +479,8 @@ mod tests {
         assert!(plugin.detach(&"b", &"n").await.is_ok());
         assert!(plugin.detach(&"a", &"n").await.is_err());
         assert!(plugin.detach(&"a", &"n").await.is_ok());
-        assert_eq!(plugin.count(PluginMethod::Detach), 4);
-        plugin.fail_always(PluginMethod::Stage, None, ErrorKind::Final);
+        assert_eq!(plugin.count(OperationKind::Detach), 4);
+        plugin.fail_always(OperationKind::Stage, None, ErrorKind::Final);
         let request = StageRequest {
             volume: "a",
             spec: Arc::default(),
@@ -509,8 +502,8 @@ mod tests {
     #[tokio::test]
     async fn a_held_call_stays_in_flight_until_released_and_events_show_it() {
         let plugin = Arc::new(FakeVolumePlugin::<&str, &str>::new());
-        let hold = plugin.hold(PluginMethod::Detach, Some("a"));
-        plugin.fail_once(PluginMethod::Detach, Some("a"), ErrorKind::Uncertain);
+        let hold = plugin.hold(OperationKind::Detach, Some("a"));
+        plugin.fail_once(OperationKind::Detach, Some("a"), ErrorKind::Uncertain);
         let p = plugin.clone();
         let held = tokio::spawn(async move { p.detach(&"a", &"n").await });
         hold.entered().await;
@@ -519,7 +512,7 @@ mod tests {
         assert!(plugin.detach(&"b", &"n").await.is_ok());
         assert!(!held.is_finished());
         assert_eq!(
-            plugin.max_concurrent(|c| c.method == PluginMethod::Detach),
+            plugin.max_concurrent(|c| c.method == OperationKind::Detach),
             2
         );
         assert_eq!(plugin.max_concurrent(|c| c.volume == "a"), 1);
@@ -579,7 +572,7 @@ mod tests {
         };
         assert_eq!(plugin.publish(&publish).await.unwrap().size, Some(20));
         // Holds released by clear_faults do not block.
-        let _hold = plugin.hold(PluginMethod::Unstage, None);
+        let _hold = plugin.hold(OperationKind::Unstage, None);
         plugin.clear_faults();
         assert!(plugin.unstage(&"a", Path::new("/s")).await.is_ok());
     }

@@ -12,7 +12,7 @@
 //! ```
 //! use std::sync::Arc;
 //! use volume_state::node::{ActualNodeState, AttachMode, DesiredNodeState, NodeReconciler};
-//! use volume_state::{FakeVolumePlugin, PluginMethod, VolumeSpec};
+//! use volume_state::{FakeVolumePlugin, OperationKind, VolumeSpec};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() {
@@ -37,7 +37,7 @@
 //! reconciler.run_until_idle(10).await;
 //!
 //! let methods: Vec<_> = plugin.calls().into_iter().map(|c| c.method).collect();
-//! assert_eq!(methods, [PluginMethod::Attach, PluginMethod::Stage, PluginMethod::Publish]);
+//! assert_eq!(methods, [OperationKind::Attach, OperationKind::Stage, OperationKind::Publish]);
 //! assert!(actual.snapshot().pod_mount(&"vol-1".into(), &"pod-a".into()).is_some());
 //! # }
 //! ```
@@ -60,7 +60,7 @@
 //! use volume_state::node::{
 //!     ActualNodeState, AttachMode, DesiredNodeState, DiscoveredMount, NodeReconciler,
 //! };
-//! use volume_state::{FakeVolumePlugin, PluginMethod, VolumeSpec};
+//! use volume_state::{FakeVolumePlugin, OperationKind, VolumeSpec};
 //!
 //! type Plugin = FakeVolumePlugin<String, String>;
 //! type Desired = DesiredNodeState<String, String>;
@@ -108,7 +108,7 @@
 //! desired.mark_populated(); // no pod wants vol-1 any more
 //! node.run_until_idle(10).await;
 //! let methods: Vec<_> = plugin.calls().into_iter().map(|c| c.method).collect();
-//! assert_eq!(methods, [PluginMethod::Unstage, PluginMethod::Detach]);
+//! assert_eq!(methods, [OperationKind::Unstage, OperationKind::Detach]);
 //! assert!(node.actual_snapshot().is_empty());
 //! # }
 //! ```
@@ -137,7 +137,7 @@ pub use clock::{Clock, SystemClock, TokioClock};
 pub use error::error_kind_for_code;
 pub use error::{ErrorKind, GateError, PluginError};
 #[cfg(feature = "testing")]
-pub use fake_plugin::{CallHold, FakeVolumePlugin, PluginCall, PluginEvent, PluginMethod};
+pub use fake_plugin::{CallHold, FakeVolumePlugin, PluginCall, PluginEvent};
 pub use gate::{BackoffConfig, GateState, OperationGate, OperationKey, next_wait_after_failure};
 pub use pass::{ExecutionResult, PassReport};
 pub use plugin::{ExpandRequest, MountResult, PublishRequest, StageRequest, VolumePlugin};

@@ -6,14 +6,14 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use PluginMethod::*;
+use OperationKind::*;
 use volume_state::journal::{FakeJournalStore, Journal, JournalStore};
 use volume_state::mounts::{FakeMountTable, MountEvidence, MountIdentity};
 use volume_state::node::{
     ActualNodeState, AttachMode, AttachState, DesiredNodeState, DeviceState, DiscoveredMount,
     NodeReconciler, PodMountState,
 };
-use volume_state::{FakeClock, FakeVolumePlugin, PluginMethod, VolumeSpec};
+use volume_state::{FakeClock, FakeVolumePlugin, OperationKind, VolumeSpec};
 
 type Store = FakeJournalStore<String, String>;
 type Plugin = FakeVolumePlugin<String, String>;
@@ -89,12 +89,9 @@ impl Node {
             .add_pod(volume.into(), spec(volume), pod.into(), target(pod, volume));
     }
 
-    fn calls(&self) -> Vec<(PluginMethod, String)> {
-        self.plugin
-            .take_calls()
-            .into_iter()
-            .map(|c| (c.method, c.volume))
-            .collect()
+    /// Recorded (method, volume) pairs since the last call.
+    fn calls(&self) -> Vec<(OperationKind, String)> {
+        self.plugin.take_call_summary()
     }
 
     async fn settle(&self) {
@@ -122,7 +119,7 @@ impl Node {
     }
 }
 
-fn v(method: PluginMethod, volume: &str) -> (PluginMethod, String) {
+fn v(method: OperationKind, volume: &str) -> (OperationKind, String) {
     (method, volume.to_string())
 }
 
@@ -448,7 +445,7 @@ async fn volumes_in_use_after_a_restart_cover_desired_and_still_mounted_volumes(
     assert_eq!(
         node.calls(),
         [
-            v(WaitForAttach, "kept"),
+            v(VerifyAttached, "kept"),
             v(Stage, "kept"),
             v(Publish, "kept")
         ]
@@ -512,7 +509,7 @@ async fn controller_attach_mode_keeps_the_attach_info_across_a_restart() {
     first.settle().await;
     assert_eq!(
         first.calls(),
-        [v(WaitForAttach, "v1"), v(Stage, "v1"), v(Publish, "v1")]
+        [v(VerifyAttached, "v1"), v(Stage, "v1"), v(Publish, "v1")]
     );
     let record = store.load().unwrap()["v1"].clone();
     assert!(!record.attached, "the controller detaches, not the node");

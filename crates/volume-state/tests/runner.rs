@@ -7,7 +7,7 @@ use volume_state::node::{
     ActualNodeState, AttachMode, DesiredNodeState, NodeReconciler, PodMountState,
 };
 use volume_state::{
-    ErrorKind, FakeVolumePlugin, PluginMethod, Runner, RunnerConfig, TokioClock, VolumeSpec,
+    ErrorKind, FakeVolumePlugin, OperationKind, Runner, RunnerConfig, TokioClock, VolumeSpec,
 };
 
 type Setup = (
@@ -101,13 +101,13 @@ async fn idle_runner_with_10000_volumes_runs_no_passes_until_an_event() {
 #[tokio::test(start_paused = true)]
 async fn runner_wakes_up_when_a_backoff_window_ends() {
     let (desired, actual, plugin, reconciler) = setup();
-    plugin.fail_times(PluginMethod::Publish, None, 3, ErrorKind::Uncertain);
+    plugin.fail_times(OperationKind::Publish, None, 3, ErrorKind::Uncertain);
     desired.add_pod(1, spec(1), 1, "/pods/1".into());
     let runner = Runner::spawn(reconciler.clone(), CONFIG);
     // Three failures back off 0.5 + 1 + 2 s; well within the hour of resync.
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert!(mounted(&actual, 1));
-    assert_eq!(plugin.count(PluginMethod::Publish), 4);
+    assert_eq!(plugin.count(OperationKind::Publish), 4);
     assert!(reconciler.passes() < 30, "{} passes", reconciler.passes());
     runner.shutdown().await;
 }
