@@ -5,12 +5,13 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
+use OperationKind::*;
 use volume_state::controller::{
     ActualAttachState, AttachConfig, AttachOperation, AttachReconciler, DesiredAttachState,
     NodeHealth,
 };
 use volume_state::node::AttachState;
-use volume_state::{ErrorKind, NodeAccess, PluginCall, PluginMethod, VolumeSpec};
+use volume_state::{ErrorKind, NodeAccess, OperationKind, PluginCall, VolumeSpec};
 
 type Desired = DesiredAttachState<String, String, String>;
 type Actual = ActualAttachState<String, String>;
@@ -58,20 +59,24 @@ impl Env {
             .map(|a| a.state)
     }
 
-    /// Attached to `node`, which no longer uses it; calls forgotten.
-    async fn attached_unused(&self, node: &str, mode: NodeAccess) {
+    /// Attached to `node`; calls forgotten.
+    async fn attached(&self, node: &str, mode: NodeAccess) {
         self.add(node, mode);
         self.reconciler.run_until_idle(5).await;
-        self.not_in_use(node);
         self.calls();
+    }
+
+    /// Attached to `node`, which no longer uses it; calls forgotten.
+    async fn attached_unused(&self, node: &str, mode: NodeAccess) {
+        self.attached(node, mode).await;
+        self.not_in_use(node);
     }
 
     /// Single-node attached on `node` and unused; the next detach fails
     /// uncertain.
     async fn attached_with_an_uncertain_detach_next(&self, node: &str) {
         self.attached_unused(node, NodeAccess::SingleNode).await;
-        self.plugin
-            .fail_once(PluginMethod::Detach, None, ErrorKind::Uncertain);
+        self.plugin.fail_once(Detach, None, ErrorKind::Uncertain);
     }
 
     /// The pod moves from `from` to `to`.
@@ -82,16 +87,13 @@ impl Env {
 
     /// Detached from n1, then attached to n2, since the last calls.
     fn assert_moved_to_n2(&self) {
-        assert_eq!(
-            self.calls(),
-            [n(PluginMethod::Detach, "n1"), n(PluginMethod::Attach, "n2")]
-        );
+        assert_eq!(self.calls(), [n(Detach, "n1"), n(Attach, "n2")]);
         assert_eq!(self.state("n1"), None);
         assert_eq!(self.state("n2"), Some(AttachState::Attached));
     }
 
     /// (method, node) of the recorded calls since the last call.
-    fn calls(&self) -> Vec<(PluginMethod, String)> {
+    fn calls(&self) -> Vec<(OperationKind, String)> {
         self.plugin
             .take_calls()
             .into_iter()
@@ -100,7 +102,7 @@ impl Env {
     }
 }
 
-fn n(method: PluginMethod, node: &str) -> (PluginMethod, String) {
+fn n(method: OperationKind, node: &str) -> (OperationKind, String) {
     (method, node.to_string())
 }
 
@@ -109,7 +111,7 @@ async fn attach_then_detach_once_the_node_stops_using_the_volume() {
     let env = env(AttachConfig::default());
     env.add("n1", NodeAccess::SingleNode);
     env.reconciler.run_until_idle(5).await;
-    assert_eq!(env.calls(), [n(PluginMethod::Attach, "n1")]);
+    assert_eq!(env.calls(), [n(Attach, "n1")]);
     let snapshot = env.actual.snapshot();
     let attachment = snapshot.attachment(&"v1".into(), &"n1".into()).unwrap();
     assert_eq!(attachment.state, AttachState::Attached);
@@ -132,7 +134,7 @@ async fn attach_then_detach_once_the_node_stops_using_the_volume() {
     );
     env.not_in_use("n1");
     env.reconciler.run_until_idle(5).await;
-    assert_eq!(env.calls(), [n(PluginMethod::Detach, "n1")]);
+    assert_eq!(env.calls(), [n(Detach, "n1")]);
     assert!(env.actual.snapshot().is_empty());
 }
 
@@ -165,7 +167,7 @@ async fn multi_attach_is_blocked_by_confirmed_attachments_not_by_uncertain_attac
     env.reconciler.run_until_idle(5).await;
     env.add("n2", NodeAccess::SingleNode);
     env.reconciler.run_until_idle(5).await;
-    assert_eq!(env.calls(), [n(PluginMethod::Attach, "n1")]);
+    assert_eq!(env.calls(), [n(Attach, "n1")]);
     assert_eq!(env.state("n2"), None);
 
     // Multi-node volumes attach everywhere.
@@ -173,15 +175,11 @@ async fn multi_attach_is_blocked_by_confirmed_attachments_not_by_uncertain_attac
     env.add("n1", NodeAccess::MultiNode);
     env.add("n2", NodeAccess::MultiNode);
     env.reconciler.run_until_idle(5).await;
-    assert_eq!(
-        env.calls(),
-        [n(PluginMethod::Attach, "n1"), n(PluginMethod::Attach, "n2")]
-    );
+    assert_eq!(env.calls(), [n(Attach, "n1"), n(Attach, "n2")]);
 
     // An uncertain attachment elsewhere does not block.
     let env = crate::env(AttachConfig::default());
-    env.plugin
-        .fail_once(PluginMethod::Attach, None, ErrorKind::Uncertain);
+    env.plugin.fail_once(Attach, None, ErrorKind::Uncertain);
     env.add("n1", NodeAccess::SingleNode);
     env.reconciler.run_pass().await;
     assert_eq!(env.state("n1"), Some(AttachState::Uncertain));
@@ -199,9 +197,7 @@ async fn multi_attach_is_blocked_by_confirmed_attachments_not_by_uncertain_attac
 #[tokio::test]
 async fn force_detach_only_for_an_unhealthy_node_past_the_max_wait() {
     let env = env(AttachConfig::default());
-    env.add("n1", NodeAccess::SingleNode);
-    env.reconciler.run_until_idle(5).await;
-    env.calls();
+    env.attached("n1", NodeAccess::SingleNode).await;
     env.remove("n1");
     env.reconciler.run_until_idle(5).await; // detach requested now
 
@@ -227,7 +223,7 @@ async fn force_detach_only_for_an_unhealthy_node_past_the_max_wait() {
         "{plan:?}"
     );
     env.reconciler.run_until_idle(5).await;
-    assert_eq!(env.calls(), [n(PluginMethod::Detach, "n1")]);
+    assert_eq!(env.calls(), [n(Detach, "n1")]);
 }
 
 #[tokio::test]
@@ -243,9 +239,7 @@ async fn unhealthy_node_within_the_max_wait_or_with_force_disabled_is_not_detach
         ),
     ] {
         let env = env(config);
-        env.add("n1", NodeAccess::SingleNode);
-        env.reconciler.run_until_idle(5).await;
-        env.calls();
+        env.attached("n1", NodeAccess::SingleNode).await;
         env.actual.set_node_health(
             "n1".into(),
             NodeHealth {
@@ -268,9 +262,7 @@ async fn out_of_service_node_is_detached_at_once() {
         max_wait_for_unmount: None,
         ..AttachConfig::default()
     });
-    env.add("n1", NodeAccess::SingleNode);
-    env.reconciler.run_until_idle(5).await;
-    env.calls();
+    env.attached("n1", NodeAccess::SingleNode).await;
     env.actual.set_node_health(
         "n1".into(),
         NodeHealth {
@@ -280,20 +272,15 @@ async fn out_of_service_node_is_detached_at_once() {
     );
     env.remove("n1");
     env.reconciler.run_until_idle(5).await;
-    assert_eq!(env.calls(), [n(PluginMethod::Detach, "n1")]);
+    assert_eq!(env.calls(), [n(Detach, "n1")]);
     assert!(env.actual.snapshot().is_empty());
 }
 
 #[tokio::test]
 async fn failed_detach_is_detach_uncertain_reported_again_and_retried_after_backoff() {
     let env = env(AttachConfig::default());
-    env.add("n1", NodeAccess::SingleNode);
-    env.reconciler.run_until_idle(5).await;
-    env.calls();
-    env.plugin
-        .fail_once(PluginMethod::Detach, None, ErrorKind::Uncertain);
+    env.attached_with_an_uncertain_detach_next("n1").await;
     env.remove("n1");
-    env.not_in_use("n1");
     env.reconciler.run_until_idle(5).await;
     assert_eq!(env.state("n1"), Some(AttachState::DetachUncertain));
     assert_eq!(
@@ -303,10 +290,7 @@ async fn failed_detach_is_detach_uncertain_reported_again_and_retried_after_back
     assert!(env.reconciler.plan().is_empty(), "in backoff");
     env.clock.advance(Duration::from_millis(500));
     env.reconciler.run_until_idle(5).await;
-    assert_eq!(
-        env.calls(),
-        [n(PluginMethod::Detach, "n1"), n(PluginMethod::Detach, "n1")]
-    );
+    assert_eq!(env.calls(), [n(Detach, "n1"), n(Detach, "n1")]);
     assert!(env.actual.snapshot().is_empty());
 }
 
@@ -316,12 +300,11 @@ async fn never_detached_while_an_operation_on_the_volume_is_pending() {
     env.add("n1", NodeAccess::SingleNode);
     env.reconciler.run_until_idle(5).await;
     env.not_in_use("n1");
-    env.plugin
-        .delay(PluginMethod::Detach, None, 1, Duration::from_secs(30));
+    env.plugin.delay(Detach, None, 1, Duration::from_secs(30));
     env.remove("n1");
     let reconciler = env.reconciler.clone();
     let detach = tokio::spawn(async move { reconciler.run_pass().await });
-    while env.plugin.count(PluginMethod::Detach) == 0 {
+    while env.plugin.count(Detach) == 0 {
         tokio::task::yield_now().await;
     }
     // Pending: no second detach, and no attach elsewhere for this
@@ -355,7 +338,7 @@ async fn failed_detach_blocks_attaching_a_single_node_volume_elsewhere_until_it_
     env.attached_with_an_uncertain_detach_next("n1").await;
     env.move_pod("n1", "n2", NodeAccess::SingleNode);
     env.reconciler.run_until_idle(5).await;
-    assert_eq!(env.calls(), [n(PluginMethod::Detach, "n1")]);
+    assert_eq!(env.calls(), [n(Detach, "n1")]);
     assert_eq!(env.state("n2"), None, "attached while n1 may hold it");
     assert_eq!(env.state("n1"), Some(AttachState::DetachUncertain));
     assert_eq!(env.actual.snapshot().holding_nodes(&"v1".into()), ["n1"]);
@@ -382,13 +365,12 @@ async fn a_failed_detach_does_not_block_a_multi_node_volume_or_when_opted_out() 
     ] {
         let env = env(config);
         env.attached_unused("n1", mode).await;
-        env.plugin
-            .fail_once(PluginMethod::Detach, None, ErrorKind::Final);
+        env.plugin.fail_once(Detach, None, ErrorKind::Final);
         env.move_pod("n1", "n2", mode);
         env.reconciler.run_until_idle(5).await;
         assert_eq!(
             env.calls(),
-            [n(PluginMethod::Detach, "n1"), n(PluginMethod::Attach, "n2")],
+            [n(Detach, "n1"), n(Attach, "n2")],
             "{mode:?} {config:?}"
         );
         assert_eq!(env.state("n1"), Some(AttachState::DetachUncertain));
@@ -404,8 +386,7 @@ async fn a_failed_attach_never_clears_detach_uncertain() {
     assert_eq!(env.state("n1"), Some(AttachState::DetachUncertain));
     // Wanted on n1 again: attach confirms it, but a final attach error says
     // nothing about the earlier attachment.
-    env.plugin
-        .fail_once(PluginMethod::Attach, None, ErrorKind::Final);
+    env.plugin.fail_once(Attach, None, ErrorKind::Final);
     env.add("n1", NodeAccess::SingleNode);
     env.reconciler.run_pass().await;
     assert_eq!(env.state("n1"), Some(AttachState::DetachUncertain));
@@ -419,8 +400,7 @@ async fn a_failed_attach_never_clears_detach_uncertain() {
 #[tokio::test]
 async fn gate_records_of_forgotten_volumes_are_purged() {
     let env = env(AttachConfig::default());
-    env.plugin
-        .fail_always(PluginMethod::Attach, None, ErrorKind::Final);
+    env.plugin.fail_always(Attach, None, ErrorKind::Final);
     env.add("n1", NodeAccess::SingleNode);
     env.reconciler.run_until_idle(5).await;
     assert_eq!(env.reconciler.gate().state().len(), 1);

@@ -9,12 +9,14 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use PluginMethod::*;
+use OperationKind::*;
 use volume_state::node::{
     ActualNodeState, AttachMode, AttachState, DesiredNodeState, DeviceState, DiscoveredMount,
-    NodeOperation, NodeReconciler, Phase, PodMountState,
+    NodeOperation, NodeReconciler, Phase, PodMount, PodMountState,
 };
-use volume_state::{ErrorKind, ExecutionResult, FakeClock, GateError, PluginMethod, VolumeSpec};
+use volume_state::{
+    ErrorKind, ExecutionResult, FakeClock, GateError, OperationKind, PassReport, VolumeSpec,
+};
 
 type Desired = DesiredNodeState<String, String>;
 type Actual = ActualNodeState<String, String>;
@@ -65,19 +67,19 @@ impl Env {
     }
 
     /// Recorded (method, volume) pairs since the last call.
-    fn calls(&self) -> Vec<(PluginMethod, String)> {
-        self.plugin
-            .take_calls()
-            .into_iter()
-            .map(|c| (c.method, c.volume))
-            .collect()
+    fn calls(&self) -> Vec<(OperationKind, String)> {
+        self.plugin.take_call_summary()
     }
 
-    fn pod_state(&self, volume: &str, pod: &str) -> Option<PodMountState> {
+    fn pod_mount(&self, volume: &str, pod: &str) -> Option<PodMount> {
         self.actual
             .snapshot()
             .pod_mount(&volume.into(), &pod.into())
-            .map(|m| m.state)
+            .cloned()
+    }
+
+    fn pod_state(&self, volume: &str, pod: &str) -> Option<PodMountState> {
+        self.pod_mount(volume, pod).map(|m| m.state)
     }
 
     fn device(&self, volume: &str) -> Option<DeviceState> {
@@ -92,11 +94,27 @@ impl Env {
         assert!(passes < 20, "did not settle");
     }
 
+    /// Mounts `volume` for `pod`, settles and forgets the calls.
+    async fn mount(&self, volume: &str, pod: &str) {
+        self.add(volume, pod);
+        self.settle().await;
+        self.calls();
+    }
+
+    /// Adds `v1` for pod `a` and runs the attach pass and the stage pass,
+    /// whose stage times out: the stage pass's report.
+    async fn stage_timed_out(&self) -> PassReport {
+        self.plugin
+            .fail_once(Stage, Some("v1".into()), ErrorKind::Uncertain);
+        self.add("v1", "a");
+        self.reconciler.run_pass().await;
+        self.reconciler.run_pass().await
+    }
+
     /// Mounts `v1` for pod `a` and settles, then makes the next `method`
     /// on `v1` fail with `kind` and removes the pod.
-    async fn mount_then_remove_failing(&self, method: PluginMethod, kind: ErrorKind) {
-        self.add("v1", "a");
-        self.settle().await;
+    async fn mount_then_remove_failing(&self, method: OperationKind, kind: ErrorKind) {
+        self.mount("v1", "a").await;
         self.plugin.fail_once(method, Some("v1".into()), kind);
         self.remove("v1", "a");
     }
@@ -128,7 +146,7 @@ impl Env {
     }
 }
 
-fn v(method: PluginMethod, volume: &str) -> (PluginMethod, String) {
+fn v(method: OperationKind, volume: &str) -> (OperationKind, String) {
     (method, volume.to_string())
 }
 
@@ -178,7 +196,7 @@ async fn controller_attach_mode_verifies_only_when_reported_in_use_and_never_det
     env.settle().await;
     assert_eq!(
         env.calls(),
-        [v(WaitForAttach, "v1"), v(Stage, "v1"), v(Publish, "v1")]
+        [v(VerifyAttached, "v1"), v(Stage, "v1"), v(Publish, "v1")]
     );
     env.remove("v1", "a");
     env.settle().await;
@@ -201,9 +219,7 @@ async fn volume_without_attach_or_stage_goes_straight_to_publish() {
 #[tokio::test]
 async fn volume_moves_between_pods_without_restaging() {
     let env = env(AttachMode::ByNode);
-    env.add("v1", "a");
-    env.settle().await;
-    env.calls();
+    env.mount("v1", "a").await;
     env.remove("v1", "a");
     env.add("v1", "b");
     let plan = env.reconciler.plan();
@@ -227,12 +243,7 @@ async fn volume_moves_between_pods_without_restaging() {
 #[tokio::test]
 async fn stage_timeout_is_uncertain_and_still_unstaged_on_delete() {
     let env = env(AttachMode::ByNode);
-    env.plugin
-        .fail_once(Stage, Some("v1".into()), ErrorKind::Uncertain);
-    env.add("v1", "a");
-    env.reconciler.run_pass().await; // attach
-    let report = env.reconciler.run_pass().await; // stage times out
-    assert_eq!(report.failed, 1);
+    assert_eq!(env.stage_timed_out().await.failed, 1);
     assert_eq!(env.device("v1"), Some(DeviceState::Uncertain));
     env.remove("v1", "a");
     env.settle_through_a_full_cycle("v1").await;
@@ -242,11 +253,7 @@ async fn stage_timeout_is_uncertain_and_still_unstaged_on_delete() {
 #[tokio::test]
 async fn final_stage_error_after_uncertain_means_not_mounted() {
     let env = env(AttachMode::ByNode);
-    env.plugin
-        .fail_once(Stage, Some("v1".into()), ErrorKind::Uncertain);
-    env.add("v1", "a");
-    env.reconciler.run_pass().await;
-    env.reconciler.run_pass().await;
+    env.stage_timed_out().await;
     assert_eq!(env.device("v1"), Some(DeviceState::Uncertain));
     env.plugin
         .fail_once(Stage, Some("v1".into()), ErrorKind::Final);
@@ -319,22 +326,12 @@ async fn remount_failure_never_downgrades_a_mounted_pod() {
     env.actual.mark_remount_required(&"v1".into());
     env.plugin.fail_once(Publish, None, ErrorKind::Final);
     env.reconciler.run_pass().await;
-    let mount = env
-        .actual
-        .snapshot()
-        .pod_mount(&"v1".into(), &"a".into())
-        .cloned()
-        .unwrap();
+    let mount = env.pod_mount("v1", "a").unwrap();
     assert_eq!(mount.state, PodMountState::Mounted);
     assert!(mount.remount_required);
     env.clock.advance(Duration::from_secs(1));
     env.settle().await;
-    let mount = env
-        .actual
-        .snapshot()
-        .pod_mount(&"v1".into(), &"a".into())
-        .cloned()
-        .unwrap();
+    let mount = env.pod_mount("v1", "a").unwrap();
     assert!(!mount.remount_required);
     assert_eq!(env.plugin.count(Publish), 3);
 }
@@ -342,9 +339,7 @@ async fn remount_failure_never_downgrades_a_mounted_pod() {
 #[tokio::test]
 async fn larger_desired_size_expands_once() {
     let env = env(AttachMode::ByNode);
-    env.add("v1", "a");
-    env.settle().await;
-    env.calls();
+    env.mount("v1", "a").await;
     env.add_spec(
         "v1",
         "a",
@@ -522,7 +517,7 @@ async fn restart_reconstruction_waits_for_populated_desired_state_and_cleans_orp
 /// (kubernetes#116886: Kubernetes waits 32 s here, and keeps the record).
 #[tokio::test]
 async fn backoff_is_forgotten_once_the_volume_left_both_states() {
-    use volume_state::{OperationKey, OperationKind};
+    use volume_state::OperationKey;
     let env = env(AttachMode::ByNode);
     let stage = OperationKey::<String, String, String>::volume("v1".into(), OperationKind::Stage);
     let backoff = |env: &Env| {
