@@ -163,15 +163,7 @@ impl FakeProvider {
 impl ProviderClient for FakeProvider {
     async fn list_regions(&self) -> Result<Vec<Region>, ProviderError> {
         drop(self.enter("list_regions", "")?);
-        Ok(self
-            .limits
-            .regions
-            .iter()
-            .map(|slug| Region {
-                slug: slug.clone(),
-                available: true,
-            })
-            .collect())
+        Ok(self.limits.region_list())
     }
 
     async fn create_volume(&self, req: &CreateVolumeRequest) -> Result<Volume, ProviderError> {

@@ -11,7 +11,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::api::{
-    Action, CreateVolumeRequest, ErrorBody, PageRequest, Snapshot, Volume, VolumeFilter, error_id,
+    Action, CreateVolumeRequest, ErrorBody, PageRequest, Region, Snapshot, Volume, VolumeFilter,
+    error_id,
 };
 
 mod actions;
@@ -86,6 +87,17 @@ pub struct Limits {
     /// The nodes (a cloud's machines) volumes can be attached to; an
     /// attach to another is 404. Empty: any node.
     pub nodes: Vec<String>,
+}
+
+impl Limits {
+    /// The regions as the API lists them: every one available.
+    pub fn region_list(&self) -> Vec<Region> {
+        let region = |slug: &String| Region {
+            slug: slug.clone(),
+            available: true,
+        };
+        self.regions.iter().map(region).collect()
+    }
 }
 
 impl Default for Limits {

@@ -17,7 +17,7 @@ use serde::de::DeserializeOwned;
 use super::{Faults, Shared, Source, Verdict, internal, lock, now, spawn_action};
 use crate::api::{
     ActionEnvelope, ActionList, ActionRequest, CreateSnapshotRequest, CreateVolumeRequest,
-    DEFAULT_PER_PAGE, Links, MAX_PER_PAGE, Meta, PageLinks, PageRequest, Region, RegionsEnvelope,
+    DEFAULT_PER_PAGE, Links, MAX_PER_PAGE, Meta, PageLinks, PageRequest, RegionsEnvelope,
     SnapshotEnvelope, SnapshotFilter, SnapshotList, VolumeEnvelope, VolumeFilter, VolumeList,
     error_id,
 };
@@ -314,15 +314,7 @@ fn route(shared: &Shared, call: &Call) -> Result<Reply, ApiError> {
     let m = &call.method;
     match segments.as_slice() {
         ["v2", "regions"] if m == Method::GET => {
-            let regions = shared
-                .limits
-                .regions
-                .iter()
-                .map(|slug| Region {
-                    slug: slug.clone(),
-                    available: true,
-                })
-                .collect();
+            let regions = shared.limits.region_list();
             Ok(reply(200, &RegionsEnvelope { regions }))
         }
         ["v2", "volumes"] if m == Method::POST => create_volume(shared, call),
