@@ -195,10 +195,9 @@ impl CsiClient {
 macro_rules! client_methods {
     (() $($svc:ident {
         unary: [$($m:ident { rust: $fn:ident, request: $req:ident, response: $resp:ident, doc: $doc:literal, })*],
-        server_streaming: [$($sm:ident { rust: $sfn:ident, request: $sreq:ident, response: $sresp:ident, stream: $stream:ident, doc: $smdoc:literal, })*],
-        rust: $srust:ident, server_mod: $smod:ident, server_trait: $strait:ident, server: $server:ident,
-        client_mod: $cmod:ident, client: $client:ident,
-        doc: $sdoc:literal,
+        server_streaming: [$($sm:ident { rust: $sfn:ident, request: $sreq:ident, response: $sresp:ident, doc: $smdoc:literal, $($_sk:ident: $_sv:tt,)* })*],
+        doc: $_sdoc:literal, rust: $_srust:ident, client_mod: $cmod:ident, client: $client:ident,
+        $($_k:ident: $_v:tt,)*
     })*) => {
         impl CsiClient {
             $($(

@@ -140,10 +140,8 @@ macro_rules! default_answer {
 macro_rules! driver_traits {
     (() $($svc:ident {
         unary: [$($m:ident { rust: $fn:ident, request: $req:ident, response: $resp:ident, doc: $doc:literal, })*],
-        server_streaming: [$($sm:ident { rust: $sfn:ident, request: $sreq:ident, response: $sresp:ident, stream: $stream:ident, doc: $smdoc:literal, })*],
-        rust: $srust:ident, server_mod: $smod:ident, server_trait: $strait:ident, server: $server:ident,
-        client_mod: $cmod:ident, client: $client:ident,
-        doc: $sdoc:literal,
+        server_streaming: [$($sm:ident { rust: $sfn:ident, request: $sreq:ident, response: $sresp:ident, doc: $smdoc:literal, $($_sk:ident: $_sv:tt,)* })*],
+        doc: $sdoc:literal, $($_k:ident: $_v:tt,)*
     })*) => {$(
         #[doc = $sdoc]
         #[doc = ""]

@@ -85,8 +85,8 @@ mod rules {
 
 macro_rules! csi_requests {
     (() $($svc:ident {
-        unary: [$($m:ident { rust: $fn:ident, request: $req:ident, response: $resp:ident, doc: $doc:literal, })*],
-        server_streaming: [$($sm:ident { rust: $sfn:ident, request: $sreq:ident, response: $sresp:ident, stream: $stream:ident, doc: $sdoc:literal, })*],
+        unary: [$($m:ident { rust: $fn:ident, request: $req:ident, response: $resp:ident, $($_uk:ident: $_uv:tt,)* })*],
+        server_streaming: [$($sm:ident { rust: $sfn:ident, request: $sreq:ident, response: $sresp:ident, $($_sk:ident: $_sv:tt,)* })*],
         $($_k:ident: $_v:tt,)*
     })*) => {
         $($(

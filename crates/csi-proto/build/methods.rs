@@ -555,7 +555,7 @@ fn callback_macro(services: &[Svc]) -> String {
                 };
                 writeln!(
                     body,
-                    "                    {} {{ rust: {}, request: {}, response: {},{stream} doc: {:?}, }}",
+                    "                    {} {{ rust: {}, request: {}, response: {}, doc: {:?},{stream} }}",
                     r.name,
                     r.rust,
                     r.request.name(),
@@ -568,7 +568,7 @@ fn callback_macro(services: &[Svc]) -> String {
         }
         writeln!(
             body,
-            "                rust: {snake}, server_mod: {snake}_server, server_trait: {name}, server: {name}Server,\n                client_mod: {snake}_client, client: {name}Client,\n                doc: {doc:?},\n            }}",
+            "                doc: {doc:?},\n                rust: {snake}, client_mod: {snake}_client, client: {name}Client,\n                server_mod: {snake}_server, server_trait: {name}, server: {name}Server,\n            }}",
             name = s.name,
             doc = format!(
                 "The `{PACKAGE}.{}` service{}: {}.",
@@ -598,19 +598,21 @@ fn callback_macro(services: &[Svc]) -> String {
 ///             ...
 ///         ],
 ///         server_streaming: [
-///             // as unary, plus `stream: <tonic's associated stream type>,` before `doc`
+///             // as unary, plus `stream: <tonic's associated stream type>,` after `doc`
 ///         ],
-///         rust: identity, server_mod: identity_server, server_trait: Identity,
-///         server: IdentityServer, client_mod: identity_client, client: IdentityClient,
 ///         doc: \"...\",
+///         rust: identity, client_mod: identity_client, client: IdentityClient,
+///         server_mod: identity_server, server_trait: Identity, server: IdentityServer,
 ///     }}
 ///     Controller {{ ... }}
 ///     ...
 /// }}
 /// ```
 ///
-/// The lists come first so a callback can skip the rest of a service with
-/// `$($key:ident: $value:tt,)*`.
+/// A callback matches only the keys it uses and skips the rest of a method
+/// or a service with `$($key:ident: $value:tt,)*`: the keys are ordered
+/// from the most used (the lists, `rust`, `request`, `response`, `doc`) to
+/// the least (the tonic server names).
 ///
 /// Module, message and stream names are identifiers in `csi_proto::v1`.
 ///

@@ -38,11 +38,10 @@ fn not_provided<T>(ctx: &CallContext) -> CsiResult<T> {
 
 macro_rules! dispatch {
     (() $($svc:ident {
-        unary: [$($m:ident { rust: $fn:ident, request: $req:ident, response: $resp:ident, doc: $doc:literal, })*],
-        server_streaming: [$($sm:ident { rust: $sfn:ident, request: $sreq:ident, response: $sresp:ident, stream: $stream:ident, doc: $smdoc:literal, })*],
-        rust: $srust:ident, server_mod: $smod:ident, server_trait: $strait:ident, server: $server:ident,
-        client_mod: $cmod:ident, client: $client:ident,
-        doc: $sdoc:literal,
+        unary: [$($m:ident { rust: $fn:ident, request: $req:ident, response: $resp:ident, $($_uk:ident: $_uv:tt,)* })*],
+        server_streaming: [$($sm:ident { rust: $sfn:ident, request: $sreq:ident, response: $sresp:ident, doc: $_smdoc:literal, stream: $stream:ident, })*],
+        doc: $sdoc:literal, rust: $srust:ident, client_mod: $_cmod:ident, client: $_client:ident,
+        server_mod: $smod:ident, server_trait: $strait:ident, server: $server:ident,
     })*) => {
         /// The drivers a server serves, one per service.
         #[derive(Clone, Default)]

@@ -131,8 +131,8 @@ pub type Slot<Req> = BoxCloneSyncService<CsiCall<Req>, <Req as CsiRequest>::Outp
 
 macro_rules! erased {
     (() $($svc:ident {
-        unary: [$($m:ident { rust: $fn:ident, request: $req:ident, response: $resp:ident, doc: $doc:literal, })*],
-        server_streaming: [$($sm:ident { rust: $sfn:ident, request: $sreq:ident, response: $sresp:ident, stream: $stream:ident, doc: $smdoc:literal, })*],
+        unary: [$($m:ident { rust: $fn:ident, request: $req:ident, response: $resp:ident, $($_uk:ident: $_uv:tt,)* })*],
+        server_streaming: [$($sm:ident { rust: $sfn:ident, request: $sreq:ident, response: $sresp:ident, $($_sk:ident: $_sv:tt,)* })*],
         $($_k:ident: $_v:tt,)*
     })*) => {
         /// A service that serves every CSI request type: what a stack of
