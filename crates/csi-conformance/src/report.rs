@@ -141,6 +141,15 @@ impl Report {
         self.count(|s| matches!(s, Status::Skipped(_)))
     }
 
+    /// The ids of the checks that were skipped, in run order.
+    pub fn skipped_ids(&self) -> Vec<&str> {
+        self.results
+            .iter()
+            .filter(|r| matches!(r.status, Status::Skipped(_)))
+            .map(|r| r.id.as_str())
+            .collect()
+    }
+
     /// True when no check failed.
     pub fn is_success(&self) -> bool {
         self.failed() == 0

@@ -23,21 +23,11 @@ fn config(env: &Env) -> SuiteConfig {
     c
 }
 
-/// The ids of the checks `report` skipped.
-fn skipped(report: &Report) -> Vec<&str> {
-    report
-        .results
-        .iter()
-        .filter(|r| matches!(r.status, Status::Skipped(_)))
-        .map(|r| r.id.as_str())
-        .collect()
-}
-
 /// Everything passed but the split-endpoint check, which needs two endpoints
 /// (tests/split_endpoints.rs).
 fn assert_all_passed(report: &Report) {
     assert!(report.is_success(), "{report}");
-    let skipped = skipped(report);
+    let skipped = report.skipped_ids();
     assert_eq!(
         skipped,
         ["identity.split_endpoints"],
@@ -86,7 +76,7 @@ async fn block_mode_passes_everything() {
 async fn without_staging_the_node_checks_still_pass() {
     let env = start(FakeDriver::new().without_stage_unstage()).await;
     let report = run_and_assert(config(&env)).await;
-    let skipped = skipped(&report);
+    let skipped = report.skipped_ids();
     assert_eq!(
         skipped,
         [

@@ -16,22 +16,13 @@ fn config(server: &FakeSplitServer, dirs: &tempfile::TempDir) -> SuiteConfig {
     c
 }
 
-fn skipped(report: &Report) -> Vec<&str> {
-    report
-        .results
-        .iter()
-        .filter(|r| matches!(r.status, Status::Skipped(_)))
-        .map(|r| r.id.as_str())
-        .collect()
-}
-
 #[tokio::test]
 async fn split_endpoints_pass_everything_in_both_access_types() {
     let server = FakeDriver::new().serve_split().await.expect("serves");
     let dirs = tempfile::tempdir().unwrap();
     for cfg in [config(&server, &dirs), config(&server, &dirs).block()] {
         let report = run_and_assert(cfg).await;
-        assert!(skipped(&report).is_empty(), "{report}");
+        assert!(report.skipped_ids().is_empty(), "{report}");
         assert_eq!(report.passed(), Suite::checks().len(), "{report}");
     }
     // Controller calls reached only the controller process: the node
