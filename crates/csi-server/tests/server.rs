@@ -97,7 +97,6 @@ async fn validation_comes_before_the_driver() {
 #[tokio::test]
 async fn required_fields_come_before_capability_rules() {
     use csi_proto::v1::controller_service_capability::rpc::Type as ControllerRpc;
-    let (dir, driver) = test_driver();
     let caps = Capabilities::new()
         .controller([
             ControllerRpc::CreateDeleteVolume,
@@ -105,7 +104,7 @@ async fn required_fields_come_before_capability_rules() {
         ])
         .node([NodeRpc::StageUnstageVolume])
         .mutable_parameters(["iops"]);
-    let s = start(builder(&dir, &driver).capabilities(caps)).await;
+    let (_dir, driver, s) = start_test_driver_with(|b| b.capabilities(caps)).await;
     let mut n = s.client.node();
     let no_staging = [
         (NodePublishVolumeRequest::default(), "volume_id: required"),
@@ -192,11 +191,9 @@ async fn required_fields_come_before_capability_rules() {
 #[tokio::test]
 async fn undeclared_capabilities_are_gated() {
     use csi_proto::v1::volume_content_source::{SnapshotSource, Type};
-    let (dir, driver) = test_driver();
-    let s = start(
-        builder(&dir, &driver)
-            .capabilities(Capabilities::new().node([NodeRpc::StageUnstageVolume])),
-    )
+    let (_dir, driver, s) = start_test_driver_with(|b| {
+        b.capabilities(Capabilities::new().node([NodeRpc::StageUnstageVolume]))
+    })
     .await;
     let mut c = s.client.controller();
     let create = CreateVolumeRequest {
@@ -281,8 +278,7 @@ async fn undeclared_capabilities_are_gated() {
 
 #[tokio::test]
 async fn services_outside_the_mode_are_not_served() {
-    let (dir, driver) = test_driver();
-    let s = start(builder(&dir, &driver).mode(ServeMode::Node)).await;
+    let (dir, driver, s) = start_test_driver_with(|b| b.mode(ServeMode::Node)).await;
     let err = expect_code(
         s.client
             .controller()
@@ -338,14 +334,7 @@ async fn sixty_four_conflicting_calls_see_only_ok_or_aborted() {
     let (_dir, driver, s) = start_test_driver().await;
     let mut calls = Vec::new();
     for _ in 0..64 {
-        let mut c = s.client.controller();
-        calls.push(tokio::spawn(async move {
-            c.delete_volume(DeleteVolumeRequest {
-                volume_id: "busy-1".into(),
-                ..Default::default()
-            })
-            .await
-        }));
+        calls.push(spawn_delete(&s, "busy-1"));
     }
     let mut ok = 0;
     for call in calls {
@@ -378,21 +367,11 @@ async fn sixty_four_conflicting_calls_see_only_ok_or_aborted() {
 #[tokio::test]
 async fn different_volumes_do_not_block_each_other() {
     let (_dir, driver, s) = start_test_driver().await;
-    let mut c = s.client.controller();
-    let blocked = tokio::spawn(async move {
-        c.delete_volume(DeleteVolumeRequest {
-            volume_id: "block-a".into(),
-            ..Default::default()
-        })
-        .await
-    });
+    let blocked = spawn_delete(&s, "block-a");
     driver.entered.notified().await;
     s.client
         .controller()
-        .delete_volume(DeleteVolumeRequest {
-            volume_id: "other".into(),
-            ..Default::default()
-        })
+        .delete_volume(delete("other"))
         .await
         .unwrap();
     driver.release.notify_one();
@@ -446,22 +425,15 @@ async fn a_cancelled_call_keeps_its_lock_until_its_work_ends() {
 async fn a_snapshot_or_clone_locks_its_source() {
     use csi_proto::v1::controller_service_capability::rpc::Type as C;
     use csi_proto::v1::volume_content_source::{Type, VolumeSource};
-    let (dir, driver) = test_driver();
     let caps = Capabilities::new().controller([
         C::CreateDeleteVolume,
         C::CreateDeleteSnapshot,
         C::CloneVolume,
     ]);
-    let s = start(builder(&dir, &driver).capabilities(caps)).await;
+    let (_dir, driver, s) = start_test_driver_with(|b| b.capabilities(caps)).await;
     let delete_source = || {
         let mut c = s.client.controller();
-        async move {
-            c.delete_volume(DeleteVolumeRequest {
-                volume_id: "src".into(),
-                ..Default::default()
-            })
-            .await
-        }
+        async move { c.delete_volume(delete("src")).await }
     };
 
     let mut c = s.client.controller();
@@ -544,37 +516,29 @@ where
 #[tokio::test]
 async fn a_tower_layer_at_any_position() {
     use csi_server::{Builtin, Position};
-    let (dir, driver) = test_driver();
     // A time limit on the driver's work, inside the lock; calls seen before
     // tracing are counted by a layer of our own.
     let seen = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let counter = seen.clone();
-    let s = start(
-        builder(&dir, &driver)
-            .layer_at(
-                Position::Inside(Builtin::Locking),
-                tower::timeout::TimeoutLayer::new(std::time::Duration::from_millis(50)),
-            )
-            .layer_at(
-                Position::Outermost,
-                tower::layer::layer_fn(move |inner| Count(inner, counter.clone())),
-            ),
-    )
+    let (_dir, _driver, s) = start_test_driver_with(|b| {
+        b.layer_at(
+            Position::Inside(Builtin::Locking),
+            tower::timeout::TimeoutLayer::new(std::time::Duration::from_millis(50)),
+        )
+        .layer_at(
+            Position::Outermost,
+            tower::layer::layer_fn(move |inner| Count(inner, counter.clone())),
+        )
+    })
     .await;
     expect_code(
-        s.client.controller().delete_volume(DeleteVolumeRequest {
-            volume_id: "slow-1".into(),
-            ..Default::default()
-        }),
+        s.client.controller().delete_volume(delete("slow-1")),
         Code::DeadlineExceeded,
     )
     .await;
     s.client
         .controller()
-        .delete_volume(DeleteVolumeRequest {
-            volume_id: "v".into(),
-            ..Default::default()
-        })
+        .delete_volume(delete("v"))
         .await
         .unwrap();
     assert_eq!(seen.load(Ordering::SeqCst), 2);
@@ -585,36 +549,16 @@ async fn a_tower_layer_at_any_position() {
 async fn a_panicking_driver_gives_internal_and_the_server_keeps_serving() {
     let (_dir, _driver, s) = start_test_driver().await;
     let mut c = s.client.controller();
-    expect_code(
-        c.delete_volume(DeleteVolumeRequest {
-            volume_id: "boom".into(),
-            ..Default::default()
-        }),
-        Code::Internal,
-    )
-    .await;
+    expect_code(c.delete_volume(delete("boom")), Code::Internal).await;
     assert!(s.lock_map.is_empty());
-    c.delete_volume(DeleteVolumeRequest {
-        volume_id: "fine".into(),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    c.delete_volume(delete("fine")).await.unwrap();
     s.stop().await.unwrap();
 }
 
 #[tokio::test]
 async fn shutdown_lets_in_flight_calls_finish_and_removes_the_socket() {
-    let (dir, driver) = test_driver();
-    let mut s = start(builder(&dir, &driver)).await;
-    let mut c = s.client.controller();
-    let call = tokio::spawn(async move {
-        c.delete_volume(DeleteVolumeRequest {
-            volume_id: "slow-1".into(),
-            ..Default::default()
-        })
-        .await
-    });
+    let (_dir, driver, mut s) = start_test_driver().await;
+    let call = spawn_delete(&s, "slow-1");
     driver.entered.notified().await;
     assert!(s.path.exists());
     s.trigger_stop();
@@ -637,13 +581,18 @@ async fn socket_is_0600_and_stale_sockets_are_replaced() {
     assert_eq!(mode, 0o600);
     s.client.identity().probe(ProbeRequest {}).await.unwrap();
 
+    // A second server at the same path, which must not start.
+    let refused = || async {
+        builder(&dir, &driver)
+            .build()
+            .unwrap()
+            .serve_with_shutdown(async {})
+            .await
+            .unwrap_err()
+    };
+
     // A second server on the same live socket is refused.
-    let err = builder(&dir, &driver)
-        .build()
-        .unwrap()
-        .serve_with_shutdown(async {})
-        .await
-        .unwrap_err();
+    let err = refused().await;
     assert!(
         matches!(err, ServerError::Socket(SocketError::InUse(_))),
         "{err}"
@@ -652,12 +601,7 @@ async fn socket_is_0600_and_stale_sockets_are_replaced() {
 
     // A regular file at the path is never replaced.
     std::fs::write(&path, b"data").unwrap();
-    let err = builder(&dir, &driver)
-        .build()
-        .unwrap()
-        .serve_with_shutdown(async {})
-        .await
-        .unwrap_err();
+    let err = refused().await;
     assert!(
         matches!(err, ServerError::Socket(SocketError::NotASocket(_))),
         "{err}"
@@ -667,9 +611,8 @@ async fn socket_is_0600_and_stale_sockets_are_replaced() {
 
 #[tokio::test]
 async fn probe_follows_the_readiness_handle() {
-    let (dir, driver) = test_driver();
     let readiness = Readiness::new();
-    let s = start(builder(&dir, &driver).readiness(readiness.clone())).await;
+    let (_dir, _driver, s) = start_test_driver_with(|b| b.readiness(readiness.clone())).await;
     let mut id = s.client.identity();
     assert_eq!(
         id.probe(ProbeRequest {}).await.unwrap().into_inner().ready,
@@ -688,14 +631,9 @@ async fn probe_follows_the_readiness_handle() {
 
 #[tokio::test]
 async fn built_in_layers_can_be_switched_off() {
-    let (dir, driver) = test_driver();
-    let s = start(
-        builder(&dir, &driver)
-            .validation(false)
-            .capability_gating(false)
-            .locking(false),
-    )
-    .await;
+    let (_dir, driver, s) =
+        start_test_driver_with(|b| b.validation(false).capability_gating(false).locking(false))
+            .await;
     let mut c = s.client.controller();
     // No validation: an empty id reaches the driver.
     c.delete_volume(DeleteVolumeRequest::default())
@@ -711,23 +649,9 @@ async fn built_in_layers_can_be_switched_off() {
     .await;
     assert!(err.message().contains("not implemented"), "{err:?}");
     // No locking: two calls on one volume run at once.
-    let mut c2 = s.client.controller();
-    let first = tokio::spawn(async move {
-        c2.delete_volume(DeleteVolumeRequest {
-            volume_id: "block-x".into(),
-            ..Default::default()
-        })
-        .await
-    });
+    let first = spawn_delete(&s, "block-x");
     driver.entered.notified().await;
-    let mut c3 = s.client.controller();
-    let second = tokio::spawn(async move {
-        c3.delete_volume(DeleteVolumeRequest {
-            volume_id: "block-x".into(),
-            ..Default::default()
-        })
-        .await
-    });
+    let second = spawn_delete(&s, "block-x");
     driver.entered.notified().await;
     assert_eq!(driver.max_running.load(Ordering::SeqCst), 2);
     driver.release.notify_one();

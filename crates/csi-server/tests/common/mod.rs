@@ -213,8 +213,15 @@ pub fn test_driver() -> (tempfile::TempDir, Arc<TestDriver>) {
 /// A server over a fresh [`TestDriver`] with every capability, in a new
 /// temporary directory (kept alive by the caller).
 pub async fn start_test_driver() -> (tempfile::TempDir, Arc<TestDriver>, Running) {
+    start_test_driver_with(|b| b).await
+}
+
+/// [`start_test_driver`] with the builder adjusted by `configure`.
+pub async fn start_test_driver_with(
+    configure: impl FnOnce(ServerBuilder) -> ServerBuilder,
+) -> (tempfile::TempDir, Arc<TestDriver>, Running) {
     let (dir, driver) = test_driver();
-    let running = start(builder(&dir, &driver)).await;
+    let running = start(configure(builder(&dir, &driver))).await;
     (dir, driver, running)
 }
 
@@ -265,6 +272,24 @@ pub fn publish(volume_id: &str, target: &str) -> NodePublishVolumeRequest {
         volume_capability: Some(mount_cap()),
         ..Default::default()
     }
+}
+
+/// A DeleteVolume of `volume_id`.
+pub fn delete(volume_id: &str) -> DeleteVolumeRequest {
+    DeleteVolumeRequest {
+        volume_id: volume_id.into(),
+        ..Default::default()
+    }
+}
+
+/// A DeleteVolume of `volume_id` on `s`, in a task of its own.
+pub fn spawn_delete(
+    s: &Running,
+    volume_id: &str,
+) -> tokio::task::JoinHandle<Result<tonic::Response<DeleteVolumeResponse>, tonic::Status>> {
+    let mut c = s.client.controller();
+    let request = delete(volume_id);
+    tokio::spawn(async move { c.delete_volume(request).await })
 }
 
 /// Awaits a call that must fail with `code`; returns the status so the
