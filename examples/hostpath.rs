@@ -2,7 +2,7 @@
 //! `examples/hostpath`, binary `hostpath`) run from the workspace root.
 
 #[global_allocator]
-static ALLOCATOR: hostpath::Allocator = hostpath::Allocator;
+static ALLOCATOR: csi_server::flags::Allocator = csi_server::flags::Allocator;
 
 fn main() -> std::process::ExitCode {
     hostpath::main()

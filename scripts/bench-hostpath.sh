@@ -3,9 +3,9 @@
 # (csi-driver-host-path v1.12.1) in the same run, with the same client
 # (`csi bench`), alternating the two drivers round by round: idle and peak
 # RSS, one full conformance run, and `csi bench` (probe and lifecycle, 1 and
-# 8 workers). Each ratio printed at the end compares figures of this run
-# only. Run as root; the drivers run in a private mount namespace so nothing
-# stays mounted.
+# 8 workers), and where the peak is resident (per mapping). Each ratio
+# printed at the end compares figures of this run only. Run as root; the
+# drivers run in a private mount namespace so nothing stays mounted.
 #   bash scripts/bench-hostpath.sh [seconds-per-bench] [state-fs] [rounds]
 # The build is the `dist` profile (how the drivers ship, and what
 # deploy/Dockerfile builds: size-optimised, LTO). state-fs: `disk` (default:
@@ -87,7 +87,9 @@ one() {
     echo "csi bench --workload $workload --workers $workers --duration ${secs}s: $rate/s"
     echo "$drv $run $rate" >> "$results"
   done
-  echo "peak RSS: $(rss VmHWM) kB; after the runs: $(rss VmRSS) kB"
+  echo "peak RSS: $(rss VmHWM) kB; after the runs: $(rss VmRSS) kB; resident by mapping (kB):"
+  awk '/^[0-9a-f]+-/ {m = $6 " " $2} /^Rss:/ {r[m] += $2} END {for (m in r) if (r[m]) print r[m], m}' \
+    "/proc/$pid/smaps" | sort -rn | head -8 | sed 's/^/  /'
   echo "$drv peak-rss-kB $(rss VmHWM)" >> "$results"
   kill "$pid"; wait "$pid" 2>/dev/null || true; pid=
   if [ "$statefs" = tmpfs ]; then umount "$dir/state"; fi

@@ -20,7 +20,7 @@
 # for the many-volume figures (each makes SCALE_MANY volumes), SCALE_COST_SECS (default 5)
 # per create+delete rate; SCALE_GO_MANY=1 adds the Go driver to the many-volume figures
 # (SCALE_MANY more of its CreateVolume calls); SCALE_PUBLISHED, SCALE_LOOP,
-# SCALE_MANY, SCALE_FEW override the sizes.
+# SCALE_MANY, SCALE_FEW override the sizes; SCALE_ONLY=hostpath or loop-block measures that one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "$(id -u)" = 0 ] || { echo "bench-scale: needs root (it mounts and attaches loop devices)"; exit 1; }
@@ -33,6 +33,9 @@ else
   many=${SCALE_MANY:-10000} few=${SCALE_FEW:-10}
 fi
 rounds=${SCALE_ROUNDS:-2}
+only=${SCALE_ONLY:-}
+[ "$only" = loop-block ] && published=
+[ "$only" = hostpath ] && loopn=
 many_rounds=${SCALE_MANY_ROUNDS:-1} cost_secs=${SCALE_COST_SECS:-5} go_many=${SCALE_GO_MANY:-}
 if [ -n "${BENCH_BIN:-}" ]; then
   bin=$(cd "$BENCH_BIN" && pwd)
@@ -46,10 +49,10 @@ work=$(mktemp -d /tmp/csi-scale.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 
 unshare -m --propagation private bash -s "$bin" "$go" "$work" "$rounds" "$published" "$loopn" "$many" "$few" \
-  "$many_rounds" "$cost_secs" "$go_many" <<'INNER'
+  "$many_rounds" "$cost_secs" "$go_many" "$only" <<'INNER'
 set -euo pipefail
 bin=$1 go=$2 work=$3 rounds=$4 published=$5 loopn=$6 many=$7 few=$8
-many_rounds=$9 cost_secs=${10} go_many=${11}
+many_rounds=$9 cost_secs=${10} go_many=${11} only=${12}
 drivers=$bin
 [ -x "$drivers/hostpath" ] || drivers=$bin/examples
 csi=$bin/csi
@@ -186,6 +189,8 @@ done
 
 echo "== restart with $many volumes, none staged (ms until Probe ready); then CreateVolume+DeleteVolume per second (one worker, ${cost_secs} s) with them present vs with $few"
 many_drivers="ours $loop"; [ -n "$go" ] && [ -n "$go_many" ] && many_drivers="ours go $loop"
+[ "$only" = loop-block ] && many_drivers=$loop
+[ "$only" = hostpath ] && many_drivers=${many_drivers% "$loop"}
 for r in $(seq "$many_rounds"); do
   for d in $many_drivers; do
     read -r ms peak idle b < <(restart "$d" "$many" 0 cost)

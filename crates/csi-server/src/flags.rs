@@ -1,5 +1,7 @@
-//! The command-line flags every driver takes, and its exit (feature
-//! `flags`): flatten [`DriverFlags`] into the driver's own clap parser.
+//! The command-line flags every driver takes, its process setup and its
+//! exit (feature `flags`): flatten [`DriverFlags`] into the driver's own
+//! clap parser, and make `main` [`run_to_exit`] on [`driver_runtime`] with
+//! [`Allocator`] as the binary's global allocator.
 //!
 //! ```
 //! use clap::Parser;
@@ -28,6 +30,10 @@ use std::process::ExitCode;
 
 use crate::{PluginInfo, Server, ServerBuilder};
 
+mod runtime;
+
+pub use runtime::{Allocator, BLOCKING_THREADS, driver_runtime, limit_malloc_arenas};
+
 /// `--endpoint`, `--nodeid`, `--drivername` and `--log`, with the
 /// conventions of the community's drivers (`CSI_ENDPOINT` in the
 /// environment, the hostname as node id).
@@ -42,7 +48,7 @@ pub struct DriverFlags {
     /// The driver's name, as in the CSIDriver object (default: the driver's own).
     #[arg(long)]
     pub drivername: Option<String>,
-    /// Log filter (tracing's EnvFilter syntax; RUST_LOG wins when set).
+    /// Log filter: a level, or target=level pairs (RUST_LOG wins when set).
     #[arg(long, default_value = "info")]
     pub log: String,
 }
@@ -94,13 +100,19 @@ pub fn exit_code(program: &str, result: Result<(), impl Display>) -> ExitCode {
     }
 }
 
-/// A driver's `main` from its `run`: builds `runtime` with I/O and time
-/// enabled, runs `run` on it to the end, and returns [`exit_code`].
+/// A driver's `main` from its `run`: limits glibc's malloc arenas, builds
+/// `runtime` (usually [`driver_runtime`]) with I/O and time enabled, runs
+/// `run` on it to the end, and returns [`exit_code`].
 pub fn run_to_exit(
     program: &str,
     mut runtime: tokio::runtime::Builder,
     run: impl Future<Output = Result<(), String>>,
 ) -> ExitCode {
+    limit_malloc_arenas();
+    // On the heap: a driver's whole run is one large future that block_on
+    // moves down its calls by value, onto main-thread stack that stays
+    // resident; boxed, only a pointer moves.
+    let run = Box::pin(run);
     let result = match runtime.enable_all().build() {
         Ok(runtime) => runtime.block_on(run),
         Err(e) => Err(format!("starting the runtime: {e}")),

@@ -2,17 +2,70 @@
 
 use std::io::IsTerminal;
 
+use tracing_subscriber::filter::Targets;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+
 /// Logs to stderr with `RUST_LOG` as the filter, or `default_filter`
-/// (e.g. `"info"`, `"my_driver=debug,info"`) when it is unset; colours only
-/// on a terminal. Secrets never reach the log: requests are logged through
-/// csi-proto's redacting `Debug`. Does nothing if a subscriber is already
-/// installed.
+/// when it is unset; colours only on a terminal. A filter is a level
+/// (`info`) or `target=level` pairs with an optional bare default
+/// (`my_driver=debug,info`); one that does not parse is reported on stderr
+/// and the next one is used (`RUST_LOG`, `default_filter`, `info`). Secrets
+/// never reach the log: requests are logged through csi-proto's redacting
+/// `Debug`. Does nothing if a subscriber is already installed.
 pub fn init_tracing(default_filter: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
+    let filter = log_filter(std::env::var("RUST_LOG").ok().as_deref(), default_filter);
     let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
+        .finish()
+        .with(filter)
         .try_init();
+}
+
+// `Targets`, not `EnvFilter`: its span and field directives need a regex
+// engine, which was the largest part of a driver's code no call uses, and a
+// node plugin's resident code is most of its memory.
+fn log_filter(env: Option<&str>, default_filter: &str) -> Targets {
+    let candidates = [
+        ("RUST_LOG", env),
+        ("the default log filter", Some(default_filter)),
+    ];
+    for (source, text) in candidates {
+        let Some(text) = text.filter(|t| !t.trim().is_empty()) else {
+            continue;
+        };
+        match text.parse::<Targets>() {
+            Ok(filter) => return filter,
+            Err(e) => eprintln!("{source} {text:?} ignored: {e}"),
+        }
+    }
+    Targets::new().with_default(tracing::Level::INFO)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tracing::level_filters::LevelFilter;
+
+    #[test]
+    fn rust_log_wins_then_the_default_then_info() {
+        let filter = log_filter(Some("my_driver=debug,warn"), "error");
+        assert_eq!(filter.default_level(), Some(LevelFilter::WARN));
+        assert!(filter.would_enable("my_driver::node", &tracing::Level::DEBUG));
+        assert!(!filter.would_enable("h2", &tracing::Level::INFO));
+
+        let filter = log_filter(None, "debug");
+        assert_eq!(filter.default_level(), Some(LevelFilter::DEBUG));
+        let filter = log_filter(Some("  "), "error");
+        assert_eq!(filter.default_level(), Some(LevelFilter::ERROR));
+    }
+
+    #[test]
+    fn a_filter_that_does_not_parse_falls_back() {
+        let filter = log_filter(Some("x=loud"), "warn");
+        assert_eq!(filter.default_level(), Some(LevelFilter::WARN));
+        let filter = log_filter(Some("x=loud"), "y=louder");
+        assert_eq!(filter.default_level(), Some(LevelFilter::INFO));
+    }
 }

@@ -56,39 +56,15 @@ fn node_capabilities(config: &Config) -> Capabilities {
         .mutable_parameters(config.accepted_mutable_parameter_names.iter().cloned())
 }
 
-// One thread serves gRPC; everything that blocks (mounts, copies, state
-// writes) runs on a pool of at most four threads. The async part is far
-// from the bottleneck, and 8-worker lifecycle load runs as fast with four
-// blocking threads as with 512 (291-295/s vs 295/s on disk) while peak RSS
-// drops from 10.1 to 7.7-7.8 MB (docs/benchmarks.md).
-const BLOCKING_THREADS: usize = 4;
-
-// The binary's allocator (see src/main.rs): dlmalloc, not glibc's malloc: glibc keeps a cache of freed chunks per
-// thread, and under 8-worker load those caches fragmented the heap from
-// 0.46 to 1.4 MB. With one allocator lock and no thread caches the heap
-// stays near 0.2 MB and peak RSS after conformance plus load falls from
-// 7.6-7.8 to 6.9-7.0 MB, for 0-5% of the lifecycle rate (docs/benchmarks.md). glibc's
-// malloc still serves libc's own allocations (realpath and the like), in
-// one arena. A library cannot choose the allocator of the programs that link
-// it, so the binary declares it.
-pub use dlmalloc::GlobalDlmalloc as Allocator;
-
 /// The `hostpath` program: parses the flags, serves until SIGTERM or SIGINT
 /// and reports a failure on stderr in the exit code.
 pub fn main() -> ExitCode {
     let config = Config::parse();
     csi_server::init_tracing(&config.common.log);
-    // SAFETY: called before any other thread exists.
-    #[cfg(target_env = "gnu")]
-    unsafe {
-        libc::mallopt(libc::M_ARENA_MAX, 1);
-    }
-    let mut runtime = tokio::runtime::Builder::new_current_thread();
-    runtime.max_blocking_threads(BLOCKING_THREADS);
     // On the host's mounts and loop devices.
     let mounter = Arc::new(mount_utils::LinuxMounter::new());
     let run = async { serve(config.clone(), Arc::new(HostPath::open(config, mounter)?)).await };
-    csi_server::flags::run_to_exit("hostpath", runtime, run)
+    csi_server::flags::run_to_exit("hostpath", csi_server::flags::driver_runtime(), run)
 }
 
 /// Serves `driver` at the flags' endpoint: reconciles its state, then

@@ -2,10 +2,10 @@
 
 use std::process::ExitCode;
 
-// The driver's allocator (hostpath's lib.rs says why); only a program can
-// choose it.
+// Only a program can choose its allocator (csi_server::flags::Allocator
+// says why this one).
 #[global_allocator]
-static ALLOCATOR: hostpath::Allocator = hostpath::Allocator;
+static ALLOCATOR: csi_server::flags::Allocator = csi_server::flags::Allocator;
 
 fn main() -> ExitCode {
     hostpath::main()

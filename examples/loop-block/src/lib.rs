@@ -67,13 +67,12 @@ pub use driver::LoopBlock;
 pub fn main() -> ExitCode {
     let config = Config::parse();
     csi_server::init_tracing(&config.common.log);
-    let runtime = tokio::runtime::Builder::new_multi_thread();
     let run = async {
         // On the host's mounts, loop devices and programs (mkfs, fsck).
         let driver = LoopBlock::open(config.clone(), Arc::new(mount_utils::LinuxMounter::new()))?;
         serve(config, Arc::new(driver)).await
     };
-    csi_server::flags::run_to_exit("loop-block", runtime, run)
+    csi_server::flags::run_to_exit("loop-block", csi_server::flags::driver_runtime(), run)
 }
 
 /// Serves `driver` at the flags' endpoint: reconciles its state, then
