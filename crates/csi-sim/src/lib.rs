@@ -53,7 +53,8 @@ mod wrap;
 
 pub use kubelet::{Change, KubeletWorkload, Pod, kubelet_workloads};
 pub use runner::{
-    DataView, FaultTally, MAX_ATTEMPTS, Services, SimReport, SimRunner, Start, Started, Violation,
+    DataView, FaultTally, MAX_ATTEMPTS, Services, SimReport, SimRunner, Start, Started,
+    THREADS_ENV, Violation,
 };
 pub use workload::{Call, Content, SimWorkload, workloads};
 pub use world::{Effect, FAULTS, ProviderFault, SimFault, UnknownFault, Unobserved, World};
