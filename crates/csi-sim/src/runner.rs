@@ -3,7 +3,7 @@
 //! crash and retrying calls the way the CO does, checking the invariants
 //! after every call that got its final answer.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -35,6 +35,12 @@ pub trait DataView: Send + Sync {
     /// driver that stages through loop devices says which).
     fn loop_volume(&self, device: &mount_utils::LoopDeviceInfo) -> Option<String> {
         let _ = device;
+        None
+    }
+    /// The ids of the volumes the storage provider has attached to a node
+    /// (by default `None`: the driver attaches nothing outside itself, so
+    /// the runner does not compare attachments).
+    fn attached_volumes(&self) -> Option<BTreeSet<String>> {
         None
     }
 }
