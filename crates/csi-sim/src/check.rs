@@ -1,7 +1,8 @@
 //! The invariants, checked after every call that got its final answer:
 //! the driver's records (as it lists them), the data that exists and what
 //! the CO was told agree; every mount is one kubelet asked for, from its own
-//! volume, read-only where asked; no loop device is left.
+//! volume, read-only where asked; no loop device is left; the provider's
+//! attachments are those ControllerPublish answered.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -109,6 +110,16 @@ impl Co<'_> {
         unused.retain(|d| !data.loop_volume(d).is_some_and(|id| staged.contains(&id)));
         if !unused.is_empty() {
             return Err(format!("loop devices no volume uses: {unused:?}"));
+        }
+        // The provider's attachments = what ControllerPublish answered.
+        if let Some(attached) = data.attached_volumes() {
+            let held = self.model.attached.iter().map(|pv| self.id(pv)).collect();
+            compare(
+                "provider attachments",
+                &attached,
+                "volumes the CO holds published",
+                &held,
+            )?;
         }
         Ok(())
     }

@@ -23,6 +23,9 @@ pub(crate) struct Model {
     pub(crate) groups: BTreeMap<&'static str, (String, Vec<String>)>,
     pub(crate) staged: BTreeSet<&'static str>,
     pub(crate) published: BTreeMap<(&'static str, &'static str), bool>,
+    /// Volumes ControllerPublish answered OK for (and ControllerUnpublish
+    /// not since).
+    pub(crate) attached: BTreeSet<&'static str>,
     /// What the CO hands NodeStage and NodePublish: CreateVolume's
     /// volume_context and ControllerPublish's publish_context, by volume.
     pub(crate) contexts: BTreeMap<&'static str, Contexts>,
@@ -209,6 +212,7 @@ impl<'a> Co<'a> {
                     .await;
                 r.map(|r| {
                     self.model.contexts.entry(pv).or_default().publish = r.publish_context;
+                    self.model.attached.insert(pv);
                 })
             }
             Call::ControllerUnpublish(pv) => {
@@ -220,7 +224,9 @@ impl<'a> Co<'a> {
                 let r = controller
                     .controller_unpublish_volume(&ctx(Method::ControllerUnpublishVolume), req)
                     .await;
-                r.map(drop)
+                r.map(|_| {
+                    self.model.attached.remove(pv);
+                })
             }
             Call::Stage(pv) => {
                 let staging = self.staging(pv);

@@ -18,6 +18,9 @@
 //!   as Kubernetes does, and checks the invariants after every answered
 //!   call. A violation prints `workload:step:fault`;
 //!   `CSI_SIM_REPLAY=workload:step:fault` replays that run with its trace.
+//!   The runs of a workload are spread over the machine's cores
+//!   ([`THREADS_ENV`] sets how many), each on its own world, whose host
+//!   directory is on tmpfs where there is one ([`TMPDIR_ENV`]).
 //!
 //! A vendor points it at their driver with a start function:
 //!
@@ -53,8 +56,11 @@ mod wrap;
 
 pub use kubelet::{Change, KubeletWorkload, Pod, kubelet_workloads};
 pub use runner::{
-    DataView, FaultTally, MAX_ATTEMPTS, Services, SimReport, SimRunner, Start, Started, Violation,
+    DataView, FaultTally, MAX_ATTEMPTS, Services, SimReport, SimRunner, Start, Started,
+    THREADS_ENV, Violation,
 };
 pub use workload::{Call, Content, SimWorkload, workloads};
-pub use world::{Effect, FAULTS, ProviderFault, SimFault, UnknownFault, Unobserved, World};
+pub use world::{
+    Effect, FAULTS, ProviderFault, SimFault, TMPDIR_ENV, UnknownFault, Unobserved, World,
+};
 pub use wrap::{SimClock, SimExec, SimFsTools, SimLoops, SimMounter};

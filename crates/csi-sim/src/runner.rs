@@ -3,9 +3,10 @@
 //! crash and retrying calls the way the CO does, checking the invariants
 //! after every call that got its final answer.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use csi_driver::{Controller, GroupController, Node};
 use csi_proto::v1::volume_capability::access_mode::Mode;
@@ -34,6 +35,12 @@ pub trait DataView: Send + Sync {
     /// driver that stages through loop devices says which).
     fn loop_volume(&self, device: &mount_utils::LoopDeviceInfo) -> Option<String> {
         let _ = device;
+        None
+    }
+    /// The ids of the volumes the storage provider has attached to a node
+    /// (by default `None`: the driver attaches nothing outside itself, so
+    /// the runner does not compare attachments).
+    fn attached_volumes(&self) -> Option<BTreeSet<String>> {
         None
     }
 }
@@ -186,21 +193,45 @@ impl fmt::Display for SimReport {
 /// Runs workloads against a driver.
 pub struct SimRunner<'a> {
     start: &'a Start,
-    rt: tokio::runtime::Runtime,
     mode: Mode,
+    threads: usize,
+}
+
+/// Overrides the number of threads a runner explores on
+/// ([`SimRunner::threads`]).
+pub const THREADS_ENV: &str = "CSI_SIM_THREADS";
+
+/// A single-threaded runtime: a run's futures are not `Send`, and every
+/// run is driven on the thread that made its world.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
 }
 
 impl<'a> SimRunner<'a> {
-    /// A runner for the driver `start` starts.
+    /// A runner for the driver `start` starts, exploring on as many
+    /// threads as the machine has cores (or `CSI_SIM_THREADS`).
     pub fn new(start: &'a Start) -> Self {
+        let threads = std::env::var(THREADS_ENV)
+            .ok()
+            .and_then(|n| n.parse().ok())
+            .or_else(|| std::thread::available_parallelism().ok().map(|n| n.get()))
+            .unwrap_or(1);
         SimRunner {
             start,
-            rt: tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("a tokio runtime"),
             mode: Mode::SingleNodeWriter,
+            threads,
         }
+    }
+
+    /// Explores on `n` threads (at least one). Runs are independent, each
+    /// on its own world, and the report lists them in the same order
+    /// whatever `n` is.
+    pub fn threads(mut self, n: usize) -> Self {
+        self.threads = n.max(1);
+        self
     }
 
     /// The access mode the CO asks for (SINGLE_NODE_WRITER by default;
@@ -220,9 +251,10 @@ impl<'a> SimRunner<'a> {
     /// Every step of `scenario` with every fault, and after a crash at a
     /// step every intermediate crash state the filesystem had there.
     pub(crate) fn explore_scenario(&self, scenario: &dyn Scenario, report: &mut SimReport) {
+        let rt = runtime();
         if let Ok(spec) = std::env::var("CSI_SIM_REPLAY") {
             if spec.split(':').next() == Some(scenario.name()) {
-                match self.replay_scenario(scenario, &spec) {
+                match self.replay_in(&rt, scenario, &spec) {
                     Ok((trace, violations)) => {
                         for line in trace {
                             eprintln!("{line}");
@@ -235,7 +267,7 @@ impl<'a> SimRunner<'a> {
             }
             return;
         }
-        let (effects, start_steps, violations) = self.run(scenario, None);
+        let (effects, start_steps, violations) = self.run(&rt, scenario, None);
         let steps = effects.len() as u64;
         report.runs += 1;
         report.violations.extend(violations);
@@ -245,29 +277,86 @@ impl<'a> SimRunner<'a> {
             _ => start_steps,
         };
         report.start_steps = start_steps;
+        let plans: Vec<(u64, SimFault)> = (first..steps)
+            .flat_map(|k| {
+                let here = effects[k as usize];
+                (FAULTS.into_iter())
+                    .filter(move |f| f.applies_to(here))
+                    .map(move |f| (k, f))
+            })
+            .collect();
         let mut crash_states = 0;
-        for k in first..steps {
-            let here = effects[k as usize];
-            for fault in FAULTS.into_iter().filter(|f| f.applies_to(here)) {
-                let world = self.run_world(scenario, Some((k, fault)), report);
-                if world.as_ref().is_some_and(|w| w.fired().is_none()) {
-                    report.unreached += 1;
-                }
-                if fault != SimFault::Crash {
-                    continue;
-                }
-                // The intermediate states the filesystem could keep there.
-                let states = world.map_or(0, |w| w.crash_states_seen());
-                crash_states += states as u64;
-                for i in 0..states {
-                    self.run_world(scenario, Some((k, SimFault::CrashState(i))), report);
-                }
-            }
+        for (part, states) in self.on_threads(&plans, |rt, plan, part| {
+            self.run_planned(rt, scenario, plan, part)
+        }) {
+            report.merge(part);
+            crash_states += states;
         }
         report.steps.push((scenario.name().to_owned(), steps));
         report
             .crash_states
             .push((scenario.name().to_owned(), crash_states));
+    }
+
+    /// `run(rt, plan, report)` for every plan, on up to `self.threads`
+    /// threads, each with its own runtime; each plan's report and result
+    /// in the order of `plans`.
+    fn on_threads<F>(&self, plans: &[(u64, SimFault)], run: F) -> Vec<(SimReport, u64)>
+    where
+        F: Fn(&tokio::runtime::Runtime, (u64, SimFault), &mut SimReport) -> u64 + Sync,
+    {
+        let next = AtomicUsize::new(0);
+        let worker = || {
+            let rt = runtime();
+            let mut done = Vec::new();
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(&plan) = plans.get(i) else {
+                    return done;
+                };
+                let mut part = SimReport::default();
+                let result = run(&rt, plan, &mut part);
+                done.push((i, part, result));
+            }
+        };
+        let threads = self.threads.min(plans.len()).max(1);
+        let mut done: Vec<_> = std::thread::scope(|s| {
+            let workers: Vec<_> = (1..threads).map(|_| s.spawn(worker)).collect();
+            let mut done = worker();
+            for w in workers {
+                match w.join() {
+                    Ok(d) => done.extend(d),
+                    Err(panic) => std::panic::resume_unwind(panic),
+                }
+            }
+            done
+        });
+        done.sort_by_key(|(i, ..)| *i);
+        done.into_iter().map(|(_, part, r)| (part, r)).collect()
+    }
+
+    /// The run with `plan`, and after a crash the runs with each
+    /// intermediate state the filesystem could keep there; how many of
+    /// those there were.
+    fn run_planned(
+        &self,
+        rt: &tokio::runtime::Runtime,
+        scenario: &dyn Scenario,
+        (k, fault): (u64, SimFault),
+        report: &mut SimReport,
+    ) -> u64 {
+        let world = self.run_world(rt, scenario, Some((k, fault)), report);
+        if world.as_ref().is_some_and(|w| w.fired().is_none()) {
+            report.unreached += 1;
+        }
+        if fault != SimFault::Crash {
+            return 0;
+        }
+        let states = world.map_or(0, |w| w.crash_states_seen());
+        for i in 0..states {
+            self.run_world(rt, scenario, Some((k, SimFault::CrashState(i))), report);
+        }
+        states as u64
     }
 
     /// Every step of a simulated kubelet's `workload` (see
@@ -290,6 +379,15 @@ impl<'a> SimRunner<'a> {
         scenario: &dyn Scenario,
         spec: &str,
     ) -> Result<(Vec<String>, Vec<Violation>), String> {
+        self.replay_in(&runtime(), scenario, spec)
+    }
+
+    fn replay_in(
+        &self,
+        rt: &tokio::runtime::Runtime,
+        scenario: &dyn Scenario,
+        spec: &str,
+    ) -> Result<(Vec<String>, Vec<Violation>), String> {
         let mut parts = spec.split(':');
         let (Some(_), Some(step), Some(fault), None) =
             (parts.next(), parts.next(), parts.next(), parts.next())
@@ -300,13 +398,14 @@ impl<'a> SimRunner<'a> {
         let fault: SimFault = fault.parse().map_err(|e| format!("{e}"))?;
         let world = World::new(Some((step, fault))).map_err(|e| e.to_string())?;
         world.trace();
-        let (violations, _) = self.run_in(&world, scenario, Some((step, fault)));
+        let (violations, _) = self.run_in(rt, &world, scenario, Some((step, fault)));
         Ok((world.traced(), violations))
     }
 
     /// One run, counted in `report`; its world.
     fn run_world(
         &self,
+        rt: &tokio::runtime::Runtime,
         scenario: &dyn Scenario,
         plan: Option<(u64, SimFault)>,
         report: &mut SimReport,
@@ -325,7 +424,7 @@ impl<'a> SimRunner<'a> {
                 return None;
             }
         };
-        let (violations, _) = self.run_in(&world, scenario, plan);
+        let (violations, _) = self.run_in(rt, &world, scenario, plan);
         if let Some((_, f)) = plan {
             report.by_fault.entry(f.kind()).or_default().violations += violations.len() as u64;
         }
@@ -337,6 +436,7 @@ impl<'a> SimRunner<'a> {
     /// first start, and its violations.
     fn run(
         &self,
+        rt: &tokio::runtime::Runtime,
         scenario: &dyn Scenario,
         plan: Option<(u64, SimFault)>,
     ) -> (Vec<Effect>, u64, Vec<Violation>) {
@@ -350,17 +450,18 @@ impl<'a> SimRunner<'a> {
                 );
             }
         };
-        let (violations, start_steps) = self.run_in(&world, scenario, plan);
+        let (violations, start_steps) = self.run_in(rt, &world, scenario, plan);
         (world.effects(), start_steps, violations)
     }
 
     fn run_in(
         &self,
+        rt: &tokio::runtime::Runtime,
         world: &World,
         scenario: &dyn Scenario,
         plan: Option<(u64, SimFault)>,
     ) -> (Vec<Violation>, u64) {
-        let (found, start_steps) = self.rt.block_on(scenario.run(self.start, world, self.mode));
+        let (found, start_steps) = rt.block_on(scenario.run(self.start, world, self.mode));
         let found = found
             .into_iter()
             .map(|what| violation(scenario, plan, what))
@@ -371,7 +472,7 @@ impl<'a> SimRunner<'a> {
 
 /// Something the runner explores step by step: a CO's workload of calls,
 /// or a simulated kubelet's sequence of desired-state changes.
-pub(crate) trait Scenario {
+pub(crate) trait Scenario: Sync {
     /// Its name, in reports and replays.
     fn name(&self) -> &'static str;
 

@@ -300,6 +300,28 @@ fn image_dir(from: &Path, to: &Path) -> io::Result<()> {
     Ok(())
 }
 
+/// Names the directory the worlds' host directories are made in.
+pub const TMPDIR_ENV: &str = "CSI_SIM_TMPDIR";
+
+/// A world's host directory: in `CSI_SIM_TMPDIR`, else in `/dev/shm` where
+/// the machine has one, else in the temporary directory. Every run makes
+/// and removes dozens of directories, and on ext4 finding a free inode
+/// slows down with thousands removed a second (`mkdir` then cost more
+/// than the run itself); tmpfs has no such search.
+fn host_dir() -> io::Result<tempfile::TempDir> {
+    let builder = || {
+        let mut b = tempfile::Builder::new();
+        b.prefix("csi-sim-");
+        b
+    };
+    if let Some(dir) = std::env::var_os(TMPDIR_ENV) {
+        return builder().tempdir_in(dir);
+    }
+    builder()
+        .tempdir_in("/dev/shm")
+        .or_else(|_| builder().tempdir())
+}
+
 impl World {
     /// Data the driver keeps on the host, outside the simulated filesystem
     /// (a directory of volumes): at a crash its tree is imaged, and the
@@ -323,7 +345,7 @@ impl World {
 
     /// A fresh world with `plan` (none: count only); its host directories
     /// (volume data, kubelet paths) live in a temporary directory removed
-    /// with the last clone.
+    /// with the last clone (see [`TMPDIR_ENV`]).
     pub fn new(plan: Option<(u64, SimFault)>) -> io::Result<World> {
         let mounter = FakeMounter::new();
         mounter.add_mount("/dev/root", "/", "ext4");
@@ -337,7 +359,7 @@ impl World {
             loops: Arc::new(FakeLoopDevices::new()),
             devices: Arc::new(FakeBlockDevices::new()),
             kept: Arc::default(),
-            dir: Arc::new(tempfile::Builder::new().prefix("csi-sim-").tempdir()?),
+            dir: Arc::new(host_dir()?),
         };
         world.fs.set_hook(Some(Arc::new(Hook(world.state.clone()))));
         Ok(world)

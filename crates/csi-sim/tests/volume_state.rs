@@ -3,7 +3,7 @@
 //! driving the library's services, under a crash and each fault at every
 //! step of every kubelet workload.
 
-use csi_sim::{KubeletWorkload, SimReport, SimRunner, Started, World, kubelet_workloads};
+use csi_sim::{SimReport, SimRunner, Started, World, kubelet_workloads};
 
 /// The library's services, started on `world`.
 fn start(world: &World) -> Started {
@@ -11,34 +11,17 @@ fn start(world: &World) -> Started {
     Box::pin(async move { csi_sim::targets::library(&world).await })
 }
 
-/// One workload explored on its own runner.
-fn explore(w: &KubeletWorkload) -> SimReport {
+#[test]
+fn the_reconcilers_converge_after_every_fault_at_every_step() {
+    // The runner spreads each workload's runs over the machine's cores.
     let runner = SimRunner::new(&start);
     let mut report = SimReport {
         // The driver's start is the library's, explored by tests/library.rs.
         start_steps: 1,
         ..SimReport::default()
     };
-    runner.explore_kubelet(w, &mut report);
-    report
-}
-
-#[test]
-fn the_reconcilers_converge_after_every_fault_at_every_step() {
-    // One thread per workload: runs are independent and deterministic.
-    let reports: Vec<SimReport> = std::thread::scope(|s| {
-        let threads: Vec<_> = kubelet_workloads()
-            .into_iter()
-            .map(|w| s.spawn(move || explore(&w)))
-            .collect();
-        threads
-            .into_iter()
-            .map(|t| t.join().expect("a workload's thread"))
-            .collect()
-    });
-    let mut report = SimReport::default();
-    for r in reports {
-        report.merge(r);
+    for w in kubelet_workloads() {
+        runner.explore_kubelet(&w, &mut report);
     }
     println!("{report}");
     if std::env::var_os("CSI_SIM_REPLAY").is_none() {

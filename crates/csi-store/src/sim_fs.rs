@@ -272,16 +272,16 @@ impl Image {
             }
             Op::Write { ino, offset, bytes } => {
                 if let Some(f) = self.file_mut(*ino) {
-                    let end = *offset as usize + bytes.len();
-                    if f.len() < end {
-                        f.resize(end, 0);
-                    }
-                    f[*offset as usize..end].copy_from_slice(bytes);
+                    let at = *offset as usize;
+                    resize_zeroed(f, at.max(f.len()));
+                    let overlap = (f.len() - at).min(bytes.len());
+                    f[at..at + overlap].copy_from_slice(&bytes[..overlap]);
+                    f.extend_from_slice(&bytes[overlap..]);
                 }
             }
             Op::SetLen { ino, len } => {
                 if let Some(f) = self.file_mut(*ino) {
-                    f.resize(*len as usize, 0);
+                    resize_zeroed(f, *len as usize);
                 }
             }
         }
@@ -292,6 +292,17 @@ impl Image {
             Node::Dir(d) => d.get(name).copied(),
             Node::File(_) => None,
         }
+    }
+}
+
+/// Truncates or zero-extends `f` to `len`. A store's journal is written
+/// with a megabyte of zeros: `Vec::resize` fills byte by byte in a test
+/// build, where a zeroed allocation and one copy do not.
+fn resize_zeroed(f: &mut Vec<u8>, len: usize) {
+    match len.checked_sub(f.len()) {
+        Some(0) => {}
+        Some(more) => f.extend_from_slice(&vec![0; more]),
+        None => f.truncate(len),
     }
 }
 

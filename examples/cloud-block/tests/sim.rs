@@ -7,16 +7,18 @@
 //! clones nor group snapshots, so the clone and the group workload are
 //! left out; it attaches, so staging is preceded by ControllerPublish.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use clap::Parser;
-use cloud_block::client::SimProvider;
+use cloud_block::api::{ActionStatus, CreateVolumeRequest};
+use cloud_block::client::{ProviderClient, SIM_ACTION_CALLS, SimProvider};
 use cloud_block::driver::{CloudController, Flags, NodeHost, controller_config, node_on};
 use csi_controller::ControllerService;
 use csi_driver::clock::FakeClock;
 use csi_proto::v1::volume_capability::access_mode::Mode;
 use csi_sim::targets::{Declared, NODE_ID, assert_survives, workloads_for};
-use csi_sim::{Services, SimExec, SimFsTools, SimMounter, SimRunner, Started, World};
+use csi_sim::{DataView, Services, SimExec, SimFsTools, SimMounter, SimRunner, Started, World};
 use csi_store::FileStore;
 use mount_utils::{BlockDevices, Exec, Mounter, ResizeFs};
 
@@ -101,4 +103,35 @@ fn every_step_of_every_workload_survives_every_fault() {
             );
         }
     }
+}
+
+/// An attach stays in progress for some provider calls (the driver's wait
+/// runs in every workload that attaches, and a crash meets it), and the
+/// runner sees the attachment once the cloud made it.
+#[test]
+fn an_attach_stays_in_progress_until_the_cloud_ends_it() {
+    let world = World::new(None).unwrap();
+    let provider = SimProvider::new(&world, world.host_dir().join("by-id"));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let req = CreateVolumeRequest {
+            name: "pv-1".into(),
+            size_gigabytes: 1,
+            ..Default::default()
+        };
+        let volume = provider.create_volume(&req).await.unwrap();
+        let action = provider.attach(&volume.id, NODE_ID).await.unwrap();
+        assert_eq!(action.status, ActionStatus::InProgress);
+        for _ in 1..SIM_ACTION_CALLS {
+            let polled = provider.get_action(action.id).await.unwrap();
+            assert_eq!(polled.status, ActionStatus::InProgress);
+            assert_eq!(provider.attached_volumes(), Some(BTreeSet::new()));
+        }
+        let polled = provider.get_action(action.id).await.unwrap();
+        assert_eq!(polled.status, ActionStatus::Completed);
+        let attached = provider.attached_volumes();
+        assert_eq!(attached, Some(BTreeSet::from([volume.id.clone()])));
+    });
 }

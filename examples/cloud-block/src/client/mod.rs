@@ -30,7 +30,7 @@ pub use backend_error::{found, running, taken_is_transient};
 pub use fake::{FakeCall, FakeProvider};
 pub use http::HttpProvider;
 #[cfg(feature = "testing")]
-pub use sim::{SIM_RETRY_AFTER, SIM_TIMEOUT, SimProvider};
+pub use sim::{SIM_ACTION_CALLS, SIM_RETRY_AFTER, SIM_TIMEOUT, SimProvider};
 pub use window::{page, read_window};
 
 /// Which rule of the provider a request ran into.

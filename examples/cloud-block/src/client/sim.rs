@@ -3,10 +3,12 @@
 //! world: volumes, snapshots and attachments outlive every crash of the
 //! driver, as a real cloud's do. Every call is one step that the plan may
 //! crash or fail with a 5xx, a 429 or a timeout (before or after the
-//! provider made the change); an attached volume is a block device under
-//! the device directory, as the provider process makes a by-id link.
+//! provider made the change). An action (attach, detach, resize) stays in
+//! progress for [`SIM_ACTION_CALLS`] calls, so the driver waits for it (and
+//! resumes waiting after a crash). An attached volume is a block device
+//! under the device directory, as the provider process makes a by-id link.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -28,6 +30,16 @@ pub const SIM_RETRY_AFTER: Duration = Duration::from_secs(2);
 pub const SIM_TIMEOUT: Duration = Duration::from_secs(30);
 /// The major number of the devices attachments make (a virtual disk's).
 const DEVICE_MAJOR: u32 = 252;
+/// How many provider calls after it started an action (attach, detach,
+/// resize) is still in progress: the driver waits for it, and resumes the
+/// wait after a crash, as with a real cloud.
+pub const SIM_ACTION_CALLS: u32 = 2;
+
+/// Provider calls made since the oldest running action started (kept by
+/// the world: the cloud works on while the driver restarts). The cloud
+/// ends every running action together.
+#[derive(Debug, Default)]
+struct ActionProgress(Mutex<u32>);
 
 /// The device numbers given to attached volumes, by volume id (kept by the
 /// world, so a volume attached again gets its own number back).
@@ -73,11 +85,30 @@ impl SimProvider {
     /// The world's provider as its current driver process reaches it;
     /// attached volumes appear under `device_dir`.
     pub fn new(world: &World, device_dir: impl Into<PathBuf>) -> Self {
+        let cloud = world.kept::<FakeProvider>();
+        cloud.hold_actions(true);
         SimProvider {
             world: world.clone(),
             generation: world.generation(),
-            cloud: world.kept::<FakeProvider>(),
+            cloud,
             device_dir: device_dir.into(),
+        }
+    }
+
+    /// The cloud's own progress, one provider call on: running actions
+    /// end [`SIM_ACTION_CALLS`] calls after the oldest started.
+    fn progress(&self) {
+        let progress = self.world.kept::<ActionProgress>();
+        let mut calls = progress.0.lock().unwrap_or_else(|e| e.into_inner());
+        if self.cloud.cloud().running().is_empty() {
+            *calls = 0;
+            return;
+        }
+        *calls += 1;
+        if *calls >= SIM_ACTION_CALLS {
+            self.cloud.finish_actions(Ok(()));
+            *calls = 0;
+            self.sync_devices();
         }
     }
 
@@ -105,6 +136,7 @@ impl SimProvider {
                 });
             }
         };
+        self.progress();
         if let Some(f) = fault.filter(|f| !f.applied()) {
             return Err(failure(f, request));
         }
@@ -140,8 +172,8 @@ impl SimProvider {
 }
 
 /// What the simulation reads of the cloud: its volumes and snapshots
-/// (their data is the provider's, so each is its own), and which volume a
-/// mount of an attached device shows.
+/// (their data is the provider's, so each is its own), which volume a
+/// mount of an attached device shows, and which volumes are attached.
 impl DataView for SimProvider {
     fn volumes(&self) -> BTreeMap<String, String> {
         self.ids(self.cloud.cloud().volumes().map(|v| v.id.clone()))
@@ -156,6 +188,11 @@ impl DataView for SimProvider {
         }
         let name = source.file_name()?.to_str()?;
         name.strip_prefix(DEVICE_LINK_PREFIX).map(str::to_owned)
+    }
+    fn attached_volumes(&self) -> Option<BTreeSet<String>> {
+        let cloud = self.cloud.cloud();
+        let attached = cloud.volumes().filter(|v| !v.node_ids.is_empty());
+        Some(attached.map(|v| v.id.clone()).collect())
     }
 }
 
