@@ -455,7 +455,9 @@ impl ProviderClient for HttpProvider {
         check_id("snapshot", id)?;
         let path = format!("/v2/snapshots/{id}");
         let call = self.call::<serde_json::Value>(Method::DELETE, &path, &[], None);
-        effect_async("provider-delete-snapshot", call).await.map(drop)
+        effect_async("provider-delete-snapshot", call)
+            .await
+            .map(drop)
     }
 }
 

@@ -5,8 +5,7 @@
 use std::path::PathBuf;
 
 use csi_node::{
-    NodeBackend, NodeError, VolumeContexts, VolumeInfo, VolumeLocator, VolumeSource,
-    device_by_name,
+    NodeBackend, NodeError, VolumeContexts, VolumeInfo, VolumeLocator, VolumeSource, device_by_name,
 };
 
 use super::{ACCESS_KEY, DEVICE_KEY};
