@@ -118,6 +118,9 @@ pub struct KernelReport {
     /// Steps of the driver's first start (explored with the first
     /// workload only: the same in every one).
     pub start_steps: u64,
+    /// The workloads' steps by kind (`mount`, `provider-attach`, ...),
+    /// from the runs without a crash.
+    pub kinds: std::collections::BTreeMap<String, u64>,
     /// Runs executed.
     pub runs: u64,
     /// Runs in which the driver never reached its planned step (it took
@@ -138,6 +141,10 @@ impl fmt::Display for KernelReport {
         )?;
         for (w, s) in &self.steps {
             writeln!(f, "  workload {w}: {s} steps")?;
+        }
+        if !self.kinds.is_empty() {
+            let kinds: Vec<String> = self.kinds.iter().map(|(k, n)| format!("{k} {n}")).collect();
+            writeln!(f, "  steps by kind: {}", kinds.join(", "))?;
         }
         writeln!(
             f,
@@ -209,6 +216,9 @@ async fn explore_one(target: &KernelTarget, w: &SimWorkload, report: &mut Kernel
         _ => trace.start_steps + 1,
     };
     report.start_steps = trace.start_steps;
+    for kind in &trace.kinds {
+        *report.kinds.entry(kind.clone()).or_default() += 1;
+    }
     let befores = (first..=trace.steps).map(|step| (step, When::Before));
     let afters = (trace.call_ends.iter().copied())
         .filter(|&s| s >= first)
@@ -271,6 +281,8 @@ struct Trace {
     start_steps: u64,
     /// The last step of each call that made any.
     call_ends: Vec<u64>,
+    /// Each step's kind, the start's excluded.
+    kinds: Vec<String>,
 }
 
 /// One run's outcome.
@@ -342,10 +354,11 @@ async fn run(target: &KernelTarget, w: &SimWorkload, plan: Option<CrashPlan>) ->
                     found.push(format!("at the end: {e}"));
                 }
                 call_ends.dedup();
-                trace = plan.is_none().then_some(Trace {
+                trace = plan.is_none().then(|| Trace {
                     steps,
                     start_steps,
                     call_ends,
+                    kinds: kinds_in(&trace_file, start_steps),
                 });
             }
         }
@@ -394,6 +407,13 @@ impl RunOutcome {
             log: String::new(),
         }
     }
+}
+
+/// The kinds of the steps after the first `skip`.
+fn kinds_in(trace: &Path, skip: u64) -> Vec<String> {
+    let entries = crash_points::read_trace(trace).unwrap_or_default();
+    let made = entries.into_iter().filter(|e| e.step > skip);
+    made.map(|e| e.kind).collect()
 }
 
 fn steps_in(trace: &Path) -> u64 {
