@@ -16,6 +16,17 @@ const PROVIDER: &str = "provider";
 /// A test's token, for the provider and the driver alike.
 const TOKEN_ENV: &[(&str, &str)] = &[("CLOUD_PROVIDER_TOKEN", "crash-test-token")];
 
+/// What it serves: no clone (it declares none, so the CO asks for none)
+/// and no group snapshots.
+const WORKLOADS: &[&str] = &[
+    "lifecycle",
+    "snapshot-restore-clone",
+    "expand-online",
+    "shared-staging",
+];
+/// Where root lacks CAP_SYS_RESOURCE.
+const WITHOUT_EXPANSION: &[&str] = &["lifecycle", "snapshot-restore-clone", "shared-staging"];
+
 fn provider_args(l: &Layout) -> Vec<String> {
     let dir = l.auxiliary_dir(PROVIDER);
     let path = |p: &str| dir.join(p).to_string_lossy().into_owned();
@@ -44,20 +55,14 @@ fn driver_args(l: &Layout) -> Vec<String> {
 #[ignore = "needs root: run by scripts/test.sh's root pass"]
 fn cloud_block_survives_a_crash_at_every_step() {
     mount_utils::require_root!("cloud_block_survives_a_crash_at_every_step");
-    // It declares no clone (the CO asks for none) and no group snapshots.
-    let workloads: &'static [&'static str] = match e2e_support::has_cap_sys_resource() {
-        true => &[
-            "lifecycle",
-            "snapshot-restore-clone",
-            "expand-online",
-            "shared-staging",
-        ],
+    let workloads = match e2e_support::has_cap_sys_resource() {
+        true => WORKLOADS,
         false => {
             eprintln!(
                 "skipped: expand-online: growing a mounted ext4 needs CAP_SYS_RESOURCE, which \
                  this process lacks (CapEff bit 24)"
             );
-            &["lifecycle", "snapshot-restore-clone", "shared-staging"]
+            WITHOUT_EXPANSION
         }
     };
     let provider = Auxiliary {
