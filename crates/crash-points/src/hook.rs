@@ -15,8 +15,28 @@ pub fn armed() -> bool {
 /// hook, just `f()`.
 pub fn effect<T>(kind: &str, f: impl FnOnce() -> T) -> T {
     match armed::hook() {
-        Some(hook) => hook.effect(kind, f),
+        Some(hook) => {
+            let planned = hook.begin(kind);
+            let made = f();
+            hook.end(planned);
+            made
+        }
         None => f(),
+    }
+}
+
+/// [`effect`] for an effect that is awaited (a call to a remote service):
+/// the kill before it comes before `f` is first polled, the kill after it
+/// once `f` is done.
+pub async fn effect_async<F: Future>(kind: &str, f: F) -> F::Output {
+    match armed::hook() {
+        Some(hook) => {
+            let planned = hook.begin(kind);
+            let made = f.await;
+            hook.end(planned);
+            made
+        }
+        None => f.await,
     }
 }
 
@@ -73,7 +93,9 @@ mod armed {
     }
 
     impl Hook {
-        pub(super) fn effect<T>(&self, kind: &str, f: impl FnOnce() -> T) -> T {
+        /// Numbers and traces the next effect, killing the process if the
+        /// plan names the moment before it; what the plan says of it.
+        pub(super) fn begin(&self, kind: &str) -> Option<When> {
             let step = self.made.fetch_add(1, Ordering::SeqCst) + 1;
             if let Some(mut trace) = self.trace.as_ref() {
                 // One append per line: a kill never leaves half of one
@@ -84,11 +106,14 @@ mod armed {
             if planned == Some(When::Before) {
                 kill();
             }
-            let made = f();
+            planned
+        }
+
+        /// After the effect: the kill the plan names for the moment after it.
+        pub(super) fn end(&self, planned: Option<When>) {
             if planned == Some(When::After) {
                 kill();
             }
-            made
         }
     }
 
@@ -105,11 +130,17 @@ mod armed {
 
 #[cfg(not(feature = "armed"))]
 mod armed {
+    use crate::plan::When;
+
     /// Never built: the hook does not exist without the feature.
     pub(super) enum Hook {}
 
     impl Hook {
-        pub(super) fn effect<T>(&self, _: &str, _: impl FnOnce() -> T) -> T {
+        pub(super) fn begin(&self, _: &str) -> Option<When> {
+            match *self {}
+        }
+
+        pub(super) fn end(&self, _: Option<When>) {
             match *self {}
         }
     }

@@ -9,7 +9,8 @@
 //! [`LoopDevices`](mount_utils::LoopDevices) and [`Exec`](mount_utils::Exec)
 //! and csi-store's [`FileSystem`](csi_store::FileSystem), wrapped by
 //! [`mounter`], [`loop_devices`], [`exec`] and [`file_system`]; a driver
-//! marks any other effect of its own (a provider call) with [`effect`].
+//! marks any other effect of its own with [`effect`] (a call it awaits, to
+//! a cloud provider, with [`effect_async`]).
 //!
 //! A process started with `CSI_KIT_CRASH_AT=<n>` ([`CRASH_AT_ENV`], a
 //! [`CrashPlan`]: `<n>`, `<n>:before` or `<n>:after`) kills itself with
@@ -37,6 +38,6 @@ mod hook;
 mod plan;
 mod seams;
 
-pub use hook::{armed, effect};
+pub use hook::{armed, effect, effect_async};
 pub use plan::{CRASH_AT_ENV, CRASH_TRACE_ENV, CrashPlan, PlanError, TraceEntry, When, read_trace};
 pub use seams::{exec, file_system, loop_devices, mounter};

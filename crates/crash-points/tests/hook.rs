@@ -1,5 +1,6 @@
 //! The hook in a child process: this test binary runs itself again with
-//! the variables set, and the child makes three effects.
+//! the variables set, and the child makes its effects: three directories,
+//! a marked effect and an awaited one (a fourth directory).
 
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
@@ -22,8 +23,22 @@ fn child_makes_three_effects() {
         fs.create_dir(&Path::new(&dir).join(name)).unwrap();
     }
     crash_points::effect("provider-call", || ());
+    let awaited = crash_points::effect_async("provider-attach", async {
+        std::fs::create_dir(Path::new(&dir).join("4")).unwrap();
+    });
+    ready(awaited);
     if std::env::var_os(CHILD_SEAMS).is_some() {
         every_seam(Path::new(&dir));
+    }
+}
+
+/// Runs a future that never waits (the test needs no runtime).
+fn ready<F: Future>(f: F) -> F::Output {
+    use std::task::{Context, Poll, Waker};
+    let mut f = std::pin::pin!(f);
+    match f.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(out) => out,
+        Poll::Pending => panic!("the future waited"),
     }
 }
 
@@ -101,8 +116,17 @@ fn run_child_with(plan: Option<&str>, seams: bool) -> (Option<i32>, Vec<String>,
 fn the_planned_effect_kills_the_process_before_or_after_it_and_the_trace_counts_them() {
     let (signal, made, traced) = run_child(None);
     assert_eq!(signal, None, "no plan: the child runs to its end");
-    assert_eq!(made, ["1", "2", "3"]);
-    assert_eq!(traced, ["1 mkdir", "2 mkdir", "3 mkdir", "4 provider-call"]);
+    assert_eq!(made, ["1", "2", "3", "4"]);
+    assert_eq!(
+        traced,
+        [
+            "1 mkdir",
+            "2 mkdir",
+            "3 mkdir",
+            "4 provider-call",
+            "5 provider-attach"
+        ]
+    );
 
     let (signal, made, traced) = run_child(Some("2"));
     assert_eq!(signal, Some(libc::SIGKILL));
@@ -116,9 +140,15 @@ fn the_planned_effect_kills_the_process_before_or_after_it_and_the_trace_counts_
     let (signal, made, _) = run_child(Some("4:before"));
     assert_eq!((signal, made.len()), (Some(libc::SIGKILL), 3));
 
+    // The awaited effect: before it is polled, or once it is done.
+    let (signal, made, _) = run_child(Some("5:before"));
+    assert_eq!((signal, made.len()), (Some(libc::SIGKILL), 3));
+    let (signal, made, _) = run_child(Some("5:after"));
+    assert_eq!((signal, made.len()), (Some(libc::SIGKILL), 4));
+
     let (signal, _, traced) = run_child(Some("9"));
     assert_eq!(signal, None, "a plan past the last effect never fires");
-    assert_eq!(traced.len(), 4);
+    assert_eq!(traced.len(), 5);
 }
 
 #[cfg(feature = "armed")]
@@ -131,7 +161,7 @@ fn every_seam_counts_its_effects_and_only_them_without_arguments() {
         .map(|l| l.split_once(' ').unwrap().1)
         .collect();
     assert_eq!(
-        kinds[4..],
+        kinds[5..],
         [
             "bind-mount",
             "remount",
@@ -172,7 +202,7 @@ fn a_bad_plan_stops_the_process_with_the_reason() {
 fn unarmed_builds_ignore_the_variables_and_wrap_nothing() {
     let (signal, made, traced) = run_child(Some("1"));
     assert_eq!(signal, None);
-    assert_eq!(made, ["1", "2", "3"]);
+    assert_eq!(made, ["1", "2", "3", "4"]);
     assert!(traced.is_empty(), "{traced:?}");
     let fs: Arc<dyn csi_store::FileSystem> = Arc::new(csi_store::RealFs);
     assert!(Arc::ptr_eq(&crash_points::file_system(fs.clone()), &fs));

@@ -308,11 +308,7 @@ impl<'a> Co<'a> {
                 }
             }
             Call::CreateSnapshot(snap, pv) => {
-                let req = CreateSnapshotRequest {
-                    source_volume_id: self.id(pv),
-                    name: (*snap).into(),
-                    ..Default::default()
-                };
+                let req = create_snapshot_request(snap, self.id(pv));
                 match controller
                     .create_snapshot(&ctx(Method::CreateSnapshot), req)
                     .await
@@ -375,5 +371,18 @@ impl<'a> Co<'a> {
                 })
             }
         })
+    }
+}
+
+/// The CO's CreateSnapshot of `source_volume_id`, named `name` (the
+/// simulator's and the real-kernel companion's).
+pub(crate) fn create_snapshot_request(
+    name: &str,
+    source_volume_id: String,
+) -> CreateSnapshotRequest {
+    CreateSnapshotRequest {
+        source_volume_id,
+        name: name.into(),
+        ..Default::default()
     }
 }

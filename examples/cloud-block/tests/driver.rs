@@ -11,9 +11,9 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use cloud_block::driver::CRASH_ENV;
 use common::driver::{Driver, NODE, scratch};
 use common::{Dirs, start};
+use crash_points::{CRASH_AT_ENV, CRASH_TRACE_ENV, CrashPlan, When, read_trace};
 use csi_driver::v1::volume_capability::access_mode::Mode;
 use csi_driver::v1::*;
 use tonic::Code;
@@ -165,6 +165,40 @@ fn stage_req(
     }
 }
 
+/// The node's step that mounts a new volume's filesystem, from the trace of
+/// a node staging another volume (a node started on a fresh state dir makes
+/// the same steps in the same order): a plan to crash right before it.
+async fn first_mount_step(scratch: &Path, dirs: &Dirs, controller: &Driver) -> CrashPlan {
+    let trace = scratch.join("node-trace");
+    let trace_env = [(CRASH_TRACE_ENV, trace.to_str().unwrap())];
+    let node = Driver::node(&scratch.join("traced-node"), dirs, &trace_env).await;
+    let (volume, context) = attached(controller, "pvc-traced", false).await;
+    let staging = scratch.join("traced-staging");
+    std::fs::create_dir(&staging).unwrap();
+    let req = stage_req(&volume, &context, &staging, "ext4");
+    node.client.call(req).await.unwrap();
+    let unstage = NodeUnstageVolumeRequest {
+        volume_id: volume.volume_id.clone(),
+        staging_target_path: staging.to_string_lossy().into(),
+    };
+    node.client.call(unstage).await.unwrap();
+    drop(node);
+    detach_and_delete(controller, &volume.volume_id).await;
+    let entries = read_trace(&trace).unwrap();
+    let kinds: Vec<&str> = entries.iter().map(|e| e.kind.as_str()).collect();
+    let mount = entries.iter().find(|e| e.kind == "mount");
+    let mount = mount.unwrap_or_else(|| panic!("no mount in the node's trace: {kinds:?}"));
+    let mkfs = kinds.iter().position(|k| k.starts_with("exec mkfs"));
+    assert!(
+        mkfs.is_some_and(|i| (i as u64) < mount.step),
+        "the device is formatted before it is mounted: {kinds:?}"
+    );
+    CrashPlan {
+        step: mount.step,
+        when: When::Before,
+    }
+}
+
 #[tokio::test]
 #[ignore = "needs root: run by scripts/test.sh's root pass"]
 async fn a_node_killed_before_mounting_finishes_the_stage_when_retried() {
@@ -172,8 +206,13 @@ async fn a_node_killed_before_mounting_finishes_the_stage_when_retried() {
     let provider = start(&dirs, &[]);
     let scratch = scratch();
     let controller = Driver::controller(&scratch.path().join("controller"), &provider).await;
+    let plan = first_mount_step(scratch.path(), &dirs, &controller).await;
     let node_dir = scratch.path().join("node");
-    let crash = [(CRASH_ENV, "before-mount")];
+    let (plan_text, trace) = (plan.to_string(), scratch.path().join("crash-trace"));
+    let crash = [
+        (CRASH_AT_ENV, plan_text.as_str()),
+        (CRASH_TRACE_ENV, trace.to_str().unwrap()),
+    ];
     let mut node = Driver::node(&node_dir, &dirs, &crash).await;
     let (volume, context) = attached(&controller, "pvc-node-crash", false).await;
     let link = dirs.link(&volume.volume_id);
@@ -188,12 +227,9 @@ async fn a_node_killed_before_mounting_finishes_the_stage_when_retried() {
     );
     let status = node.wait();
     use std::os::unix::process::ExitStatusExt;
-    assert_eq!(
-        status.signal(),
-        Some(9),
-        "killed by its crash point: {status}"
-    );
-    assert!(node.log("node").contains("crashing before the mount"));
+    assert_eq!(status.signal(), Some(9), "killed at {plan}: {status}");
+    let last = read_trace(&trace).unwrap().pop().unwrap();
+    assert_eq!((last.step, last.kind.as_str()), (plan.step, "mount"));
     assert!(!mounted_under(&staging), "it crashed before mounting");
 
     let node = Driver::node(&node_dir, &dirs, &[]).await;

@@ -35,6 +35,8 @@ fn hostpath_survives_a_crash_at_every_step() {
         volume_unit: 8 << 20,
         data_dirs: |l| vec![l.state.join("volumes"), l.state.join("snapshots")],
         workloads: WORKLOADS,
+        env: &[],
+        auxiliaries: Vec::new(),
     };
     let report = explore(&target);
     println!("{report}");

@@ -21,6 +21,8 @@ use csi_controller::{
 use csi_server::v1::VolumeCapability;
 use csi_server::{CsiError, CsiResult};
 
+use mount_utils::LoopDevices;
+
 use crate::tuning::{TuneError, Tuning};
 
 /// Filesystems NodeStage can create (SafeFormatAndMount's list).
@@ -41,6 +43,9 @@ pub struct Backend {
     /// Whether the backing files' filesystem takes O_DIRECT (the
     /// `directIO` mutable parameter needs it).
     pub direct_io_supported: bool,
+    /// The loop devices, asked which are attached to a disk (fakes in
+    /// tests never read /sys).
+    pub loops: Arc<dyn LoopDevices>,
 }
 
 /// Removes a file; an absent one is fine (true if there was one).
@@ -50,8 +55,9 @@ fn remove_file_if_present(path: &Path) -> CsiResult<bool> {
 
 impl Backend {
     /// Creates the layout under `root` (mode 0750: the state file records
-    /// volume parameters, the images hold user data).
-    pub fn new(root: &Path) -> io::Result<Self> {
+    /// volume parameters, the images hold user data); `loops` tells which
+    /// disks are attached.
+    pub fn new(root: &Path, loops: Arc<dyn LoopDevices>) -> io::Result<Self> {
         for dir in [
             root.to_owned(),
             root.join("volumes"),
@@ -65,6 +71,7 @@ impl Backend {
             node: Arc::default(),
             attachments: Arc::default(),
             direct_io_supported: crate::tuning::direct_io_supported(&root.join("volumes")),
+            loops,
         })
     }
 
@@ -229,7 +236,7 @@ impl ControllerBackend for Backend {
         let Some(node) = self.node.get() else {
             // `--mode controller`: a loop device of the disk on this host is
             // a node's, whatever the attach records say.
-            let devices = mount_utils::loopdev::find_by_backing_file(self.volume_path(id));
+            let devices = self.loops.find_by_backing_file(&self.volume_path(id));
             let device = devices.ok()?.into_iter().next()?;
             return Some(format!("is attached as {} on this host", device.display()));
         };
@@ -283,7 +290,9 @@ impl ModifyBackend for Backend {
         // Exclusive: no NodeStage attaches the disk with the old values meanwhile.
         let _exclusive = self.attachments.write().await;
         let tuning = self.tuning(new)?;
-        let devices = mount_utils::loopdev::find_by_backing_file(self.volume_path(&v.id))
+        let devices = self
+            .loops
+            .find_by_backing_file(&self.volume_path(&v.id))
             .map_err(|e| CsiError::Internal(format!("looking up loop devices: {e}")))?;
         for d in &devices {
             tuning.apply(d).map_err(TuneError::for_modify)?;
@@ -323,7 +332,7 @@ mod tests {
     #[test]
     fn disks_are_sparse_grow_copy_and_only_own_files_map_to_ids() {
         let dir = tempfile::tempdir().unwrap();
-        let b = Backend::new(dir.path()).unwrap();
+        let b = Backend::new(dir.path(), Arc::new(mount_utils::FakeLoopDevices::new())).unwrap();
         let (v1, v2, s1) = (
             IdKind::Volume.generate(),
             IdKind::Volume.generate(),

@@ -84,8 +84,8 @@ impl LoopBlock {
         resize: ResizeFs,
     ) -> Result<Self, String> {
         let data = config.data_dir();
-        let backend =
-            Backend::new(&data).map_err(|e| format!("preparing {}: {e}", data.display()))?;
+        let backend = Backend::new(&data, loops.clone())
+            .map_err(|e| format!("preparing {}: {e}", data.display()))?;
         let controller = match config.serves_controller() {
             true => Some(ControllerService::open(
                 files.clone(),

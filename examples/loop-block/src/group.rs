@@ -30,11 +30,11 @@ enum Writer {
 }
 
 impl Backend {
-    /// Who writes to `volume` and how to stop them, or why nobody can be
-    /// stopped.
-    fn writer_of(&self, volume: &VolumeRecord) -> CsiResult<Writer> {
-        let image = self.volume_path(&volume.id);
-        let devices = mount_utils::loopdev::find_by_backing_file(&image)
+    /// Who writes to volume `id` and how to stop them, or why nobody can
+    /// be stopped. Its loop devices come from the seam ([`Backend::loops`]).
+    fn writer_of(&self, id: &str) -> CsiResult<Writer> {
+        let image = self.volume_path(id);
+        let devices = (self.loops.find_by_backing_file(&image))
             .map_err(|e| CsiError::Internal(format!("looking up loop devices: {e}")))?;
         let Some(device) = devices.first() else {
             return Ok(Writer::Nobody);
@@ -44,22 +44,22 @@ impl Backend {
             return Err(CsiError::FailedPrecondition(format!(
                 "volume {} is attached by a node this controller cannot freeze; \
                  a group snapshot of it would not be write-order consistent",
-                volume.id
+                id
             )));
         };
-        let stage = node.record(&volume.id).and_then(|r| r.stage);
+        let stage = node.record(id).and_then(|r| r.stage);
         let Some(staged) = stage.filter(|s| !s.capability.is_block()) else {
             return Err(CsiError::FailedPrecondition(format!(
                 "volume {} is attached as a raw block device, which cannot be frozen: \
                  a group snapshot of it would not be write-order consistent",
-                volume.id
+                id
             )));
         };
         // The staging path must be the filesystem on this very device.
         if !mounted_from(&staged.path, device) {
             return Err(CsiError::FailedPrecondition(format!(
                 "volume {} is attached but its filesystem is not mounted at {}; cannot freeze it",
-                volume.id,
+                id,
                 staged.path.display()
             )));
         }
@@ -86,7 +86,7 @@ pub fn cut_consistently(
 ) -> CsiResult<()> {
     let mut frozen = Vec::new();
     for (snap, volume) in members {
-        if let Writer::Filesystem(staging) = backend.writer_of(volume)? {
+        if let Writer::Filesystem(staging) = backend.writer_of(&volume.id)? {
             let f = crash_points::effect("freeze", || FrozenFilesystem::freeze(&staging)).map_err(
                 |e| {
                     CsiError::FailedPrecondition(format!(
@@ -112,4 +112,32 @@ pub fn cut_consistently(
             .map_err(|e| CsiError::Internal(format!("thawing a member's filesystem: {e}")))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use mount_utils::{FakeLoopDevices, LoopOptions};
+
+    use super::*;
+
+    /// The cut asks the LoopDevices seam which members are attached: a fake
+    /// device is seen, and /sys (the host's own loop devices) is never read.
+    #[test]
+    fn a_members_writer_is_found_through_the_loop_devices_seam() {
+        let dir = tempfile::tempdir().unwrap();
+        let loops = Arc::new(FakeLoopDevices::new());
+        let backend = Backend::new(dir.path(), loops.clone()).unwrap();
+        let id = csi_controller::IdKind::Volume.generate();
+        backend.create(&id, 1 << 20).unwrap();
+        assert!(matches!(backend.writer_of(&id), Ok(Writer::Nobody)));
+        loops.attach_existing(backend.volume_path(&id), &LoopOptions::default());
+        match backend.writer_of(&id) {
+            Err(CsiError::FailedPrecondition(why)) => {
+                assert!(why.contains("cannot freeze"), "{why}");
+            }
+            other => panic!("attached without a node record: {:?}", other.err()),
+        }
+    }
 }

@@ -42,6 +42,8 @@ fn loop_block_survives_a_crash_at_every_step() {
         volume_unit: 16 << 20,
         data_dirs: |l| vec![l.state.join("volumes"), l.state.join("snapshots")],
         workloads,
+        env: &[],
+        auxiliaries: Vec::new(),
     };
     let report = explore(&target);
     println!("{report}");

@@ -14,7 +14,8 @@ use csi_proto::v1::*;
 use tonic::Status;
 
 use super::KernelTarget;
-use super::process::{DriverProcess, Layout, NotServing};
+use super::process::{Layout, NotServing, Process};
+use crate::co::create_snapshot_request;
 use crate::runner::MAX_ATTEMPTS;
 use crate::workload::{Call, Content};
 
@@ -37,7 +38,7 @@ pub(crate) struct Co<'a> {
     pub(crate) target: &'a KernelTarget,
     pub(crate) layout: Layout,
     pub(crate) model: Model,
-    process: Option<DriverProcess>,
+    process: Option<Process>,
     client: Option<CsiClient>,
     /// The controller's declared RPCs, from its first start.
     controller_rpcs: Vec<ControllerRpc>,
@@ -48,6 +49,8 @@ pub(crate) struct Co<'a> {
     /// Calls whose first answer was an error although the driver lived:
     /// in a run without a crash, a workload the driver does not serve.
     pub(crate) refused: Vec<String>,
+    /// Clones the CO never asked for: the driver declares no CLONE_VOLUME.
+    not_cloned: Vec<&'static str>,
 }
 
 impl<'a> Co<'a> {
@@ -62,6 +65,7 @@ impl<'a> Co<'a> {
             deaths: 0,
             events: Vec::new(),
             refused: Vec::new(),
+            not_cloned: Vec::new(),
         }
     }
 
@@ -75,9 +79,10 @@ impl<'a> Co<'a> {
         let (mut plan, mut trace) = (plan, trace);
         for _ in 0..MAX_ATTEMPTS {
             let args = (self.target.args)(&self.layout);
-            let mut p = DriverProcess::spawn(
+            let mut p = Process::spawn(
                 &self.target.program,
                 &args,
+                self.target.env,
                 &self.layout.log(),
                 plan.take(),
                 trace.take(),
@@ -147,6 +152,20 @@ impl<'a> Co<'a> {
     pub(crate) async fn perform(&mut self, call: &Call) -> Result<(), String> {
         // Kubernetes attaches before staging and detaches before deleting
         // when the driver declares attach, whether or not the workload says.
+        // Without CLONE_VOLUME the CO asks for no clone (and deletes none),
+        // as csi-sim's `workloads_for` leaves them out.
+        match call {
+            Call::CreateVolume {
+                pv,
+                from: Some(Content::Volume(_)),
+                ..
+            } if !self.declares(ControllerRpc::CloneVolume) => {
+                self.not_cloned.push(pv);
+                return Ok(());
+            }
+            Call::DeleteVolume(pv) if self.not_cloned.contains(pv) => return Ok(()),
+            _ => {}
+        }
         let attach = self.declares(ControllerRpc::PublishUnpublishVolume);
         match call {
             Call::Stage(pv) if attach && !self.model.publish_context.contains_key(pv) => {
@@ -344,11 +363,7 @@ impl<'a> Co<'a> {
                 }
             }
             Call::CreateSnapshot(snap, pv) => {
-                let req = CreateSnapshotRequest {
-                    source_volume_id: self.id(pv),
-                    name: (*snap).into(),
-                    ..Default::default()
-                };
+                let req = create_snapshot_request(snap, self.id(pv));
                 c.create_snapshot(req).await.map(|r| {
                     let id = r.snapshot.map(|s| s.snapshot_id).unwrap_or_default();
                     self.model.snapshots.insert(snap, id);

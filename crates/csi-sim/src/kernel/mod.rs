@@ -19,9 +19,16 @@
 //! `CSI_KIT_CRASH_REPLAY=workload:step:before|after` runs that one alone
 //! and prints its events and the driver's log.
 //!
+//! A target whose storage is a process of its own (a cloud provider) names
+//! it among its [`Auxiliary`] processes: each run starts them in its
+//! directory before the driver, only the driver is killed, and they are
+//! stopped once the run is checked (whatever they left attached under the
+//! run's directory is detached then).
+//!
 //! It needs root (mounts, loop devices) and runs each workload in a
 //! private mount namespace.
 
+mod auxiliary;
 mod check;
 mod co;
 mod process;
@@ -33,9 +40,11 @@ use std::time::{Duration, Instant};
 use crash_points::{CrashPlan, When};
 use futures::StreamExt;
 
+pub use auxiliary::Auxiliary;
 pub use process::Layout;
 
 use crate::workload::{SimWorkload, workloads};
+use auxiliary::AuxiliaryProcess;
 use co::Co;
 
 /// The variable naming one run to replay: `workload:step:before|after`.
@@ -63,6 +72,11 @@ pub struct KernelTarget {
     pub data_dirs: fn(&Layout) -> Vec<PathBuf>,
     /// The workloads of [`workloads`] it supports, by name.
     pub workloads: &'static [&'static str],
+    /// Variables it is started with (a test's token, never a real secret).
+    pub env: &'static [(&'static str, &'static str)],
+    /// Processes started before it in each run, which its crash spares;
+    /// their addresses are in the [`Layout`] its `args` get.
+    pub auxiliaries: Vec<Auxiliary>,
 }
 
 /// An invariant that did not hold, with the run that shows it.
@@ -104,6 +118,9 @@ pub struct KernelReport {
     /// Steps of the driver's first start (explored with the first
     /// workload only: the same in every one).
     pub start_steps: u64,
+    /// The workloads' steps by kind (`mount`, `provider-attach`, ...),
+    /// from the runs without a crash.
+    pub kinds: std::collections::BTreeMap<String, u64>,
     /// Runs executed.
     pub runs: u64,
     /// Runs in which the driver never reached its planned step (it took
@@ -124,6 +141,10 @@ impl fmt::Display for KernelReport {
         )?;
         for (w, s) in &self.steps {
             writeln!(f, "  workload {w}: {s} steps")?;
+        }
+        if !self.kinds.is_empty() {
+            let kinds: Vec<String> = self.kinds.iter().map(|(k, n)| format!("{k} {n}")).collect();
+            writeln!(f, "  steps by kind: {}", kinds.join(", "))?;
         }
         writeln!(
             f,
@@ -195,6 +216,9 @@ async fn explore_one(target: &KernelTarget, w: &SimWorkload, report: &mut Kernel
         _ => trace.start_steps + 1,
     };
     report.start_steps = trace.start_steps;
+    for kind in &trace.kinds {
+        *report.kinds.entry(kind.clone()).or_default() += 1;
+    }
     let befores = (first..=trace.steps).map(|step| (step, When::Before));
     let afters = (trace.call_ends.iter().copied())
         .filter(|&s| s >= first)
@@ -257,6 +281,8 @@ struct Trace {
     start_steps: u64,
     /// The last step of each call that made any.
     call_ends: Vec<u64>,
+    /// Each step's kind, the start's excluded.
+    kinds: Vec<String>,
 }
 
 /// One run's outcome.
@@ -272,22 +298,28 @@ struct RunOutcome {
 
 /// One run in a fresh directory: with `plan`, or counting steps without.
 async fn run(target: &KernelTarget, w: &SimWorkload, plan: Option<CrashPlan>) -> RunOutcome {
-    let dir = match tempfile::Builder::new()
+    let dir = tempfile::Builder::new()
         .prefix("crash-companion-")
-        .tempdir()
-    {
+        .tempdir();
+    let dir = match dir {
         Ok(d) => d,
-        Err(e) => {
-            return RunOutcome {
-                violations: vec![violation(w, plan, format!("no directory: {e}"))],
-                died: false,
-                trace: None,
-                events: Vec::new(),
-                log: String::new(),
-            };
-        }
+        Err(e) => return RunOutcome::failed(w, plan, format!("no directory: {e}")),
     };
-    let layout = Layout::new(dir.path());
+    let mut layout = Layout::new(dir.path());
+    let mut auxiliaries = Vec::new();
+    for aux in &target.auxiliaries {
+        match AuxiliaryProcess::start(aux, &layout).await {
+            Ok((p, address)) => {
+                layout.addresses.insert(aux.name, address);
+                auxiliaries.push(p);
+            }
+            Err(e) => {
+                stop_all(auxiliaries).await;
+                check::clean_up(&layout.base);
+                return RunOutcome::failed(w, plan, e);
+            }
+        }
+    }
     let trace_file = layout.base.join("trace");
     let mut co = Co::new(target, layout.clone());
     let mut found = Vec::new();
@@ -322,17 +354,30 @@ async fn run(target: &KernelTarget, w: &SimWorkload, plan: Option<CrashPlan>) ->
                     found.push(format!("at the end: {e}"));
                 }
                 call_ends.dedup();
-                trace = plan.is_none().then_some(Trace {
+                trace = plan.is_none().then(|| Trace {
                     steps,
                     start_steps,
                     call_ends,
+                    kinds: kinds_in(&trace_file, start_steps),
                 });
             }
         }
     }
+    // Only the driver crashes: its storage must have lived through the run.
+    for p in &mut auxiliaries {
+        if let Some(status) = p.exited() {
+            found.push(format!("{} ended during the run: {status}", p.name));
+        }
+    }
     co.stop().await;
+    stop_all(auxiliaries).await;
     check::clean_up(&layout.base);
-    let log = std::fs::read_to_string(layout.log()).unwrap_or_default();
+    let mut log = std::fs::read_to_string(layout.log()).unwrap_or_default();
+    for aux in &target.auxiliaries {
+        let text = std::fs::read_to_string(layout.auxiliary_log(aux.name));
+        let text = text.unwrap_or_default();
+        log.push_str(&format!("--- {} log ---\n{text}", aux.name));
+    }
     RunOutcome {
         violations: found
             .into_iter()
@@ -343,6 +388,32 @@ async fn run(target: &KernelTarget, w: &SimWorkload, plan: Option<CrashPlan>) ->
         events: std::mem::take(&mut co.events),
         log,
     }
+}
+
+async fn stop_all(auxiliaries: Vec<AuxiliaryProcess>) {
+    for p in auxiliaries {
+        p.stop().await;
+    }
+}
+
+impl RunOutcome {
+    /// A run that could not be set up.
+    fn failed(w: &SimWorkload, plan: Option<CrashPlan>, what: String) -> Self {
+        RunOutcome {
+            violations: vec![violation(w, plan, what)],
+            died: false,
+            trace: None,
+            events: Vec::new(),
+            log: String::new(),
+        }
+    }
+}
+
+/// The kinds of the steps after the first `skip`.
+fn kinds_in(trace: &Path, skip: u64) -> Vec<String> {
+    let entries = crash_points::read_trace(trace).unwrap_or_default();
+    let made = entries.into_iter().filter(|e| e.step > skip);
+    made.map(|e| e.kind).collect()
 }
 
 fn steps_in(trace: &Path) -> u64 {

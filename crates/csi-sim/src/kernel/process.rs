@@ -1,6 +1,7 @@
-//! The driver as a process: started with or without a crash plan, waited
-//! on until it serves, found dead, stopped.
+//! The driver (or an auxiliary process) as a process: started with or
+//! without a crash plan, waited on until it serves, found dead, stopped.
 
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -11,10 +12,10 @@ use csi_client::{ClientOptions, CsiClient, Endpoint};
 use csi_proto::v1::ProbeRequest;
 
 /// How long a start may take before the run counts it as never serving.
-const START_WAIT: Duration = Duration::from_secs(20);
+pub(crate) const START_WAIT: Duration = Duration::from_secs(20);
 
-/// A started driver process.
-pub(crate) struct DriverProcess {
+/// A started process: the driver, or an auxiliary one.
+pub(crate) struct Process {
     child: Child,
 }
 
@@ -27,12 +28,13 @@ pub(crate) enum NotServing {
     Failed(String),
 }
 
-impl DriverProcess {
-    /// Starts `program args`, its output appended to `log`, crashing at
-    /// `plan` and tracing its effects to `trace` when given.
+impl Process {
+    /// Starts `program args` with `env`, its output appended to `log`,
+    /// crashing at `plan` and tracing its effects to `trace` when given.
     pub(crate) fn spawn(
         program: &Path,
         args: &[String],
+        env: &[(&str, &str)],
         log: &Path,
         plan: Option<CrashPlan>,
         trace: Option<&Path>,
@@ -45,6 +47,7 @@ impl DriverProcess {
         let err = out.try_clone().map_err(|e| e.to_string())?;
         let mut cmd = Command::new(program);
         cmd.args(args)
+            .envs(env.iter().copied())
             .env_remove(CRASH_AT_ENV)
             .env_remove(CRASH_TRACE_ENV)
             .stdin(Stdio::null())
@@ -59,7 +62,12 @@ impl DriverProcess {
         let child = cmd
             .spawn()
             .map_err(|e| format!("starting {}: {e}", program.display()))?;
-        Ok(DriverProcess { child })
+        Ok(Process { child })
+    }
+
+    /// A child started otherwise, stopped and reaped as the driver is.
+    pub(crate) fn from_child(child: Child) -> Self {
+        Process { child }
     }
 
     /// A client once the driver serves and Probe says ready.
@@ -125,7 +133,7 @@ impl DriverProcess {
     }
 }
 
-impl Drop for DriverProcess {
+impl Drop for Process {
     fn drop(&mut self) {
         if self.exited().is_none() {
             let _ = self.child.kill();
@@ -145,6 +153,8 @@ pub struct Layout {
     pub socket: PathBuf,
     /// The kubelet's directory: staging and pod paths (`base/kubelet`).
     pub kubelet: PathBuf,
+    /// The auxiliary processes' addresses, by name.
+    pub(crate) addresses: BTreeMap<&'static str, String>,
 }
 
 impl Layout {
@@ -154,6 +164,7 @@ impl Layout {
             state: base.join("state"),
             socket: base.join("csi.sock"),
             kubelet: base.join("kubelet"),
+            addresses: BTreeMap::new(),
         }
     }
 
@@ -180,5 +191,22 @@ impl Layout {
     /// The driver's log.
     pub(crate) fn log(&self) -> PathBuf {
         self.base.join("driver.log")
+    }
+
+    /// The directory of the [`Auxiliary`](super::Auxiliary) process named
+    /// `name` (`base/aux/<name>`).
+    pub fn auxiliary_dir(&self, name: &str) -> PathBuf {
+        self.base.join("aux").join(name)
+    }
+
+    /// Its log.
+    pub(crate) fn auxiliary_log(&self, name: &str) -> PathBuf {
+        self.base.join("aux").join(format!("{name}.log"))
+    }
+
+    /// The address the auxiliary process `name` printed once it served
+    /// (empty before it started).
+    pub fn address(&self, name: &str) -> &str {
+        self.addresses.get(name).map_or("", String::as_str)
     }
 }

@@ -1,9 +1,13 @@
 //! [`HttpProvider`]: the provider's API over HTTP/1.1 with pooled connections.
+//! Each call that changes the cloud is a crash point of test builds
+//! (`crash_points::effect_async`); reads are not, so polling an action
+//! leaves the steps' numbering the same from run to run.
 
 use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use crash_points::effect_async;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderMap, RETRY_AFTER};
 use hyper::{Method, StatusCode};
@@ -176,11 +180,18 @@ impl HttpProvider {
             })
     }
 
-    async fn action(&self, volume_id: &str, req: ActionRequest) -> Result<Action, ProviderError> {
+    /// Starts an action; `kind` names it in a crash trace.
+    async fn action(
+        &self,
+        kind: &str,
+        volume_id: &str,
+        req: ActionRequest,
+    ) -> Result<Action, ProviderError> {
         check_id("volume", volume_id)?;
         let body = json(&req);
         let path = format!("/v2/volumes/{volume_id}/actions");
-        let answer: ActionEnvelope = self.fetch(Method::POST, &path, &[], Some(body)).await?;
+        let call = self.fetch(Method::POST, &path, &[], Some(body));
+        let answer: ActionEnvelope = effect_async(kind, call).await?;
         Ok(answer.action)
     }
 }
@@ -310,9 +321,8 @@ impl ProviderClient for HttpProvider {
     }
 
     async fn create_volume(&self, req: &CreateVolumeRequest) -> Result<Volume, ProviderError> {
-        let answer: VolumeEnvelope = self
-            .fetch(Method::POST, "/v2/volumes", &[], Some(json(req)))
-            .await?;
+        let call = self.fetch(Method::POST, "/v2/volumes", &[], Some(json(req)));
+        let answer: VolumeEnvelope = effect_async("provider-create-volume", call).await?;
         Ok(answer.volume)
     }
 
@@ -346,9 +356,8 @@ impl ProviderClient for HttpProvider {
     async fn delete_volume(&self, id: &str) -> Result<(), ProviderError> {
         check_id("volume", id)?;
         let path = format!("/v2/volumes/{id}");
-        self.call::<serde_json::Value>(Method::DELETE, &path, &[], None)
-            .await
-            .map(drop)
+        let call = self.call::<serde_json::Value>(Method::DELETE, &path, &[], None);
+        effect_async("provider-delete-volume", call).await.map(drop)
     }
 
     async fn attach(&self, volume_id: &str, node_id: &str) -> Result<Action, ProviderError> {
@@ -357,7 +366,7 @@ impl ProviderClient for HttpProvider {
             node_id: Some(node_id.to_owned()),
             size_gigabytes: None,
         };
-        self.action(volume_id, req).await
+        self.action("provider-attach", volume_id, req).await
     }
 
     async fn detach(&self, volume_id: &str, node_id: &str) -> Result<Action, ProviderError> {
@@ -366,7 +375,7 @@ impl ProviderClient for HttpProvider {
             node_id: Some(node_id.to_owned()),
             size_gigabytes: None,
         };
-        self.action(volume_id, req).await
+        self.action("provider-detach", volume_id, req).await
     }
 
     async fn resize(&self, volume_id: &str, size_gigabytes: u64) -> Result<Action, ProviderError> {
@@ -375,7 +384,7 @@ impl ProviderClient for HttpProvider {
             node_id: None,
             size_gigabytes: Some(size_gigabytes),
         };
-        self.action(volume_id, req).await
+        self.action("provider-resize", volume_id, req).await
     }
 
     async fn get_action(&self, id: u64) -> Result<Action, ProviderError> {
@@ -408,9 +417,8 @@ impl ProviderClient for HttpProvider {
     ) -> Result<Snapshot, ProviderError> {
         check_id("volume", volume_id)?;
         let path = format!("/v2/volumes/{volume_id}/snapshots");
-        let answer: SnapshotEnvelope = self
-            .fetch(Method::POST, &path, &[], Some(json(req)))
-            .await?;
+        let call = self.fetch(Method::POST, &path, &[], Some(json(req)));
+        let answer: SnapshotEnvelope = effect_async("provider-create-snapshot", call).await?;
         Ok(answer.snapshot)
     }
 
@@ -446,7 +454,8 @@ impl ProviderClient for HttpProvider {
     async fn delete_snapshot(&self, id: &str) -> Result<(), ProviderError> {
         check_id("snapshot", id)?;
         let path = format!("/v2/snapshots/{id}");
-        self.call::<serde_json::Value>(Method::DELETE, &path, &[], None)
+        let call = self.call::<serde_json::Value>(Method::DELETE, &path, &[], None);
+        effect_async("provider-delete-snapshot", call)
             .await
             .map(drop)
     }

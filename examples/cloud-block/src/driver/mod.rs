@@ -13,11 +13,12 @@ use csi_controller::{Config, ControllerService};
 use csi_driver::{Capabilities, NodeRpc, PluginService, VolumeExpansion};
 use csi_node::{NodeInfo, NodeService, NodeServiceBuilder};
 use csi_server::{ServeMode, flags::DriverFlags};
+use csi_store::FileStore;
 use mount_utils::{
     BlockDevices, Exec, LinuxMounter, Mounter, ResizeFs, SafeFormatAndMount, SystemExec,
 };
 
-pub use {controller::CloudController, node::CRASH_ENV, node::CloudNode, node::FormatAndMount};
+pub use {controller::CloudController, node::CloudNode};
 
 use crate::{api::GIB, client::HttpProvider, token::TOKEN_ENV, token::Token};
 
@@ -103,10 +104,11 @@ pub struct NodeHost {
     pub resize: ResizeFs,
 }
 
-/// The node service on the host's devices and mounts.
+/// The node service on the host's devices and mounts; its effects are
+/// crash points in test builds (crash-points, armed).
 pub fn node(flags: &Flags) -> Result<NodeService<CloudNode>, String> {
-    let (mounter, exec): (Arc<dyn Mounter>, Arc<dyn Exec>) =
-        (Arc::new(LinuxMounter::new()), Arc::new(SystemExec::new()));
+    let mounter = crash_points::mounter(Arc::new(LinuxMounter::new()));
+    let exec = crash_points::exec(Arc::new(SystemExec::new()));
     let resize = ResizeFs::new(exec.clone());
     let host = NodeHost {
         mounter,
@@ -114,9 +116,14 @@ pub fn node(flags: &Flags) -> Result<NodeService<CloudNode>, String> {
         devices: None,
         resize,
     };
+    let dir = &flags.statedir;
+    let store_error = |e: &dyn std::fmt::Display| format!("--statedir {}: {e}", dir.display());
+    let fs = crash_points::file_system(Arc::new(csi_store::RealFs));
+    let store = FileStore::open_on(fs, dir).map_err(|e| store_error(&e))?;
     let node = node_on(flags, host)
-        .open_in(&flags.statedir)
-        .map_err(|e| format!("--statedir {}: {e}", flags.statedir.display()))?;
+        .volumes(|v| v.private_mounts(dir.join("mounts")))
+        .open(Arc::new(store))
+        .map_err(|e| store_error(&e))?;
     node.restore();
     Ok(node)
 }
@@ -126,7 +133,7 @@ pub fn node_on(flags: &Flags, host: NodeHost) -> NodeServiceBuilder<CloudNode> {
     let info = NodeInfo::new(flags.common.node_id())
         .max_volumes(flags.max_volumes_per_node)
         .topology(TOPOLOGY_KEY, flags.region.clone());
-    let formatter = FormatAndMount(SafeFormatAndMount::new(host.mounter.clone(), host.exec));
+    let formatter = SafeFormatAndMount::new(host.mounter.clone(), host.exec);
     let timeout = std::time::Duration::from_secs(flags.device_timeout_secs);
     let backend = Arc::new(CloudNode(flags.device_dir.clone()));
     NodeService::builder(backend, info, host.mounter)

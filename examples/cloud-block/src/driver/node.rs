@@ -2,18 +2,13 @@
 //! by the stable name ControllerPublish put in the publish context; csi-node waits for them,
 //! formats them on first use (never again), mounts them or publishes them as block devices.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use csi_node::{
-    FilesystemMount, NodeBackend, NodeError, VolumeContexts, VolumeInfo, VolumeLocator,
-    VolumeSource, device_by_name,
+    NodeBackend, NodeError, VolumeContexts, VolumeInfo, VolumeLocator, VolumeSource, device_by_name,
 };
-use mount_utils::SafeFormatAndMount;
 
 use super::{ACCESS_KEY, DEVICE_KEY};
-
-/// Test builds SIGKILL the node where this says: `before-mount` (device found, nothing mounted).
-pub const CRASH_ENV: &str = "CLOUD_BLOCK_CRASH_AT";
 
 /// The node's backend: devices appear as `<.0>/<the publish context's name>`.
 pub struct CloudNode(pub PathBuf);
@@ -51,31 +46,10 @@ impl NodeBackend for CloudNode {
     }
 }
 
-/// Formats a new device and mounts it ([`SafeFormatAndMount`]), with the
-/// test builds' crash point in between.
-pub struct FormatAndMount(pub SafeFormatAndMount);
-
-impl FilesystemMount for FormatAndMount {
-    fn mount_filesystem(
-        &self,
-        device: &Path,
-        target: &Path,
-        fs_type: &str,
-        options: &[&str],
-        may_format: bool,
-    ) -> Result<(), NodeError> {
-        #[cfg(feature = "testing")]
-        if std::env::var(CRASH_ENV).is_ok_and(|at| at == "before-mount") {
-            tracing::warn!(device = %device.display(), "crashing before the mount ({CRASH_ENV})");
-            let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
-        }
-        self.0
-            .mount_filesystem(device, target, fs_type, options, may_format)
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
     use super::*;
 
     /// Found by csi-sim (a crash after NodeUnstage removed its record): a

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use cloud_block::driver::CRASH_ENV;
+use crash_points::{CRASH_AT_ENV, CRASH_TRACE_ENV};
 use csi_client::CsiClient;
 
 use super::{Dirs, Running, TOKEN};
@@ -37,7 +37,8 @@ impl Driver {
             .args(args)
             .current_dir(dir)
             .env_remove("CLOUD_PROVIDER_TOKEN")
-            .env_remove(CRASH_ENV)
+            .env_remove(CRASH_AT_ENV)
+            .env_remove(CRASH_TRACE_ENV)
             .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(log);
