@@ -2,8 +2,10 @@
 # cloud-block's figures for docs/benchmarks.md: create-to-published time of a
 # 1 GiB ext4 volume through the driver (controller and node as two processes,
 # a cloud-provider with no injected latency) against the same provider calls
-# made directly over HTTP plus the node's work by hand, alternating round by
-# round; and NodeStageVolume's p50/p90 for an attached device. The client is
+# made directly over HTTP plus the same storage work on the node by hand
+# (probe, mkfs, mount, bind), and a minimal direct path for reference, in
+# rotating order round by round; and NodeStageVolume's p50/p90 for an
+# attached device. The client is
 # examples/cloud-block/examples/cloud-block-bench.rs; this script builds it and
 # the driver (release), starts the processes in a private mount and PID
 # namespace, and leaves no process, mount, loop device or file behind.

@@ -65,12 +65,14 @@ struct World {
     host: FakeHost,
     exec: Arc<FakeExec>,
     node: NodeService<Disks>,
+    store: MemStore,
     dir: tempfile::TempDir,
 }
 
 fn world() -> World {
     let (host, exec) = (FakeHost::new(), Arc::new(FakeExec::new()));
     let formatter = SafeFormatAndMount::new(host.mounter(), exec.clone());
+    let store = MemStore::new();
     let node = NodeService::builder(Arc::new(Disks), NodeInfo::new("n1"), host.mounter())
         .volumes(|v| {
             v.loop_devices(host.loops())
@@ -79,12 +81,13 @@ fn world() -> World {
                 .filesystem_mount(Arc::new(formatter))
         })
         .resize_filesystems(ResizeFs::new(exec.clone()))
-        .open(Arc::new(MemStore::new()))
+        .open(Arc::new(store.clone()))
         .unwrap();
     World {
         host,
         exec,
         node,
+        store,
         dir: tempfile::tempdir().unwrap(),
     }
 }
@@ -234,6 +237,31 @@ async fn a_device_that_never_appears_is_not_found_naming_it_and_leaves_nothing()
     );
     assert!(w.node.volumes().records().is_empty());
     assert!(w.host.mounted().is_empty() && !staging.exists());
+    assert_eq!(w.store.counts(), (0, 0), "waited for before any record");
+}
+
+/// Waiting for the device is no effect: the intent names the device, so a
+/// first stage writes its record twice (the intent before the format, the
+/// outcome after the mount), not a third time in between.
+#[tokio::test]
+async fn a_first_stage_saves_its_intent_with_the_device_and_then_its_outcome() {
+    let w = world();
+    let dev = DeviceNumber::new(8, 32);
+    let late = Duration::from_secs(2);
+    w.host.attach_device(&by_id("disk-2"), dev, MIB, late);
+    let staging = w.dir.path().join("staging");
+    w.exec.expect("blkid", ExecOutput::exit(2, ""));
+    w.exec.expect("mkfs.ext4", ExecOutput::ok(""));
+    let req = stage("vol-2", Some("disk-2"), &staging, false);
+    w.node.node_stage_volume(&ctx(), req).await.unwrap();
+    assert_eq!(w.host.block_devices().waited(), late);
+    assert_eq!(w.store.counts(), (2, 0));
+    let staged = w.node.volumes().record("vol-2").unwrap().stage.unwrap();
+    let device = staged.device.expect("the device is recorded");
+    assert_eq!((device.major, device.minor), (8, 32));
+    let unstage = unstage_req("vol-2", &staging);
+    w.node.node_unstage_volume(&ctx(), unstage).await.unwrap();
+    assert!(w.host.mounted().is_empty());
 }
 
 #[tokio::test]

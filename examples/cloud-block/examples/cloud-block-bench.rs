@@ -1,27 +1,40 @@
 //! The benchmark client of `scripts/bench-cloud-block.sh` (which starts the
 //! provider and the driver's controller and node, and cleans up after).
 //!
-//! Create-to-published time of a 1 GiB ext4 volume, alternating round by
-//! round between two paths: through the driver (CreateVolume →
-//! ControllerPublishVolume → NodeStageVolume → NodePublishVolume over its
-//! sockets), and directly (the provider's create, attach and action polls
-//! over HTTP by this client, then the node's work done here by hand: wait
-//! for the link, `mkfs.ext4 -F -m0` as csi-node formats, mount(2), bind
-//! mount(2)). Also NodeStageVolume of an attached device: its first stage
-//! (formats) and a stage of the already formatted device. Teardown is never
-//! timed. Root only.
+//! Create-to-published time of a 1 GiB ext4 volume, round by round in
+//! rotating order on three paths:
+//! - through the driver: CreateVolume → ControllerPublishVolume →
+//!   NodeStageVolume → NodePublishVolume over its sockets;
+//! - direct, the baseline of the overhead: the requests the driver's
+//!   controller sends the provider, made by this client over HTTP in the
+//!   same order and polled on the same schedule (the driver's
+//!   `RetryPolicy`), then the node's storage work done here by hand: wait
+//!   for the link, probe the device with `blkid -p` (a device is formatted
+//!   only when it holds nothing), `mkfs.ext4 -F -m0`, mount(2), bind
+//!   mount(2);
+//! - minimal, for reference: create, attach and its action polled every
+//!   millisecond; no probe before the format.
+//!
+//! Also NodeStageVolume of an attached device: its first stage (formats)
+//! and a stage of the already formatted device. Teardown is never timed.
+//! Root only.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use cloud_block::api::{self, Action, ActionStatus, device_link_name};
+use cloud_block::api::{
+    self, Action, ActionKind, ActionStatus, PageRequest, VolumeFilter, device_link_name,
+};
 use cloud_block::client::{HttpProvider, ProviderClient, ProviderError};
 use cloud_block::token::{TOKEN_ENV, Token};
 use csi_client::CsiClient;
+use csi_controller::RetryPolicy;
 use csi_driver::v1::volume_capability::access_mode::Mode;
 use csi_driver::v1::*;
+use mount_utils::{DiskFormat, LinuxMounter, SafeFormatAndMount, SystemExec};
 use nix::mount::{MntFlags, MsFlags};
 
 const GIB: i64 = 1 << 30;
@@ -49,6 +62,18 @@ struct Args {
     /// Timed rounds per path (after one warm-up round each).
     #[arg(long, default_value_t = 15)]
     rounds: usize,
+    /// The region the driver's controller makes volumes in.
+    #[arg(long, default_value = "dev-1")]
+    region: String,
+}
+
+/// How a direct round talks to the provider.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Direct {
+    /// The driver's requests, in its order, on its poll schedule.
+    SameCalls,
+    /// Create, attach, the action polled every millisecond; no probe.
+    Minimal,
 }
 
 /// Milliseconds of each step of one create-to-published run.
@@ -69,6 +94,10 @@ impl Steps {
 struct Bench {
     args: Args,
     provider: HttpProvider,
+    /// The driver's poll schedule.
+    retry: RetryPolicy,
+    /// The node's storage work done by hand.
+    storage: SafeFormatAndMount,
     controller: CsiClient,
     node: CsiClient,
     n: usize,
@@ -204,36 +233,108 @@ impl Bench {
         }
     }
 
-    /// The provider's calls over HTTP, then the node's work by hand.
-    async fn direct_round(&mut self) -> Steps {
+    /// Whether `volume` is attached to this node, as the driver's
+    /// controller asks: its actions first, then the volume. `None` while
+    /// an attach runs.
+    async fn attachment(&self, volume: &str) -> Option<bool> {
+        let actions = self
+            .provider
+            .list_volume_actions(volume, PageRequest::default());
+        let actions = actions.await.expect("GET actions");
+        let node = Some(self.args.node_id.as_str());
+        let running = actions.items.iter().any(|a| {
+            (a.kind, a.status) == (ActionKind::Attach, ActionStatus::InProgress)
+                && a.node_id.as_deref() == node
+        });
+        if running {
+            return None;
+        }
+        let read = self.provider.get_volume(volume).await.expect("GET volume");
+        Some(read.node_ids.iter().any(|n| n == &self.args.node_id))
+    }
+
+    /// Creates and attaches a volume with the driver's requests: a lookup
+    /// by name before the create; the volume read and the attachment
+    /// looked up before the attach, then polled with the driver's backoff.
+    async fn create_and_attach_as_the_driver(
+        &self,
+        req: &api::CreateVolumeRequest,
+        steps: &mut Steps,
+    ) -> api::Volume {
+        let t = Instant::now();
+        let filter = VolumeFilter {
+            name: Some(req.name.clone()),
+            region: req.region.clone(),
+        };
+        let found = self.provider.list_volumes(&filter, PageRequest::default());
+        assert!(found.await.expect("GET volumes").items.is_empty());
+        let volume = self.provider.create_volume(req).await.expect("create");
+        steps.create = ms(t);
+        let t = Instant::now();
+        self.provider
+            .get_volume(&volume.id)
+            .await
+            .expect("GET volume");
+        assert_eq!(self.attachment(&volume.id).await, Some(false));
+        let node = &self.args.node_id;
+        let started = self.provider.attach(&volume.id, node).await;
+        if started.expect("attach").status == ActionStatus::InProgress {
+            let mut backoff = self.retry.initial;
+            while self.attachment(&volume.id).await != Some(true) {
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(self.retry.max);
+            }
+        }
+        steps.attach = ms(t);
+        volume
+    }
+
+    /// The provider's calls over HTTP, then the node's storage work by hand.
+    async fn direct_round(&mut self, how: Direct) -> Steps {
         let (staging, target) = self.paths("direct");
         let name = format!("bench-direct-{}", self.n);
         let mut steps = Steps::default();
-        let t = Instant::now();
-        let req = api::CreateVolumeRequest {
-            name,
-            size_gigabytes: 1,
-            ..Default::default()
-        };
-        let volume = self.provider.create_volume(&req).await.expect("create");
-        steps.create = ms(t);
-        let t = Instant::now();
         let node = &self.args.node_id;
-        self.until_done(self.provider.attach(&volume.id, node).await)
-            .await;
-        steps.attach = ms(t);
+        let volume = match how {
+            Direct::SameCalls => {
+                let req = api::CreateVolumeRequest {
+                    name,
+                    size_gigabytes: 1,
+                    region: Some(self.args.region.clone()),
+                    ..Default::default()
+                };
+                self.create_and_attach_as_the_driver(&req, &mut steps).await
+            }
+            Direct::Minimal => {
+                let t = Instant::now();
+                let req = api::CreateVolumeRequest {
+                    name,
+                    size_gigabytes: 1,
+                    ..Default::default()
+                };
+                let volume = self.provider.create_volume(&req).await.expect("create");
+                steps.create = ms(t);
+                let t = Instant::now();
+                self.until_done(self.provider.attach(&volume.id, node).await)
+                    .await;
+                steps.attach = ms(t);
+                volume
+            }
+        };
         let t = Instant::now();
         let link = self.args.device_dir.join(device_link_name(&volume.id));
         while !link.exists() {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
         let device = std::fs::canonicalize(&link).expect("the link's device");
-        let made = std::process::Command::new("mkfs.ext4")
-            .args(["-F", "-m0"])
-            .arg(&device)
-            .output()
+        let device_name = device.to_string_lossy();
+        if how == Direct::SameCalls {
+            let found = self.storage.probe(&device_name).expect("blkid -p");
+            assert_eq!(found, DiskFormat::Unformatted, "a new volume holds nothing");
+        }
+        (self.storage)
+            .format(&device_name, "ext4", &[])
             .expect("mkfs.ext4");
-        assert!(made.status.success(), "mkfs.ext4: {made:?}");
         mount(Some(&device), &staging, Some("ext4"), MsFlags::empty());
         steps.stage = ms(t);
         let t = Instant::now();
@@ -269,35 +370,48 @@ async fn main() {
         .expect("controller");
     let node = CsiClient::connect(&args.node).await.expect("node");
     let rounds = args.rounds;
+    let retry = cloud_block::driver::controller_config(&args.region).retry;
+    let storage = SafeFormatAndMount::new(Arc::new(LinuxMounter::new()), Arc::new(SystemExec));
     let mut bench = Bench {
         args,
         provider,
+        retry,
+        storage,
         controller,
         node,
         n: 0,
     };
     // Warm-up: first connections, page cache, the provider's state file.
     bench.driver_round().await;
-    bench.direct_round().await;
-    let (mut driver, mut direct, mut restage) = (Vec::new(), Vec::new(), Vec::new());
+    bench.direct_round(Direct::SameCalls).await;
+    bench.direct_round(Direct::Minimal).await;
+    let mut driver = Vec::new();
+    let mut restage = Vec::new();
+    let mut direct = Vec::new();
+    let mut minimal = Vec::new();
     for round in 0..rounds {
-        // Alternate which path goes first.
-        if round % 2 == 0 {
-            let (steps, again) = bench.driver_round().await;
-            driver.push(steps);
-            restage.push(again);
-            direct.push(bench.direct_round().await);
-        } else {
-            direct.push(bench.direct_round().await);
-            let (steps, again) = bench.driver_round().await;
-            driver.push(steps);
-            restage.push(again);
+        // Each path goes first, second and third in turn.
+        for path in 0..3 {
+            match (round + path) % 3 {
+                0 => {
+                    let (steps, again) = bench.driver_round().await;
+                    driver.push(steps);
+                    restage.push(again);
+                }
+                1 => direct.push(bench.direct_round(Direct::SameCalls).await),
+                _ => minimal.push(bench.direct_round(Direct::Minimal).await),
+            }
         }
     }
     let totals = |s: &[Steps]| s.iter().map(Steps::total).collect::<Vec<_>>();
-    let (d, h) = (totals(&driver), totals(&direct));
-    println!("create-to-published, 1 GiB ext4, {rounds} alternating rounds (ms):");
-    for (label, steps, all) in [("driver", &driver, &d), ("direct", &direct, &h)] {
+    let (d, h, m) = (totals(&driver), totals(&direct), totals(&minimal));
+    println!("create-to-published, 1 GiB ext4, {rounds} rounds in rotating order (ms):");
+    let paths = [
+        ("driver", &driver, &d),
+        ("direct", &direct, &h),
+        ("minimal", &minimal, &m),
+    ];
+    for (label, steps, all) in paths {
         let step =
             |f: fn(&Steps) -> f64| percentile(&steps.iter().map(f).collect::<Vec<_>>(), 50.0);
         println!(
@@ -310,15 +424,22 @@ async fn main() {
             list(all)
         );
     }
-    let ratio = percentile(&d, 50.0) / percentile(&h, 50.0);
-    println!("  ratio driver / direct (medians): {ratio:.2}");
+    let median = |v: &[f64]| percentile(v, 50.0);
+    println!(
+        "  ratio driver / direct (medians): {:.2}; driver / minimal: {:.2}",
+        median(&d) / median(&h),
+        median(&d) / median(&m)
+    );
     let first: Vec<f64> = driver.iter().map(|s| s.stage).collect();
+    let direct_stage: Vec<f64> = direct.iter().map(|s| s.stage).collect();
     println!(
         "NodeStageVolume of an attached device (ms): first (formats) p50 {:.1} p90 {:.1}; \
-         already formatted p50 {:.1} p90 {:.1}",
+         already formatted p50 {:.1} p90 {:.1}; direct (probe, mkfs, mount) p50 {:.1} p90 {:.1}",
         percentile(&first, 50.0),
         percentile(&first, 90.0),
         percentile(&restage, 50.0),
-        percentile(&restage, 90.0)
+        percentile(&restage, 90.0),
+        percentile(&direct_stage, 50.0),
+        percentile(&direct_stage, 90.0)
     );
 }

@@ -17,6 +17,16 @@ use crate::error::NodeError;
 use crate::observe::{Identities, PathKind, bind_within};
 use crate::record::{FilesystemSource, NodeVolumeRecord, StageRecord};
 
+/// What staging a filesystem volume works from besides its record: the
+/// call's view of the mounts, the capability's mount options and the
+/// NodeStage secrets (`None` when restoring: the CO passes none then).
+#[derive(Clone, Copy)]
+pub(super) struct FilesystemStage<'a> {
+    pub(super) view: &'a View<'a>,
+    pub(super) options: &'a [String],
+    pub(super) secrets: Option<&'a HashMap<String, String>>,
+}
+
 /// The longest name a directory entry may have.
 const NAME_MAX: usize = 255;
 
@@ -74,27 +84,25 @@ impl NodeVolumes {
         Ok(())
     }
 
-    /// Stages a filesystem volume: mounts it in its private directory (or
-    /// takes the mount a crash left there), saves the mount's id, moves it
-    /// to the staging path. Secret options come from `secrets` and reach
-    /// only the mount call.
-    #[allow(clippy::too_many_arguments)]
+    /// Stages a filesystem volume not mounted yet: mounts it in its
+    /// private directory (or takes the mount a crash left there), saves the
+    /// mount's id, moves it to the staging path. Secret options come from
+    /// `how.secrets` and reach only the mount call.
     pub(super) fn stage_filesystem(
         &self,
         rec: &mut NodeVolumeRecord,
         fs: &FilesystemSource,
-        view: &View<'_>,
-        mounted: bool,
-        options: &[String],
-        secrets: Option<&HashMap<String, String>>,
+        how: &FilesystemStage<'_>,
         undo: &mut Undo,
     ) -> Result<(), NodeError> {
         let Some(s) = rec.stage.clone() else {
             return Ok(());
         };
-        if mounted {
-            return self.verify(&rec.volume_id, rec, view, &s.path, s.readonly);
-        }
+        let FilesystemStage {
+            view,
+            options,
+            secrets,
+        } = *how;
         let private = self.private_path(&rec.volume_id)?;
         let left = view.at(&private)?;
         let id = match left.last() {

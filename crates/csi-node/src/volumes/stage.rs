@@ -2,12 +2,15 @@
 
 use csi_proto::v1::NodeStageVolumeRequest;
 
+use super::filesystem::FilesystemStage;
 use super::{NodeOutcome, NodeVolumes, Part, Undo, View, absolute, is_bind};
 use std::collections::HashMap;
 
 use crate::error::NodeError;
 use crate::observe::{Identities, PathKind};
-use crate::record::{Capability, NodeVolumeRecord, StageRecord, StageState, VolumeSource, sorted};
+use crate::record::{
+    Capability, Device, NodeVolumeRecord, StageRecord, StageState, VolumeSource, sorted,
+};
 use crate::rules::{StageDecision, StageFacts, decide_stage, effective_readonly, mount_options};
 use crate::seams::VolumeContexts;
 
@@ -79,6 +82,15 @@ impl NodeVolumes {
             },
         };
         rec.stage = Some(stage);
+        // Waiting for an attached device is no effect: it is found before
+        // the intent is saved, and the intent names it.
+        let mut ids = ids;
+        if let Some(s) = rec.stage.as_mut() {
+            if let (VolumeSource::Device(at), None) = (&s.source, &ids.attached) {
+                ids.attached = Some(self.wait_for_device(vol, at)?);
+            }
+            s.device = present_device(&s.source, &ids).or(s.device.take());
+        }
         let mut undo = Undo::default();
         // A directory is staged with a bind mount, its own evidence in
         // mountinfo (see NodePublish): only the outcome is saved. Devices
@@ -132,7 +144,15 @@ impl NodeVolumes {
         };
         let device = match &s.source {
             VolumeSource::Filesystem(fs) => {
-                return self.stage_filesystem(rec, fs, view, mounted, options, secrets, undo);
+                let how = FilesystemStage {
+                    view,
+                    options,
+                    secrets,
+                };
+                return match mounted {
+                    true => self.verify(&rec.volume_id, rec, view, &s.path, s.readonly),
+                    false => self.stage_filesystem(rec, fs, &how, undo),
+                };
             }
             VolumeSource::Directory(_) => None,
             VolumeSource::Device(path) => {
@@ -140,14 +160,7 @@ impl NodeVolumes {
                     Some(d) => d.clone(),
                     None => self.wait_for_device(&rec.volume_id, path)?,
                 };
-                if s.device.as_ref() != Some(&dev) {
-                    if let Some(st) = rec.stage.as_mut() {
-                        st.device = Some(dev.clone());
-                    }
-                    self.save(rec, Part::Stage)?;
-                }
-                self.inner.locator.prepare_device(&rec.volume_id, &dev)?;
-                Some(dev)
+                Some(self.use_device(rec, dev)?)
             }
             VolumeSource::Image(image) => {
                 let dev = match ids.devices.first() {
@@ -164,14 +177,7 @@ impl NodeVolumes {
                         d
                     }
                 };
-                if s.device.as_ref() != Some(&dev) {
-                    if let Some(st) = rec.stage.as_mut() {
-                        st.device = Some(dev.clone());
-                    }
-                    self.save(rec, Part::Stage)?;
-                }
-                self.inner.locator.prepare_device(&rec.volume_id, &dev)?;
-                Some(dev)
+                Some(self.use_device(rec, dev)?)
             }
         };
         if s.capability.is_block() || mounted {
@@ -207,5 +213,32 @@ impl NodeVolumes {
         }
         undo.mounted = true;
         self.verify(&rec.volume_id, rec, view, &s.path, s.readonly)
+    }
+
+    /// Saves `dev` in the stage record if it is not there yet (the intent
+    /// usually carries it already: see [`present_device`]), then lets the
+    /// driver prepare it.
+    fn use_device(&self, rec: &mut NodeVolumeRecord, dev: Device) -> Result<Device, NodeError> {
+        if let Some(st) = rec
+            .stage
+            .as_mut()
+            .filter(|st| st.device.as_ref() != Some(&dev))
+        {
+            st.device = Some(dev.clone());
+            self.save(rec, Part::Stage)?;
+        }
+        self.inner.locator.prepare_device(&rec.volume_id, &dev)?;
+        Ok(dev)
+    }
+}
+
+/// The device of `source` that is there already: the attached one, or a
+/// loop device a crash left attached to its image. The intent records it,
+/// so no second save follows the first.
+fn present_device(source: &VolumeSource, ids: &Identities) -> Option<Device> {
+    match source {
+        VolumeSource::Device(_) => ids.attached.clone(),
+        VolumeSource::Image(_) => ids.devices.first().cloned(),
+        VolumeSource::Directory(_) | VolumeSource::Filesystem(_) => None,
     }
 }
