@@ -87,7 +87,7 @@ struct Inner {
     temps_removed: u64,
     /// `None` on tmpfs/ramfs, or when there was no room to create it.
     journal: Option<Journal>,
-    journal_replayed: u64,
+    journal_replayed: journal::Replayed,
     /// False on tmpfs/ramfs, where fsync is a no-op: skipping it there
     /// saves the group commit's coordination, not durability.
     syncs: bool,
@@ -204,10 +204,14 @@ pub struct Stats {
     /// Flushes of the journal run for puts and deletes; fewer than puts +
     /// deletes when concurrent writers shared them.
     pub journal_syncs: u64,
-    /// Checkpoints of the journal (the one at open included).
+    /// Checkpoints of the journal (at open only after a torn journal
+    /// write, see [`crate::FileStore::open`]).
     pub checkpoints: u64,
     /// Journal entries replayed by `open`.
     pub journal_replayed_at_open: u64,
+    /// Record files `open` had to rewrite or remove to say what the
+    /// journal says (lost, stale or torn by a power loss).
+    pub journal_files_fixed_at_open: u64,
     /// Records moved to quarantine.
     pub quarantined: u64,
     /// Temporary files of interrupted writes removed by `open`.
@@ -248,12 +252,12 @@ impl FileStore {
                         tracing::info!(dir = %dir.display(), entries = r.entries, files = r.files_fixed,
                             "journal replayed onto record files");
                     }
-                    (Some(j), r.entries)
+                    (Some(j), r)
                 }
                 Ok(None) => {
                     tracing::warn!(dir = %dir.display(),
                         "no room to create the journal; every write flushes its own file and directory");
-                    (None, 0)
+                    (None, journal::Replayed::default())
                 }
                 Err(e) if is_full(&e) => {
                     return Err(StoreError::NoSpace {
@@ -271,7 +275,7 @@ impl FileStore {
                 }
             }
         } else {
-            (None, 0)
+            (None, journal::Replayed::default())
         };
         Ok(FileStore {
             inner: Arc::new(Inner {
@@ -329,7 +333,8 @@ impl FileStore {
             dir_syncs: dir_syncs + j.map_or(0, Journal::dir_syncs),
             journal_syncs: j.map_or(0, Journal::syncs),
             checkpoints: j.map_or(0, Journal::checkpoints),
-            journal_replayed_at_open: i.journal_replayed,
+            journal_replayed_at_open: i.journal_replayed.entries,
+            journal_files_fixed_at_open: i.journal_replayed.files_fixed,
             quarantined: i.quarantined.load(Ordering::Relaxed),
             temps_removed_at_open: i.temps_removed,
         }
