@@ -13,7 +13,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use csi_client::CsiClient;
+use csi_client::{CsiClient, UnaryRequest};
 use csi_proto::v1::volume_capability::access_mode::Mode;
 use csi_proto::v1::{
     CapacityRange, ControllerPublishVolumeRequest, ControllerUnpublishVolumeRequest,
@@ -88,6 +88,14 @@ impl CsiVolumePlugin {
         }
     }
 
+    /// Sends `request`; a failure names the RPC.
+    async fn send<Req: UnaryRequest>(&self, request: Req) -> Result<Req::Response, PluginError> {
+        self.client
+            .call(request)
+            .await
+            .map_err(|s| status_error(Req::METHOD.name(), s))
+    }
+
     /// Sends these secrets with every request that carries secrets.
     pub fn with_secrets(mut self, secrets: HashMap<String, String>) -> Self {
         self.secrets = secrets;
@@ -125,13 +133,7 @@ impl CsiVolumePlugin {
             secrets: self.secrets.clone(),
             volume_context: context(&spec.attributes),
         };
-        let resp = self
-            .client
-            .controller()
-            .controller_publish_volume(req)
-            .await
-            .map_err(|s| status_error("ControllerPublishVolume", s))?
-            .into_inner();
+        let resp = self.send(req).await?;
         let info = AttachInfo {
             device_path: None,
             publish_context: resp.publish_context.into_iter().collect(),
@@ -183,11 +185,7 @@ where
             node_id: node.as_ref().to_owned(),
             secrets: self.secrets.clone(),
         };
-        self.client
-            .controller()
-            .controller_unpublish_volume(req)
-            .await
-            .map_err(|s| status_error("ControllerUnpublishVolume", s))?;
+        self.send(req).await?;
         self.attachments
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -204,11 +202,7 @@ where
             secrets: self.secrets.clone(),
             volume_context: context(&request.spec.attributes),
         };
-        self.client
-            .node()
-            .node_stage_volume(req)
-            .await
-            .map_err(|s| status_error("NodeStageVolume", s))?;
+        self.send(req).await?;
         // CSI stage and publish responses carry no size.
         Ok(MountResult::default())
     }
@@ -218,11 +212,7 @@ where
             volume_id: volume.as_ref().to_owned(),
             staging_target_path: path(staging_path),
         };
-        self.client
-            .node()
-            .node_unstage_volume(req)
-            .await
-            .map_err(|s| status_error("NodeUnstageVolume", s))?;
+        self.send(req).await?;
         Ok(())
     }
 
@@ -241,11 +231,7 @@ where
             secrets: self.secrets.clone(),
             volume_context: context(&request.spec.attributes),
         };
-        self.client
-            .node()
-            .node_publish_volume(req)
-            .await
-            .map_err(|s| status_error("NodePublishVolume", s))?;
+        self.send(req).await?;
         Ok(MountResult::default())
     }
 
@@ -254,11 +240,7 @@ where
             volume_id: volume.as_ref().to_owned(),
             target_path: path(target_path),
         };
-        self.client
-            .node()
-            .node_unpublish_volume(req)
-            .await
-            .map_err(|s| status_error("NodeUnpublishVolume", s))?;
+        self.send(req).await?;
         Ok(())
     }
 
@@ -281,13 +263,7 @@ where
             volume_capability: Some((self.capability)(&request.spec)),
             secrets: self.secrets.clone(),
         };
-        let resp = self
-            .client
-            .node()
-            .node_expand_volume(req)
-            .await
-            .map_err(|s| status_error("NodeExpandVolume", s))?
-            .into_inner();
+        let resp = self.send(req).await?;
         Ok(u64::try_from(resp.capacity_bytes).unwrap_or(request.new_size))
     }
 }
