@@ -41,7 +41,7 @@
 //! matter most are those of the step in flight, and the runner crashes
 //! at every step.
 //!
-//! One file of about 900 lines: the image, the operation log and the
+//! One file of about 1,000 lines: the image, the operation log and the
 //! handles that append to it are one model, each part read with the others.
 
 use std::collections::{BTreeMap, HashMap};
@@ -969,5 +969,34 @@ impl FsFile for SimFile {
         h.before(FsEffect::Sync, &self.path)?;
         persist(&mut *h.state()?, None);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writes_past_the_end_and_lengths_fill_with_zeros_live_and_after_a_crash() {
+        let sim = SimFs::new();
+        let path = Path::new("/f");
+        let f = sim.handle().open(path, OpenMode::CreateNew).unwrap();
+        f.write_all_at(b"ab", 0).unwrap();
+        // A gap, an overlap with the end, then growing and shrinking.
+        f.write_all_at(b"xy", 4).unwrap();
+        f.write_all_at(b"YZW", 5).unwrap();
+        assert_eq!(sim.read(path).unwrap(), b"ab\0\0xYZW");
+        f.set_len(10).unwrap();
+        assert_eq!(sim.read(path).unwrap(), b"ab\0\0xYZW\0\0");
+        f.set_len(3).unwrap();
+        assert_eq!(sim.read(path).unwrap(), b"ab\0");
+        f.sync_all().unwrap();
+        sim.handle()
+            .open(Path::new("/"), OpenMode::Directory)
+            .unwrap()
+            .sync_all()
+            .unwrap();
+        sim.crash(CrashKeep::Prefix(0));
+        assert_eq!(sim.read(path).unwrap(), b"ab\0");
     }
 }

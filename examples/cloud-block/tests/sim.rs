@@ -7,7 +7,7 @@
 //! clones nor group snapshots, so the clone and the group workload are
 //! left out; it attaches, so staging is preceded by ControllerPublish.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use clap::Parser;
@@ -134,4 +134,51 @@ fn an_attach_stays_in_progress_until_the_cloud_ends_it() {
         let attached = provider.attached_volumes();
         assert_eq!(attached, Some(BTreeSet::from([volume.id.clone()])));
     });
+}
+
+/// Its data as the provider says, with one attachment more than the CO
+/// asked for: what a driver that leaks an attach looks like to the runner.
+struct LeakedAttach(Arc<dyn DataView>);
+
+impl DataView for LeakedAttach {
+    fn volumes(&self) -> BTreeMap<String, String> {
+        self.0.volumes()
+    }
+    fn snapshots(&self) -> BTreeMap<String, String> {
+        self.0.snapshots()
+    }
+    fn volume_at(&self, mount: &mount_utils::MountInfo) -> Option<String> {
+        self.0.volume_at(mount)
+    }
+    fn attached_volumes(&self) -> Option<BTreeSet<String>> {
+        let mut attached = self.0.attached_volumes()?;
+        attached.insert("vol-leaked".into());
+        Some(attached)
+    }
+}
+
+fn start_leaking(world: &World) -> Started {
+    let world = world.clone();
+    Box::pin(async move {
+        let mut services = cloud(&world)?;
+        services.data = Arc::new(LeakedAttach(services.data));
+        Ok(services)
+    })
+}
+
+#[test]
+fn an_attachment_the_co_does_not_hold_is_a_violation() {
+    let declared = Declared {
+        clones: false,
+        group_snapshots: false,
+        attaches: true,
+    };
+    let lifecycle = workloads_for(declared).remove(0);
+    let runner = SimRunner::new(&start_leaking).access_mode(Mode::SingleNodeMultiWriter);
+    // A crash planned past the last step: the run without a fault.
+    let spec = format!("{}:{}:crash", lifecycle.name, u32::MAX);
+    let (_, violations) = runner.replay(&lifecycle, &spec).unwrap();
+    let first = violations.first().map(|v| v.what.as_str()).unwrap_or("");
+    assert!(first.contains("provider attachments"), "{violations:?}");
+    assert!(first.contains("vol-leaked"), "{violations:?}");
 }
