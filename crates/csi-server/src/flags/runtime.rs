@@ -27,9 +27,9 @@ pub fn driver_runtime() -> tokio::runtime::Builder {
 /// (only a program can choose it): dlmalloc, one heap behind one lock.
 /// glibc's malloc keeps a cache of freed chunks per thread, and under
 /// concurrent load those caches fragmented the heap to several times its
-/// live size; calls here are far apart enough that the lock costs nothing
-/// measurable. glibc's malloc still serves libc's own allocations, in the
-/// one arena [`limit_malloc_arenas`] leaves it.
+/// live size; the one lock costs little at a node plugin's call rates.
+/// glibc's malloc still serves libc's own allocations, in the one arena
+/// [`limit_malloc_arenas`] leaves it.
 pub use dlmalloc::GlobalDlmalloc as Allocator;
 
 /// Limits glibc's malloc to one arena. By default it creates one per thread
