@@ -150,6 +150,10 @@ impl LoopDevices for CountedLoops {
         self.0.find_by_backing_file(backing_file)
     }
 
+    fn attached(&self) -> Result<Vec<LoopDeviceInfo>, LoopError> {
+        self.0.attached()
+    }
+
     fn info(&self, device: &Path) -> Result<Option<LoopDeviceInfo>, LoopError> {
         self.0.info(device)
     }

@@ -175,6 +175,12 @@ impl LoopDevices for SimLoops {
         self.world.loops().find_by_backing_file(backing_file)
     }
 
+    fn attached(&self) -> Result<Vec<LoopDeviceInfo>, LoopError> {
+        // The fake's own `attached` cannot fail; the seam's honours its
+        // injected errors.
+        LoopDevices::attached(self.world.loops().as_ref())
+    }
+
     fn info(&self, device: &Path) -> Result<Option<LoopDeviceInfo>, LoopError> {
         self.world.loops().info(device)
     }

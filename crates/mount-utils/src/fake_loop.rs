@@ -249,6 +249,12 @@ impl LoopDevices for FakeLoopDevices {
             .collect())
     }
 
+    fn attached(&self) -> Result<Vec<LoopDeviceInfo>, LoopError> {
+        let st = self.lock();
+        Self::check(&st, FakeLoopOp::Find, Path::new("/sys/block"))?;
+        Ok(st.devices.iter().map(|(n, a)| info_of(*n, a)).collect())
+    }
+
     fn info(&self, device: &Path) -> Result<Option<LoopDeviceInfo>, LoopError> {
         let st = self.lock();
         Self::check(&st, FakeLoopOp::Info, device)?;

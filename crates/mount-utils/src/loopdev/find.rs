@@ -12,27 +12,31 @@ use super::attach::device_path;
 pub fn find_by_backing_file(file: impl AsRef<Path>) -> Result<Vec<PathBuf>, LoopError> {
     let file = file.as_ref();
     let wanted = std::fs::canonicalize(file).unwrap_or_else(|_| file.to_path_buf());
+    let mut found = Vec::new();
+    for number in loop_numbers()? {
+        if backing_file_of(number)?.is_some_and(|b| b == wanted) {
+            found.push(device_path(number));
+        }
+    }
+    Ok(found)
+}
+
+/// The numbers N of every `/sys/block/loopN`, bound or not, in order.
+pub(super) fn loop_numbers() -> Result<Vec<u32>, LoopError> {
     let sys = Path::new("/sys/block");
     let entries = std::fs::read_dir(sys).map_err(|e| LoopError::Sysfs {
         path: sys.to_path_buf(),
         errno: crate::error::io_errno(&e),
     })?;
-    let mut found = Vec::new();
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        let Some(number) = name
-            .to_str()
-            .and_then(|n| n.strip_prefix("loop"))
-            .and_then(|n| n.parse().ok())
-        else {
-            continue;
-        };
-        if backing_file_of(number)?.is_some_and(|b| b == wanted) {
-            found.push(device_path(number));
-        }
-    }
-    found.sort();
-    Ok(found)
+    let mut numbers: Vec<u32> = entries
+        .flatten()
+        .filter_map(|entry| {
+            let name = entry.file_name();
+            name.to_str()?.strip_prefix("loop")?.parse().ok()
+        })
+        .collect();
+    numbers.sort_unstable();
+    Ok(numbers)
 }
 
 pub(super) fn backing_file_of(number: u32) -> Result<Option<PathBuf>, LoopError> {

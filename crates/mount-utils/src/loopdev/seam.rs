@@ -4,6 +4,8 @@ use std::path::{Path, PathBuf};
 
 use nix::errno::Errno;
 
+use super::attach::device_path;
+use super::find::loop_numbers;
 use super::{LoopDevice, LoopDeviceInfo, LoopError, LoopOptions, detach, find_by_backing_file};
 
 /// Loop device operations a node plugin needs, behind a trait so its node
@@ -23,6 +25,10 @@ pub trait LoopDevices: Send + Sync {
     /// Devices attached to `backing_file` (after a crash between attach and
     /// saving a record, this finds the device to clean up).
     fn find_by_backing_file(&self, backing_file: &Path) -> Result<Vec<PathBuf>, LoopError>;
+
+    /// Every bound device, from one scan: a caller matching many backing
+    /// files (a restart's restore) asks once instead of once per file.
+    fn attached(&self) -> Result<Vec<LoopDeviceInfo>, LoopError>;
 
     /// The device at `device`, or `None` if nothing is attached there.
     fn info(&self, device: &Path) -> Result<Option<LoopDeviceInfo>, LoopError>;
@@ -131,6 +137,15 @@ impl LoopDevices for LinuxLoopDevices {
 
     fn find_by_backing_file(&self, backing_file: &Path) -> Result<Vec<PathBuf>, LoopError> {
         find_by_backing_file(backing_file)
+    }
+
+    fn attached(&self) -> Result<Vec<LoopDeviceInfo>, LoopError> {
+        let mut out = Vec::new();
+        for number in loop_numbers()? {
+            // Unbound, or detached since the scan: not attached.
+            out.extend(self.info(&device_path(number))?);
+        }
+        Ok(out)
     }
 
     fn info(&self, device: &Path) -> Result<Option<LoopDeviceInfo>, LoopError> {
