@@ -18,14 +18,21 @@ const TOKEN_ENV: &[(&str, &str)] = &[("CLOUD_PROVIDER_TOKEN", "crash-test-token"
 
 /// What it serves: no clone (it declares none, so the CO asks for none)
 /// and no group snapshots.
+/// The lifecycle runs with block volumes too (published as the device).
 const WORKLOADS: &[&str] = &[
     "lifecycle",
+    "lifecycle+block",
     "snapshot-restore-clone",
     "expand-online",
     "shared-staging",
 ];
 /// Where root lacks CAP_SYS_RESOURCE.
-const WITHOUT_EXPANSION: &[&str] = &["lifecycle", "snapshot-restore-clone", "shared-staging"];
+const WITHOUT_EXPANSION: &[&str] = &[
+    "lifecycle",
+    "lifecycle+block",
+    "snapshot-restore-clone",
+    "shared-staging",
+];
 
 fn provider_args(l: &Layout) -> Vec<String> {
     let dir = l.auxiliary_dir(PROVIDER);
