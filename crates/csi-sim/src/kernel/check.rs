@@ -37,16 +37,15 @@ pub(crate) async fn after_call(co: &mut Co<'_>) -> Result<(), String> {
     let published: Vec<_> = co.model.published.iter().map(|(k, ro)| (*k, *ro)).collect();
     for ((pv, pod), readonly) in &published {
         if !readonly && !co.model.written.contains_key(pv) {
-            let path = co.target_path(pv, pod).join(DATA_FILE);
             let data = format!("{pv} written through {pod}\n");
-            std::fs::write(&path, &data).map_err(|e| format!("writing {}: {e}", path.display()))?;
+            write_data(co, &co.target_path(pv, pod), &data)?;
             co.model.written.insert(pv, data);
         }
     }
     for ((pv, pod), readonly) in published {
         let target = co.target_path(pv, pod);
         if let Some(data) = co.model.written.get(pv) {
-            let found = std::fs::read_to_string(target.join(DATA_FILE));
+            let found = read_data(co, &target, data.len());
             if found.as_deref().ok() != Some(data.as_str()) {
                 return Err(format!(
                     "{pv}'s data through {pod}: {found:?}, expected {data:?}"
@@ -54,20 +53,55 @@ pub(crate) async fn after_call(co: &mut Co<'_>) -> Result<(), String> {
             }
         }
         if readonly {
-            read_only(&target).map_err(|e| format!("{pv} for {pod}: {e}"))?;
+            read_only(&target, co.block).map_err(|e| format!("{pv} for {pod}: {e}"))?;
         }
     }
     Ok(())
 }
 
-/// A read-only publication: mounted read-only and refusing a write.
-fn read_only(target: &Path) -> Result<(), String> {
+/// Writes `data` through a pod's `target`: into a file on a mount volume,
+/// at the start of a block volume's device (synced: a crash keeps it).
+fn write_data(co: &Co<'_>, target: &Path, data: &str) -> Result<(), String> {
+    use std::io::Write;
+    let path = match co.block {
+        true => target.to_owned(),
+        false => target.join(DATA_FILE),
+    };
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(!co.block).truncate(!co.block);
+    let written = options.open(&path).and_then(|mut f| {
+        f.write_all(data.as_bytes())?;
+        f.sync_all()
+    });
+    written.map_err(|e| format!("writing {}: {e}", path.display()))
+}
+
+/// What [`write_data`] wrote, `len` bytes, read through `target`.
+fn read_data(co: &Co<'_>, target: &Path, len: usize) -> std::io::Result<String> {
+    use std::io::Read;
+    if !co.block {
+        return std::fs::read_to_string(target.join(DATA_FILE));
+    }
+    let mut buf = vec![0; len];
+    std::fs::File::open(target)?.read_exact(&mut buf)?;
+    Ok(String::from_utf8_lossy(&buf).into_owned())
+}
+
+/// A read-only publication: mounted read-only and refusing a write (of a
+/// new file; of the device itself for a block volume).
+fn read_only(target: &Path, block: bool) -> Result<(), String> {
     let info = LinuxMounter::new()
         .mounted_at(target)
         .map_err(|e| e.to_string())?
         .ok_or("the read-only publication is not mounted")?;
     if !info.is_read_only() {
         return Err("the read-only publication is mounted read-write".into());
+    }
+    if block {
+        return match std::fs::OpenOptions::new().write(true).open(target) {
+            Err(_) => Ok(()),
+            Ok(_) => Err("the read-only block publication opens for writing".into()),
+        };
     }
     match std::fs::write(target.join("not-allowed"), b"x") {
         Err(e) if e.kind() == ErrorKind::ReadOnlyFilesystem => Ok(()),

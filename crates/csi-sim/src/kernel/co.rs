@@ -9,7 +9,7 @@ use crash_points::CrashPlan;
 use csi_client::CsiClient;
 use csi_proto::v1::controller_service_capability::rpc::Type as ControllerRpc;
 use csi_proto::v1::volume_capability::access_mode::Mode;
-use csi_proto::v1::volume_capability::{AccessMode, AccessType, MountVolume};
+use csi_proto::v1::volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume};
 use csi_proto::v1::*;
 use tonic::Status;
 
@@ -49,15 +49,18 @@ pub(crate) struct Co<'a> {
     /// Calls whose first answer was an error although the driver lived:
     /// in a run without a crash, a workload the driver does not serve.
     pub(crate) refused: Vec<String>,
+    /// Whether its volumes are block volumes (else mount volumes).
+    pub(crate) block: bool,
     /// Clones the CO never asked for: the driver declares no CLONE_VOLUME.
     not_cloned: Vec<&'static str>,
 }
 
 impl<'a> Co<'a> {
-    pub(crate) fn new(target: &'a KernelTarget, layout: Layout) -> Self {
+    pub(crate) fn new(target: &'a KernelTarget, layout: Layout, block: bool) -> Self {
         Co {
             target,
             layout,
+            block,
             model: Model::default(),
             process: None,
             client: None,
@@ -227,7 +230,7 @@ impl<'a> Co<'a> {
     /// ControllerPublish to a driver without attach).
     async fn attempt(&mut self, call: &Call) -> Result<Option<Result<(), Status>>, String> {
         let c = self.client()?.clone();
-        let cap = mount_capability();
+        let cap = capability(self.block);
         let node_id = self.target.node_id.to_owned();
         Ok(Some(match call {
             Call::CreateVolume { pv, size, from } => {
@@ -443,11 +446,15 @@ async fn controller_rpcs(client: &CsiClient) -> Result<Vec<ControllerRpc>, Strin
         .collect())
 }
 
-/// A mount volume that two pods on the node may share (the
+/// A mount (or block) volume that two pods on the node may share (the
 /// shared-staging workload publishes it twice).
-fn mount_capability() -> VolumeCapability {
+fn capability(block: bool) -> VolumeCapability {
+    let access = match block {
+        true => AccessType::Block(BlockVolume::default()),
+        false => AccessType::Mount(MountVolume::default()),
+    };
     VolumeCapability {
-        access_type: Some(AccessType::Mount(MountVolume::default())),
+        access_type: Some(access),
         access_mode: Some(AccessMode {
             mode: Mode::SingleNodeMultiWriter as i32,
         }),

@@ -50,6 +50,11 @@ use co::Co;
 /// The variable naming one run to replay: `workload:step:before|after`.
 pub const REPLAY_ENV: &str = "CSI_KIT_CRASH_REPLAY";
 
+/// A workload name with this suffix (`lifecycle+block`) in
+/// [`KernelTarget::workloads`] is that workload with block volumes: the
+/// CO's data is written to the device, not a file.
+pub const BLOCK_SUFFIX: &str = "+block";
+
 /// The variable setting how many runs go at once (default 2).
 pub const JOBS_ENV: &str = "CSI_KIT_CRASH_JOBS";
 
@@ -70,7 +75,8 @@ pub struct KernelTarget {
     /// Directories holding volume and snapshot data, empty once all are
     /// deleted.
     pub data_dirs: fn(&Layout) -> Vec<PathBuf>,
-    /// The workloads of [`workloads`] it supports, by name.
+    /// The workloads of [`workloads`] it supports, by name (with
+    /// [`BLOCK_SUFFIX`]: with block volumes).
     pub workloads: &'static [&'static str],
     /// Variables it is started with (a test's token, never a real secret).
     pub env: &'static [(&'static str, &'static str)],
@@ -176,17 +182,20 @@ pub fn explore(target: &KernelTarget) -> KernelReport {
             driver: target.name.to_owned(),
             ..KernelReport::default()
         };
-        let chosen: Vec<SimWorkload> = workloads()
-            .into_iter()
-            .filter(|w| target.workloads.contains(&w.name))
-            .collect();
+        let all = workloads();
+        let mut chosen = Vec::new();
         for name in target.workloads {
-            if !chosen.iter().any(|w| w.name == *name) {
-                report.violations.push(KernelViolation {
+            let base = name.strip_suffix(BLOCK_SUFFIX).unwrap_or(name);
+            match all.iter().find(|w| w.name == base) {
+                Some(w) => chosen.push(SimWorkload {
+                    name,
+                    calls: w.calls.clone(),
+                }),
+                None => report.violations.push(KernelViolation {
                     workload: (*name).to_owned(),
                     plan: None,
                     what: "no such workload in csi-sim's list".into(),
-                });
+                }),
             }
         }
         match std::env::var(REPLAY_ENV) {
@@ -321,7 +330,8 @@ async fn run(target: &KernelTarget, w: &SimWorkload, plan: Option<CrashPlan>) ->
         }
     }
     let trace_file = layout.base.join("trace");
-    let mut co = Co::new(target, layout.clone());
+    let block = w.name.ends_with(BLOCK_SUFFIX);
+    let mut co = Co::new(target, layout.clone(), block);
     let mut found = Vec::new();
     let mut trace = None;
     match co.start(plan, Some(&trace_file)).await {
