@@ -9,7 +9,7 @@
 //! module does the work; `CSI_KIT_CRASH_REPLAY=workload:step:before|after`
 //! reruns one run.
 
-use csi_sim::kernel::{Auxiliary, KernelTarget, Layout, explore};
+use csi_sim::kernel::{Auxiliary, KernelTarget, Layout, assert_survives};
 
 const NODE: &str = "crash-node";
 const PROVIDER: &str = "provider";
@@ -93,8 +93,5 @@ fn cloud_block_survives_a_crash_at_every_step() {
         env: TOKEN_ENV,
         auxiliaries: vec![provider],
     };
-    let report = explore(&target);
-    println!("{report}");
-    assert!(report.runs > 0, "no run");
-    assert!(report.violations.is_empty(), "{report}");
+    assert_survives(&target);
 }

@@ -167,6 +167,16 @@ impl fmt::Display for KernelReport {
     }
 }
 
+/// [`explore`], the report printed, and a panic unless some run ran and
+/// none found a violation: a driver test's whole body.
+pub fn assert_survives(target: &KernelTarget) -> KernelReport {
+    let report = explore(target);
+    println!("{report}");
+    assert!(report.runs > 0, "no run");
+    assert!(report.violations.is_empty(), "{report}");
+    report
+}
+
 /// Every step of every workload `target` supports, killed before it, and
 /// after the last step of each call; or, when [`REPLAY_ENV`] is set, that
 /// one run with its events and the driver's log printed.
