@@ -157,19 +157,7 @@ mod tests {
     use crate::observe::{bind_of, mounts_at};
 
     fn entry(id: u32, dev: (u32, u32), root: &str, at: &str) -> MountInfo {
-        MountInfo {
-            mount_id: id,
-            parent_id: 1,
-            major: dev.0,
-            minor: dev.1,
-            root: root.into(),
-            mount_point: at.into(),
-            mount_options: vec!["rw".into()],
-            optional_fields: vec![],
-            fs_type: "ext4".into(),
-            source: "/dev/x".into(),
-            super_options: vec![],
-        }
+        crate::observe::tests::entry(id, dev, root, at, "/dev/x")
     }
 
     #[test]
