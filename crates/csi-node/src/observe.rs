@@ -243,10 +243,10 @@ pub fn shows_device(path: &Path, device: &Device) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn entry(id: u32, dev: (u32, u32), root: &str, at: &str, source: &str) -> MountInfo {
+    pub(crate) fn entry(id: u32, dev: (u32, u32), root: &str, at: &str, source: &str) -> MountInfo {
         MountInfo {
             mount_id: id,
             parent_id: 1,

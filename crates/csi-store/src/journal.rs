@@ -668,18 +668,18 @@ mod tests {
         assert_eq!(fs::read(tables.join("t/a")).unwrap(), b"changed by hand");
     }
 
+    fn open(tmp: &tempfile::TempDir, tables: &Path) -> (Journal, Replayed) {
+        Journal::open(&real(), tmp.path(), tables).unwrap().unwrap()
+    }
+
     #[test]
     fn open_keeps_the_entries_and_appends_after_them() {
         let (tmp, tables) = setup();
-        let (j, _) = Journal::open(&real(), tmp.path(), &tables)
-            .unwrap()
-            .unwrap();
+        let (j, _) = open(&tmp, &tables);
         put(&j, &tables, "a", b"one");
         put(&j, &tables, "b", b"two");
         drop(j);
-        let (j, replayed) = Journal::open(&real(), tmp.path(), &tables)
-            .unwrap()
-            .unwrap();
+        let (j, replayed) = open(&tmp, &tables);
         assert_eq!((replayed.entries, replayed.files_fixed), (2, 0));
         assert_eq!(j.checkpoints(), 0, "nothing torn: no checkpoint at open");
         assert_eq!(j.lock().seq, 2, "the epoch goes on after the entries");
@@ -688,9 +688,7 @@ mod tests {
         // Both runs' entries count, in order, as after a power loss.
         fs::remove_file(tables.join("t/a")).unwrap();
         fs::remove_file(tables.join("t/b")).unwrap();
-        let (_j, replayed) = Journal::open(&real(), tmp.path(), &tables)
-            .unwrap()
-            .unwrap();
+        let (_j, replayed) = open(&tmp, &tables);
         assert_eq!((replayed.entries, replayed.files_fixed), (3, 2));
         assert_eq!(fs::read(tables.join("t/a")).unwrap(), b"three");
         assert_eq!(fs::read(tables.join("t/b")).unwrap(), b"two");
@@ -699,9 +697,7 @@ mod tests {
     #[test]
     fn an_entry_of_this_epoch_past_a_torn_one_makes_open_checkpoint() {
         let (tmp, tables) = setup();
-        let (j, _) = Journal::open(&real(), tmp.path(), &tables)
-            .unwrap()
-            .unwrap();
+        let (j, _) = open(&tmp, &tables);
         put(&j, &tables, "a", b"one");
         let epoch = j.lock().epoch;
         let head = j.lock().head;
@@ -714,17 +710,13 @@ mod tests {
         j.file.write_all_at(&torn, head).unwrap();
         j.file.write_all_at(&two, head + one.len() as u64).unwrap();
         drop(j);
-        let (j, replayed) = Journal::open(&real(), tmp.path(), &tables)
-            .unwrap()
-            .unwrap();
+        let (j, replayed) = open(&tmp, &tables);
         assert_eq!(replayed.entries, 1);
         assert_eq!(j.checkpoints(), 1);
         assert_ne!(j.lock().epoch, epoch, "a new epoch: entry 2 never counts");
         put(&j, &tables, "b", b"again");
         drop(j);
-        let (_j, replayed) = Journal::open(&real(), tmp.path(), &tables)
-            .unwrap()
-            .unwrap();
+        let (_j, replayed) = open(&tmp, &tables);
         assert_eq!(replayed.entries, 1);
         assert_eq!(fs::read(tables.join("t/b")).unwrap(), b"again");
     }

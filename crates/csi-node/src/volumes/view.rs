@@ -1,15 +1,15 @@
 //! Where a call learns about mounts: the whole table or one path at a time.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use mount_utils::{MountInfo, MountSource, Mounter};
 
 use crate::error::NodeError;
-use crate::observe::{
-    Identities, PathFacts, bind_of, bind_within, facts_of, mounts_at, normalize, resolve,
-};
+use crate::observe::{Identities, PathFacts, bind_within, facts_of, normalize, resolve};
+#[cfg(doc)]
+use crate::observe::{bind_of, mounts_at};
 
 /// Where a call learns about mounts: the whole table, read once (unstage
 /// needs it to find every use of a volume), a [`Snapshot`] of it (a
@@ -18,7 +18,7 @@ use crate::observe::{
 /// which on Linux reads only those mounts instead of formatting and
 /// parsing every mount in the namespace.
 pub(super) enum View<'a> {
-    Table(&'a [MountInfo]),
+    Table(&'a MountIndex),
     Snapshot(&'a Snapshot<'a>),
     Paths(&'a dyn Mounter),
 }
@@ -30,7 +30,7 @@ pub(super) enum View<'a> {
 /// Calls served meanwhile change mounts only at paths of other volumes
 /// (a claim keeps them off the reader's).
 pub(super) struct Snapshot<'a> {
-    table: Vec<MountInfo>,
+    table: MountIndex,
     mounter: &'a dyn Mounter,
     changed: Mutex<BTreeSet<PathBuf>>,
 }
@@ -42,7 +42,7 @@ impl<'a> Snapshot<'a> {
             .mount_points()
             .map_err(|e| NodeError::mount("reading", Path::new("the mount table"), &e))?;
         Ok(Snapshot {
-            table,
+            table: MountIndex::new(table),
             mounter,
             changed: Mutex::default(),
         })
@@ -77,11 +77,47 @@ impl<'a> Snapshot<'a> {
     }
 }
 
+/// The mount table by mount point: a restore asks it about every
+/// volume's paths, and a scan of the whole table per question made a
+/// restore quadratic in the number of mounts.
+pub(super) struct MountIndex {
+    table: Vec<MountInfo>,
+    /// Positions in `table`, in table order (bottom first), by mount point.
+    by_point: HashMap<PathBuf, Vec<usize>>,
+}
+
+impl MountIndex {
+    pub(super) fn new(table: Vec<MountInfo>) -> Self {
+        let mut by_point: HashMap<PathBuf, Vec<usize>> = HashMap::with_capacity(table.len());
+        for (i, m) in table.iter().enumerate() {
+            by_point.entry(m.mount_point.clone()).or_default().push(i);
+        }
+        MountIndex { table, by_point }
+    }
+
+    /// [`mounts_at`] of the whole table.
+    fn at(&self, path: &Path) -> Vec<MountInfo> {
+        let resolved = resolve(path);
+        let found = self.by_point.get(&resolved).map_or(&[][..], Vec::as_slice);
+        found.iter().map(|&i| self.table[i].clone()).collect()
+    }
+
+    /// [`bind_of`] of the whole table: the deepest mount point at or
+    /// above `path`, topmost there.
+    fn bind_of(&self, path: &Path) -> Option<MountSource> {
+        let path = normalize(path);
+        let top = path
+            .ancestors()
+            .find_map(|p| self.by_point.get(p)?.last().copied())?;
+        bind_within(&self.table[top], &path)
+    }
+}
+
 impl View<'_> {
     /// The mounts stacked at `path`, bottom first.
     pub(super) fn at(&self, path: &Path) -> Result<Vec<MountInfo>, NodeError> {
         match self {
-            View::Table(table) => Ok(mounts_at(table, path).into_iter().cloned().collect()),
+            View::Table(index) => Ok(index.at(path)),
             View::Snapshot(snapshot) => snapshot.view(path).at(path),
             View::Paths(mounter) => mounter
                 .mounts_at(&resolve(path))
@@ -92,7 +128,7 @@ impl View<'_> {
     /// What a bind mount of `path` shows ([`bind_of`]).
     pub(super) fn bind_of(&self, path: &Path) -> Result<Option<MountSource>, NodeError> {
         match self {
-            View::Table(table) => Ok(bind_of(table, path)),
+            View::Table(index) => Ok(index.bind_of(path)),
             View::Snapshot(snapshot) => snapshot.view(path).bind_of(path),
             View::Paths(mounter) => {
                 let path = normalize(path);
@@ -112,5 +148,56 @@ impl View<'_> {
     ) -> Result<(PathFacts, Vec<MountInfo>), NodeError> {
         let here = self.at(path)?;
         Ok((facts_of(path, &here, ids), here))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::observe::{bind_of, mounts_at};
+
+    fn entry(id: u32, dev: (u32, u32), root: &str, at: &str) -> MountInfo {
+        crate::observe::tests::entry(id, dev, root, at, "/dev/x")
+    }
+
+    #[test]
+    fn the_index_answers_as_a_scan_of_the_whole_table() {
+        let table = vec![
+            entry(1, (8, 1), "/", "/"),
+            entry(2, (8, 2), "/", "/var/lib"),
+            entry(3, (8, 3), "/", "/var/lib"),
+            entry(4, (8, 3), "/vols/v1", "/mnt/t1"),
+            entry(5, (0, 9), "/", "/mnt/t1"),
+            entry(6, (8, 3), "/vols/v2", "/mnt/t2"),
+        ];
+        let index = MountIndex::new(table.clone());
+        let paths = [
+            "/",
+            "/var",
+            "/var/lib",
+            "/var/lib/",
+            "/var/lib/vols/v1",
+            "/mnt/t1",
+            "/mnt/t1/sub",
+            "/mnt/t2",
+            "/mnt/t3",
+            "/mnt/./t2/..",
+        ];
+        for p in paths.map(Path::new) {
+            let scanned: Vec<MountInfo> = mounts_at(&table, p).into_iter().cloned().collect();
+            assert_eq!(index.at(p), scanned, "mounts at {}", p.display());
+            assert_eq!(
+                index.bind_of(p),
+                bind_of(&table, p),
+                "bind of {}",
+                p.display()
+            );
+        }
+        assert_eq!(
+            index.at(Path::new("/mnt/t1")).len(),
+            2,
+            "stacked, bottom first"
+        );
+        assert_eq!(MountIndex::new(Vec::new()).bind_of(Path::new("/x")), None);
     }
 }
