@@ -1,15 +1,16 @@
-//! A restart with many volumes: the mount table is read a bounded number
-//! of times whatever their number, and calls on a volume wait (ABORTED)
-//! until the restore has put it back.
+//! A restart with many volumes: the mount table and the list of loop
+//! devices are read a bounded number of times whatever their number, and
+//! calls on a volume wait (ABORTED) until the restore has put it back.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use csi_node::NodeVolumes;
 use csi_node::testing::{FakeCountingMounter, FakeHost};
 use csi_proto::v1::volume_capability::access_mode::Mode;
 use csi_store::MemStore;
-use mount_utils::Mounter;
+use mount_utils::{AttachedLoop, LoopDeviceInfo, LoopDevices, LoopError, LoopOptions, Mounter};
 use tonic::Code;
 
 mod common;
@@ -33,7 +34,7 @@ impl Busy {
         let dir = tempfile::tempdir().unwrap();
         layout(dir.path());
         let store = MemStore::new();
-        let node = open(dir.path(), host.mounter(), host, &store);
+        let node = open(dir.path(), host.mounter(), host.loops(), &store);
         let mut volumes = Vec::new();
         for i in 0..DIRECTORY_VOLUMES + BLOCK_VOLUMES {
             let block = i >= DIRECTORY_VOLUMES;
@@ -60,19 +61,82 @@ impl Busy {
         }
     }
 
-    /// The node plugin started again on `host`, its table reads counted.
-    fn restart(&self, host: &FakeHost) -> (NodeVolumes, Arc<FakeCountingMounter>) {
+    /// The node plugin started again on `host`, its reads of the mount
+    /// table and of the loop devices counted.
+    fn restart(
+        &self,
+        host: &FakeHost,
+    ) -> (NodeVolumes, Arc<FakeCountingMounter>, Arc<CountingLoops>) {
         let counting = Arc::new(FakeCountingMounter::new(host.mounter()));
-        let node = open(self.dir.path(), counting.clone(), host, &self.store);
-        (node, counting)
+        let loops = Arc::new(CountingLoops {
+            inner: host.loops(),
+            scans: AtomicUsize::new(0),
+        });
+        let node = open(
+            self.dir.path(),
+            counting.clone(),
+            loops.clone(),
+            &self.store,
+        );
+        (node, counting, loops)
     }
 }
 
-fn open(base: &Path, mounter: Arc<dyn Mounter>, host: &FakeHost, store: &MemStore) -> NodeVolumes {
+fn open(
+    base: &Path,
+    mounter: Arc<dyn Mounter>,
+    loops: Arc<dyn LoopDevices>,
+    store: &MemStore,
+) -> NodeVolumes {
     NodeVolumes::builder(mounter, Arc::new(store.clone()), locator(base))
-        .loop_devices(host.loops())
+        .loop_devices(loops)
         .open()
         .unwrap()
+}
+
+/// Loop devices whose scans of every device (of `/sys/block` on Linux:
+/// a search by backing file, or the whole list) are counted.
+struct CountingLoops {
+    inner: Arc<dyn LoopDevices>,
+    scans: AtomicUsize,
+}
+
+impl CountingLoops {
+    fn scans(&self) -> usize {
+        self.scans.load(Ordering::SeqCst)
+    }
+}
+
+impl LoopDevices for CountingLoops {
+    fn attach(
+        &self,
+        backing_file: &Path,
+        options: &LoopOptions,
+    ) -> Result<AttachedLoop, LoopError> {
+        self.inner.attach(backing_file, options)
+    }
+
+    fn find_by_backing_file(&self, backing_file: &Path) -> Result<Vec<PathBuf>, LoopError> {
+        self.scans.fetch_add(1, Ordering::SeqCst);
+        self.inner.find_by_backing_file(backing_file)
+    }
+
+    fn attached(&self) -> Result<Vec<LoopDeviceInfo>, LoopError> {
+        self.scans.fetch_add(1, Ordering::SeqCst);
+        self.inner.attached()
+    }
+
+    fn info(&self, device: &Path) -> Result<Option<LoopDeviceInfo>, LoopError> {
+        self.inner.info(device)
+    }
+
+    fn set_capacity(&self, device: &Path) -> Result<u64, LoopError> {
+        self.inner.set_capacity(device)
+    }
+
+    fn detach(&self, device: &Path) -> Result<(), LoopError> {
+        self.inner.detach(device)
+    }
 }
 
 #[test]
@@ -80,11 +144,12 @@ fn a_restart_reads_the_mount_table_once_however_many_volumes_are_published() {
     let host = FakeHost::new();
     let busy = Busy::new(&host);
     let mounts_before = host.mounted().len();
-    let (node, counting) = busy.restart(&host);
+    let (node, counting, loops) = busy.restart(&host);
     let report = node.restore();
     assert_eq!(report.healthy.len(), busy.volumes.len(), "{report:?}");
     assert!(report.abnormal.is_empty(), "{report:?}");
     assert_eq!(counting.table_reads(), 1, "one read for all volumes");
+    assert_eq!(loops.scans(), 1, "one list of loop devices for all images");
     assert_eq!(host.mounted().len(), mounts_before, "nothing mounted twice");
     for (id, staging, target) in &busy.volumes {
         let at_target = node.volume_condition(id, &s(target)).unwrap();
@@ -112,10 +177,11 @@ fn a_reboot_mounts_everything_again_reading_the_table_once() {
     let busy = Busy::new(&FakeHost::new());
     // After a reboot: no mounts, no loop devices, the same records.
     let host = FakeHost::new();
-    let (node, counting) = busy.restart(&host);
+    let (node, counting, loops) = busy.restart(&host);
     let report = node.restore();
     assert_eq!(report.healthy.len(), busy.volumes.len(), "{report:?}");
     assert_eq!(counting.table_reads(), 1, "one read for all volumes");
+    assert_eq!(loops.scans(), 1, "what it attaches needs no second list");
     for (id, staging, target) in &busy.volumes {
         assert!(!host.mounts_at(target).is_empty(), "{id} published again");
         let at_target = node.volume_condition(id, &s(target)).unwrap();
@@ -140,7 +206,7 @@ fn a_reboot_mounts_everything_again_reading_the_table_once() {
 fn calls_on_a_volume_not_yet_restored_are_aborted_and_others_served() {
     let host = FakeHost::new();
     let busy = Busy::new(&host);
-    let (node, _) = busy.restart(&host);
+    let (node, _, _) = busy.restart(&host);
     node.begin_restore();
     let (id, staging, target) = &busy.volumes[0];
     let cap = mount_cap(Mode::SingleNodeWriter);

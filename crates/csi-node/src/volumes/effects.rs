@@ -135,8 +135,18 @@ impl NodeVolumes {
             .map_err(|e| NodeError::mount("reading", Path::new("the mount table"), &e))
     }
 
-    /// The loop devices attached to `image` now.
-    pub(super) fn devices_of(&self, image: &Path) -> Result<Vec<Device>, NodeError> {
+    /// The loop devices attached to `image` now (a restore's snapshot
+    /// answers from one list of every device).
+    pub(super) fn devices_of(
+        &self,
+        image: &Path,
+        view: &View<'_>,
+    ) -> Result<Vec<Device>, NodeError> {
+        if let View::Snapshot(snapshot) = view
+            && let Some(found) = snapshot.loop_devices_of(image)
+        {
+            return Ok(found);
+        }
         let loops = &self.inner.loops;
         let found = loops
             .find_by_backing_file(image)
@@ -258,7 +268,7 @@ impl NodeVolumes {
                     }
                 }
                 VolumeSource::Image(image) => {
-                    for dev in self.devices_of(&image)? {
+                    for dev in self.devices_of(&image, view)? {
                         out.ids.push(filesystem_on(&dev));
                         out.ids.extend(view.bind_of(&dev.path)?);
                         out.devices.push(dev);

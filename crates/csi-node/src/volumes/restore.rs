@@ -39,7 +39,8 @@ impl NodeVolumes {
             recorded.collect()
         };
         let mut report = RestoreReport::default();
-        let snapshot = (!records.is_empty()).then(|| Snapshot::read(self.inner.mounter.as_ref()));
+        let snapshot = (!records.is_empty())
+            .then(|| Snapshot::read(self.inner.mounter.as_ref(), self.inner.loops.as_ref()));
         for (vol, rec) in records {
             let result = match &snapshot {
                 Some(Ok(snapshot)) => self.restore_volume(&vol, rec, &View::Snapshot(snapshot)),

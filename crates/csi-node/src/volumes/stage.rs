@@ -173,6 +173,9 @@ impl NodeVolumes {
                             )));
                         }
                         let d = self.attach(image)?;
+                        if let View::Snapshot(snapshot) = view {
+                            snapshot.attached(image, &d);
+                        }
                         undo.attached = Some(d.clone());
                         d
                     }

@@ -2,14 +2,15 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 
-use mount_utils::{MountInfo, MountSource, Mounter};
+use mount_utils::{LoopDevices, MountInfo, MountSource, Mounter};
 
 use crate::error::NodeError;
 use crate::observe::{Identities, PathFacts, bind_within, facts_of, normalize, resolve};
 #[cfg(doc)]
 use crate::observe::{bind_of, mounts_at};
+use crate::record::Device;
 
 /// Where a call learns about mounts: the whole table, read once (unstage
 /// needs it to find every use of a volume), a [`Snapshot`] of it (a
@@ -28,16 +29,25 @@ pub(super) enum View<'a> {
 /// first ([`changing`](Self::changing)): a path at or below such a place
 /// is asked of the mounter from then on, everything else of the table.
 /// Calls served meanwhile change mounts only at paths of other volumes
-/// (a claim keeps them off the reader's).
+/// (a claim keeps them off the reader's). The same holds for the loop
+/// devices of images: listed once, at the first question, and kept true
+/// by the reader, who says what it attaches ([`attached`](Self::attached)).
 pub(super) struct Snapshot<'a> {
     table: MountIndex,
     mounter: &'a dyn Mounter,
     changed: Mutex<BTreeSet<PathBuf>>,
+    loops: &'a dyn LoopDevices,
+    /// Bound devices by backing file; `None` when they could not be
+    /// listed (each image is then asked of the seam).
+    loop_index: OnceLock<Option<Mutex<HashMap<PathBuf, Vec<Device>>>>>,
 }
 
 impl<'a> Snapshot<'a> {
     /// Reads the table once.
-    pub(super) fn read(mounter: &'a dyn Mounter) -> Result<Self, NodeError> {
+    pub(super) fn read(
+        mounter: &'a dyn Mounter,
+        loops: &'a dyn LoopDevices,
+    ) -> Result<Self, NodeError> {
         let table = mounter
             .mount_points()
             .map_err(|e| NodeError::mount("reading", Path::new("the mount table"), &e))?;
@@ -45,7 +55,40 @@ impl<'a> Snapshot<'a> {
             table: MountIndex::new(table),
             mounter,
             changed: Mutex::default(),
+            loops,
+            loop_index: OnceLock::new(),
         })
+    }
+
+    /// The loop devices bound to `image`, from one list of every device,
+    /// or `None` when that list could not be read: the caller asks the seam.
+    pub(super) fn loop_devices_of(&self, image: &Path) -> Option<Vec<Device>> {
+        let index = self.loop_index()?.lock().unwrap_or_else(|e| e.into_inner());
+        Some(index.get(&backing_key(image)).cloned().unwrap_or_default())
+    }
+
+    /// The reader attached `device` to `image`.
+    pub(super) fn attached(&self, image: &Path, device: &Device) {
+        if let Some(index) = self.loop_index() {
+            let mut index = index.lock().unwrap_or_else(|e| e.into_inner());
+            index
+                .entry(backing_key(image))
+                .or_default()
+                .push(device.clone());
+        }
+    }
+
+    fn loop_index(&self) -> Option<&Mutex<HashMap<PathBuf, Vec<Device>>>> {
+        let index = self.loop_index.get_or_init(|| {
+            let bound = self.loops.attached().ok()?;
+            let mut index: HashMap<PathBuf, Vec<Device>> = HashMap::new();
+            for info in &bound {
+                let key = info.backing_file.clone();
+                index.entry(key).or_default().push(Device::of(info));
+            }
+            Some(Mutex::new(index))
+        });
+        index.as_ref()
     }
 
     /// Mounts at or below `path` are about to change: the table no
@@ -75,6 +118,11 @@ impl<'a> Snapshot<'a> {
             false => View::Table(&self.table),
         }
     }
+}
+
+/// How the kernel names a backing file: by its resolved path.
+fn backing_key(image: &Path) -> PathBuf {
+    std::fs::canonicalize(image).unwrap_or_else(|_| normalize(image))
 }
 
 /// The mount table by mount point: a restore asks it about every
