@@ -55,7 +55,7 @@
 //!
 //! With the `testing` feature, `FakeControllerBackend` (local data) and
 //! `FakeProvider` (a provider) are the fakes for tests, with csi-store's
-//! `MemStore`.
+//! `FakeStore`.
 //!
 //! ```
 //! use std::sync::Arc;
@@ -72,7 +72,7 @@
 //! }
 //!
 //! # tokio::runtime::Runtime::new().unwrap().block_on(async {
-//! let store = Arc::new(csi_store::MemStore::new());
+//! let store = Arc::new(csi_store::FakeStore::new());
 //! let service = ControllerService::with_store(store, Config::new("node-1"), Nothing).unwrap();
 //! let req = CreateVolumeRequest {
 //!     name: "pvc-1".into(),

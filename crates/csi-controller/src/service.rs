@@ -87,7 +87,7 @@ impl<B: ControllerBackend> ControllerService<B> {
     }
 
     /// The service over local data recorded in any record store
-    /// (csi-store's `MemStore` in tests).
+    /// (csi-store's `FakeStore` in tests).
     pub fn with_store(
         store: Arc<dyn RecordStore>,
         config: Config,

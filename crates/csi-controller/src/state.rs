@@ -425,7 +425,7 @@ mod tests {
         struct Rec {
             name: String,
         }
-        let store: Arc<dyn RecordStore> = Arc::new(csi_store::MemStore::new());
+        let store: Arc<dyn RecordStore> = Arc::new(csi_store::FakeStore::new());
         let recs = Records::<Rec>::load(&store, "recs", |r| Some(&r.name)).unwrap();
         recs.put("id-1", Rec { name: "a".into() }).unwrap();
         assert_eq!(recs.by_name("a").unwrap().name, "a");

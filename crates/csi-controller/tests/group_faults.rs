@@ -10,7 +10,7 @@ use csi_controller::{
     GroupSnapshotBackend, SnapshotBackend, SnapshotRecord, VolumeRecord,
 };
 use csi_driver::{CallContext, Controller, CsiError, GroupController, Method, async_trait, v1::*};
-use csi_store::MemStore;
+use csi_store::FakeStore;
 
 /// A [`FakeControllerBackend`] whose next snapshot delete fails with an
 /// I/O error.
@@ -61,7 +61,7 @@ async fn a_group_delete_that_fails_between_a_members_record_and_its_data_leaks_n
         inner: FakeControllerBackend::new(),
         fail_next: AtomicBool::new(false),
     });
-    let store = Arc::new(MemStore::new());
+    let store = Arc::new(FakeStore::new());
     let e = ControllerService::with_store(store, Config::new("n1"), backend.clone()).unwrap();
     let mut sources = Vec::new();
     for name in ["a", "b"] {

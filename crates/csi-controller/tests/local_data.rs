@@ -1,4 +1,4 @@
-//! The service over local data, with its fakes (FakeControllerBackend, csi-store's MemStore): repeat
+//! The service over local data, with its fakes (FakeControllerBackend, csi-store's FakeStore): repeat
 //! rules, claims, capacity, full disks, the startup sweep and group settling.
 
 use std::sync::Arc;
@@ -7,14 +7,14 @@ use std::time::Duration;
 
 use csi_controller::{Config, ControllerService, FakeControllerBackend, Res};
 use csi_driver::{CallContext, Controller, CsiError, GroupController, Method, v1::*};
-use csi_store::MemStore;
+use csi_store::FakeStore;
 
 type Mem = ControllerService<Arc<FakeControllerBackend>>;
 
 const MIB: i64 = 1 << 20;
 
-fn engine(config: Config) -> (Mem, Arc<FakeControllerBackend>, Arc<MemStore>) {
-    let store = Arc::new(MemStore::new());
+fn engine(config: Config) -> (Mem, Arc<FakeControllerBackend>, Arc<FakeStore>) {
+    let store = Arc::new(FakeStore::new());
     let backend = Arc::new(FakeControllerBackend::new());
     let e = ControllerService::with_store(store.clone(), config, backend.clone()).unwrap();
     (e, backend, store)
@@ -219,7 +219,7 @@ async fn volumes_in_use_or_attached_are_not_deleted() {
 
 #[tokio::test]
 async fn the_startup_sweep_removes_unowned_data_and_keeps_unreadable_records_data() {
-    let store = Arc::new(MemStore::new());
+    let store = Arc::new(FakeStore::new());
     let backend = Arc::new(FakeControllerBackend::new());
     let first =
         ControllerService::with_store(store.clone(), Config::new("n1"), backend.clone()).unwrap();
@@ -299,7 +299,7 @@ impl csi_controller::ControllerBackend for Addressed {
 
 #[tokio::test]
 async fn the_first_answer_carries_what_the_backend_added_to_the_volume_context() {
-    let store = Arc::new(MemStore::new());
+    let store = Arc::new(FakeStore::new());
     let e = ControllerService::with_store(store, Config::new("n1"), Addressed).unwrap();
     let req = create_req("pvc-1", MIB);
     let first = e.create_volume(&ctx(), req.clone()).await.unwrap();

@@ -215,7 +215,7 @@ async fn only_what_the_backend_provides_is_declared() {
         ..Offers::default()
     };
     let local = ControllerService::with_store(
-        Arc::new(csi_store::MemStore::new()),
+        Arc::new(csi_store::FakeStore::new()),
         Config::new("n1"),
         FakeControllerBackend::with_offers(offers),
     )
@@ -376,7 +376,7 @@ async fn work_that_cannot_start_releases_its_claims_and_the_retry_succeeds() {
         ..Config::new("n1")
     };
     let s = ControllerService::with_store(
-        Arc::new(csi_store::MemStore::new()),
+        Arc::new(csi_store::FakeStore::new()),
         config,
         backend.clone(),
     )

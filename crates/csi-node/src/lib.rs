@@ -114,7 +114,7 @@
 //! use std::sync::Arc;
 //! use csi_node::testing::FakeHost;
 //! use csi_node::{NodeVolumes, NodeOutcome, VolumeSource};
-//! use csi_store::MemStore;
+//! use csi_store::FakeStore;
 //! use csi_proto::v1::volume_capability::access_mode::Mode;
 //! use csi_proto::v1::*;
 //!
@@ -124,7 +124,7 @@
 //! let host = FakeHost::new();
 //! let data_dir = data.clone();
 //! let locator = Arc::new(move |id: &str| (id == "vol-1").then(|| VolumeSource::Directory(data_dir.clone())));
-//! let volumes = NodeVolumes::builder(host.mounter(), Arc::new(MemStore::new()), locator)
+//! let volumes = NodeVolumes::builder(host.mounter(), Arc::new(FakeStore::new()), locator)
 //!     .loop_devices(host.loops())
 //!     .open()
 //!     .unwrap();

@@ -19,7 +19,7 @@ use csi_node::{
 };
 use csi_proto::v1::volume_capability::access_mode::Mode;
 use csi_proto::v1::*;
-use csi_store::MemStore;
+use csi_store::FakeStore;
 use mount_utils::{
     BlockDevices, DeviceNumber, ExecOutput, FakeExec, FsUsage, LoopDevices, ResizeFs,
     SafeFormatAndMount,
@@ -65,14 +65,14 @@ struct World {
     host: FakeHost,
     exec: Arc<FakeExec>,
     node: NodeService<Disks>,
-    store: MemStore,
+    store: FakeStore,
     dir: tempfile::TempDir,
 }
 
 fn world() -> World {
     let (host, exec) = (FakeHost::new(), Arc::new(FakeExec::new()));
     let formatter = SafeFormatAndMount::new(host.mounter(), exec.clone());
-    let store = MemStore::new();
+    let store = FakeStore::new();
     let node = NodeService::builder(Arc::new(Disks), NodeInfo::new("n1"), host.mounter())
         .volumes(|v| {
             v.loop_devices(host.loops())
@@ -379,7 +379,7 @@ async fn block_stats_come_from_the_fake_host_never_from_a_real_device() {
             v.loop_devices(host.loops())
                 .block_devices(host.block_devices())
         })
-        .open(Arc::new(MemStore::new()))
+        .open(Arc::new(FakeStore::new()))
         .unwrap();
     let staging = dir.path().join("staging");
     let req = stage_req("vol-1", &staging, cap(true, Mode::SingleNodeWriter, &[]));

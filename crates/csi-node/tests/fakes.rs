@@ -1,5 +1,5 @@
 //! The node record's rules with fakes (no root): FakeHost (FakeMounter +
-//! fake loop devices), csi-store's MemStore, and temporary directories for
+//! fake loop devices), csi-store's FakeStore, and temporary directories for
 //! the paths. One file over 700 lines: every case runs on the `Node`
 //! harness below (and the `Twisted` mounter), which a split would have to
 //! share through `common`, where root.rs would not use it.
@@ -15,7 +15,7 @@ use csi_node::{
     STAGED_TABLE, StageState, VolumeLocator, VolumeSource,
 };
 use csi_proto::v1::volume_capability::access_mode::Mode;
-use csi_store::{CodecId, MemStore, RawRecord, RecordStore};
+use csi_store::{CodecId, FakeStore, RawRecord, RecordStore};
 use mount_utils::{
     DeviceNumber, Errno, ExecOutput, FakeAction, FakeExec, FakeOp, FsUsage, LoopOptions, MountArgs,
     MountError, MountInfo, MountSource, Mounter, SafeFormatAndMount,
@@ -30,7 +30,7 @@ use common::*;
 struct Node {
     dir: tempfile::TempDir,
     host: FakeHost,
-    store: MemStore,
+    store: FakeStore,
     volumes: NodeVolumes,
 }
 
@@ -39,7 +39,7 @@ impl Node {
         let dir = tempfile::tempdir().unwrap();
         layout(dir.path());
         let host = FakeHost::new();
-        let store = MemStore::new();
+        let store = FakeStore::new();
         let volumes = open(dir.path(), host.mounter(), &host, &store, None);
         Self {
             dir,
@@ -73,7 +73,7 @@ impl Node {
             self.base(),
             self.host.mounter(),
             &self.host,
-            &MemStore::new(),
+            &FakeStore::new(),
             None,
         )
     }
@@ -111,7 +111,7 @@ impl Node {
 }
 
 /// Every stored record, as `table/key`.
-fn keys(store: &MemStore) -> Vec<String> {
+fn keys(store: &FakeStore) -> Vec<String> {
     [PUBLISHED_TABLE, STAGED_TABLE]
         .iter()
         .flat_map(|t| {
@@ -127,7 +127,7 @@ fn open(
     base: &Path,
     mounter: Arc<dyn Mounter>,
     host: &FakeHost,
-    store: &MemStore,
+    store: &FakeStore,
     fs: Option<Arc<dyn FilesystemMount>>,
 ) -> NodeVolumes {
     let mut b = NodeVolumes::builder(mounter, Arc::new(store.clone()), locator(base))

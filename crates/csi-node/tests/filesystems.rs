@@ -17,7 +17,7 @@ use csi_node::{
 };
 use csi_proto::v1::volume_capability::access_mode::Mode;
 use csi_proto::v1::*;
-use csi_store::{MemStore, RecordStore};
+use csi_store::{FakeStore, RecordStore};
 use mount_utils::{Errno, FakeAction, FakeOp, Mounter};
 use tonic::Code;
 
@@ -82,7 +82,7 @@ impl NodeBackend for Tmpfs {
 
 struct World {
     host: FakeHost,
-    store: Arc<MemStore>,
+    store: Arc<FakeStore>,
     dir: tempfile::TempDir,
 }
 
@@ -90,7 +90,7 @@ impl World {
     fn new() -> Self {
         World {
             host: FakeHost::new(),
-            store: Arc::new(MemStore::new()),
+            store: Arc::new(FakeStore::new()),
             dir: tempfile::tempdir().unwrap(),
         }
     }

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use csi_node::NodeVolumes;
 use csi_node::testing::{FakeCountingMounter, FakeHost};
 use csi_proto::v1::volume_capability::access_mode::Mode;
-use csi_store::MemStore;
+use csi_store::FakeStore;
 use mount_utils::{AttachedLoop, LoopDeviceInfo, LoopDevices, LoopError, LoopOptions, Mounter};
 use tonic::Code;
 
@@ -24,7 +24,7 @@ const BLOCK_VOLUMES: usize = 50;
 /// A node with every volume staged and published.
 struct Busy {
     dir: tempfile::TempDir,
-    store: MemStore,
+    store: FakeStore,
     /// Each volume's id, staging path and target.
     volumes: Vec<(String, PathBuf, PathBuf)>,
 }
@@ -33,7 +33,7 @@ impl Busy {
     fn new(host: &FakeHost) -> Self {
         let dir = tempfile::tempdir().unwrap();
         layout(dir.path());
-        let store = MemStore::new();
+        let store = FakeStore::new();
         let node = open(dir.path(), host.mounter(), host.loops(), &store);
         let mut volumes = Vec::new();
         for i in 0..DIRECTORY_VOLUMES + BLOCK_VOLUMES {
@@ -86,7 +86,7 @@ fn open(
     base: &Path,
     mounter: Arc<dyn Mounter>,
     loops: Arc<dyn LoopDevices>,
-    store: &MemStore,
+    store: &FakeStore,
 ) -> NodeVolumes {
     NodeVolumes::builder(mounter, Arc::new(store.clone()), locator(base))
         .loop_devices(loops)

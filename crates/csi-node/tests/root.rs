@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use csi_node::{NodeOutcome, NodeVolumes};
 use csi_proto::v1::volume_capability::access_mode::Mode;
-use csi_store::{FileStore, MemStore, RecordStore};
+use csi_store::{FakeStore, FileStore, RecordStore};
 use mount_utils::testing::{
     assert_no_loop_device_for, detach_loop_devices_under, have_program, in_private_mount_ns,
     is_root,
@@ -73,7 +73,7 @@ fn root_block_unstage_while_published_keeps_the_device() {
         "root_block_unstage_while_published_keeps_the_device",
         |base| {
             let img = image(base, "img-1", 8 << 20);
-            let store = MemStore::new();
+            let store = FakeStore::new();
             let v = volumes(base, &store);
             let (staging, target) = (base.join("staging"), base.join("pods/t"));
             v.stage(&stage("img-1", &staging, block_cap())).unwrap();
@@ -127,7 +127,7 @@ fn root_block_unstage_while_published_keeps_the_device() {
 fn root_read_only_wins_over_rw() {
     as_root("root_read_only_wins_over_rw", |base| {
         std::fs::create_dir(base.join("data/dir-1")).unwrap();
-        let v = volumes(base, &MemStore::new());
+        let v = volumes(base, &FakeStore::new());
         for (name, mode, readonly) in [
             ("asked", Mode::SingleNodeWriter, true),
             ("reader", Mode::SingleNodeReaderOnly, false),
@@ -151,7 +151,7 @@ fn root_foreign_mounts_and_symlinks_are_never_touched() {
         "root_foreign_mounts_and_symlinks_are_never_touched",
         |base| {
             std::fs::create_dir(base.join("data/dir-1")).unwrap();
-            let v = volumes(base, &MemStore::new());
+            let v = volumes(base, &FakeStore::new());
             let cap = mount_cap(Mode::SingleNodeWriter);
             let foreign = base.join("pods/foreign");
             std::fs::create_dir(&foreign).unwrap();
@@ -206,7 +206,7 @@ fn root_foreign_mounts_and_symlinks_are_never_touched() {
 fn root_block_publish_refuses_a_file_with_data() {
     as_root("root_block_publish_refuses_a_file_with_data", |base| {
         let img = image(base, "img-1", 8 << 20);
-        let v = volumes(base, &MemStore::new());
+        let v = volumes(base, &FakeStore::new());
         let staging = base.join("staging");
         v.stage(&stage("img-1", &staging, block_cap())).unwrap();
         let target = base.join("pods/user-file");
@@ -247,7 +247,7 @@ fn root_a_lost_record_is_cleaned_up_by_device_number() {
         "root_a_lost_record_is_cleaned_up_by_device_number",
         |base| {
             let img = image(base, "img-1", 32 << 20);
-            let v = volumes(base, &MemStore::new());
+            let v = volumes(base, &FakeStore::new());
             let staging = base.join("staging");
             v.stage(&stage("img-1", &staging, mount_cap(Mode::SingleNodeWriter)))
                 .unwrap();
@@ -255,7 +255,7 @@ fn root_a_lost_record_is_cleaned_up_by_device_number() {
 
             // The record is lost: a fresh store. The mount is recognised by its
             // device number and cleaned up; the device is found by its image.
-            let forgetful = volumes(base, &MemStore::new());
+            let forgetful = volumes(base, &FakeStore::new());
             assert_eq!(
                 forgetful.unstage(&unstage("img-1", &staging)).unwrap(),
                 NodeOutcome::Changed
@@ -379,7 +379,7 @@ fn root_tmpfs_is_moved_to_its_staging_path_and_known_by_its_mount_id() {
         let tmpfs = csi_node::FilesystemSource::new("tmpfs", "csi-kit-test").options(["size=1m"]);
         let locator: Arc<dyn csi_node::VolumeLocator> =
             Arc::new(move |_: &str| Some(csi_node::VolumeSource::Filesystem(tmpfs.clone())));
-        let store = MemStore::new();
+        let store = FakeStore::new();
         let v = NodeVolumes::builder(mounter.clone(), Arc::new(store), locator)
             .private_mounts(base.join("private"))
             .open()
@@ -448,7 +448,7 @@ fn root_an_attached_disk_named_by_a_link_is_formatted_once_and_never_detached() 
             Arc::new(move |_: &str| Some(csi_node::VolumeSource::Device(source.clone())));
         let mounter: Arc<dyn Mounter> = Arc::new(LinuxMounter::new());
         let formatter = SafeFormatAndMount::new(mounter.clone(), Arc::new(SystemExec::new()));
-        let v = NodeVolumes::builder(mounter, Arc::new(MemStore::new()), locator)
+        let v = NodeVolumes::builder(mounter, Arc::new(FakeStore::new()), locator)
             .block_devices(Arc::new(LinuxBlockDevices))
             .filesystem_mount(Arc::new(formatter))
             .open()

@@ -15,7 +15,7 @@ use csi_node::testing::requests::*;
 use csi_node::{NodeBackend, NodeInfo, NodeService, VolumeInfo, VolumeLocator, VolumeSource};
 use csi_proto::v1::volume_capability::access_mode::Mode;
 use csi_proto::v1::*;
-use csi_store::MemStore;
+use csi_store::FakeStore;
 use mount_utils::{Errno, ExecOutput, FakeExec, FakeOp, FsUsage, Mounter, ResizeFs};
 use tonic::Code;
 
@@ -131,7 +131,7 @@ fn env_with(info: NodeInfo, resizer: Option<ResizeFs>) -> Env {
     if let Some(r) = resizer {
         b = b.resize_filesystems(r);
     }
-    let node = b.open(Arc::new(MemStore::new())).unwrap();
+    let node = b.open(Arc::new(FakeStore::new())).unwrap();
     Env {
         dir,
         host,

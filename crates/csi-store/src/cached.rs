@@ -19,9 +19,9 @@ const STRIPES: usize = 64;
 /// their directory syncs be shared. Cheap to clone.
 ///
 /// ```
-/// use csi_store::{CachedTable, MemStore, StoreError, Table};
+/// use csi_store::{CachedTable, FakeStore, StoreError, Table};
 ///
-/// let store = MemStore::new();
+/// let store = FakeStore::new();
 /// let (sizes, quarantined) =
 ///     CachedTable::load(Table::<u64>::new(&store, "sizes").unwrap()).unwrap();
 /// assert!(quarantined.is_empty());

@@ -17,8 +17,8 @@
 //! - Every file operation goes through [`FileSystem`] ([`RealFs`] unless
 //!   [`FileStore::open_on`] is given another); feature `testing` adds
 //!   `testing::SimFs`, which models what a crash keeps.
-//! - [`MemStore`] is the in-memory fake beside it, with injectable faults,
-//!   for drivers' unit tests; both implement [`RecordStore`], the seam.
+//! - `FakeStore` (feature `testing`) is the in-memory fake beside it, with
+//!   injectable faults, for drivers' unit tests; both implement [`RecordStore`], the seam.
 //! - [`Table`] gives typed records: [`Json`] (serde) or [`Prost`]
 //!   (protobuf, for CSI messages). Keys are any string up to 4 KiB and are
 //!   encoded into safe file names, so an id can never name another path.
@@ -74,6 +74,8 @@
 mod cached;
 mod codec;
 mod error;
+#[cfg(feature = "testing")]
+mod fake;
 mod file;
 mod format;
 mod fs;
@@ -81,7 +83,6 @@ mod group;
 mod journal;
 mod key;
 mod lock;
-mod mem;
 #[cfg(feature = "testing")]
 mod sim_fs;
 mod store;
@@ -90,11 +91,12 @@ mod table;
 pub use cached::CachedTable;
 pub use codec::{Codec, CodecId, Json, Prost};
 pub use error::StoreError;
+#[cfg(feature = "testing")]
+pub use fake::FakeStore;
 pub use file::{FileStore, Stats};
 pub use fs::{DirEntry, FileMeta, FileSystem, FsFile, OpenMode, RealFs};
 pub use key::{MAX_KEY_LEN, MAX_TABLE_LEN, check_key, check_table};
 pub use lock::{DirLock, LOCK_FILE};
-pub use mem::MemStore;
 pub use store::{MAX_RECORD_LEN, Quarantined, RawRecord, RawScan, RecordStore};
 pub use table::{Scan, Table};
 

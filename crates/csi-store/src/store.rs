@@ -45,7 +45,7 @@ pub struct RawScan {
 /// A durable map from (table, key) to a record.
 ///
 /// Implementations: [`crate::FileStore`] (one crash-safe file per record)
-/// and [`crate::MemStore`] (a fake for drivers' unit tests). Both are
+/// and `FakeStore` (feature `testing`: a fake for drivers' unit tests). Both are
 /// `Send + Sync` and cheap to clone; the calls block, so async code runs
 /// them in `spawn_blocking`. Usually reached through [`crate::Table`].
 ///

@@ -1,11 +1,11 @@
 //! The `RecordStore` contract, checked on both implementations: what a
-//! driver's unit tests see with `MemStore` is what it gets with `FileStore`.
+//! driver's unit tests see with `FakeStore` is what it gets with `FileStore`.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use csi_store::{
-    CachedTable, CodecId, FileStore, MemStore, Prost, RawRecord, RecordStore, StoreError, Table,
+    CachedTable, CodecId, FakeStore, FileStore, Prost, RawRecord, RecordStore, StoreError, Table,
 };
 use serde::{Deserialize, Serialize};
 
@@ -34,7 +34,7 @@ struct Publish {
 
 /// Runs `check` on a fresh store of each kind.
 fn both(check: impl Fn(Arc<dyn RecordStore>)) {
-    check(Arc::new(MemStore::new()));
+    check(Arc::new(FakeStore::new()));
     let dir = tempfile::tempdir().unwrap();
     check(Arc::new(FileStore::open(dir.path()).unwrap()));
 }
@@ -323,7 +323,7 @@ fn cached_table_shows_only_durable_changes() {
 
 #[test]
 fn mem_store_full_disk_refuses_puts_keeps_deletes_and_memory() {
-    let store = MemStore::new();
+    let store = FakeStore::new();
     let t: Table<Volume> = Table::new(&store, "volumes").unwrap();
     t.put("vol-1", &volume("a", 1)).unwrap();
     let (cached, _) = CachedTable::load(t.clone()).unwrap();
@@ -342,7 +342,7 @@ fn mem_store_full_disk_refuses_puts_keeps_deletes_and_memory() {
 
 #[test]
 fn mem_store_unreadable_records_are_quarantined_like_files() {
-    let store = MemStore::new();
+    let store = FakeStore::new();
     let t: Table<Volume> = Table::new(&store, "volumes").unwrap();
     t.put("vol-1", &volume("a", 1)).unwrap();
     store.insert_unreadable("volumes", "vol-2", "checksum mismatch");

@@ -169,7 +169,7 @@ impl<V: Key, P: Key> JournalStore<V, P> for FakeJournalStore<V, P> {
 ///
 /// [`open`](Self::open) gives it a [`FileStore`] of
 /// its own; [`with_store`](Self::with_store) shares a driver's store (or a
-/// [`MemStore`](csi_store::MemStore) with injected faults).
+/// [`FakeStore`](csi_store::FakeStore) with injected faults).
 #[derive(Debug)]
 pub struct RecordJournalStore<V, P> {
     table: Table<FileRecord<V, P>>,
@@ -420,7 +420,7 @@ mod tests {
 
     #[test]
     fn an_unreadable_record_is_set_aside_and_the_others_load() {
-        let mem = Arc::new(csi_store::MemStore::new());
+        let mem = Arc::new(csi_store::FakeStore::new());
         let store = RecordJournalStore::<String, String>::with_store(mem.clone()).unwrap();
         store.put(&"good".to_string(), &record("a")).unwrap();
         mem.insert_unreadable(RecordJournalStore::<String, String>::TABLE, "bad", "torn");

@@ -39,7 +39,7 @@ pub(super) struct Snapshot<'a> {
     loops: &'a dyn LoopDevices,
     /// Bound devices by backing file; `None` when they could not be
     /// listed (each image is then asked of the seam).
-    loop_index: OnceLock<Option<Mutex<HashMap<PathBuf, Vec<Device>>>>>,
+    loop_index: OnceLock<Option<Mutex<LoopIndex>>>,
 }
 
 impl<'a> Snapshot<'a> {
@@ -78,10 +78,10 @@ impl<'a> Snapshot<'a> {
         }
     }
 
-    fn loop_index(&self) -> Option<&Mutex<HashMap<PathBuf, Vec<Device>>>> {
+    fn loop_index(&self) -> Option<&Mutex<LoopIndex>> {
         let index = self.loop_index.get_or_init(|| {
             let bound = self.loops.attached().ok()?;
-            let mut index: HashMap<PathBuf, Vec<Device>> = HashMap::new();
+            let mut index = LoopIndex::new();
             for info in &bound {
                 let key = info.backing_file.clone();
                 index.entry(key).or_default().push(Device::of(info));
@@ -119,6 +119,9 @@ impl<'a> Snapshot<'a> {
         }
     }
 }
+
+/// Bound loop devices by backing file.
+type LoopIndex = HashMap<PathBuf, Vec<Device>>;
 
 /// How the kernel names a backing file: by its resolved path.
 fn backing_key(image: &Path) -> PathBuf {

@@ -1,4 +1,4 @@
-//! [`MemStore`]: the in-memory fake for drivers' unit tests.
+//! [`FakeStore`]: the in-memory fake for drivers' unit tests.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -12,13 +12,13 @@ use crate::store::{Quarantined, RawRecord, RawScan, RecordStore, check_at, check
 /// Records in memory, with the same rules and errors as
 /// [`crate::FileStore`] (key and table checks, size limit, quarantine of
 /// unreadable records) and injectable faults: a full disk
-/// ([`MemStore::set_full`]) and unreadable records
-/// ([`MemStore::insert_unreadable`], [`MemStore::insert_raw`]).
+/// ([`FakeStore::set_full`]) and unreadable records
+/// ([`FakeStore::insert_unreadable`], [`FakeStore::insert_raw`]).
 ///
 /// ```
-/// use csi_store::{MemStore, Table};
+/// use csi_store::{FakeStore, Table};
 ///
-/// let store = MemStore::new();
+/// let store = FakeStore::new();
 /// let volumes: Table<u64> = Table::new(&store, "volumes").unwrap();
 /// volumes.put("vol-1", &42).unwrap();
 ///
@@ -27,7 +27,7 @@ use crate::store::{Quarantined, RawRecord, RawScan, RecordStore, check_at, check
 /// assert!(volumes.delete("vol-1").unwrap(), "deletes work on a full disk");
 /// ```
 #[derive(Debug, Clone, Default)]
-pub struct MemStore {
+pub struct FakeStore {
     inner: Arc<Mutex<Inner>>,
 }
 
@@ -46,7 +46,7 @@ enum Slot {
     Unreadable(&'static str),
 }
 
-impl MemStore {
+impl FakeStore {
     /// An empty store.
     pub fn new() -> Self {
         Self::default()
@@ -107,7 +107,7 @@ impl Inner {
     }
 }
 
-impl RecordStore for MemStore {
+impl RecordStore for FakeStore {
     fn put(&self, table: &str, key: &str, codec: CodecId, bytes: &[u8]) -> Result<(), StoreError> {
         check_put(table, key, bytes.len())?;
         let mut i = self.lock();
