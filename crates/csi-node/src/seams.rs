@@ -125,41 +125,41 @@ pub fn device_by_name(
     Ok(dir.join(name))
 }
 
+/// What NodeStage asks of a [`FilesystemMount`]. No `Debug`: the options
+/// are mount flags, which never reach a log.
+#[derive(Clone, Copy)]
+pub struct DeviceMount<'a> {
+    /// The block device.
+    pub device: &'a Path,
+    /// The staging path.
+    pub target: &'a Path,
+    /// The filesystem type asked for; empty for the implementation's default.
+    pub fs_type: &'a str,
+    /// Mount options.
+    pub options: &'a [&'a str],
+    /// The device may be formatted if it is empty; false once a filesystem
+    /// was mounted from it (it must then be refused, never formatted again).
+    pub may_format: bool,
+}
+
 /// Puts the filesystem of a device at the staging path.
 pub trait FilesystemMount: Send + Sync {
-    /// Mounts the filesystem on `device` at `target`. `may_format`: the
-    /// device may be formatted if it is empty; false once a filesystem was
-    /// mounted from it (it must then be refused, never formatted again).
-    fn mount_filesystem(
-        &self,
-        device: &Path,
-        target: &Path,
-        fs_type: &str,
-        options: &[&str],
-        may_format: bool,
-    ) -> Result<(), NodeError>;
+    /// Mounts the filesystem on `mount.device` at `mount.target`.
+    fn mount_filesystem(&self, mount: &DeviceMount<'_>) -> Result<(), NodeError>;
 }
 
 /// Mounts what is there (ext4 when no type is asked for); formats nothing.
 pub struct PlainMount(pub Arc<dyn Mounter>);
 
 impl FilesystemMount for PlainMount {
-    fn mount_filesystem(
-        &self,
-        device: &Path,
-        target: &Path,
-        fs_type: &str,
-        options: &[&str],
-        _may_format: bool,
-    ) -> Result<(), NodeError> {
-        let fs_type = if fs_type.is_empty() {
-            mount_utils::DEFAULT_FS_TYPE
-        } else {
-            fs_type
+    fn mount_filesystem(&self, m: &DeviceMount<'_>) -> Result<(), NodeError> {
+        let fs_type = match m.fs_type {
+            "" => mount_utils::DEFAULT_FS_TYPE,
+            asked => asked,
         };
         self.0
-            .mount(&device.to_string_lossy(), target, fs_type, options)
-            .map_err(|e| NodeError::mount("mounting", target, &e))
+            .mount(&m.device.to_string_lossy(), m.target, fs_type, m.options)
+            .map_err(|e| NodeError::mount("mounting", m.target, &e))
     }
 }
 
@@ -168,20 +168,12 @@ impl FilesystemMount for PlainMount {
 /// is refused ([`SafeFormatAndMount::mount_formatted`]), never formatted
 /// again.
 impl FilesystemMount for SafeFormatAndMount {
-    fn mount_filesystem(
-        &self,
-        device: &Path,
-        target: &Path,
-        fs_type: &str,
-        options: &[&str],
-        may_format: bool,
-    ) -> Result<(), NodeError> {
-        let dev = device.to_string_lossy();
-        let result = if may_format {
-            self.format_and_mount(&dev, target, fs_type, options, &[])
-        } else {
-            self.mount_formatted(&dev, target, fs_type, options, &[])
+    fn mount_filesystem(&self, m: &DeviceMount<'_>) -> Result<(), NodeError> {
+        let dev = m.device.to_string_lossy();
+        let result = match m.may_format {
+            true => self.format_and_mount(&dev, m.target, m.fs_type, m.options, &[]),
+            false => self.mount_formatted(&dev, m.target, m.fs_type, m.options, &[]),
         };
-        result.map_err(|e| NodeError::format(device, target, &e))
+        result.map_err(|e| NodeError::format(m.device, m.target, &e))
     }
 }

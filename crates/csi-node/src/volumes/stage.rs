@@ -12,7 +12,7 @@ use crate::record::{
     Capability, Device, NodeVolumeRecord, StageRecord, StageState, VolumeSource, sorted,
 };
 use crate::rules::{StageDecision, StageFacts, decide_stage, effective_readonly, mount_options};
-use crate::seams::VolumeContexts;
+use crate::seams::{DeviceMount, VolumeContexts};
 
 impl NodeVolumes {
     /// NodeStageVolume. The volume's source comes from the locator; an
@@ -198,13 +198,13 @@ impl NodeVolumes {
                 .map_err(|e| NodeError::mount("staging at", &s.path, &e))?,
             (VolumeSource::Image(_) | VolumeSource::Device(_), Some(dev)) => {
                 let opts: Vec<&str> = options.iter().map(String::as_str).collect();
-                self.inner.filesystems.mount_filesystem(
-                    &dev.path,
-                    &s.path,
-                    s.capability.fs_type().unwrap_or_default(),
-                    &opts,
-                    !s.formatted,
-                )?
+                self.inner.filesystems.mount_filesystem(&DeviceMount {
+                    device: &dev.path,
+                    target: &s.path,
+                    fs_type: s.capability.fs_type().unwrap_or_default(),
+                    options: &opts,
+                    may_format: !s.formatted,
+                })?
             }
             (VolumeSource::Filesystem(_), _) => return Ok(()),
             (VolumeSource::Image(image) | VolumeSource::Device(image), None) => {
