@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::Arc;
 
-use mount_utils::{Mounter, SafeFormatAndMount};
+use mount_utils::{MountArgs, Mounter, SafeFormatAndMount};
 
 use crate::error::NodeError;
 use crate::record::{Device, VolumeSource};
@@ -125,41 +125,27 @@ pub fn device_by_name(
     Ok(dir.join(name))
 }
 
-/// What NodeStage asks of a [`FilesystemMount`]. No `Debug`: the options
-/// are mount flags, which never reach a log.
-#[derive(Clone, Copy)]
-pub struct DeviceMount<'a> {
-    /// The block device.
-    pub device: &'a Path,
-    /// The staging path.
-    pub target: &'a Path,
-    /// The filesystem type asked for; empty for the implementation's default.
-    pub fs_type: &'a str,
-    /// Mount options.
-    pub options: &'a [&'a str],
-    /// The device may be formatted if it is empty; false once a filesystem
-    /// was mounted from it (it must then be refused, never formatted again).
-    pub may_format: bool,
-}
-
 /// Puts the filesystem of a device at the staging path.
 pub trait FilesystemMount: Send + Sync {
-    /// Mounts the filesystem on `mount.device` at `mount.target`.
-    fn mount_filesystem(&self, mount: &DeviceMount<'_>) -> Result<(), NodeError>;
+    /// Mounts the filesystem on the device `mount.source` at `mount.target`
+    /// (an empty `fstype`: the implementation's default). `may_format`:
+    /// the device may be formatted if it is empty; false once a filesystem
+    /// was mounted from it (it must then be refused, never formatted again).
+    fn mount_filesystem(&self, mount: &MountArgs<'_>, may_format: bool) -> Result<(), NodeError>;
 }
 
 /// Mounts what is there (ext4 when no type is asked for); formats nothing.
 pub struct PlainMount(pub Arc<dyn Mounter>);
 
 impl FilesystemMount for PlainMount {
-    fn mount_filesystem(&self, m: &DeviceMount<'_>) -> Result<(), NodeError> {
-        let fs_type = match m.fs_type {
+    fn mount_filesystem(&self, mount: &MountArgs<'_>, _may_format: bool) -> Result<(), NodeError> {
+        let fstype = match mount.fstype {
             "" => mount_utils::DEFAULT_FS_TYPE,
             asked => asked,
         };
         self.0
-            .mount(&m.device.to_string_lossy(), m.target, fs_type, m.options)
-            .map_err(|e| NodeError::mount("mounting", m.target, &e))
+            .mount_with(&MountArgs { fstype, ..*mount })
+            .map_err(|e| NodeError::mount("mounting", mount.target, &e))
     }
 }
 
@@ -168,12 +154,18 @@ impl FilesystemMount for PlainMount {
 /// is refused ([`SafeFormatAndMount::mount_formatted`]), never formatted
 /// again.
 impl FilesystemMount for SafeFormatAndMount {
-    fn mount_filesystem(&self, m: &DeviceMount<'_>) -> Result<(), NodeError> {
-        let dev = m.device.to_string_lossy();
-        let result = match m.may_format {
-            true => self.format_and_mount(&dev, m.target, m.fs_type, m.options, &[]),
-            false => self.mount_formatted(&dev, m.target, m.fs_type, m.options, &[]),
+    fn mount_filesystem(&self, mount: &MountArgs<'_>, may_format: bool) -> Result<(), NodeError> {
+        let MountArgs {
+            source,
+            target,
+            fstype,
+            options,
+            sensitive_options,
+        } = *mount;
+        let result = match may_format {
+            true => self.format_and_mount_sensitive(mount, &[]),
+            false => self.mount_formatted(source, target, fstype, options, sensitive_options),
         };
-        result.map_err(|e| NodeError::format(m.device, m.target, &e))
+        result.map_err(|e| NodeError::format(Path::new(source), target, &e))
     }
 }

@@ -12,7 +12,8 @@ use crate::record::{
     Capability, Device, NodeVolumeRecord, StageRecord, StageState, VolumeSource, sorted,
 };
 use crate::rules::{StageDecision, StageFacts, decide_stage, effective_readonly, mount_options};
-use crate::seams::{DeviceMount, VolumeContexts};
+use crate::seams::VolumeContexts;
+use mount_utils::MountArgs;
 
 impl NodeVolumes {
     /// NodeStageVolume. The volume's source comes from the locator; an
@@ -198,13 +199,12 @@ impl NodeVolumes {
                 .map_err(|e| NodeError::mount("staging at", &s.path, &e))?,
             (VolumeSource::Image(_) | VolumeSource::Device(_), Some(dev)) => {
                 let opts: Vec<&str> = options.iter().map(String::as_str).collect();
-                self.inner.filesystems.mount_filesystem(&DeviceMount {
-                    device: &dev.path,
-                    target: &s.path,
-                    fs_type: s.capability.fs_type().unwrap_or_default(),
-                    options: &opts,
-                    may_format: !s.formatted,
-                })?
+                let device = dev.path.to_string_lossy();
+                let fstype = s.capability.fs_type().unwrap_or_default();
+                let mount = MountArgs::new(&device, &s.path, fstype, &opts);
+                self.inner
+                    .filesystems
+                    .mount_filesystem(&mount, !s.formatted)?
             }
             (VolumeSource::Filesystem(_), _) => return Ok(()),
             (VolumeSource::Image(image) | VolumeSource::Device(image), None) => {
