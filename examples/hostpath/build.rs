@@ -1,8 +1,9 @@
-//! Link options of the shipped (release-based) binaries of hostpath and
-//! loop-block (whose manifest names this script).
+// Link options of the shipped (release-based) binaries of hostpath and
+// loop-block (whose build script includes this one).
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-changed=../hostpath/build.rs");
     let gnu = std::env::var("CARGO_CFG_TARGET_ENV").is_ok_and(|env| env == "gnu");
     let release = std::env::var("PROFILE").is_ok_and(|profile| profile == "release");
     if gnu && release {
