@@ -168,9 +168,17 @@ impl Journal {
             files_fixed: 0,
         };
         let mut st = journal.lock();
+        // Entries come table by table: each table's directory is opened
+        // once and its files compared by name.
+        let mut opened: Option<(String, Option<Box<dyn FsFile>>)> = None;
         for ((table, name), contents) in last {
             let table_dir = tables_dir.join(&table);
-            if replay_one(&**fs, &table_dir, &name, contents.as_deref())? {
+            if opened.as_ref().is_none_or(|(t, _)| *t != table) {
+                let handle = fs.open(&table_dir, OpenMode::Directory).ok();
+                opened = Some((table.clone(), handle));
+            }
+            let handle = opened.as_ref().and_then(|(_, h)| h.as_deref());
+            if replay_one(&**fs, &table_dir, handle, &name, contents.as_deref())? {
                 replayed.files_fixed += 1;
             }
             st.mark(table_dir, name, contents.is_some());
@@ -501,10 +509,12 @@ fn decode(e: &[u8], epoch: u64, seq: u64) -> Option<Entry> {
     })
 }
 
-/// Makes `dir/name` hold `contents` (or be absent); true if it had to change.
+/// Makes `dir/name` hold `contents` (or be absent); true if it had to
+/// change. `handle`: `dir` opened, when it exists.
 fn replay_one(
     fs: &dyn FileSystem,
     dir: &Path,
+    handle: Option<&dyn FsFile>,
     name: &OsString,
     contents: Option<&[u8]>,
 ) -> io::Result<bool> {
@@ -516,8 +526,11 @@ fn replay_one(
             Err(e) => Err(e),
         },
         Some(bytes) => {
-            let same = fs
-                .open(&path, OpenMode::Read)
+            let opened = match handle {
+                Some(h) => fs.open_in(h, dir, name, OpenMode::Read),
+                None => fs.open(&path, OpenMode::Read),
+            };
+            let same = opened
                 .and_then(|mut f| f.read_bounded(bytes.len()))
                 .is_ok_and(|now| now.as_deref() == Some(bytes));
             if same {
