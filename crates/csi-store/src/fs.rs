@@ -148,23 +148,24 @@ impl FsFile for File {
         // back short only at its end, and a record file is whole before it
         // is renamed into place, so a read that does not fill the buffer
         // is the last: one read per record, not a second to see EOF.
-        let mut buf = vec![0u8; FIRST_READ.min(max + 1)];
-        let mut len = 0;
+        // The first read goes to the stack, so a record's buffer is its
+        // size, not the read's (a scan keeps thousands of them).
+        let mut first = [0u8; FIRST_READ];
+        let first = &mut first[..FIRST_READ.min(max + 1)];
+        let mut len = read_retrying(self, first)?;
+        if len < first.len() {
+            return Ok(Some(first[..len].to_vec()));
+        }
+        let mut buf = first.to_vec();
         loop {
-            match Read::read(self, &mut buf[len..]) {
-                Ok(n) => {
-                    len += n;
-                    if n == 0 || len < buf.len() {
-                        break;
-                    }
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e),
-            }
             if len > max {
                 return Ok(None);
             }
             buf.resize((len * 2).min(max + 1), 0);
+            match read_retrying(self, &mut buf[len..])? {
+                0 => break,
+                n => len += n,
+            }
         }
         buf.truncate(len);
         Ok(Some(buf))
@@ -211,6 +212,16 @@ impl FsFile for File {
             return Err(io::Error::last_os_error());
         }
         Ok(())
+    }
+}
+
+/// `read(2)`, again when a signal interrupts it.
+fn read_retrying(f: &mut File, buf: &mut [u8]) -> io::Result<usize> {
+    loop {
+        match Read::read(f, buf) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            r => return r,
+        }
     }
 }
 
