@@ -51,6 +51,9 @@ pub struct DirEntry {
     pub is_dir: bool,
 }
 
+/// What [`FileSystem::open_in`] returns.
+pub type Opened = io::Result<Box<dyn FsFile>>;
+
 /// An open file or directory.
 pub trait FsFile: Send + Sync + fmt::Debug {
     /// Reads exactly `buf.len()` bytes at `offset`.
@@ -99,19 +102,13 @@ pub trait FsFile: Send + Sync + fmt::Debug {
 pub trait FileSystem: Send + Sync + fmt::Debug + 'static {
     /// Opens `path` as `mode` says.
     fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Box<dyn FsFile>>;
-    /// Opens `name` in the directory `dir` (opened from `dir_path` as
+    /// Opens `name` in the directory `dir` (opened from `at` as
     /// [`OpenMode::Directory`]) as `mode` says: a scan of thousands of
     /// files then resolves one name each, not their whole paths. By
     /// default, [`open`](Self::open) of the joined path.
-    fn open_in(
-        &self,
-        dir: &dyn FsFile,
-        dir_path: &Path,
-        name: &OsStr,
-        mode: OpenMode,
-    ) -> io::Result<Box<dyn FsFile>> {
+    fn open_in(&self, dir: &dyn FsFile, at: &Path, name: &OsStr, mode: OpenMode) -> Opened {
         let _ = dir;
-        self.open(&dir_path.join(name), mode)
+        self.open(&at.join(name), mode)
     }
     /// Creates one directory (mode 0700); `AlreadyExists` if present.
     fn create_dir(&self, path: &Path) -> io::Result<()>;
@@ -268,17 +265,11 @@ impl FileSystem for RealFs {
         open_at(libc::AT_FDCWD, path.as_os_str(), mode)
     }
 
-    fn open_in(
-        &self,
-        dir: &dyn FsFile,
-        dir_path: &Path,
-        name: &OsStr,
-        mode: OpenMode,
-    ) -> io::Result<Box<dyn FsFile>> {
+    fn open_in(&self, dir: &dyn FsFile, at: &Path, name: &OsStr, mode: OpenMode) -> Opened {
         match dir.raw_fd() {
             // One component: openat never walks out of `dir`.
             Some(fd) if !name.as_bytes().contains(&b'/') => open_at(fd, name, mode),
-            _ => self.open(&dir_path.join(name), mode),
+            _ => self.open(&at.join(name), mode),
         }
     }
 

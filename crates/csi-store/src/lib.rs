@@ -91,7 +91,7 @@ pub use cached::CachedTable;
 pub use codec::{Codec, CodecId, Json, Prost};
 pub use error::StoreError;
 pub use file::{FileStore, Stats};
-pub use fs::{DirEntry, FileMeta, FileSystem, FsFile, OpenMode, RealFs};
+pub use fs::{DirEntry, FileMeta, FileSystem, FsFile, OpenMode, Opened, RealFs};
 pub use key::{MAX_KEY_LEN, MAX_TABLE_LEN, check_key, check_table};
 pub use lock::{DirLock, LOCK_FILE};
 pub use mem::MemStore;
