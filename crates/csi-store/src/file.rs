@@ -660,7 +660,6 @@ impl RecordStore for FileStore {
             .map_err(|e| StoreError::io("listing", &td.path, e))?;
         for entry in entries {
             let os_name = entry.name;
-            let entry_path = td.path.join(&os_name);
             let kind = os_name.to_str().map_or(NameKind::Foreign, key::classify);
             let named_key = match kind {
                 NameKind::Temporary => continue, // a write in progress
@@ -674,10 +673,12 @@ impl RecordStore for FileStore {
                 NameKind::Hashed => None,
             };
             let name = os_name.to_str().expect("classified names are UTF-8");
-            let bytes = match read_record(&*self.inner.fs, &entry_path) {
+            let bytes = match read_record_in(&td, &os_name) {
                 Ok(b) => b,
                 Err(ReadError::Io(e)) if e.kind() == io::ErrorKind::NotFound => continue,
-                Err(ReadError::Io(e)) => return Err(StoreError::io("reading", entry_path, e)),
+                Err(ReadError::Io(e)) => {
+                    return Err(StoreError::io("reading", td.path.join(&os_name), e));
+                }
                 Err(ReadError::NotRecord(reason)) => {
                     scan.quarantined.extend(self.move_aside(
                         &td,
@@ -802,7 +803,16 @@ enum ReadError {
 /// Reads a record file without following symlinks, blocking on FIFOs or
 /// reading anything too large to be a record.
 fn read_record(fs: &dyn FileSystem, path: &Path) -> Result<Vec<u8>, ReadError> {
-    let mut f = match fs.open(path, OpenMode::Read) {
+    read_opened(fs.open(path, OpenMode::Read))
+}
+
+/// [`read_record`] of `name` in a table directory, opened relative to it.
+fn read_record_in(td: &TableDir, name: &OsStr) -> Result<Vec<u8>, ReadError> {
+    read_opened(td.fs.open_in(&*td.handle, &td.path, name, OpenMode::Read))
+}
+
+fn read_opened(opened: io::Result<Box<dyn FsFile>>) -> Result<Vec<u8>, ReadError> {
+    let mut f = match opened {
         Ok(f) => f,
         Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
             return Err(ReadError::NotRecord("a symbolic link"));

@@ -5,12 +5,13 @@
 //! default: the calls the store always made, behind one virtual call each
 //! (its cost is nothing next to the system call itself).
 
-use std::ffi::OsString;
+use std::ffi::{CString, OsStr, OsString};
 use std::fmt;
-use std::fs::{self, DirBuilder, File, OpenOptions};
+use std::fs::{self, DirBuilder, File};
 use std::io::{self, Read};
-use std::os::fd::AsRawFd;
-use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{DirBuilderExt, FileExt};
 use std::path::Path;
 
 /// How a file is opened; the store needs only these.
@@ -50,6 +51,9 @@ pub struct DirEntry {
     pub is_dir: bool,
 }
 
+/// What [`FileSystem::open_in`] returns.
+pub type Opened = io::Result<Box<dyn FsFile>>;
+
 /// An open file or directory.
 pub trait FsFile: Send + Sync + fmt::Debug {
     /// Reads exactly `buf.len()` bytes at `offset`.
@@ -86,6 +90,11 @@ pub trait FsFile: Send + Sync + fmt::Debug {
     fn try_lock_exclusive(&self) -> io::Result<bool>;
     /// `syncfs(2)` of the filesystem holding this file.
     fn sync_filesystem(&self) -> io::Result<()>;
+    /// The kernel's descriptor, where there is one: what
+    /// [`FileSystem::open_in`] opens relative to.
+    fn raw_fd(&self) -> Option<RawFd> {
+        None
+    }
 }
 
 /// The path operations of the store (paths are never followed through a
@@ -93,6 +102,14 @@ pub trait FsFile: Send + Sync + fmt::Debug {
 pub trait FileSystem: Send + Sync + fmt::Debug + 'static {
     /// Opens `path` as `mode` says.
     fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Box<dyn FsFile>>;
+    /// Opens `name` in the directory `dir` (opened from `at` as
+    /// [`OpenMode::Directory`]) as `mode` says: a scan of thousands of
+    /// files then resolves one name each, not their whole paths. By
+    /// default, [`open`](Self::open) of the joined path.
+    fn open_in(&self, dir: &dyn FsFile, at: &Path, name: &OsStr, mode: OpenMode) -> Opened {
+        let _ = dir;
+        self.open(&at.join(name), mode)
+    }
     /// Creates one directory (mode 0700); `AlreadyExists` if present.
     fn create_dir(&self, path: &Path) -> io::Result<()>;
     /// Whether `path` is a directory.
@@ -123,22 +140,28 @@ impl FsFile for File {
         Read::read_to_end(self, buf)
     }
     fn read_bounded(&mut self, max: usize) -> io::Result<Option<Vec<u8>>> {
-        // read(2) until it returns 0: no fstat for a size hint (std's
-        // read_to_end asks for one), as a scan reads thousands of files.
-        let mut buf = vec![0u8; 4096.min(max + 1)];
-        let mut len = 0;
+        // No fstat for a size hint (std's read_to_end asks for one), as a
+        // scan reads thousands of files. A regular file's read(2) comes
+        // back short only at its end, and a record file is whole before it
+        // is renamed into place, so a read that does not fill the buffer
+        // is the last: one read per record, not a second to see EOF.
+        // The first read goes to the stack, so a record's buffer is its
+        // size, not the read's (a scan keeps thousands of them).
+        let mut first = [0u8; FIRST_READ];
+        let first = &mut first[..FIRST_READ.min(max + 1)];
+        let mut len = read_retrying(self, first)?;
+        if len < first.len() {
+            return Ok(Some(first[..len].to_vec()));
+        }
+        let mut buf = first.to_vec();
         loop {
-            if len == buf.len() {
-                if len > max {
-                    return Ok(None);
-                }
-                buf.resize((len * 2).min(max + 1), 0);
+            if len > max {
+                return Ok(None);
             }
-            match Read::read(self, &mut buf[len..]) {
-                Ok(0) => break,
-                Ok(n) => len += n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
+            buf.resize((len * 2).min(max + 1), 0);
+            match read_retrying(self, &mut buf[len..])? {
+                0 => break,
+                n => len += n,
             }
         }
         buf.truncate(len);
@@ -177,6 +200,9 @@ impl FsFile for File {
             }
         }
     }
+    fn raw_fd(&self) -> Option<RawFd> {
+        Some(self.as_raw_fd())
+    }
     fn sync_filesystem(&self) -> io::Result<()> {
         // SAFETY: syncfs on an open descriptor.
         if unsafe { libc::syncfs(self.as_raw_fd()) } != 0 {
@@ -186,31 +212,65 @@ impl FsFile for File {
     }
 }
 
+/// `read(2)`, again when a signal interrupts it.
+fn read_retrying(f: &mut File, buf: &mut [u8]) -> io::Result<usize> {
+    loop {
+        match Read::read(f, buf) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            r => return r,
+        }
+    }
+}
+
+/// The first read's size: a record of the drivers' tables fits in it.
+const FIRST_READ: usize = 8192;
+
+/// `openat(2)` of `path` relative to `dir` (or the working directory,
+/// `AT_FDCWD`) with the flags [`OpenMode`] stands for.
+fn open_at(dir: RawFd, path: &OsStr, mode: OpenMode) -> io::Result<Box<dyn FsFile>> {
+    let flags = match mode {
+        OpenMode::Read => libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK,
+        OpenMode::Write => libc::O_WRONLY | libc::O_NOFOLLOW,
+        OpenMode::CreateNew => libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL,
+        OpenMode::ReadWrite => libc::O_RDWR,
+        OpenMode::CreateTruncate => libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC,
+        OpenMode::CreateKeep => libc::O_RDWR | libc::O_CREAT,
+        OpenMode::Directory => libc::O_RDONLY | libc::O_DIRECTORY,
+    };
+    let c =
+        CString::new(path.as_bytes()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    loop {
+        // SAFETY: a valid path string; the mode is read only with O_CREAT.
+        let fd = unsafe {
+            libc::openat(
+                dir,
+                c.as_ptr(),
+                flags | libc::O_CLOEXEC,
+                0o600 as libc::c_uint,
+            )
+        };
+        if fd >= 0 {
+            // SAFETY: openat returned a new descriptor that nothing else owns.
+            return Ok(Box::new(unsafe { File::from_raw_fd(fd) }));
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
 impl FileSystem for RealFs {
     fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Box<dyn FsFile>> {
-        let mut o = OpenOptions::new();
-        match mode {
-            OpenMode::Read => o
-                .read(true)
-                .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK),
-            OpenMode::Write => o.write(true).custom_flags(libc::O_NOFOLLOW),
-            OpenMode::CreateNew => o.write(true).create_new(true).mode(0o600),
-            OpenMode::ReadWrite => o.read(true).write(true),
-            OpenMode::CreateTruncate => o
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(0o600),
-            OpenMode::CreateKeep => o
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .mode(0o600),
-            OpenMode::Directory => o.read(true).custom_flags(libc::O_DIRECTORY),
-        };
-        Ok(Box::new(o.open(path)?))
+        open_at(libc::AT_FDCWD, path.as_os_str(), mode)
+    }
+
+    fn open_in(&self, dir: &dyn FsFile, at: &Path, name: &OsStr, mode: OpenMode) -> Opened {
+        match dir.raw_fd() {
+            // One component: openat never walks out of `dir`.
+            Some(fd) if !name.as_bytes().contains(&b'/') => open_at(fd, name, mode),
+            _ => self.open(&at.join(name), mode),
+        }
     }
 
     fn create_dir(&self, path: &Path) -> io::Result<()> {
@@ -226,9 +286,8 @@ impl FileSystem for RealFs {
     }
 
     fn exchange(&self, from: &Path, to: &Path) -> io::Result<()> {
-        use std::os::unix::ffi::OsStrExt;
         let c = |p: &Path| {
-            std::ffi::CString::new(p.as_os_str().as_bytes())
+            CString::new(p.as_os_str().as_bytes())
                 .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
         };
         let (f, t) = (c(from)?, c(to)?);
@@ -282,5 +341,35 @@ impl FileSystem for RealFs {
         #[allow(clippy::unnecessary_cast)]
         let f_type = unsafe { st.assume_init() }.f_type as i64;
         f_type == TMPFS_MAGIC || f_type == RAMFS_MAGIC
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn open_in_reads_by_name_and_never_follows_a_symlink() {
+        let tmp = tempfile::tempdir().unwrap();
+        let fs = RealFs;
+        let dir = fs.open(tmp.path(), OpenMode::Directory).unwrap();
+        let small = b"a record".to_vec();
+        let large = vec![7u8; FIRST_READ * 3 + 5];
+        std::fs::write(tmp.path().join("small"), &small).unwrap();
+        std::fs::write(tmp.path().join("large"), &large).unwrap();
+        std::os::unix::fs::symlink(tmp.path().join("small"), tmp.path().join("link")).unwrap();
+        let read = |name: &str, max: usize| {
+            fs.open_in(&*dir, tmp.path(), OsStr::new(name), OpenMode::Read)
+                .and_then(|mut f| f.read_bounded(max))
+        };
+        assert_eq!(read("small", 1 << 20).unwrap(), Some(small.clone()));
+        assert_eq!(read("small", small.len()).unwrap(), Some(small));
+        assert_eq!(read("large", 1 << 20).unwrap(), Some(large.clone()));
+        assert_eq!(read("large", large.len()).unwrap(), Some(large.clone()));
+        assert_eq!(read("large", large.len() - 1).unwrap(), None, "past max");
+        let err = read("link", 1 << 20).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::ELOOP));
+        let err = read("missing", 1 << 20).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::NotFound);
     }
 }

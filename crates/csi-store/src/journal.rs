@@ -168,9 +168,17 @@ impl Journal {
             files_fixed: 0,
         };
         let mut st = journal.lock();
+        // Entries come table by table: each table's directory is opened
+        // once and its files compared by name.
+        let mut opened: Option<(String, Option<Box<dyn FsFile>>)> = None;
         for ((table, name), contents) in last {
             let table_dir = tables_dir.join(&table);
-            if replay_one(&**fs, &table_dir, &name, contents.as_deref())? {
+            if opened.as_ref().is_none_or(|(t, _)| *t != table) {
+                let handle = fs.open(&table_dir, OpenMode::Directory).ok();
+                opened = Some((table.clone(), handle));
+            }
+            let handle = opened.as_ref().and_then(|(_, h)| h.as_deref());
+            if replay_one(&**fs, &table_dir, handle, &name, contents.as_deref())? {
                 replayed.files_fixed += 1;
             }
             st.mark(table_dir, name, contents.is_some());
@@ -501,10 +509,12 @@ fn decode(e: &[u8], epoch: u64, seq: u64) -> Option<Entry> {
     })
 }
 
-/// Makes `dir/name` hold `contents` (or be absent); true if it had to change.
+/// Makes `dir/name` hold `contents` (or be absent); true if it had to
+/// change. `handle`: `dir` opened, when it exists.
 fn replay_one(
     fs: &dyn FileSystem,
     dir: &Path,
+    handle: Option<&dyn FsFile>,
     name: &OsString,
     contents: Option<&[u8]>,
 ) -> io::Result<bool> {
@@ -516,8 +526,11 @@ fn replay_one(
             Err(e) => Err(e),
         },
         Some(bytes) => {
-            let same = fs
-                .open(&path, OpenMode::Read)
+            let opened = match handle {
+                Some(h) => fs.open_in(h, dir, name, OpenMode::Read),
+                None => fs.open(&path, OpenMode::Read),
+            };
+            let same = opened
                 .and_then(|mut f| f.read_bounded(bytes.len()))
                 .is_ok_and(|now| now.as_deref() == Some(bytes));
             if same {
@@ -594,6 +607,10 @@ mod tests {
         Arc::new(RealFs)
     }
 
+    fn open(tmp: &tempfile::TempDir, tables: &Path) -> (Journal, Replayed) {
+        Journal::open(&real(), tmp.path(), tables).unwrap().unwrap()
+    }
+
     fn name(s: &str) -> OsString {
         OsString::from(s)
     }
@@ -636,9 +653,7 @@ mod tests {
     #[test]
     fn replay_makes_the_files_match_and_stops_at_a_torn_tail() {
         let (tmp, tables) = setup();
-        let (j, _) = Journal::open(&real(), tmp.path(), &tables)
-            .unwrap()
-            .unwrap();
+        let (j, _) = open(&tmp, &tables);
         put(&j, &tables, "a", b"one");
         put(&j, &tables, "b", b"two");
         put(&j, &tables, "a", b"three");
@@ -649,9 +664,7 @@ mod tests {
         let torn = encode(j.lock().epoch, 3, "t", &name("c"), Change::Put(b"four"));
         j.file.write_all_at(&torn[..torn.len() - 2], head).unwrap();
         drop(j);
-        let (j, replayed) = Journal::open(&real(), tmp.path(), &tables)
-            .unwrap()
-            .unwrap();
+        let (j, replayed) = open(&tmp, &tables);
         assert_eq!(replayed.entries, 3);
         assert_eq!(replayed.files_fixed, 2);
         assert_eq!(fs::read(tables.join("t/a")).unwrap(), b"three");
@@ -661,15 +674,9 @@ mod tests {
         drop(j);
         // Checkpointed: the old entries are never replayed again.
         fs::write(tables.join("t/a"), b"changed by hand").unwrap();
-        let (_j, replayed) = Journal::open(&real(), tmp.path(), &tables)
-            .unwrap()
-            .unwrap();
+        let (_j, replayed) = open(&tmp, &tables);
         assert_eq!(replayed.entries, 0);
         assert_eq!(fs::read(tables.join("t/a")).unwrap(), b"changed by hand");
-    }
-
-    fn open(tmp: &tempfile::TempDir, tables: &Path) -> (Journal, Replayed) {
-        Journal::open(&real(), tmp.path(), tables).unwrap().unwrap()
     }
 
     #[test]
@@ -724,9 +731,7 @@ mod tests {
     #[test]
     fn a_full_journal_is_checkpointed_and_reused() {
         let (tmp, tables) = setup();
-        let (j, _) = Journal::open(&real(), tmp.path(), &tables)
-            .unwrap()
-            .unwrap();
+        let (j, _) = open(&tmp, &tables);
         let value = vec![b'x'; 10_000];
         for i in 0..300 {
             put(&j, &tables, &format!("k{}", i % 7), &value);
@@ -734,9 +739,7 @@ mod tests {
         assert!(j.checkpoints() >= 2, "{} checkpoints", j.checkpoints());
         assert_eq!(j.syncs(), 300);
         drop(j);
-        let (_j, replayed) = Journal::open(&real(), tmp.path(), &tables)
-            .unwrap()
-            .unwrap();
+        let (_j, replayed) = open(&tmp, &tables);
         assert!(replayed.entries < 110);
         assert_eq!(replayed.files_fixed, 0);
     }
@@ -744,16 +747,12 @@ mod tests {
     #[test]
     fn a_bad_header_means_an_empty_journal() {
         let (tmp, tables) = setup();
-        let (j, _) = Journal::open(&real(), tmp.path(), &tables)
-            .unwrap()
-            .unwrap();
+        let (j, _) = open(&tmp, &tables);
         put(&j, &tables, "a", b"one");
         j.file.write_all_at(b"garbage!", 0).unwrap();
         drop(j);
         fs::remove_file(tables.join("t/a")).unwrap();
-        let (_j, replayed) = Journal::open(&real(), tmp.path(), &tables)
-            .unwrap()
-            .unwrap();
+        let (_j, replayed) = open(&tmp, &tables);
         assert_eq!(replayed.entries, 0);
         assert!(!tables.join("t/a").exists());
     }
@@ -762,9 +761,7 @@ mod tests {
     fn a_short_journal_is_made_anew() {
         let (tmp, tables) = setup();
         fs::write(tmp.path().join(JOURNAL_FILE), b"CSIJHDR1").unwrap();
-        let (j, replayed) = Journal::open(&real(), tmp.path(), &tables)
-            .unwrap()
-            .unwrap();
+        let (j, replayed) = open(&tmp, &tables);
         assert_eq!(replayed.entries, 0);
         assert_eq!(j.file.metadata().unwrap().len, LEN);
     }
@@ -772,17 +769,13 @@ mod tests {
     #[test]
     fn records_too_big_to_journal_are_written_directly() {
         let (tmp, tables) = setup();
-        let (j, _) = Journal::open(&real(), tmp.path(), &tables)
-            .unwrap()
-            .unwrap();
+        let (j, _) = open(&tmp, &tables);
         put(&j, &tables, "a", b"small");
         let big = vec![b'y'; MAX_ENTRY + 1];
         put(&j, &tables, "a", &big);
         assert_eq!(j.checkpoints(), 1, "the big write checkpoints first");
         drop(j);
-        let (_j, replayed) = Journal::open(&real(), tmp.path(), &tables)
-            .unwrap()
-            .unwrap();
+        let (_j, replayed) = open(&tmp, &tables);
         assert_eq!(replayed.entries, 0);
         assert_eq!(fs::read(tables.join("t/a")).unwrap(), big);
     }

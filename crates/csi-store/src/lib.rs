@@ -94,7 +94,7 @@ pub use error::StoreError;
 #[cfg(feature = "testing")]
 pub use fake::FakeStore;
 pub use file::{FileStore, Stats};
-pub use fs::{DirEntry, FileMeta, FileSystem, FsFile, OpenMode, RealFs};
+pub use fs::{DirEntry, FileMeta, FileSystem, FsFile, OpenMode, Opened, RealFs};
 pub use key::{MAX_KEY_LEN, MAX_TABLE_LEN, check_key, check_table};
 pub use lock::{DirLock, LOCK_FILE};
 pub use store::{MAX_RECORD_LEN, Quarantined, RawRecord, RawScan, RecordStore};
