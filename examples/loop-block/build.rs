@@ -1,3 +1,3 @@
-// The shipped binaries are linked as hostpath's are: one script for both
-// (a manifest's `build` must name a file inside its own package).
-include!("../hostpath/build.rs");
+//! Link options of the shipped (release-based) binaries, as hostpath's.
+
+include!("../hostpath/link_options.rs");
