@@ -7,7 +7,7 @@
 # rotating order round by round; and NodeStageVolume's p50/p90 for an
 # attached device. The client is
 # examples/cloud-block/examples/cloud-block-bench.rs; this script builds it and
-# the driver (release), starts the processes in a private mount and PID
+# the driver (dist, the shipped profile), starts the processes in a private mount and PID
 # namespace, and leaves no process, mount, loop device or file behind.
 #
 # Usage (root): bash scripts/bench-cloud-block.sh [rounds, default 15]
@@ -22,14 +22,14 @@ fi
 rounds=${1:-15}
 
 if [ -z "${BENCH_CLOUD_BLOCK_IN_NS:-}" ]; then
-  cargo build --quiet --release -p cloud-block --bins --example cloud-block-bench
+  cargo build --quiet --profile dist -p cloud-block --bins --example cloud-block-bench
   # Mounts vanish with the namespace; the PID namespace takes the processes
   # with it if this script is killed outright.
   exec env BENCH_CLOUD_BLOCK_IN_NS=1 unshare --mount --propagation private --pid --fork \
     --kill-child --mount-proc bash "$0" "$@"
 fi
 
-bin=target/release
+bin=target/dist
 work=$(mktemp -d /tmp/bench-cloud-block.XXXXXX)
 pids=()
 # shellcheck disable=SC2317 # run by the EXIT trap
