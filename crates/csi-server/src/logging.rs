@@ -16,6 +16,8 @@ use tracing_subscriber::util::SubscriberInitExt;
 pub fn init_tracing(default_filter: &str) {
     let filter = log_filter(std::env::var("RUST_LOG").ok().as_deref(), default_filter);
     let _ = tracing_subscriber::fmt()
+        // The builder's own filter stops at INFO; the level is `filter`'s.
+        .with_max_level(tracing::level_filters::LevelFilter::TRACE)
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .finish()
