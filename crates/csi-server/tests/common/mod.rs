@@ -294,6 +294,33 @@ pub fn spawn_delete(
 
 /// Awaits a call that must fail with `code`; returns the status so the
 /// caller can check its message.
+/// Whether GetPluginCapabilities reports the Controller service.
+pub async fn offers_controller_service(client: &CsiClient) -> bool {
+    use csi_proto::v1::plugin_capability::service::Type;
+    let caps = client
+        .identity()
+        .get_plugin_capabilities(GetPluginCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    caps.capabilities
+        .iter()
+        .any(|c| c.service_type() == Some(Type::ControllerService))
+}
+
+/// [`expect_code`], and the message holds `needle` (a field's name, a
+/// capability, a method).
+pub async fn expect_message<T>(
+    call: impl std::future::Future<Output = Result<T, tonic::Status>>,
+    code: tonic::Code,
+    needle: &str,
+) -> tonic::Status {
+    let status = expect_code(call, code).await;
+    let message = status.message();
+    assert!(message.contains(needle), "{needle:?} not in {message:?}");
+    status
+}
+
 pub async fn expect_code<T>(
     call: impl std::future::Future<Output = Result<T, tonic::Status>>,
     code: tonic::Code,
