@@ -175,7 +175,7 @@ impl NodeVolumes {
                         }
                         let d = self.attach(image)?;
                         if let View::Snapshot(snapshot) = view {
-                            snapshot.attached(image, &d);
+                            snapshot.note_attached(image, &d);
                         }
                         undo.attached = Some(d.clone());
                         d

@@ -31,7 +31,7 @@ pub(super) enum View<'a> {
 /// Calls served meanwhile change mounts only at paths of other volumes
 /// (a claim keeps them off the reader's). The same holds for the loop
 /// devices of images: listed once, at the first question, and kept true
-/// by the reader, who says what it attaches ([`attached`](Self::attached)).
+/// by the reader, who says what it attaches ([`note_attached`](Self::note_attached)).
 pub(super) struct Snapshot<'a> {
     table: MountIndex,
     mounter: &'a dyn Mounter,
@@ -68,7 +68,7 @@ impl<'a> Snapshot<'a> {
     }
 
     /// The reader attached `device` to `image`.
-    pub(super) fn attached(&self, image: &Path, device: &Device) {
+    pub(super) fn note_attached(&self, image: &Path, device: &Device) {
         if let Some(index) = self.loop_index() {
             let mut index = index.lock().unwrap_or_else(|e| e.into_inner());
             index
