@@ -41,6 +41,28 @@ fi
 snapshot_leaks() {
   { awk '$5 ~ "^/(tmp|var/tmp)/" {print "mount " $5}' /proc/self/mountinfo; losetup -a 2>/dev/null | sed 's/^/loop /'; } | sort
 }
+
+# A machine with loop devices and mounts of its own (Ubuntu's snaps, another
+# driver): tests on fakes must not see them, and real tests must leave them
+# alone. As root, decoys take the first free loop devices (100 MiB, where a
+# fake's device would be 1 MiB) and a tmpfs is mounted, for the whole run.
+decoy_dir=
+remove_decoys() {
+  [ -n "$decoy_dir" ] || return 0
+  losetup -a 2>/dev/null | awk -F: -v d="$decoy_dir" 'index($0, d) {print $1}' | xargs -r -n1 losetup -d 2>/dev/null || true
+  umount "$decoy_dir/mnt" 2>/dev/null || true
+  rm -rf "$decoy_dir"
+}
+if [ "$(id -u)" = 0 ] && command -v losetup >/dev/null; then
+  decoy_dir=$(mktemp -d /var/tmp/csi-kit-decoys.XXXXXX)
+  trap remove_decoys EXIT
+  for i in 0 1 2 3; do
+    truncate -s 100M "$decoy_dir/disk$i.img"
+    losetup -f "$decoy_dir/disk$i.img" 2>/dev/null || echo "could not attach decoy loop device $i"
+  done
+  mkdir "$decoy_dir/mnt" && mount -t tmpfs -o size=1M decoy "$decoy_dir/mnt" || echo "could not mount the decoy tmpfs"
+  log "decoys for the whole run: $(losetup -a | grep -c "$decoy_dir") loop devices and a tmpfs of this machine's own"
+fi
 before=$(snapshot_leaks)
 
 # csi-proto must build with no protoc anywhere on PATH.
