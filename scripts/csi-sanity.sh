@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs the community's csi-sanity (kubernetes-csi/csi-test) against the
-# example drivers the way a vendor's CI runs it: no parameter files, only
-# size flags. hostpath in mount and block mode (attach on, an attach limit,
+# example drivers the way vendors' CIs run it: size flags, and for some runs
+# a secrets file (--csi.secrets; the drivers' debug logs are then searched
+# for the secrets) and mutable parameters (--csi.testvolumemutableparameters;
+# see "Runs with a secrets file" below). hostpath in mount and block mode (attach on, an attach limit,
 # the state dir on its own loop-backed filesystem so group snapshots are
 # offered, snapshots on another filesystem), loop-block in mount and block
 # mode; loop-block split (`loop-block-split:mount|block`: controller and
@@ -70,6 +72,18 @@ attach_limit=16
 work=$(mktemp -d /tmp/csi-sanity.XXXXXX)
 logs=$root/target/csi-sanity
 mkdir -p "$logs"
+
+# What vendors also pass (--csi.secrets, --csi.testvolumemutableparameters),
+# for the runs that say so below. Every request kind csi-sanity sends secrets
+# with gets a value unique to this run; the driver's debug log must never
+# show one.
+marker=sanity-secret-$$-$RANDOM
+secrets_file=$work/secrets.yaml
+for kind in CreateVolume DeleteVolume ControllerPublishVolume ControllerUnpublishVolume \
+    ControllerValidateVolumeCapabilities NodeStageVolume NodePublishVolume CreateSnapshot \
+    DeleteSnapshot ControllerExpandVolume ListSnapshots NodeExpandVolume ControllerModifyVolume; do
+  printf '%sSecret:\n  password: "%s-%s"\n' "$kind" "$marker" "$kind"
+done >"$secrets_file"
 driver_pid=
 # cloud-block's other processes (its controller, then the provider).
 other_pids=()
@@ -147,11 +161,11 @@ start_cloud_block() {
   read -r -t 30 line <&"${provider[0]}" || return 1
   url=${line#listening on }
   "$cb" --mode controller --endpoint "unix://$dir/controller.sock" --provider-url "$url" \
-    --log warn >"$logs/$driver-$mode.controller.log" 2>&1 &
+    --log "$log_level" >"$logs/$driver-$mode.controller.log" 2>&1 &
   other_pids=("$!" "${other_pids[@]}")
   wait_socket "$dir/controller.sock" "$!" || return 1
   env -u CLOUD_PROVIDER_TOKEN "$cb" --mode node --endpoint "unix://$sock" --nodeid sanity-node \
-    --device-dir "$dir/by-id" --statedir "$dir/node" --max-volumes-per-node 64 --log warn \
+    --device-dir "$dir/by-id" --statedir "$dir/node" --max-volumes-per-node 64 --log "$log_level" \
     >"$logs/$driver-$mode.driver.log" 2>&1 &
   driver_pid=$!
   sanity_args+=(--csi.controllerendpoint "$dir/controller.sock")
@@ -167,7 +181,7 @@ start_loop_block_split() {
   mkdir -p "$dir/controller" "$dir/node" "$dir/data"
   target/debug/loop-block --mode controller --endpoint "unix://$dir/controller.sock" \
     --statedir "$dir/controller" --datadir "$dir/data" --nodeid sanity-node \
-    --attach-limit "$attach_limit" --log warn >"$log" 2>&1 &
+    --attach-limit "$attach_limit" --log "$log_level" >"$log" 2>&1 &
   pid=$!
   other_pids+=("$pid")
   wait_socket "$dir/controller.sock" "$pid"
@@ -190,6 +204,12 @@ for run in $runs; do
   mkdir -p "$dir"
   sock=$dir/csi.sock
   args=()
+  # Runs with a secrets file (and a debug log that must not show them), and
+  # mutable parameters where the driver accepts some: hostpath as its Go
+  # counterpart is run (an accepted name), loop-block with its own tuning.
+  # The mount runs of hostpath and loop-block stay bare.
+  vendor= log_level=warn
+  case "$run" in hostpath:block|loop-block:block|loop-block-split:*|cloud-block:*) vendor=1 log_level=debug ;; esac
   bin=$driver
   case "$driver" in
     hostpath)
@@ -226,6 +246,13 @@ for run in $runs; do
      "target/debug/$bin" --help | grep -q -- '--attach-limit'; then
     args+=(--attach-limit "$attach_limit")
   fi
+  mutable=
+  if [ -n "$vendor" ]; then
+    case "$driver" in
+      hostpath) args+=(--accepted-mutable-parameter-name=iops); mutable='iops: "3000"' ;;
+      loop-block|loop-block-split) mutable='readAheadKiB: "256"' ;;
+    esac
+  fi
   run_size=$size run_expand=$expand
   # The provider's sizes are whole GiB.
   case "$driver" in cloud-block*) run_size=$((1 << 30)) run_expand=$((2 << 30)) ;; esac
@@ -234,6 +261,13 @@ for run in $runs; do
                --csi.testnodevolumeattachlimit --ginkgo.no-color --ginkgo.v)
   [ "$mode" = block ] && sanity_args+=(--csi.testvolumeaccesstype block)
   [ "$driver" = loop-block-split ] && sanity_args+=(--csi.controllerendpoint "$dir/controller.sock")
+  if [ -n "$vendor" ]; then
+    sanity_args+=(--csi.secrets "$secrets_file")
+    if [ -n "$mutable" ]; then
+      printf '%s\n' "$mutable" >"$dir/mutable.yaml"
+      sanity_args+=(--csi.testvolumemutableparameters "$dir/mutable.yaml")
+    fi
+  fi
   # shellcheck disable=SC2206 # word splitting is wanted for extra flags
   [ -n "${CSI_SANITY_ARGS:-}" ] && sanity_args+=(${CSI_SANITY_ARGS})
 
@@ -243,7 +277,7 @@ for run in $runs; do
     cloud-block) start_cloud_block none || started= ;;
     cloud-block-faults) start_cloud_block faults || started= ;;
     *)
-      "target/debug/$bin" --endpoint "unix://$sock" "${args[@]}" --log warn \
+      "target/debug/$bin" --endpoint "unix://$sock" "${args[@]}" --log "$log_level" \
         >"$logs/$driver-$mode.driver.log" 2>&1 &
       driver_pid=$!
       ;;
@@ -280,6 +314,16 @@ for run in $runs; do
   failed=$(sed -E 's/.* ([0-9]+) Failed.*/\1/' <<<"$line")
   skipped=$(sed -E 's/.* ([0-9]+) Skipped.*/\1/' <<<"$line")
   result="csi-sanity $driver $mode: $passed passed, $failed failed, $skipped skipped"
+  if [ -n "$vendor" ]; then
+    result+=" (secrets file${mutable:+, mutable parameters})"
+    # The driver's processes logged every call at debug level: no secret.
+    leaked=$(grep -l -- "$marker" "$logs/$driver-$mode".*.log 2>/dev/null || true)
+    logged=$(cat "$logs/$driver-$mode".*.log 2>/dev/null | wc -l)
+    if [ -n "$leaked" ] || [ "$logged" -lt 100 ]; then
+      echo "csi-sanity $driver $mode: a secret is in $leaked (or the debug log is missing: $logged lines)"
+      status=1
+    fi
+  fi
   echo "$result"
   if [ "$failed" != 0 ] || [ "$rc" != 0 ]; then
     status=1
