@@ -7,7 +7,9 @@
 # rotating order round by round; and NodeStageVolume's p50/p90 for an
 # attached device. The client is
 # examples/cloud-block/examples/cloud-block-bench.rs; this script builds it and
-# the driver (dist, the shipped profile), starts the processes in a private mount and PID
+# the driver (the dist profile, linked dynamically: its provider client resolves
+# host names, so it is not built statically like hostpath by
+# scripts/build-dist.sh), starts the processes in a private mount and PID
 # namespace, and leaves no process, mount, loop device or file behind.
 #
 # Usage (root): bash scripts/bench-cloud-block.sh [rounds, default 15]

@@ -7,9 +7,10 @@
 # printed at the end compares figures of this run only. Run as root; the
 # drivers run in a private mount namespace so nothing stays mounted.
 #   bash scripts/bench-hostpath.sh [seconds-per-bench] [state-fs] [rounds]
-# The build is the `dist` profile (how the drivers ship, and what
-# deploy/Dockerfile builds: size-optimised, LTO). state-fs: `disk` (default:
-# the state dir under /tmp, every change fsynced) or `tmpfs`.
+# The build is scripts/build-dist.sh's (how the drivers ship, and what
+# deploy/Dockerfile builds: the `dist` profile, size-optimised, LTO, glibc
+# linked statically; in target/<host triple>/dist). state-fs: `disk`
+# (default: the state dir under /tmp, every change fsynced) or `tmpfs`.
 # BENCH_BIN=DIR uses DIR/hostpath (or DIR/examples/hostpath, as builds from before
 # the drivers were packages put it) and DIR/csi instead of building
 # (to compare builds); BENCH_RUNS lists workload:workers pairs (default
@@ -26,8 +27,7 @@ rounds=${3:-2}
 if [ -n "${BENCH_BIN:-}" ]; then
   bin=$(cd "$BENCH_BIN" && pwd)
 else
-  cargo build --profile dist -q -p hostpath -p csi-cli --bins
-  bin=$PWD/target/dist
+  bin=$(bash scripts/build-dist.sh -q -p hostpath -p csi-cli --bins)
 fi
 runs=${BENCH_RUNS:-probe:1 probe:8 lifecycle:1 lifecycle:8}
 sanity=${BENCH_SANITY:-$PWD/../shared/tools/csi-sanity}

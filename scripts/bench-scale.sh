@@ -14,7 +14,8 @@
 #   SCALE_QUICK=1 bash scripts/bench-scale.sh   # small sizes, to try it out
 # BENCH_BIN=DIR uses DIR/{hostpath,loop-block} (or DIR/examples/..., as builds
 # from before the drivers were packages put them) and DIR/csi instead of
-# building the `dist` profile; GO_DRIVER=PATH names the Go driver (default
+# building them with scripts/build-dist.sh (the shipped build, in
+# target/<host triple>/dist); GO_DRIVER=PATH names the Go driver (default
 # ../shared/tools/hostpathplugin; without it only our figures are printed).
 # SCALE_ROUNDS (default 2) rounds per restart figure, SCALE_MANY_ROUNDS (default 1)
 # for the many-volume figures (each makes SCALE_MANY volumes), SCALE_COST_SECS (default 5)
@@ -40,8 +41,7 @@ many_rounds=${SCALE_MANY_ROUNDS:-1} cost_secs=${SCALE_COST_SECS:-5} go_many=${SC
 if [ -n "${BENCH_BIN:-}" ]; then
   bin=$(cd "$BENCH_BIN" && pwd)
 else
-  cargo build --profile dist -q -p hostpath -p loop-block -p csi-cli --bins
-  bin=$PWD/target/dist
+  bin=$(bash scripts/build-dist.sh -q -p hostpath -p loop-block -p csi-cli --bins)
 fi
 go=${GO_DRIVER:-$PWD/../shared/tools/hostpathplugin}
 [ -x "$go" ] || { echo "bench-scale: no Go driver at $go; printing our figures alone"; go=; }

@@ -9,6 +9,9 @@ fn main() {
         // Relative relocations as a bitmap (DT_RELR, glibc 2.36 and later)
         // instead of 24 bytes each: the loader reads every one of them at
         // start, so as RELA they stayed resident for the process's life.
+        // The shipped build (scripts/build-dist.sh) is a static-pie, which
+        // relocates itself at start from the same table (glibc's
+        // _dl_relocate_static_pie reads DT_RELR too).
         println!("cargo:rustc-link-arg-bins=-Wl,-z,pack-relative-relocs");
     }
 }
