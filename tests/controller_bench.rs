@@ -1,6 +1,6 @@
 //! CreateVolume + DeleteVolume with 2,000 volumes present vs 10, for both
 //! example drivers, state on a tmpfs (so the figures are the drivers' own
-//! work, not the disk's). Issue #14's target: the median at 2,000 within
+//! work, not the disk's). The target: the median at 2,000 within
 //! 1.2x of the median at 10 (it was 13–16x while every change rewrote one
 //! state file). Ignored by default; run as root with
 //! `cargo test --release --test controller_bench -- --ignored --nocapture`

@@ -1,18 +1,18 @@
 //! Controller durability of both example drivers, over their real
 //! sockets. One file over 700 lines: a list of cases sharing one setup.
 //!
-//! 1. a cancelled clone finishes once, and a retry meanwhile is ABORTED;
-//! 2. a second instance on the same `--statedir` exits with a message;
-//! 3. a full state filesystem: CreateVolume is RESOURCE_EXHAUSTED and
-//!    leaves nothing, deletes and unpublish/unstage still work;
-//! 4. the source of a snapshot or clone in flight cannot be deleted;
-//! 5. hostpath `--capacity` is reserved atomically;
-//! 7. data with no record is swept at start (never that of an unreadable
-//!    record), DeleteVolume of an unrecorded id removes its data, and
-//!    SIGKILL churn loses no acknowledged volume and leaves no orphan data;
-//!    an earlier version's state file is imported, not swept.
+//! - a cancelled clone finishes once, and a retry meanwhile is ABORTED;
+//! - a second instance on the same `--statedir` exits with a message;
+//! - a full state filesystem: CreateVolume is RESOURCE_EXHAUSTED and
+//!   leaves nothing, deletes and unpublish/unstage still work;
+//! - the source of a snapshot or clone in flight cannot be deleted;
+//! - hostpath `--capacity` is reserved atomically;
+//! - data with no record is swept at start (never that of an unreadable
+//!   record), DeleteVolume of an unrecorded id removes its data, and
+//!   SIGKILL churn loses no acknowledged volume and leaves no orphan data;
+//!   an earlier version's state file is imported, not swept.
 //!
-//! (Case 6, copies that keep owners, xattrs and hard links, is tested in
+//! (Copies that keep owners, xattrs and hard links are tested in
 //! hostpath's backend and in the tree-copy crate.) Tests that mount a tmpfs
 //! need root and run in a private mount namespace; they say when skipped.
 
@@ -235,8 +235,8 @@ async fn driver_with_full_source(
     (statedir, d, client, src)
 }
 
-/// Case 1: a CreateVolume whose client gave up keeps copying; a retry
-/// meanwhile is ABORTED (it used to start a second copy, leaving orphans).
+/// A CreateVolume whose client gave up keeps copying; a retry meanwhile is
+/// ABORTED (it used to start a second copy, leaving orphans).
 #[test]
 #[ignore = "needs root: run by scripts/test.sh's root pass"]
 fn a_cancelled_clone_finishes_once_and_a_retry_meanwhile_is_aborted() {
@@ -300,8 +300,8 @@ fn a_cancelled_clone_finishes_once_and_a_retry_meanwhile_is_aborted() {
     }
 }
 
-/// Case 2: two instances on one state directory used to both run, the
-/// last to save dropping the other's volumes.
+/// Two instances on one state directory used to both run, the last to save
+/// dropping the other's volumes.
 #[test]
 fn a_second_instance_on_the_same_statedir_exits_with_a_message() {
     for driver in DRIVERS {
@@ -352,9 +352,9 @@ fn a_second_instance_on_the_same_statedir_exits_with_a_message() {
     }
 }
 
-/// Case 3: on a full state filesystem CreateVolume used to answer INTERNAL
-/// and leave a directory per call, and deletes, NodeUnpublish and
-/// NodeUnstage failed, so space could never be freed through CSI.
+/// On a full state filesystem CreateVolume used to answer INTERNAL and leave a
+/// directory per call, and deletes, NodeUnpublish and NodeUnstage failed, so
+/// space could never be freed through CSI.
 #[test]
 #[ignore = "needs root: run by scripts/test.sh's root pass"]
 fn a_full_state_filesystem_refuses_creates_cleanly_and_still_frees_space() {
@@ -475,9 +475,9 @@ async fn create_while_copying(
     task
 }
 
-/// Case 4: DeleteVolume of a source while a snapshot or clone of it was
-/// being copied returned OK, and the copy then reported OK for a source
-/// that no longer existed.
+/// DeleteVolume of a source while a snapshot or clone of it was being copied
+/// returned OK, and the copy then reported OK for a source that no longer
+/// existed.
 #[test]
 #[ignore = "needs root: run by scripts/test.sh's root pass"]
 fn sources_of_snapshots_and_clones_in_flight_cannot_be_deleted() {
@@ -535,8 +535,8 @@ fn sources_of_snapshots_and_clones_in_flight_cannot_be_deleted() {
     }
 }
 
-/// Case 5: 40 concurrent 10 MiB creates against 100 MiB of `--capacity`
-/// used to succeed 13–21 times.
+/// 40 concurrent 10 MiB creates against 100 MiB of `--capacity` used to succeed
+/// 13–21 times.
 #[test]
 fn hostpath_capacity_is_checked_and_reserved_atomically() {
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -594,7 +594,7 @@ fn hostpath_capacity_is_checked_and_reserved_atomically() {
     });
 }
 
-/// Case 7: data no record owns was left after a crash, and DeleteVolume of
+/// Data no record owns was left after a crash, and DeleteVolume of
 /// a well-formed id without a record left its data. The sweep at start
 /// removes it, logged, but keeps the data of a record that could not be
 /// read and anything that is not the driver's; an earlier version's state
@@ -698,8 +698,8 @@ fn startup_sweeps_unowned_data_and_keeps_unreadable_records_data() {
     }
 }
 
-/// Case 7 (upgrade): the state file of an earlier version is imported,
-/// attachments included, and its volumes' data is not swept.
+/// The state file of an earlier version is imported, attachments included, and
+/// its volumes' data is not swept.
 #[test]
 fn an_earlier_state_file_is_imported_not_swept() {
     for driver in DRIVERS {
@@ -753,9 +753,9 @@ fn an_earlier_state_file_is_imported_not_swept() {
     }
 }
 
-/// Case 7 (crashes): SIGKILL at different points of concurrent churn
-/// (create, snapshot, delete) never loses an acknowledged volume, and after
-/// each restart every piece of data belongs to a listed volume or snapshot.
+/// SIGKILL at different points of concurrent churn (create, snapshot, delete)
+/// never loses an acknowledged volume, and after each restart every piece of
+/// data belongs to a listed volume or snapshot.
 #[test]
 fn sigkill_churn_loses_no_acknowledged_volume_and_leaves_no_orphan_data() {
     for driver in DRIVERS {

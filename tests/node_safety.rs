@@ -1,10 +1,10 @@
-//! Node safety of both example drivers with real mounts and loop devices
-//! (issue 13): a driver never touches what it does not own, read-only
-//! means read-only, mount flag values never reach a log line or an error,
-//! crash leftovers are cleaned up and a volume that cannot be restored is
-//! reported abnormal while the rest is served. Runs as root, each test in a
-//! private mount namespace (its mounts vanish with it); loop devices are
-//! detached by the driver guard even on failure.
+//! Node safety of both example drivers with real mounts and loop devices: a
+//! driver never touches what it does not own, read-only means read-only, mount
+//! flag values never reach a log line or an error, crash leftovers are cleaned
+//! up and a volume that cannot be restored is reported abnormal while the rest
+//! is served. Runs as root, each test in a private mount namespace (its mounts
+//! vanish with it); loop devices are detached by the driver guard even on
+//! failure.
 
 use e2e_support as support;
 
@@ -138,14 +138,14 @@ fn mounts_at(path: &Path) -> Vec<csi_kit::mount::MountInfo> {
         .collect()
 }
 
-/// Cases 1, 2, 4, 5 and 7 of issue 13 against one driver.
+/// Ownership, read-only and crash-leftover cases against one driver.
 async fn node_calls_touch_only_what_the_driver_owns(example: &str, dir: PathBuf) {
     let driver = Driver::start(example, &dir.join(example), &[]);
     let client = driver.client().await;
     let mut node = client.node();
     let path = |p: &str| dir.join(p);
 
-    // (1) A published block volume cannot be unstaged: its device stays.
+    // A published block volume cannot be unstaged: its device stays.
     let a = volume(&driver, &client, "a", true).await;
     let (sa, ta) = (path("sa"), path("ta"));
     node.node_stage_volume(stage_req(&a, &sa, writer(true)))
@@ -165,7 +165,7 @@ async fn node_calls_touch_only_what_the_driver_owns(example: &str, dir: PathBuf)
     );
     assert_eq!(mounts_at(&ta).len(), 1);
 
-    // (5) Block publish onto a user's non-empty file is refused.
+    // Block publish onto a user's non-empty file is refused.
     let file = path("user-file");
     std::fs::write(&file, b"the user's data").unwrap();
     assert!(
@@ -176,7 +176,7 @@ async fn node_calls_touch_only_what_the_driver_owns(example: &str, dir: PathBuf)
     assert!(mounts_at(&file).is_empty());
     assert_eq!(std::fs::read(&file).unwrap(), b"the user's data");
 
-    // (2) An rw flag cannot make a reader-only volume writable.
+    // An rw flag cannot make a reader-only volume writable.
     let b = volume(&driver, &client, "b", false).await;
     let (sb, tb) = (path("sb"), path("tb"));
     node.node_stage_volume(stage_req(&b, &sb, writer(false)))
@@ -193,7 +193,7 @@ async fn node_calls_touch_only_what_the_driver_owns(example: &str, dir: PathBuf)
         "tb is writable"
     );
 
-    // (4) A foreign tmpfs, another volume's paths, a symlink: untouched.
+    // A foreign tmpfs, another volume's paths, a symlink: untouched.
     let foreign = path("foreign");
     std::fs::create_dir(&foreign).unwrap();
     nix::mount::mount(
@@ -236,7 +236,7 @@ async fn node_calls_touch_only_what_the_driver_owns(example: &str, dir: PathBuf)
     );
     assert!(mounts_at(&elsewhere).is_empty());
 
-    // (7) Unstage with no record (a crash between attach and save) finds
+    // Unstage with no record (a crash between attach and save) finds
     // the device by its backing file and detaches it.
     let c = volume(&driver, &client, "c", true).await;
     let image = c.image.clone().expect("image");

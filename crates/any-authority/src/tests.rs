@@ -34,7 +34,8 @@ impl Rng {
 }
 
 /// A client-side HPACK encoder that picks representations at random, to
-/// produce what any real encoder might.
+/// produce what any real encoder might. Its dynamic table is kept apart from
+/// the decoder's on purpose: the tests check the two agree.
 #[derive(Default)]
 struct TestEncoder {
     table: VecDeque<(Vec<u8>, Vec<u8>)>,

@@ -365,9 +365,9 @@ async fn expansion_goes_to_the_provider_after_a_transient_error() {
     assert_eq!(got.volume.unwrap().capacity_bytes, 3 << 30);
 }
 
-/// Issue #22's fault: no thread could be made for the first CreateVolume.
-/// It fails with RESOURCE_EXHAUSTED, its claim is released, and the retry
-/// succeeds at once instead of being ABORTED.
+/// No thread can be made for the first CreateVolume: it fails with
+/// RESOURCE_EXHAUSTED, its claim is released, and the retry succeeds at once
+/// instead of being ABORTED.
 #[tokio::test]
 async fn work_that_cannot_start_releases_its_claims_and_the_retry_succeeds() {
     let backend = Arc::new(FakeControllerBackend::new());

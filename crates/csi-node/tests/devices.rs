@@ -353,10 +353,10 @@ async fn a_block_disk_is_published_as_its_device_and_grows_on_expand() {
     assert!(w.host.mounted().is_empty() && w.node.volumes().records().is_empty());
 }
 
-/// Issue #22's third fault: block stats read a real loop device of the
-/// host. The fake's loop device here claims 3 MiB for an image of 1 MiB on
-/// disk; reading a real `/dev/loopN` would give its size or nothing (then
-/// the image's 1 MiB), never the fake's 3 MiB.
+/// Block stats must not read a real loop device of the host. The fake's loop
+/// device here claims 3 MiB for an image of 1 MiB on disk; reading a real
+/// `/dev/loopN` would give its size or nothing (then the image's 1 MiB), never
+/// the fake's 3 MiB.
 #[tokio::test]
 async fn block_stats_come_from_the_fake_host_never_from_a_real_device() {
     struct Image(PathBuf);

@@ -89,6 +89,13 @@ impl DriverFlags {
     }
 }
 
+/// clap value parser for sizes in bytes or with a Kubernetes suffix
+/// (`10Gi`, `1G`), for a driver's own size flags.
+pub fn parse_size(text: &str) -> Result<i64, String> {
+    csi_proto::size::parse_bytes(text)
+        .ok_or_else(|| format!("{text:?} is not a size like 10Gi or 1073741824"))
+}
+
 /// The process's exit: success, or the error printed as `program: error`.
 pub fn exit_code(program: &str, result: Result<(), impl Display>) -> ExitCode {
     match result {
@@ -152,5 +159,12 @@ mod tests {
             .server("x.example.com", "1", Path::new("/s.sock"))
             .unwrap_err();
         assert!(err.starts_with("--drivername: "), "{err}");
+    }
+
+    #[test]
+    fn sizes_parse_with_or_without_a_suffix() {
+        assert_eq!(parse_size("2Gi"), Ok(2 << 30));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert!(parse_size("2 apples").is_err());
     }
 }

@@ -16,7 +16,9 @@ use csi_controller::{
 };
 use csi_driver::clock::FakeClock;
 use csi_driver::{CsiError, CsiResult, async_trait};
-use csi_node::{NodeBackend, NodeInfo, NodeService, VolumeInfo, VolumeLocator, VolumeSource};
+use csi_node::{
+    NodeBackend, NodeInfo, NodeService, RestoreReport, VolumeInfo, VolumeLocator, VolumeSource,
+};
 use csi_store::FileStore;
 use mount_utils::{LoopDevices, Mounter};
 
@@ -307,6 +309,17 @@ impl<B: ControllerBackend> DataView for BackendData<B> {
     }
 }
 
+/// A target's start fails unless the node's restore after the crash
+/// brought back every volume: an abnormal one is what the run is there to
+/// find.
+pub fn all_restored(report: RestoreReport) -> Result<(), String> {
+    if report.abnormal.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("abnormal after restore: {:?}", report.abnormal))
+    }
+}
+
 /// Starts the library's services on `world` as a driver's main would:
 /// the engine on its state directory with the startup sweep, the node
 /// service on its own with the restore of what was staged and published.
@@ -321,10 +334,7 @@ pub async fn library(world: &World) -> Result<Services, String> {
     let node = NodeService::builder(dirs.clone(), NodeInfo::new(NODE_ID), mounter)
         .open(Arc::new(node_store))
         .map_err(|e| e.to_string())?;
-    let report = node.restore();
-    if !report.abnormal.is_empty() {
-        return Err(format!("abnormal after restore: {:?}", report.abnormal));
-    }
+    all_restored(node.restore())?;
     Ok(Services {
         controller: Arc::new(engine.clone()),
         group: Some(Arc::new(engine)),

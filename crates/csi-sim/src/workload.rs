@@ -1,4 +1,4 @@
-//! Workloads: a CO's sequences of calls, and the standard ones of issue 22.
+//! Workloads: a CO's sequences of calls, and the standard ones every driver is run through.
 
 const GIB: i64 = 1 << 30;
 
@@ -76,7 +76,7 @@ pub struct SimWorkload {
     pub calls: Vec<Call>,
 }
 
-/// The standard workloads of issue 22.
+/// The standard workloads: what csi-sim runs every driver through.
 pub fn workloads() -> Vec<SimWorkload> {
     use Call::*;
     let publish = |pv, pod, readonly, deleted_if_uncertain| Publish {

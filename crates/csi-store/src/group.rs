@@ -129,28 +129,36 @@ mod tests {
         }
     }
 
-    #[test]
-    fn writers_that_arrive_during_a_sync_share_the_next_one() {
-        let gs = Arc::new(GroupSync::default());
+    /// A writer whose sync runs until `release` is sent, started and seen
+    /// to be syncing, so later writers arrive during its sync.
+    fn a_held_sync(
+        gs: &Arc<GroupSync>,
+    ) -> (std::thread::JoinHandle<io::Result<()>>, mpsc::Sender<()>) {
         let (release, held) = mpsc::channel::<()>();
-        let ran = Arc::new(AtomicU64::new(0));
-
-        // The first writer leads a sync that blocks until released.
+        let started = Arc::new(AtomicU64::new(0));
         let first = {
-            let (gs, ran) = (gs.clone(), ran.clone());
+            let (gs, started) = (gs.clone(), started.clone());
             std::thread::spawn(move || {
                 gs.sync(|| {
-                    ran.fetch_add(1, Ordering::SeqCst);
+                    started.fetch_add(1, Ordering::SeqCst);
                     held.recv().unwrap();
                     Ok(())
                 })
             })
         };
         wait_for("the first sync to start", || {
-            ran.load(Ordering::SeqCst) == 1
+            started.load(Ordering::SeqCst) == 1
         });
+        (first, release)
+    }
+
+    #[test]
+    fn writers_that_arrive_during_a_sync_share_the_next_one() {
+        let gs = Arc::new(GroupSync::default());
+        let (first, release) = a_held_sync(&gs);
 
         // Seven more arrive while it runs: all join the pending batch.
+        let ran = Arc::new(AtomicU64::new(0));
         let others: Vec<_> = (0..7)
             .map(|_| {
                 let (gs, ran) = (gs.clone(), ran.clone());
@@ -169,28 +177,14 @@ mod tests {
         for t in others {
             t.join().unwrap().unwrap();
         }
-        assert_eq!(ran.load(Ordering::SeqCst), 2, "8 writers, 2 syncs");
+        assert_eq!(ran.load(Ordering::SeqCst), 1, "7 writers, 1 sync");
         assert_eq!(gs.syncs(), 2);
     }
 
     #[test]
     fn every_member_of_a_failed_batch_gets_the_error() {
         let gs = Arc::new(GroupSync::default());
-        let (release, held) = mpsc::channel::<()>();
-        let started = Arc::new(AtomicU64::new(0));
-        let first = {
-            let (gs, started) = (gs.clone(), started.clone());
-            std::thread::spawn(move || {
-                gs.sync(|| {
-                    started.fetch_add(1, Ordering::SeqCst);
-                    held.recv().unwrap();
-                    Ok(())
-                })
-            })
-        };
-        wait_for("the first sync to start", || {
-            started.load(Ordering::SeqCst) == 1
-        });
+        let (first, release) = a_held_sync(&gs);
         let failing: Vec<_> = (0..3)
             .map(|_| {
                 let gs = gs.clone();

@@ -322,7 +322,7 @@ fn cached_table_shows_only_durable_changes() {
 }
 
 #[test]
-fn mem_store_full_disk_refuses_puts_keeps_deletes_and_memory() {
+fn fake_store_full_disk_refuses_puts_keeps_deletes_and_memory() {
     let store = FakeStore::new();
     let t: Table<Volume> = Table::new(&store, "volumes").unwrap();
     t.put("vol-1", &volume("a", 1)).unwrap();
@@ -341,7 +341,7 @@ fn mem_store_full_disk_refuses_puts_keeps_deletes_and_memory() {
 }
 
 #[test]
-fn mem_store_unreadable_records_are_quarantined_like_files() {
+fn fake_store_unreadable_records_are_quarantined_like_files() {
     let store = FakeStore::new();
     let t: Table<Volume> = Table::new(&store, "volumes").unwrap();
     t.put("vol-1", &volume("a", 1)).unwrap();

@@ -1,6 +1,6 @@
 //! Error type shared by every [`Mounter`](crate::Mounter) implementation.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use nix::errno::Errno;
 
@@ -158,6 +158,18 @@ impl MountError {
     /// [`is_corrupted_mount_errno`]).
     pub fn is_corrupted_mount(&self) -> bool {
         self.errno().is_some_and(is_corrupted_mount_errno)
+    }
+
+    /// A failed [`Mounter::move_mount`](crate::Mounter::move_mount) of
+    /// `from` to `to`; the fake reports it as the kernel path does.
+    pub(crate) fn moving(from: &Path, to: &Path, errno: Errno) -> Self {
+        MountError::Mount {
+            device: from.display().to_string(),
+            target: to.to_path_buf(),
+            fstype: String::new(),
+            options: RedactedOptions::from_flag_names(vec!["move"]),
+            errno,
+        }
     }
 }
 

@@ -433,13 +433,7 @@ impl Mounter for FakeMounter {
         let mut st = self.lock();
         Self::check_symlinks(&st, &from)?;
         Self::check_symlinks(&st, &to)?;
-        let err = |errno| MountError::Mount {
-            device: from.display().to_string(),
-            target: to.clone(),
-            fstype: String::new(),
-            options: RedactedOptions::from_flag_names(vec!["move"]),
-            errno,
-        };
+        let err = |errno| MountError::moving(&from, &to, errno);
         Self::check(&st, FakeOp::Mount, &to).map_err(err)?;
         let idx = Self::top(&st, &from).ok_or_else(|| err(Errno::EINVAL))?;
         // The id stays; what was mounted below `from` moves along.

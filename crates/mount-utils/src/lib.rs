@@ -123,6 +123,7 @@ mod format;
 pub mod freeze;
 mod linux;
 pub mod loopdev;
+mod mount_attr;
 mod mounter;
 mod mountinfo;
 pub mod nofollow;

@@ -171,13 +171,7 @@ impl Mounter for LinuxMounter {
     }
 
     fn move_mount(&self, from: &Path, to: &Path) -> Result<(), MountError> {
-        let err = |errno| MountError::Mount {
-            device: from.display().to_string(),
-            target: to.to_path_buf(),
-            fstype: String::new(),
-            options: RedactedOptions::from_flag_names(vec!["move"]),
-            errno,
-        };
+        let err = |errno| MountError::moving(from, to, errno);
         // Both resolved without following a symlink, then named by descriptor.
         let src = nofollow::open(from)?;
         let tgt = nofollow::open(to)?;

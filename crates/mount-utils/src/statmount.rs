@@ -15,6 +15,7 @@ use std::sync::OnceLock;
 
 use nix::errno::Errno;
 
+use crate::mount_attr;
 use crate::mountinfo::{MountInfo, OptionalField, decode_octal_escapes};
 use crate::options::split_options;
 
@@ -58,16 +59,7 @@ const ASKED: u64 = SB_BASIC
 /// above are left out of the answer when empty.
 const REQUIRED: u64 = SB_BASIC | MNT_BASIC | MNT_ROOT | MNT_POINT | FS_TYPE;
 
-// mnt_attr and sb_flags bits.
-const ATTR_RDONLY: u64 = 0x1;
-const ATTR_NOSUID: u64 = 0x2;
-const ATTR_NODEV: u64 = 0x4;
-const ATTR_NOEXEC: u64 = 0x8;
-const ATTR_ATIME: u64 = 0x70;
-const ATTR_NOATIME: u64 = 0x10;
-const ATTR_NODIRATIME: u64 = 0x80;
-const ATTR_NOSYMFOLLOW: u64 = 0x20_0000;
-const ATTR_IDMAP: u64 = 0x10_0000;
+// sb_flags bits (mnt_attr bits are in `mount_attr`).
 const SB_RDONLY: u32 = 0x1;
 const SB_SYNCHRONOUS: u32 = 0x10;
 const SB_DIRSYNC: u32 = 0x80;
@@ -138,30 +130,34 @@ fn decode(b: &[u8]) -> Option<Entry> {
         s => String::from_utf8(s).ok()?,
     };
 
-    let mut mount_options = vec![if attr & ATTR_RDONLY != 0 { "ro" } else { "rw" }];
+    let mut mount_options = vec![if attr & mount_attr::RDONLY != 0 {
+        "ro"
+    } else {
+        "rw"
+    }];
     for (bit, name) in [
-        (ATTR_NOSUID, "nosuid"),
-        (ATTR_NODEV, "nodev"),
-        (ATTR_NOEXEC, "noexec"),
+        (mount_attr::NOSUID, "nosuid"),
+        (mount_attr::NODEV, "nodev"),
+        (mount_attr::NOEXEC, "noexec"),
     ] {
         if attr & bit != 0 {
             mount_options.push(name);
         }
     }
-    // The table's order; MOUNT_ATTR_RELATIME is 0 within ATTR_ATIME.
-    if attr & ATTR_ATIME == ATTR_NOATIME {
+    // The table's order; RELATIME is 0 within the atime field.
+    if attr & mount_attr::ATIME_MASK == mount_attr::NOATIME {
         mount_options.push("noatime");
     }
-    if attr & ATTR_NODIRATIME != 0 {
+    if attr & mount_attr::NODIRATIME != 0 {
         mount_options.push("nodiratime");
     }
-    if attr & ATTR_ATIME == 0 {
+    if attr & mount_attr::ATIME_MASK == mount_attr::RELATIME {
         mount_options.push("relatime");
     }
-    if attr & ATTR_NOSYMFOLLOW != 0 {
+    if attr & mount_attr::NOSYMFOLLOW != 0 {
         mount_options.push("nosymfollow");
     }
-    if attr & ATTR_IDMAP != 0 {
+    if attr & mount_attr::IDMAP != 0 {
         mount_options.push("idmapped");
     }
 

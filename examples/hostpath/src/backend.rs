@@ -496,9 +496,9 @@ mod tests {
         b.delete_snapshot(&s1, Access::Mount).unwrap();
     }
 
-    /// Issue #14 case 6: snapshots, restores and clones lost ownership,
-    /// xattrs and hard links (tar without them), so a non-root pod could
-    /// not read its restored data.
+    /// Snapshots, restores and clones keep ownership, xattrs and hard
+    /// links (they once went through tar without them, and a non-root pod
+    /// could not read its restored data).
     #[test]
     #[ignore = "needs root: run by scripts/test.sh's root pass"]
     fn copies_keep_owner_mode_xattrs_and_hard_links() {

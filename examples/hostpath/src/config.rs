@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 
 use clap::Parser;
+use csi_server::flags::parse_size;
 
 /// A CSI driver that keeps volumes on the local filesystem, for dev clusters and tests.
 #[derive(Debug, Clone, Parser)]
@@ -79,8 +80,3 @@ impl Config {
 
 /// The topology key this driver reports.
 pub const TOPOLOGY_KEY: &str = "topology.hostpath.csi-kit.dev/node";
-
-/// clap value parser for sizes in bytes or with a suffix (10Gi).
-fn parse_size(text: &str) -> Result<i64, String> {
-    csi_proto::size::parse_bytes(text).ok_or_else(|| format!("{text:?} is not a size like 10Gi"))
-}

@@ -1,4 +1,4 @@
-//! The real-kernel crash companion (issue 22): hostpath killed with SIGKILL
+//! The real-kernel crash companion of csi-sim: hostpath killed with SIGKILL
 //! right before each step of each workload it serves (and right after each
 //! call's last step), started again on the same state, the CO's retries
 //! replayed; nothing acknowledged may be lost, nothing left mounted,

@@ -11,7 +11,9 @@ use std::sync::Arc;
 
 use clap::Parser;
 use csi_proto::v1::volume_capability::access_mode::Mode;
-use csi_sim::targets::{BackendData, Declared, NODE_ID, assert_survives, workloads_for};
+use csi_sim::targets::{
+    BackendData, Declared, NODE_ID, all_restored, assert_survives, workloads_for,
+};
 use csi_sim::{Services, SimLoops, SimMounter, SimRunner, Started, World};
 use csi_store::FileStore;
 use hostpath::{Config, HostPath};
@@ -34,10 +36,7 @@ async fn hostpath(world: &World) -> Result<Services, String> {
         .reconcile_on_start()
         .await
         .map_err(|e| e.to_string())?;
-    let report = driver.node.restore();
-    if !report.abnormal.is_empty() {
-        return Err(format!("abnormal after restore: {:?}", report.abnormal));
-    }
+    all_restored(driver.node.restore())?;
     Ok(Services {
         controller: Arc::new(driver.controller.clone()),
         group: None,

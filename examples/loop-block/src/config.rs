@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use clap::Parser;
 use csi_server::ServeMode;
+use csi_server::flags::parse_size;
 
 const AFTER_HELP: &str = "\
 Mutable parameters (VolumeAttributesClass / ControllerModifyVolume):
@@ -65,11 +66,6 @@ impl Config {
     pub fn serves_node(&self) -> bool {
         self.mode != ServeMode::Controller
     }
-}
-
-/// clap value parser for sizes in bytes or with a suffix (10Gi).
-fn parse_size(text: &str) -> Result<i64, String> {
-    csi_proto::size::parse_bytes(text).ok_or_else(|| format!("{text:?} is not a size like 10Gi"))
 }
 
 #[cfg(test)]

@@ -1,4 +1,4 @@
-//! The real-kernel crash companion (issue 22): loop-block killed with
+//! The real-kernel crash companion of csi-sim: loop-block killed with
 //! SIGKILL right before each step of each workload (and right after each
 //! call's last step): loop devices, mkfs, ext4 mounts and the state store
 //! for real, the driver started again on the same state, the CO's retries

@@ -10,7 +10,9 @@ use std::sync::Arc;
 
 use clap::Parser;
 use csi_proto::v1::volume_capability::access_mode::Mode;
-use csi_sim::targets::{BackendData, Declared, NODE_ID, assert_survives, workloads_for};
+use csi_sim::targets::{
+    BackendData, Declared, NODE_ID, all_restored, assert_survives, workloads_for,
+};
 use csi_sim::{Services, SimExec, SimFsTools, SimLoops, SimMounter, SimRunner, Started, World};
 use csi_store::FileStore;
 use loop_block::{Config, LoopBlock};
@@ -42,10 +44,7 @@ async fn loop_block(world: &World) -> Result<Services, String> {
     let (Some(controller), Some(node)) = (driver.controller.clone(), driver.node.clone()) else {
         return Err("loop-block started without its controller or node".into());
     };
-    let report = node.restore();
-    if !report.abnormal.is_empty() {
-        return Err(format!("abnormal after restore: {:?}", report.abnormal));
-    }
+    all_restored(node.restore())?;
     Ok(Services {
         controller: Arc::new(controller.clone()),
         group: Some(Arc::new(controller)),

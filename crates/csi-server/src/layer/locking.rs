@@ -15,17 +15,17 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures::TryFutureExt;
 use futures::future::Either;
 use tokio::sync::Notify;
 use tokio::time::Instant;
-use tower::{Layer, Service};
+use tower::Layer;
 use tracing::Instrument;
 
-use super::{CsiCall, CsiFuture, PassOr};
+use super::CsiCall;
+use super::wrap::{Wrap, WrapFuture, WrapInner, Wrapped};
 use crate::error::CsiError;
 use crate::request::{CsiRequest, LockKey};
 
@@ -182,66 +182,33 @@ impl Default for LockingLayer {
     }
 }
 
-impl LockingLayer {
-    /// Around `inner`, or passing calls straight through when `on` is false.
-    pub(crate) fn switched<S>(&self, inner: S, on: bool) -> Locking<S> {
-        Locking {
-            layer: self.clone(),
-            inner,
-            on,
-        }
-    }
-}
-
 impl<S> Layer<S> for LockingLayer {
     type Service = Locking<S>;
 
     fn layer(&self, inner: S) -> Locking<S> {
-        Locking {
-            layer: self.clone(),
-            inner,
-            on: true,
-        }
+        Wrapped::new(self.clone(), inner, true)
     }
 }
 
 /// The service of [`LockingLayer`].
-#[derive(Debug, Clone)]
-pub struct Locking<S> {
-    layer: LockingLayer,
-    inner: S,
-    on: bool,
-}
+pub type Locking<S> = Wrapped<LockingLayer, S>;
 
-impl<S, Req> Service<CsiCall<Req>> for Locking<S>
-where
-    Req: CsiRequest,
-    S: Service<CsiCall<Req>, Response = Req::Output> + Clone + Send + 'static,
-    S::Error: Into<CsiError>,
-    S::Future: Send + 'static,
-{
-    type Response = Req::Output;
-    type Error = CsiError;
-    type Future = PassOr<S::Future, CsiFuture<Req::Output>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), CsiError>> {
-        self.inner.poll_ready(cx).map_err(Into::into)
-    }
-
-    fn call(&mut self, call: CsiCall<Req>) -> Self::Future {
-        let keys = if self.on {
-            call.request.lock_keys()
-        } else {
-            Vec::new()
-        };
+/// The service below is cloned into the task that owns the work, so it
+/// must be `Clone + Send + 'static`.
+impl<S: Clone + Send + 'static> Wrap<S> for LockingLayer {
+    fn around<Req: CsiRequest>(&self, inner: &mut S, call: CsiCall<Req>) -> WrapFuture<S, Req>
+    where
+        S: WrapInner<Req>,
+    {
+        let keys = call.request.lock_keys();
         if keys.is_empty() {
-            return Either::Left(self.inner.call(call).err_into());
+            return Either::Left(inner.call(call).err_into());
         }
         // Take the service that was driven ready; leave a clone in its place.
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
-        let map = self.layer.map.clone();
-        let wait = self.layer.wait;
+        let clone = inner.clone();
+        let mut inner = std::mem::replace(inner, clone);
+        let map = self.map.clone();
+        let wait = self.wait;
         Either::Right(Box::pin(async move {
             let guard = map.lock(keys, wait).await?;
             // The task owns the guard: dropping this future (the client went

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use csi_proto::code_name;
 use futures::FutureExt;
+use futures::future::Either;
 use http_body_util::Full;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::encoding::EncodeLabelSet;
@@ -19,8 +20,8 @@ use tokio::net::TcpListener;
 use tonic::Code;
 use tower::Layer;
 
-use super::wrap::{Wrap, WrapInner, Wrapped};
-use super::{CsiCall, CsiFuture};
+use super::CsiCall;
+use super::wrap::{Wrap, WrapFuture, WrapInner, Wrapped};
 use crate::request::CsiRequest;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -173,16 +174,15 @@ impl<S> Layer<S> for MetricsLayer {
 /// The service of [`MetricsLayer`].
 pub type Metrics<S> = Wrapped<MetricsLayer, S>;
 
-impl Wrap for MetricsLayer {
-    fn around<Req: CsiRequest, S: WrapInner<Req>>(
-        &self,
-        inner: &mut S,
-        call: CsiCall<Req>,
-    ) -> CsiFuture<Req::Output> {
+impl<S> Wrap<S> for MetricsLayer {
+    fn around<Req: CsiRequest>(&self, inner: &mut S, call: CsiCall<Req>) -> WrapFuture<S, Req>
+    where
+        S: WrapInner<Req>,
+    {
         let method = Req::METHOD.name();
         let start = Instant::now();
         let durations = self.durations.clone();
-        Box::pin(inner.call(call).map(move |result| {
+        Either::Right(Box::pin(inner.call(call).map(move |result| {
             let result = result.map_err(Into::into);
             let code = result.as_ref().map_or_else(|e| e.code(), |_| Code::Ok);
             durations
@@ -192,7 +192,7 @@ impl Wrap for MetricsLayer {
                 })
                 .observe(start.elapsed().as_secs_f64());
             result
-        }))
+        })))
     }
 }
 

@@ -86,7 +86,7 @@ pub use precheck::{Precheck, Prechecked};
 pub use readiness::{Readiness, ReadinessLayer, ReadinessService, ReadinessState};
 pub use tracing::{Tracing, TracingLayer};
 pub use validation::{Validation, ValidationLayer};
-pub use wrap::{Wrap, WrapInner, Wrapped};
+pub use wrap::{Wrap, WrapFuture, WrapInner, Wrapped};
 
 /// One call on its way to the driver: the request and what the driver
 /// method will be given besides it.

@@ -5,10 +5,11 @@ use std::any::Any;
 use std::panic::AssertUnwindSafe;
 
 use futures::FutureExt;
+use futures::future::Either;
 use tower::Layer;
 
-use super::wrap::{Wrap, WrapInner, Wrapped};
-use super::{CsiCall, CsiFuture};
+use super::CsiCall;
+use super::wrap::{Wrap, WrapFuture, WrapInner, Wrapped};
 use crate::error::CsiError;
 use crate::request::CsiRequest;
 
@@ -41,12 +42,11 @@ impl<S> Layer<S> for CatchPanicLayer {
 /// The service of [`CatchPanicLayer`].
 pub type CatchPanic<S> = Wrapped<CatchPanicLayer, S>;
 
-impl Wrap for CatchPanicLayer {
-    fn around<Req: CsiRequest, S: WrapInner<Req>>(
-        &self,
-        inner: &mut S,
-        call: CsiCall<Req>,
-    ) -> CsiFuture<Req::Output> {
+impl<S> Wrap<S> for CatchPanicLayer {
+    fn around<Req: CsiRequest>(&self, inner: &mut S, call: CsiCall<Req>) -> WrapFuture<S, Req>
+    where
+        S: WrapInner<Req>,
+    {
         let method = Req::METHOD;
         let request_id = call.ctx.request_id;
         // AssertUnwindSafe: after a panic the call's state is dropped, and
@@ -55,16 +55,14 @@ impl Wrap for CatchPanicLayer {
             Ok(future) => future,
             Err(payload) => {
                 let err = internal(method, request_id, &*payload);
-                return Box::pin(futures::future::ready(Err(err)));
+                return Either::Right(Box::pin(futures::future::ready(Err(err))));
             }
         };
-        Box::pin(
-            AssertUnwindSafe(future)
-                .catch_unwind()
-                .map(move |outcome| match outcome {
-                    Ok(result) => result.map_err(Into::into),
-                    Err(payload) => Err(internal(method, request_id, &*payload)),
-                }),
-        )
+        Either::Right(Box::pin(AssertUnwindSafe(future).catch_unwind().map(
+            move |outcome| match outcome {
+                Ok(result) => result.map_err(Into::into),
+                Err(payload) => Err(internal(method, request_id, &*payload)),
+            },
+        )))
     }
 }

@@ -5,13 +5,14 @@
 
 use std::time::Instant;
 
+use futures::future::Either;
 use tonic::Code;
 use tower::Layer;
 use tracing::field::Empty;
 use tracing::{Instrument, Level};
 
-use super::wrap::{Wrap, WrapInner, Wrapped};
-use super::{CsiCall, CsiFuture};
+use super::CsiCall;
+use super::wrap::{Wrap, WrapFuture, WrapInner, Wrapped};
 use crate::request::CsiRequest;
 
 /// Traces every call.
@@ -29,12 +30,11 @@ impl<S> Layer<S> for TracingLayer {
 /// The service of [`TracingLayer`].
 pub type Tracing<S> = Wrapped<TracingLayer, S>;
 
-impl Wrap for TracingLayer {
-    fn around<Req: CsiRequest, S: WrapInner<Req>>(
-        &self,
-        inner: &mut S,
-        call: CsiCall<Req>,
-    ) -> CsiFuture<Req::Output> {
+impl<S> Wrap<S> for TracingLayer {
+    fn around<Req: CsiRequest>(&self, inner: &mut S, call: CsiCall<Req>) -> WrapFuture<S, Req>
+    where
+        S: WrapInner<Req>,
+    {
         let span = tracing::info_span!(
             "csi",
             request_id = call.ctx.request_id,
@@ -54,7 +54,7 @@ impl Wrap for TracingLayer {
             let _entered = span.enter();
             inner.call(call)
         };
-        Box::pin(async move {
+        Either::Right(Box::pin(async move {
             let result = future.instrument(span.clone()).await.map_err(Into::into);
             let code = result.as_ref().map_or_else(|e| e.code(), |_| Code::Ok);
             span.record("code", tracing::field::debug(code));
@@ -70,6 +70,6 @@ impl Wrap for TracingLayer {
                 Err(_) => {}
             }
             result
-        })
+        }))
     }
 }

@@ -1,13 +1,13 @@
-//! The shape shared by the layers that wrap every call and its future:
-//! tracing, metrics, panic catching.
+//! The shape shared by the layers that wrap a call and its future:
+//! tracing, metrics, panic catching, locking.
 
 use std::task::{Context, Poll};
 
 use futures::TryFutureExt;
-use futures::future::Either;
+use futures::future::{Either, ErrInto};
 use tower::Service;
 
-use super::{CsiCall, CsiFuture, PassOr};
+use super::{CsiCall, CsiFuture};
 use crate::error::CsiError;
 use crate::request::CsiRequest;
 
@@ -28,29 +28,36 @@ where
 {
 }
 
-/// What a wrapping layer does around one call of the service below.
-pub trait Wrap: Clone {
+/// What a wrapping layer does around one call of the service `S` below.
+///
+/// Generic over `S` so a layer can ask more of the service below than
+/// [`WrapInner`] does: locking clones it into the task that owns the work.
+pub trait Wrap<S>: Clone {
     /// Calls `inner` with `call`, doing this layer's work around the call
-    /// and its future.
-    fn around<Req: CsiRequest, S: WrapInner<Req>>(
-        &self,
-        inner: &mut S,
-        call: CsiCall<Req>,
-    ) -> CsiFuture<Req::Output>;
+    /// and its future, or passing the call straight on
+    /// ([`Either::Left`](futures::future::Either::Left)) when there is no
+    /// work to do for it.
+    fn around<Req: CsiRequest>(&self, inner: &mut S, call: CsiCall<Req>) -> WrapFuture<S, Req>
+    where
+        S: WrapInner<Req>;
 
     /// Around `inner`, or passing calls straight through when `on` is false
     /// (the server keeps every built-in layer in one type this way).
-    fn switched<S>(&self, inner: S, on: bool) -> Wrapped<Self, S> {
-        Wrapped {
-            wrap: self.clone(),
-            inner,
-            on,
-        }
+    fn switched(&self, inner: S, on: bool) -> Wrapped<Self, S> {
+        Wrapped::new(self.clone(), inner, on)
     }
 }
 
+/// The future of [`Wrap::around`]: the service below's own, its error
+/// converted, or the layer's boxed one.
+pub type WrapFuture<S, Req> = Either<
+    ErrInto<<S as Service<CsiCall<Req>>>::Future, CsiError>,
+    CsiFuture<<Req as CsiRequest>::Output>,
+>;
+
 /// The service of a [`Wrap`] layer ([`Tracing`](super::Tracing),
-/// [`CatchPanic`](super::CatchPanic), and `Metrics` with feature `metrics`).
+/// [`CatchPanic`](super::CatchPanic), [`Locking`](super::Locking), and
+/// `Metrics` with feature `metrics`).
 #[derive(Debug, Clone)]
 pub struct Wrapped<W, S> {
     wrap: W,
@@ -58,10 +65,17 @@ pub struct Wrapped<W, S> {
     on: bool,
 }
 
-impl<W: Wrap, S: WrapInner<Req>, Req: CsiRequest> Service<CsiCall<Req>> for Wrapped<W, S> {
+impl<W, S> Wrapped<W, S> {
+    /// `wrap` around `inner`; with `on` false, calls pass straight through.
+    pub(crate) fn new(wrap: W, inner: S, on: bool) -> Self {
+        Self { wrap, inner, on }
+    }
+}
+
+impl<W: Wrap<S>, S: WrapInner<Req>, Req: CsiRequest> Service<CsiCall<Req>> for Wrapped<W, S> {
     type Response = Req::Output;
     type Error = CsiError;
-    type Future = PassOr<S::Future, CsiFuture<Req::Output>>;
+    type Future = WrapFuture<S, Req>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), CsiError>> {
         self.inner.poll_ready(cx).map_err(Into::into)
@@ -71,6 +85,6 @@ impl<W: Wrap, S: WrapInner<Req>, Req: CsiRequest> Service<CsiCall<Req>> for Wrap
         if !self.on {
             return Either::Left(self.inner.call(call).err_into());
         }
-        Either::Right(self.wrap.around(&mut self.inner, call))
+        self.wrap.around(&mut self.inner, call)
     }
 }

@@ -6,19 +6,12 @@ use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use nix::errno::Errno;
 use nix::mount::MsFlags;
 
+use crate::mount_attr;
+
 const OPEN_TREE_CLONE: libc::c_uint = 1;
 const AT_RECURSIVE: libc::c_uint = 0x8000;
 const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x04;
 const MOVE_MOUNT_T_EMPTY_PATH: libc::c_uint = 0x40;
-const MOUNT_ATTR_RDONLY: u64 = 0x01;
-const MOUNT_ATTR_NOSUID: u64 = 0x02;
-const MOUNT_ATTR_NODEV: u64 = 0x04;
-const MOUNT_ATTR_NOEXEC: u64 = 0x08;
-const MOUNT_ATTR_ATIME_MASK: u64 = 0x70;
-const MOUNT_ATTR_RELATIME: u64 = 0x00;
-const MOUNT_ATTR_NOATIME: u64 = 0x10;
-const MOUNT_ATTR_STRICTATIME: u64 = 0x20;
-const MOUNT_ATTR_NODIRATIME: u64 = 0x80;
 
 /// `struct mount_attr` (version 0, 32 bytes).
 #[repr(C)]
@@ -41,11 +34,11 @@ pub(super) fn attr_for(flags: MsFlags) -> MountAttr {
         userns_fd: 0,
     };
     for (ms, a) in [
-        (MsFlags::MS_RDONLY, MOUNT_ATTR_RDONLY),
-        (MsFlags::MS_NOSUID, MOUNT_ATTR_NOSUID),
-        (MsFlags::MS_NODEV, MOUNT_ATTR_NODEV),
-        (MsFlags::MS_NOEXEC, MOUNT_ATTR_NOEXEC),
-        (MsFlags::MS_NODIRATIME, MOUNT_ATTR_NODIRATIME),
+        (MsFlags::MS_RDONLY, mount_attr::RDONLY),
+        (MsFlags::MS_NOSUID, mount_attr::NOSUID),
+        (MsFlags::MS_NODEV, mount_attr::NODEV),
+        (MsFlags::MS_NOEXEC, mount_attr::NOEXEC),
+        (MsFlags::MS_NODIRATIME, mount_attr::NODIRATIME),
     ] {
         if flags.contains(ms) {
             attr.attr_set |= a;
@@ -53,12 +46,12 @@ pub(super) fn attr_for(flags: MsFlags) -> MountAttr {
     }
     // One atime mode at a time: clear the field, set the first given.
     for (ms, a) in [
-        (MsFlags::MS_NOATIME, MOUNT_ATTR_NOATIME),
-        (MsFlags::MS_STRICTATIME, MOUNT_ATTR_STRICTATIME),
-        (MsFlags::MS_RELATIME, MOUNT_ATTR_RELATIME),
+        (MsFlags::MS_NOATIME, mount_attr::NOATIME),
+        (MsFlags::MS_STRICTATIME, mount_attr::STRICTATIME),
+        (MsFlags::MS_RELATIME, mount_attr::RELATIME),
     ] {
         if flags.contains(ms) {
-            attr.attr_clr |= MOUNT_ATTR_ATIME_MASK;
+            attr.attr_clr |= mount_attr::ATIME_MASK;
             attr.attr_set |= a;
             break;
         }
