@@ -53,7 +53,14 @@ impl Driver {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let endpoint = format!("unix://{}", sock.display());
-        let client = CsiClient::connect(&endpoint).await.unwrap();
+        // Under load the socket can show a moment before it accepts.
+        let client = loop {
+            match CsiClient::connect(&endpoint).await {
+                Ok(client) => break client,
+                Err(e) => assert!(Instant::now() < deadline, "--mode {mode}: {e}"),
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
         Driver {
             child,
             dir: dir.to_owned(),
