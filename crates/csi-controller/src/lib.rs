@@ -24,7 +24,9 @@
 //!   another replica resumes the one volume instead of making a second;
 //!   what the provider is still making (a volume, an attach) is polled
 //!   with backoff until ready, within the call's deadline
-//!   ([`Deadline`], from `grpc-timeout`).
+//!   ([`Deadline`], from `grpc-timeout`). What the service needs of a
+//!   volume that a provider does not keep (access type, parameters, clone
+//!   source) rides with it in a field the provider stores ([`VolumeNotes`]).
 //!
 //! Optional abilities are sub-traits the backend hands out
 //! ([`SnapshotBackend`], [`ExpandBackend`], [`ModifyBackend`],
@@ -103,6 +105,7 @@ mod group;
 mod ids;
 mod list;
 mod modify;
+mod notes;
 mod offers;
 mod publish;
 mod records;
@@ -127,6 +130,7 @@ pub use files::{
     grow_file, internal, io_failure, remove_path,
 };
 pub use ids::IdKind;
+pub use notes::VolumeNotes;
 pub use records::{
     Attached, GroupSnapshotRecord, LEGACY_STATE, SnapshotRecord, Tables, VolumeRecord,
     import_state_file,

@@ -48,7 +48,10 @@
 //! - an image file, attached as a loop device;
 //! - a block device the controller attached, by path or stable name
 //!   ([`device_by_name`]), waited for through mount-utils' `BlockDevices`
-//!   seam, formatted only when it holds no filesystem, never reformatted;
+//!   seam, formatted only when it holds no filesystem, never reformatted
+//!   ([`AttachedDevices`] is the whole backend of a driver whose controller
+//!   attaches disks, and [`NodeHost`] with [`NodeService::builder_on`] its
+//!   setup on the host's mounts, programs and devices);
 //! - a filesystem mounted by type, source and options ([`FilesystemSource`]:
 //!   NFS, SMB, CephFS, FUSE, tmpfs), its secret options taken from the
 //!   NodeStage secrets for the mount call only, mounted in a directory only
@@ -149,7 +152,9 @@
 //! volumes.unpublish(&unpublish).unwrap();
 //! assert!(!target.exists());
 //! ```
+mod attached;
 mod error;
+mod host;
 pub mod observe;
 mod record;
 pub mod rules;
@@ -159,7 +164,9 @@ mod service;
 pub mod testing;
 mod volumes;
 
+pub use attached::AttachedDevices;
 pub use error::NodeError;
+pub use host::NodeHost;
 pub use record::{
     AccessKind, Capability, Device, FilesystemSource, MountFlags, NodeVolumeRecord, PublishRecord,
     PublishState, StageRecord, StageState, VolumeSource,

@@ -195,15 +195,8 @@ impl<D: NodeBackend> NodeServiceBuilder<D> {
     /// Opens the record in csi-store files under `dir` (created if absent);
     /// filesystem volumes are mounted in `dir/mounts` first unless
     /// [`NodeVolumesBuilder::private_mounts`] said otherwise.
-    pub fn open_in(mut self, dir: &Path) -> Result<NodeService<D>, NodeError> {
-        if !self.volumes.has_private_mounts() {
-            self.volumes = self.volumes.private_mounts(dir.join("mounts"));
-        }
-        let store = FileStore::open(dir).map_err(|e| NodeError::Store {
-            full: e.is_no_space(),
-            reason: format!("{}: {e}", dir.display()),
-        })?;
-        self.open(Arc::new(store))
+    pub fn open_in(self, dir: &Path) -> Result<NodeService<D>, NodeError> {
+        self.open_on(Arc::new(csi_store::RealFs), dir)
     }
 
     /// Opens the record in the driver's own `store` when the controller

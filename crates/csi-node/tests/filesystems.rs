@@ -251,9 +251,12 @@ async fn a_tmpfs_volume_is_staged_published_and_cleaned_up() {
     let node = w.node(Tmpfs);
     let (staging, target) = (w.path("staging"), w.path("pod"));
     let c = cap(false, Mode::SingleNodeWriter, &[]);
-    node.node_stage_volume(&ctx(), stage_req("t1", &staging, c.clone()))
-        .await
-        .unwrap();
+    // The CO passes the NodeStage secrets to every driver: a tmpfs has no
+    // use for them, and they reach no record or log either.
+    let mut stage = stage_req("t1", &staging, c.clone());
+    stage.secrets.insert("password".into(), SECRET.into());
+    node.node_stage_volume(&ctx(), stage).await.unwrap();
+    assert_no_secret("the records", &w.records_text());
     let staged = w.host.mounts_at(&staging);
     assert_eq!(staged.len(), 1);
     assert_eq!(staged[0].fs_type, "tmpfs");
@@ -293,6 +296,8 @@ async fn a_tmpfs_volume_is_staged_published_and_cleaned_up() {
         .unwrap();
     assert!(w.leftovers().is_empty() && node.volumes().records().is_empty());
     assert!(!staging.exists() || std::fs::read_dir(&staging).unwrap().next().is_none());
+    let logged = String::from_utf8_lossy(&logs().lock().unwrap()).into_owned();
+    assert_no_secret("the logs", &logged);
 }
 
 /// The record as a crash left it: the intent saved, then the process died

@@ -90,16 +90,7 @@ async fn a_controller_killed_during_creates_leaves_one_volume_per_name() {
         want,
         "exactly one volume per name"
     );
-    let files: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .collect();
-    assert!(
-        files
-            .iter()
-            .all(|f| f.to_string_lossy().starts_with("controller.")),
-        "the controller keeps no state: {files:?}"
-    );
+    assert_keeps_no_state(&dir);
     for id in ids.values() {
         let req = DeleteVolumeRequest {
             volume_id: id.clone(),
@@ -110,6 +101,20 @@ async fn a_controller_killed_during_creates_leaves_one_volume_per_name() {
     assert!(provider.volume_names().await.is_empty());
     controller.kill();
     provider.stop();
+}
+
+/// The controller wrote nothing but its logs into `dir`.
+fn assert_keeps_no_state(dir: &Path) {
+    let files: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(
+        files
+            .iter()
+            .all(|f| f.to_string_lossy().starts_with("controller.")),
+        "the controller keeps no state: {files:?}"
+    );
 }
 
 /// Creates a volume and attaches it to the node: (volume, publish context).
@@ -359,9 +364,12 @@ async fn a_provider_refusing_the_token_or_answering_garbage_gets_a_clear_error()
     assert!(e.message().contains("401"), "{}", e.message());
     assert!(!e.message().contains("not-the-token"));
     assert!(!controller.log("controller").contains("not-the-token"));
+    assert!(provider.volume_names().await.is_empty(), "nothing made");
+    assert_keeps_no_state(&dir);
     drop(controller);
 
-    let controller = Driver::controller(&scratch.path().join("garbage"), &provider).await;
+    let dir = scratch.path().join("garbage");
+    let controller = Driver::controller(&dir, &provider).await;
     provider.set_faults(r#"{"garbage_next": 1000}"#);
     let e = controller
         .client
@@ -372,6 +380,7 @@ async fn a_provider_refusing_the_token_or_answering_garbage_gets_a_clear_error()
     assert!(e.message().contains("could not be read"), "{}", e.message());
     provider.set_faults("{}");
     assert!(provider.volume_names().await.is_empty(), "nothing recorded");
+    assert_keeps_no_state(&dir);
     drop(controller);
     provider.stop();
 }

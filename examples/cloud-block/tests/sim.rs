@@ -13,9 +13,10 @@ use std::sync::Arc;
 use clap::Parser;
 use cloud_block::api::{ActionStatus, CreateVolumeRequest};
 use cloud_block::client::{ProviderClient, SIM_ACTION_CALLS, SimProvider};
-use cloud_block::driver::{CloudController, Flags, NodeHost, controller_config, node_on};
+use cloud_block::driver::{CloudController, Flags, controller_config, node_on};
 use csi_controller::ControllerService;
 use csi_driver::clock::FakeClock;
+use csi_node::NodeHost;
 use csi_proto::v1::volume_capability::access_mode::Mode;
 use csi_sim::targets::{Declared, NODE_ID, assert_survives, workloads_for};
 use csi_sim::{DataView, Services, SimExec, SimFsTools, SimMounter, SimRunner, Started, World};
@@ -43,10 +44,9 @@ fn cloud(world: &World) -> Result<Services, String> {
     let resize = ResizeFs::new(exec.clone()).with_device_size_fn(move |d| tools.device_size(d));
     let devices: Arc<dyn BlockDevices> = world.block_devices().clone();
     let host = NodeHost {
-        mounter,
-        exec,
         devices: Some(devices),
         resize,
+        ..NodeHost::new(mounter, exec)
     };
     let device_dir = provider.device_dir().display().to_string();
     let flags = Flags::parse_from([

@@ -4,10 +4,17 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use cloud_block::driver::{Flags, run};
+use csi_server::flags::{Allocator, driver_runtime, run_to_exit};
 
-#[tokio::main]
-async fn main() -> ExitCode {
+// Only a program can choose its allocator (csi_server::flags::Allocator
+// says why this one).
+#[global_allocator]
+static ALLOCATOR: Allocator = Allocator;
+
+/// The runtime every csi-kit driver runs on: the async part (gRPC, the
+/// provider's HTTP client) on one thread, blocking work on a small pool.
+fn main() -> ExitCode {
     let flags = Flags::parse();
     csi_server::init_tracing(&flags.common.log);
-    csi_server::flags::exit_code("cloud-block", run(flags).await)
+    run_to_exit("cloud-block", driver_runtime(), run(flags))
 }

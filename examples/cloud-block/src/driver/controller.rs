@@ -1,6 +1,7 @@
 //! The controller half: a [`ControllerBackend`] over [`ProviderClient`]. The provider is the
 //! source of truth: what csi-controller needs to know of a volume beyond the provider's own
-//! fields (its access type and CreateVolume parameters) rides in the volume's description.
+//! fields (its access type and CreateVolume parameters) rides in the volume's description
+//! ([`VolumeNotes`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -9,10 +10,9 @@ use std::time::UNIX_EPOCH;
 use csi_controller::{
     Access, AttachBackend, AttachState, BackendResult, ContentSource, ControllerBackend,
     ExpandBackend, ProviderPage, ProviderSnapshot, ProviderVolume, SnapshotBackend, SnapshotRecord,
-    VolumeCatalog, VolumeRecord,
+    VolumeCatalog, VolumeNotes, VolumeRecord,
 };
 use csi_driver::async_trait;
-use serde::{Deserialize, Serialize};
 
 use super::{ACCESS_KEY, DEVICE_KEY, TOPOLOGY_KEY};
 use crate::api::{self, ActionKind, ActionStatus, GIB, PageRequest, SnapshotFilter, VolumeFilter};
@@ -23,15 +23,6 @@ const BLOCK_TAG: &str = "csi-kit:block";
 
 /// A page of the provider's volumes or snapshots.
 type Listed<T> = BackendResult<ProviderPage<T>>;
-
-/// What a volume's description holds.
-#[derive(Debug, Default, Serialize, Deserialize)]
-struct Meta {
-    block: bool,
-    parameters: BTreeMap<String, String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    clone_of: Option<String>,
-}
 
 /// The controller's backend: volumes are made in `region` through `client`.
 pub struct CloudController {
@@ -47,20 +38,10 @@ fn access(block: bool) -> Access {
 
 fn volume_view(v: api::Volume) -> ProviderVolume {
     // A volume this driver did not make reads as a mount volume.
-    let meta: Meta = serde_json::from_str(&v.description).unwrap_or_default();
-    let record = VolumeRecord {
-        capacity_bytes: i64::try_from(v.size_bytes()).unwrap_or(i64::MAX),
-        access: access(meta.block),
-        source: (v.snapshot_id.map(ContentSource::Snapshot))
-            .or(meta.clone_of.map(ContentSource::Volume)),
-        parameters: meta.parameters,
-        mutable_parameters: BTreeMap::new(),
-        topology: BTreeMap::from([(TOPOLOGY_KEY.to_owned(), v.region)]),
-        request: Vec::new(),
-        ephemeral: false,
-        id: v.id,
-        name: v.name,
-    };
+    let notes = VolumeNotes::from_text(&v.description);
+    let size = i64::try_from(v.size_bytes()).unwrap_or(i64::MAX);
+    let mut record = notes.record(v.id, v.name, size, v.snapshot_id);
+    record.topology = BTreeMap::from([(TOPOLOGY_KEY.to_owned(), v.region)]);
     // The provider has no read-only attachments.
     let attached = v.node_ids.into_iter().map(|n| (n, false)).collect();
     ProviderVolume {
@@ -109,28 +90,21 @@ fn first() -> PageRequest {
 #[async_trait]
 impl ControllerBackend for CloudController {
     async fn create_volume(&self, volume: &mut VolumeRecord) -> BackendResult<()> {
-        let (snapshot_id, clone_of) = match &volume.source {
-            Some(ContentSource::Snapshot(id)) => (Some(id.clone()), None),
-            Some(ContentSource::Volume(id)) => (None, Some(id.clone())),
-            None => (None, None),
+        let snapshot_id = match &volume.source {
+            Some(ContentSource::Snapshot(id)) => Some(id.clone()),
+            _ => None,
         };
         let tags = (volume.parameters.get("tags").into_iter())
             .flat_map(|t| t.split(',').map(str::trim).filter(|t| !t.is_empty()))
             .map(str::to_owned);
-        let (block, parameters) = (volume.access == Access::Block, volume.parameters.clone());
-        let meta = Meta {
-            block,
-            parameters,
-            clone_of: clone_of.clone(),
-        };
-        let description = serde_json::to_string(&meta).unwrap_or_default();
+        let notes = VolumeNotes::of(volume);
         let req = api::CreateVolumeRequest {
             name: volume.name.clone(),
             size_gigabytes: gigabytes(volume.capacity_bytes),
             region: Some(self.region.clone()),
-            description,
+            description: notes.to_text(),
             snapshot_id,
-            source_volume_id: clone_of,
+            source_volume_id: notes.clone_of,
             tags: tags.collect(),
         };
         let made = self.client.create_volume(&req).await;

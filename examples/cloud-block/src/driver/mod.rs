@@ -1,5 +1,5 @@
 //! The `cloud-block` CSI driver: `ControllerService` over the provider's API ([`CloudController`]),
-//! `NodeService` over the devices it attaches ([`CloudNode`]). The halves share only what the CO
+//! `NodeService` over the devices it attaches ([`devices`]). The halves share only what the CO
 //! carries, so they run apart (`--mode controller`, `--mode node`) or together (`--mode both`).
 
 mod controller;
@@ -11,14 +11,11 @@ use std::sync::Arc;
 use clap::Parser;
 use csi_controller::{Config, ControllerService};
 use csi_driver::{Capabilities, NodeRpc, PluginService, VolumeExpansion};
-use csi_node::{NodeInfo, NodeService, NodeServiceBuilder};
+use csi_node::{AttachedDevices, NodeHost, NodeInfo, NodeService, NodeServiceBuilder};
 use csi_server::{ServeMode, flags::DriverFlags};
-use csi_store::FileStore;
-use mount_utils::{
-    BlockDevices, Exec, LinuxMounter, Mounter, ResizeFs, SafeFormatAndMount, SystemExec,
-};
+use mount_utils::{LinuxMounter, SystemExec};
 
-pub use {controller::CloudController, node::CloudNode};
+pub use {controller::CloudController, node::devices};
 
 use crate::{api::GIB, client::HttpProvider, token::TOKEN_ENV, token::Token};
 
@@ -91,63 +88,27 @@ pub fn controller_config(region: &str) -> Config {
     config
 }
 
-/// What the node runs on: the host's mounts, programs and devices, or a
-/// simulation's.
-pub struct NodeHost {
-    /// Mounts.
-    pub mounter: Arc<dyn Mounter>,
-    /// mkfs, fsck and resize.
-    pub exec: Arc<dyn Exec>,
-    /// Attached devices (`None`: the host's).
-    pub devices: Option<Arc<dyn BlockDevices>>,
-    /// Grows filesystems.
-    pub resize: ResizeFs,
-}
-
 /// The node service on the host's devices and mounts; its effects are
 /// crash points in test builds (crash-points, armed).
-pub fn node(flags: &Flags) -> Result<NodeService<CloudNode>, String> {
+pub fn node(flags: &Flags) -> Result<NodeService<AttachedDevices>, String> {
     let mounter = crash_points::mounter(Arc::new(LinuxMounter::new()));
-    let exec = crash_points::exec(Arc::new(SystemExec::new()));
-    let resize = ResizeFs::new(exec.clone());
-    let host = NodeHost {
-        mounter,
-        exec,
-        devices: None,
-        resize,
-    };
-    let dir = &flags.statedir;
-    let store_error = |e: &dyn std::fmt::Display| format!("--statedir {}: {e}", dir.display());
+    let host = NodeHost::new(mounter, crash_points::exec(Arc::new(SystemExec::new())));
     let fs = crash_points::file_system(Arc::new(csi_store::RealFs));
-    let store = FileStore::open_on(fs, dir).map_err(|e| store_error(&e))?;
-    let node = node_on(flags, host)
-        .volumes(|v| v.private_mounts(dir.join("mounts")))
-        .open(Arc::new(store))
-        .map_err(|e| store_error(&e))?;
+    let node = node_on(flags, host).open_on(fs, &flags.statedir);
+    let node = node.map_err(|e| format!("--statedir: {e}"))?;
     node.restore();
     Ok(node)
 }
 
 /// The node service as `flags` say, on `host`, to be opened on its state.
-pub fn node_on(flags: &Flags, host: NodeHost) -> NodeServiceBuilder<CloudNode> {
+pub fn node_on(flags: &Flags, host: NodeHost) -> NodeServiceBuilder<AttachedDevices> {
     let info = NodeInfo::new(flags.common.node_id())
         .max_volumes(flags.max_volumes_per_node)
         .topology(TOPOLOGY_KEY, flags.region.clone());
-    let formatter = SafeFormatAndMount::new(host.mounter.clone(), host.exec);
     let timeout = std::time::Duration::from_secs(flags.device_timeout_secs);
-    let backend = Arc::new(CloudNode(flags.device_dir.clone()));
-    NodeService::builder(backend, info, host.mounter)
-        .volumes(|v| {
-            let v = v
-                .device_timeout(timeout)
-                .filesystem_mount(Arc::new(formatter))
-                .single_node_multi_writer(true);
-            match host.devices {
-                Some(devices) => v.block_devices(devices),
-                None => v,
-            }
-        })
-        .resize_filesystems(host.resize)
+    let backend = Arc::new(node::devices(flags.device_dir.clone()));
+    NodeService::builder_on(backend, info, host)
+        .volumes(|v| v.device_timeout(timeout).single_node_multi_writer(true))
 }
 
 /// Serves what `--mode` says until SIGTERM or SIGINT.

@@ -43,17 +43,32 @@ impl Driver {
             .stdout(Stdio::null())
             .stderr(log);
         let mut child = cmd.spawn().unwrap();
+        // A start that fails kills the process, so none is left running.
         let deadline = Instant::now() + Duration::from_secs(20);
         while !sock.exists() {
             if let Some(status) = child.try_wait().unwrap() {
                 let log = std::fs::read_to_string(dir.join(format!("{mode}.log"))).unwrap();
                 panic!("cloud-block --mode {mode} exited with {status}:\n{log}");
             }
-            assert!(Instant::now() < deadline, "no socket from --mode {mode}");
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                panic!("no socket from --mode {mode}");
+            }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let endpoint = format!("unix://{}", sock.display());
-        let client = CsiClient::connect(&endpoint).await.unwrap();
+        // Under load the socket can show a moment before it accepts.
+        let client = loop {
+            match CsiClient::connect(&endpoint).await {
+                Ok(client) => break client,
+                Err(e) if Instant::now() >= deadline => {
+                    let _ = child.kill();
+                    panic!("--mode {mode}: {e}");
+                }
+                Err(_) => {}
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
         Driver {
             child,
             dir: dir.to_owned(),
