@@ -1,4 +1,4 @@
-//! The real-kernel crash companion (issue 22): cloud-block (`--mode both`)
+//! The real-kernel crash companion: cloud-block (`--mode both`)
 //! killed with SIGKILL right before each step of each workload it serves
 //! (and right after each call's last step): a provider call that changes
 //! the cloud, the node's mkfs, mounts and records. `cloud-provider` runs
