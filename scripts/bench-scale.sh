@@ -5,6 +5,8 @@
 #   - restart: SIGKILL with N volumes staged and published, start again, and
 #     time until Probe is ready and a published volume's stats answer;
 #   - restart with many volumes, none staged;
+#   (each restart follows a `sync`, so it does not wait on the writeback of
+#   the volumes the script has just made)
 #   - per-operation cost (CreateVolume+DeleteVolume, one worker) with few and
 #     with many volumes already there;
 #   - peak RSS per 1,000 published volumes.
@@ -138,6 +140,11 @@ restart() {
   local idle; idle=$(hwm)
   populate "$drv" "$dir" 1 "$n" "$stage"
   local peak; peak=$(hwm)
+  # Write back the volumes just made before the kill, for both drivers
+  # alike: otherwise the restart measures the writeback of this script's
+  # own creations (a busy node's restart is not preceded by thousands of
+  # them in the last second).
+  sync
   kill -9 "$pid"; wait "$pid" 2>/dev/null || true
   local vol="" path=""
   if [ "$n" -gt 0 ] && [ "$stage" = 1 ]; then vol=$(cat "$dir/ids/$n"); path=$dir/mnt/$n; fi

@@ -215,16 +215,31 @@ pub fn facts_of<'a>(
 /// How `path` appears in mountinfo: its parent with symlinks resolved (the
 /// kernel reports resolved paths), its last component as given.
 pub fn resolve(path: &Path) -> PathBuf {
+    resolve_with(path, resolve_dir)
+}
+
+/// [`resolve`], with the parent's resolved form from `dir` (which a
+/// caller asking about many paths in a few directories can remember).
+pub(crate) fn resolve_with(path: &Path, dir: impl FnOnce(&Path) -> Option<PathBuf>) -> PathBuf {
     let path = normalize(path);
     match (path.parent(), path.file_name()) {
-        // A parent reached without a symlink is its own canonical form: one
-        // openat2 instead of realpath's readlink per component.
-        (Some(parent), Some(_)) if mount_utils::nofollow::open(parent).is_ok() => path,
-        (Some(parent), Some(name)) => std::fs::canonicalize(parent)
-            .map(|p| p.join(name))
-            .unwrap_or(path),
+        (Some(parent), Some(name)) => match dir(parent) {
+            Some(p) if p == parent => path,
+            Some(p) => p.join(name),
+            None => path,
+        },
         _ => path,
     }
+}
+
+/// A directory with symlinks resolved (`None` when it cannot be).
+pub(crate) fn resolve_dir(dir: &Path) -> Option<PathBuf> {
+    // A directory reached without a symlink is its own canonical form:
+    // one openat2 instead of realpath's readlink per component.
+    if mount_utils::nofollow::open(dir).is_ok() {
+        return Some(dir.to_owned());
+    }
+    std::fs::canonicalize(dir).ok()
 }
 
 /// Lexical normalisation: drops `.` and trailing `/`, resolves `..`.

@@ -235,3 +235,28 @@ fn calls_on_a_volume_not_yet_restored_are_aborted_and_others_served() {
     node.unpublish(&unpublish(id, target)).unwrap();
     node.unpublish(&unpublish("new", &elsewhere)).unwrap();
 }
+
+#[test]
+fn a_restart_that_finds_everything_in_place_asks_where_each_volume_is_once() {
+    let host = FakeHost::new();
+    let busy = Busy::new(&host);
+    let asked = Arc::new(AtomicUsize::new(0));
+    let (inner, counter) = (locator(busy.dir.path()), asked.clone());
+    let counting = move |id: &str| {
+        counter.fetch_add(1, Ordering::SeqCst);
+        inner.source(id)
+    };
+    let node = NodeVolumes::builder(
+        host.mounter(),
+        Arc::new(busy.store.clone()),
+        Arc::new(counting),
+    )
+    .loop_devices(host.loops())
+    .open()
+    .unwrap();
+    let before = asked.load(Ordering::SeqCst);
+    let report = node.restore();
+    assert_eq!(report.healthy.len(), busy.volumes.len(), "{report:?}");
+    // Its stage and its publication share what identifies its mounts.
+    assert_eq!(asked.load(Ordering::SeqCst) - before, busy.volumes.len());
+}

@@ -25,7 +25,7 @@
 //! for records too big for it, a put `fdatasync`s the file and syncs the
 //! directory itself (the directory sync shared, see [`crate::group`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::ffi::{OsStr, OsString};
 use std::io;
 use std::path::{Path, PathBuf};
@@ -88,6 +88,9 @@ struct Inner {
     /// `None` on tmpfs/ramfs, or when there was no room to create it.
     journal: Option<Journal>,
     journal_replayed: journal::Replayed,
+    /// What the replay left in record files, by table, until the table's
+    /// first scan takes it (the first change forgets it all).
+    replayed_files: Mutex<HashMap<String, HashMap<OsString, Vec<u8>>>>,
     /// False on tmpfs/ramfs, where fsync is a no-op: skipping it there
     /// saves the group commit's coordination, not durability.
     syncs: bool,
@@ -245,7 +248,7 @@ impl FileStore {
         if temps_removed > 0 {
             tracing::info!(dir = %dir.display(), files = temps_removed, "removed temporary files of interrupted writes");
         }
-        let (journal, journal_replayed) = if syncs {
+        let (journal, mut journal_replayed) = if syncs {
             match Journal::open(&fs, &dir, &tables_dir) {
                 Ok(Some((j, r))) => {
                     if r.files_fixed > 0 {
@@ -277,6 +280,7 @@ impl FileStore {
         } else {
             (None, journal::Replayed::default())
         };
+        let replayed_files = Mutex::new(std::mem::take(&mut journal_replayed.files));
         Ok(FileStore {
             inner: Arc::new(Inner {
                 fs,
@@ -293,6 +297,7 @@ impl FileStore {
                 temps_removed,
                 journal,
                 journal_replayed,
+                replayed_files,
                 syncs,
                 _lock: lock,
             }),
@@ -338,6 +343,21 @@ impl FileStore {
             quarantined: i.quarantined.load(Ordering::Relaxed),
             temps_removed_at_open: i.temps_removed,
         }
+    }
+
+    /// Forgets what the replay left in the record files, before one is
+    /// changed: it serves the scans made at open, until the first change
+    /// (so it never outlives the start, nor answers for a changed file).
+    fn forget_replayed(&self) {
+        let mut replayed = self.replayed();
+        if !replayed.is_empty() {
+            *replayed = HashMap::new();
+        }
+    }
+
+    fn replayed(&self) -> MutexGuard<'_, HashMap<String, HashMap<OsString, Vec<u8>>>> {
+        let replayed = &self.inner.replayed_files;
+        replayed.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// A fresh temporary file name (removed at open if left behind).
@@ -449,6 +469,7 @@ impl FileStore {
         expected: Option<&[u8]>,
         reason: String,
     ) -> Option<Quarantined> {
+        self.forget_replayed();
         let src = td.path.join(name);
         let fs = &*self.inner.fs;
         if let Some(expected) = expected {
@@ -533,6 +554,8 @@ impl RecordStore for FileStore {
             }
         };
         let contents = format::encode(key, codec, bytes);
+        let name = OsString::from(file_name(key));
+        self.forget_replayed();
         let (file, tmp_path) = td
             .scratch_file(|| self.temporary_name())
             .map_err(|e| err("creating", &td.path, e))?;
@@ -544,7 +567,6 @@ impl RecordStore for FileStore {
         file.write_all_at(&contents, 0)
             .and_then(|()| file.set_len(contents.len() as u64))
             .map_err(|e| err("writing", tmp_path, e))?;
-        let name = OsString::from(file_name(key));
         let journal = self.inner.journal.as_ref();
         let journaled = journal.is_some() && journal::journaled(table, &name, contents.len());
         if self.inner.syncs && !journaled {
@@ -627,6 +649,7 @@ impl RecordStore for FileStore {
             return Ok(false);
         };
         let name = OsString::from(file_name(key));
+        self.forget_replayed();
         let path = td.path.join(&name);
         let unlink = || td.retire(&name, || self.temporary_name());
         if let Some(j) = &self.inner.journal {
@@ -655,6 +678,9 @@ impl RecordStore for FileStore {
             return Ok(RawScan::default());
         };
         let mut scan = RawScan::default();
+        // Taken before listing: a file changed after this was forgotten
+        // from it first, so what is left is what the files hold.
+        let mut replayed = self.replayed().remove(table).unwrap_or_default();
         let entries = (self.inner.fs)
             .read_dir(&td.path)
             .map_err(|e| StoreError::io("listing", &td.path, e))?;
@@ -673,7 +699,11 @@ impl RecordStore for FileStore {
                 NameKind::Hashed => None,
             };
             let name = os_name.to_str().expect("classified names are UTF-8");
-            let bytes = match read_record_in(&td, &os_name) {
+            let read = match replayed.remove(&os_name) {
+                Some(bytes) => Ok(bytes),
+                None => read_record_in(&td, &os_name),
+            };
+            let bytes = match read {
                 Ok(b) => b,
                 Err(ReadError::Io(e)) if e.kind() == io::ErrorKind::NotFound => continue,
                 Err(ReadError::Io(e)) => {

@@ -110,10 +110,14 @@ impl State {
 }
 
 /// What `open` found and redid.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Default)]
 pub(crate) struct Replayed {
     pub entries: u64,
     pub files_fixed: u64,
+    /// What each record file the replay compared or wrote now holds, by
+    /// table and file name: the first scan of a table takes these instead
+    /// of reading the files again.
+    pub files: HashMap<String, HashMap<OsString, Vec<u8>>>,
 }
 
 impl Journal {
@@ -165,7 +169,7 @@ impl Journal {
         };
         let mut replayed = Replayed {
             entries: found.entries,
-            files_fixed: 0,
+            ..Replayed::default()
         };
         let mut st = journal.lock();
         // Entries come table by table: each table's directory is opened
@@ -181,7 +185,11 @@ impl Journal {
             if replay_one(&**fs, &table_dir, handle, &name, contents.as_deref())? {
                 replayed.files_fixed += 1;
             }
-            st.mark(table_dir, name, contents.is_some());
+            st.mark(table_dir, name.clone(), contents.is_some());
+            if let Some(bytes) = contents {
+                let files = replayed.files.entry(table).or_default();
+                files.insert(name, bytes);
+            }
         }
         if found.append_safe {
             // The entries stay the record of the files replayed: no file

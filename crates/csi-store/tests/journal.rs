@@ -3,12 +3,15 @@
 //! power loss leaves them) and ignores a torn tail, and on a full ext4
 //! filesystem deletes still work (root only, on a scratch filesystem).
 
+use std::ffi::OsStr;
 use std::fs;
+use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 
-use csi_store::{FileStore, StoreError, Table};
+use csi_store::{DirEntry, FileStore, FileSystem, OpenMode, Opened, RealFs, StoreError, Table};
 use mount_utils::testing::{ScratchFilesystem, in_private_mount_ns};
 
 const JOURNAL_ENTRIES: u64 = 4096;
@@ -265,4 +268,111 @@ fn without_room_for_a_journal_the_store_writes_directly() {
             assert!(s.dir_syncs >= 2, "direct writes sync the directory");
         },
     );
+}
+
+/// The host's filesystem, its opens for reading counted.
+#[derive(Debug, Default)]
+struct CountingReads {
+    reads: AtomicUsize,
+}
+
+impl CountingReads {
+    fn count(&self, mode: OpenMode) {
+        if mode == OpenMode::Read {
+            self.reads.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    fn take(&self) -> usize {
+        self.reads.swap(0, Ordering::SeqCst)
+    }
+}
+
+impl FileSystem for CountingReads {
+    fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Box<dyn csi_store::FsFile>> {
+        self.count(mode);
+        RealFs.open(path, mode)
+    }
+    fn open_in(
+        &self,
+        dir: &dyn csi_store::FsFile,
+        at: &Path,
+        name: &OsStr,
+        mode: OpenMode,
+    ) -> Opened {
+        self.count(mode);
+        RealFs.open_in(dir, at, name, mode)
+    }
+    fn create_dir(&self, path: &Path) -> io::Result<()> {
+        RealFs.create_dir(path)
+    }
+    fn is_dir(&self, path: &Path) -> bool {
+        RealFs.is_dir(path)
+    }
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        RealFs.rename(from, to)
+    }
+    fn exchange(&self, from: &Path, to: &Path) -> io::Result<()> {
+        RealFs.exchange(from, to)
+    }
+    fn remove_file(&self, path: &Path) -> io::Result<()> {
+        RealFs.remove_file(path)
+    }
+    fn read_dir(&self, path: &Path) -> io::Result<Vec<DirEntry>> {
+        RealFs.read_dir(path)
+    }
+    fn in_memory(&self, dir: &Path) -> bool {
+        RealFs.in_memory(dir)
+    }
+}
+
+#[test]
+fn the_first_scan_after_a_replay_reads_no_record_file_twice() {
+    let tmp = tempfile::tempdir().unwrap();
+    let test = "the_first_scan_after_a_replay_reads_no_record_file_twice";
+    let Some(store) = disk_store(tmp.path(), test) else {
+        return;
+    };
+    let t: Table<String> = Table::new(&store, "volumes").unwrap();
+    for i in 0..20 {
+        t.put(&format!("vol-{i}"), &format!("v{i}")).unwrap();
+    }
+    t.delete("vol-4").unwrap();
+    drop((t, store));
+    let want = |store: &FileStore, changed: Option<&str>| {
+        let t: Table<String> = Table::new(store, "volumes").unwrap();
+        let scan = t.scan().unwrap();
+        assert!(scan.quarantined.is_empty(), "{:?}", scan.quarantined);
+        let mut want: Vec<(String, String)> = (0..20)
+            .filter(|i| *i != 4)
+            .map(|i| (format!("vol-{i}"), format!("v{i}")))
+            .collect();
+        if let Some(v) = changed {
+            want.iter_mut().find(|(k, _)| k == "vol-3").unwrap().1 = v.into();
+        }
+        want.sort();
+        assert_eq!(scan.records, want);
+    };
+
+    let fs = Arc::new(CountingReads::default());
+    let store = FileStore::open_on(fs.clone(), tmp.path().join("state")).unwrap();
+    assert_eq!(store.stats().journal_replayed_at_open, 21);
+    assert_eq!(
+        fs.take(),
+        19,
+        "the replay compares each file the journal names"
+    );
+    want(&store, None);
+    assert_eq!(fs.take(), 0, "the scan takes what the replay read");
+    want(&store, None);
+    assert_eq!(fs.take(), 19, "later scans read the files");
+    drop(store);
+
+    // A change after open: the scan reads the files, and sees the change.
+    let store = FileStore::open_on(fs.clone(), tmp.path().join("state")).unwrap();
+    fs.take();
+    let t: Table<String> = Table::new(&store, "volumes").unwrap();
+    t.put("vol-3", &"rewritten".to_string()).unwrap();
+    fs.take();
+    want(&store, Some("rewritten"));
+    assert_eq!(fs.take(), 19);
 }

@@ -248,6 +248,38 @@ pub(crate) fn find_by_id(data: &[u8], id: u32) -> Result<Option<MountInfo>, Pars
     Ok(None)
 }
 
+/// [`find_by_id`] reading `reader` only as far as the line: a proc
+/// mountinfo file formats each mount as it is read, so the lines after
+/// it are never made. Lines cut between reads are put back together.
+pub(crate) fn read_until_id(
+    mut reader: impl std::io::Read,
+    id: u32,
+) -> std::io::Result<Option<MountInfo>> {
+    let mut data = Vec::new();
+    let mut chunk = vec![0u8; 4096];
+    let mut from = 0;
+    loop {
+        let n = match reader.read(&mut chunk) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        data.extend_from_slice(&chunk[..n]);
+        // Whole lines only, unless the file has ended.
+        let end = match (n, data.iter().rposition(|&b| b == b'\n')) {
+            (0, _) => data.len(),
+            (_, Some(last)) if last + 1 > from => last + 1,
+            _ => continue,
+        };
+        let found = find_by_id(&data[from..end], id)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()))?;
+        if found.is_some() || n == 0 {
+            return Ok(found);
+        }
+        from = end;
+    }
+}
+
 fn parse_u32(field: &[u8], name: &'static str) -> Result<u32, ParseErrorKind> {
     std::str::from_utf8(field)
         .ok()
@@ -501,6 +533,66 @@ mod tests {
         assert_eq!(m.device(), crate::block::DeviceNumber::new(7, 3));
         assert!(find_by_id(text, 2).unwrap().is_none());
         assert!(find_by_id(b"5 x", 5).is_err());
+    }
+
+    #[test]
+    fn read_until_id_stops_at_the_line_and_joins_cut_lines() {
+        /// Hands out `text` a few bytes per read, counting the reads.
+        struct Trickle<'a> {
+            text: &'a [u8],
+            step: usize,
+            reads: usize,
+        }
+        impl std::io::Read for Trickle<'_> {
+            fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+                self.reads += 1;
+                let n = self.step.min(buf.len()).min(self.text.len());
+                buf[..n].copy_from_slice(&self.text[..n]);
+                self.text = &self.text[n..];
+                Ok(n)
+            }
+        }
+        let mut text = b"1 0 0:1 / / rw - rootfs rootfs rw\n".to_vec();
+        for i in 2..200 {
+            text.extend_from_slice(
+                format!("{i} 1 7:{i} / /m/{i} rw - ext4 /dev/x rw\n").as_bytes(),
+            );
+        }
+        let expected = parse_mountinfo(&text).unwrap();
+        for step in [1, 5, 40, 4096] {
+            for id in [1, 2, 57, 199] {
+                let mut r = Trickle {
+                    text: &text,
+                    step,
+                    reads: 0,
+                };
+                let found = read_until_id(&mut r, id).unwrap();
+                assert_eq!(found.as_ref(), expected.iter().find(|m| m.mount_id == id));
+                let upto: usize = expected.iter().take_while(|m| m.mount_id != id).count();
+                let needed = text
+                    .split(|&b| b == b'\n')
+                    .take(upto + 1)
+                    .map(|l| l.len() + 1)
+                    .sum::<usize>();
+                assert!(
+                    r.reads <= needed.div_ceil(step) + 1,
+                    "step {step}, id {id}: {} reads",
+                    r.reads
+                );
+            }
+            let mut r = Trickle {
+                text: &text,
+                step,
+                reads: 0,
+            };
+            assert_eq!(read_until_id(&mut r, 500).unwrap(), None, "absent");
+        }
+        let cut = b"1 0 0:1 / / rw - rootfs rootfs rw";
+        assert!(
+            read_until_id(&cut[..], 1).unwrap().is_some(),
+            "a last line without its newline"
+        );
+        assert!(read_until_id(&b"1 x\n"[..], 1).is_err());
     }
 
     #[test]

@@ -221,17 +221,17 @@ fn decode(b: &[u8]) -> Option<Entry> {
 
 /// Whether this kernel's entries equal the table's, checked once per
 /// process on the mount `/` is on (`root_mount`, its unique id) against
-/// its line in `table()`.
+/// its line in the table (`line`, by mount id).
 pub(crate) fn agrees_with_table(
     root_mount: impl FnOnce() -> Option<u64>,
-    table: impl FnOnce() -> Option<Vec<MountInfo>>,
+    line: impl FnOnce(u32) -> Option<MountInfo>,
 ) -> bool {
     static AGREES: OnceLock<bool> = OnceLock::new();
     *AGREES.get_or_init(|| {
         let Some(Ok(Some(e))) = root_mount().map(entry) else {
             return false;
         };
-        let agrees = table().is_some_and(|t| t.contains(&e.info));
+        let agrees = line(e.info.mount_id).is_some_and(|l| l == e.info);
         if !agrees {
             tracing::debug!(entry = ?e.info, "statmount's entry differs from mountinfo's; reading the table instead");
         }

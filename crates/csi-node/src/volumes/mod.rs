@@ -227,6 +227,13 @@ struct Undo {
     recorded: bool,
 }
 
+impl Undo {
+    /// Whether the call has done nothing yet.
+    fn is_empty(&self) -> bool {
+        self.attached.is_none() && self.created.is_none() && !self.mounted && !self.recorded
+    }
+}
+
 impl NodeVolumes {
     /// Starts a builder: `mounter` for the mount table, `store` for the
     /// records (tables [`STAGED_TABLE`] and [`PUBLISHED_TABLE`]), `locator`

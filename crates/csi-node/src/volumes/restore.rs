@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use super::{NodeVolumes, RestoreReport, Snapshot, Undo, View};
 use crate::error::NodeError;
-use crate::observe::PathKind;
+use crate::observe::{Identities, PathKind};
 use crate::record::{
     NodeVolumeRecord, PublishRecord, PublishState, StageRecord, StageState, VolumeSource,
 };
@@ -80,15 +80,19 @@ impl NodeVolumes {
             .collect();
         let refs: Vec<&Path> = paths.iter().map(PathBuf::as_path).collect();
         let _claim = self.claim_to_restore(vol, &refs)?;
+        // The volume's identities, found once for its stage and its
+        // publications while nothing of it changes (a restart without a
+        // reboot), found again after a step changed something.
+        let mut ids = None;
         if let Some(s) = rec.stage.clone().filter(|s| s.state == StageState::Staged) {
-            self.restore_stage(&mut rec, &s, view)?;
+            ids = self.restore_stage(&mut rec, &s, view)?;
         }
         let mut problems = Vec::new();
         for p in rec.publications.clone() {
             if p.state != PublishState::Published {
                 continue;
             }
-            if let Err(e) = self.restore_publication(&rec, &p, view) {
+            if let Err(e) = self.restore_publication(&rec, &p, view, &mut ids) {
                 problems.push(e.to_string());
             }
         }
@@ -98,12 +102,14 @@ impl NodeVolumes {
         }
     }
 
+    /// Puts the stage back; returns the volume's identities when it found
+    /// the stage in place and changed nothing (they still hold).
     pub(super) fn restore_stage(
         &self,
         rec: &mut NodeVolumeRecord,
         s: &StageRecord,
         view: &View<'_>,
-    ) -> Result<(), NodeError> {
+    ) -> Result<Option<Identities>, NodeError> {
         let gone = |what: &str, p: &Path| {
             NodeError::failed_precondition(format!("its {what} {} is gone", p.display()))
         };
@@ -138,22 +144,34 @@ impl NodeVolumes {
             }
         }
         let mut undo = Undo::default();
-        let result = self.stage_effects(rec, view, &ids, here.is_ours(), &options, None, &mut undo);
-        if result.is_ok() && undo.mounted {
+        let before = rec.stage.clone();
+        self.stage_effects(rec, view, &ids, here.is_ours(), &options, None, &mut undo)?;
+        if undo.mounted {
             tracing::info!(volume = %rec.volume_id, path = %s.path.display(), "restored staging mount");
         }
-        result
+        // A block stage mounts nothing: what it may change (a device
+        // attached, the record) shows in `undo` and the record.
+        let in_place = here.is_ours() || s.capability.is_block();
+        let unchanged = in_place && undo.is_empty() && rec.stage == before;
+        Ok(unchanged.then_some(ids))
     }
 
+    /// Puts a publication back; `known` holds the volume's identities when
+    /// nothing changed since they were found, and is emptied by a change.
     pub(super) fn restore_publication(
         &self,
         rec: &NodeVolumeRecord,
         p: &PublishRecord,
         view: &View<'_>,
+        known: &mut Option<Identities>,
     ) -> Result<(), NodeError> {
-        let ids = self.identities(&rec.volume_id, Some(rec), view)?;
+        let ids = match known.take() {
+            Some(ids) => ids,
+            None => self.identities(&rec.volume_id, Some(rec), view)?,
+        };
         let (here, _) = view.facts(&p.target, &ids)?;
         if here.is_ours() {
+            *known = Some(ids);
             return Ok(());
         }
         let block = p.capability.is_block();

@@ -7,7 +7,9 @@ use std::sync::{Mutex, OnceLock};
 use mount_utils::{LoopDevices, MountInfo, MountSource, Mounter};
 
 use crate::error::NodeError;
-use crate::observe::{Identities, PathFacts, bind_within, facts_of, normalize, resolve};
+use crate::observe::{
+    Identities, PathFacts, bind_within, facts_of, normalize, resolve, resolve_dir, resolve_with,
+};
 #[cfg(doc)]
 use crate::observe::{bind_of, mounts_at};
 use crate::record::Device;
@@ -135,6 +137,11 @@ pub(super) struct MountIndex {
     table: Vec<MountInfo>,
     /// Positions in `table`, in table order (bottom first), by mount point.
     by_point: HashMap<PathBuf, Vec<usize>>,
+    /// Directories resolved while asking (`resolve_dir`): a restore asks
+    /// about thousands of paths in a few directories, and resolving each
+    /// one's parent again cost an openat2 and a close per path. The table
+    /// is read once for the same span of time.
+    dirs: Mutex<HashMap<PathBuf, Option<PathBuf>>>,
 }
 
 impl MountIndex {
@@ -143,12 +150,26 @@ impl MountIndex {
         for (i, m) in table.iter().enumerate() {
             by_point.entry(m.mount_point.clone()).or_default().push(i);
         }
-        MountIndex { table, by_point }
+        MountIndex {
+            table,
+            by_point,
+            dirs: Mutex::default(),
+        }
+    }
+
+    /// [`resolve`], each directory resolved once.
+    fn resolve(&self, path: &Path) -> PathBuf {
+        resolve_with(path, |dir| {
+            let mut dirs = self.dirs.lock().unwrap_or_else(|e| e.into_inner());
+            dirs.entry(dir.to_owned())
+                .or_insert_with(|| resolve_dir(dir))
+                .clone()
+        })
     }
 
     /// [`mounts_at`] of the whole table.
     fn at(&self, path: &Path) -> Vec<MountInfo> {
-        let resolved = resolve(path);
+        let resolved = self.resolve(path);
         let found = self.by_point.get(&resolved).map_or(&[][..], Vec::as_slice);
         found.iter().map(|&i| self.table[i].clone()).collect()
     }

@@ -11,8 +11,8 @@ use nix::errno::Errno;
 
 use super::LinuxMounter;
 use crate::error::{MountError, io_errno};
-use crate::mounter::{MAX_STACKED_UNMOUNTS, Mounter};
-use crate::mountinfo::{MountInfo, find_by_id};
+use crate::mounter::MAX_STACKED_UNMOUNTS;
+use crate::mountinfo::{MountInfo, find_by_id, read_until_id};
 use crate::source::MountSource;
 use crate::statmount;
 
@@ -73,7 +73,12 @@ impl LinuxMounter {
                     .flatten()
                     .map(|(id, _)| id)
             },
-            || self.mount_points().ok(),
+            // `/`'s mount comes first in a namespace's table: its line
+            // alone is read, not the whole table.
+            |id| {
+                let file = std::fs::File::open(&self.mountinfo_path).ok()?;
+                read_until_id(file, id).ok().flatten()
+            },
         )
     }
 
