@@ -1,5 +1,8 @@
 //! The write-ahead journal of a [`crate::FileStore`] on disk.
 //!
+//! One file over 700 lines: the format, its append, replay and checkpoint
+//! must agree byte for byte; a quarter of it is their unit tests.
+//!
 //! ```text
 //! DIR/journal   LEN bytes, written with zeros when created, never grown:
 //! 0      header: "CSIJHDR1", epoch (u64 LE), CRC-32C of those 16 bytes
