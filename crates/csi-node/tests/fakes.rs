@@ -130,8 +130,10 @@ fn open(
     store: &FakeStore,
     fs: Option<Arc<dyn FilesystemMount>>,
 ) -> NodeVolumes {
+    // Every device seam is the fake host's: nothing reads the real /dev.
     let mut b = NodeVolumes::builder(mounter, Arc::new(store.clone()), locator(base))
-        .loop_devices(host.loops());
+        .loop_devices(host.loops())
+        .block_devices(host.block_devices());
     if let Some(fs) = fs {
         b = b.filesystem_mount(fs);
     }
@@ -1078,6 +1080,7 @@ fn the_driver_prepares_each_device_when_staged_and_when_restored() {
             tuning.clone(),
         )
         .loop_devices(node.host.loops())
+        .block_devices(node.host.block_devices())
         .open()
         .unwrap();
         (v, tuning)

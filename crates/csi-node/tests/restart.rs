@@ -88,8 +88,10 @@ fn open(
     loops: Arc<dyn LoopDevices>,
     store: &FakeStore,
 ) -> NodeVolumes {
+    // Fake devices only: nothing reads the real /dev.
     NodeVolumes::builder(mounter, Arc::new(store.clone()), locator(base))
         .loop_devices(loops)
+        .block_devices(Arc::new(mount_utils::FakeBlockDevices::new()))
         .open()
         .unwrap()
 }

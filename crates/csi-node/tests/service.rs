@@ -127,7 +127,11 @@ fn env_with(info: NodeInfo, resizer: Option<ResizeFs>) -> Env {
     let host = FakeHost::new();
     let fake = fake_in(dir.path());
     let b = NodeService::builder(fake.clone(), info, host.mounter());
-    let mut b = b.volumes(|v| v.loop_devices(host.loops()));
+    // Every device seam is the fake host's: nothing here reads the real /dev.
+    let mut b = b.volumes(|v| {
+        v.loop_devices(host.loops())
+            .block_devices(host.block_devices())
+    });
     if let Some(r) = resizer {
         b = b.resize_filesystems(r);
     }

@@ -14,7 +14,7 @@ use csi_proto::v1::volume_capability::access_mode::Mode;
 use crate::co::Co;
 use crate::kubelet::KubeletWorkload;
 use crate::workload::SimWorkload;
-use crate::world::{Effect, FAULTS, SimFault, World};
+use crate::world::{Effect, FAULTS, FIRED_MARK, SimFault, World};
 
 /// What the runner reads of the driver's data besides its answers: every
 /// volume's and snapshot's data by id, with the id its data says it was
@@ -41,6 +41,14 @@ pub trait DataView: Send + Sync {
     /// (by default `None`: the driver attaches nothing outside itself, so
     /// the runner does not compare attachments).
     fn attached_volumes(&self) -> Option<BTreeSet<String>> {
+        None
+    }
+    /// What the driver's controller declares, from its backend (by default
+    /// `None`: unknown). [`targets::assert_serves`](crate::targets::assert_serves)
+    /// checks a test's [`Declared`](crate::targets::Declared) against it, so
+    /// a capability the driver gained does not stay left out of the
+    /// workloads.
+    fn declared(&self) -> Option<crate::targets::Declared> {
         None
     }
 }
@@ -125,9 +133,20 @@ pub struct SimReport {
     pub unreached: u64,
     /// Invariant violations.
     pub violations: Vec<Violation>,
+    /// Workloads, or parts of one, the target does not run, and why
+    /// ([`skip`](Self::skip)): printed, so nothing is left out silently.
+    pub skipped: Vec<(String, String)>,
 }
 
 impl SimReport {
+    /// Records that `workload` (or a part of it) is not run against this
+    /// target, and why (the driver does not offer what it needs): `why`
+    /// is printed after the workload's name, e.g. "not run: ..." or "left
+    /// out: its clone ...".
+    pub fn skip(&mut self, workload: &str, why: impl Into<String>) {
+        self.skipped.push((workload.to_owned(), why.into()));
+    }
+
     /// Adds `other`'s coverage and findings (a campaign run in parts).
     pub fn merge(&mut self, other: SimReport) {
         self.steps.extend(other.steps);
@@ -141,6 +160,7 @@ impl SimReport {
         }
         self.unreached += other.unreached;
         self.violations.extend(other.violations);
+        self.skipped.extend(other.skipped);
     }
 }
 
@@ -172,6 +192,9 @@ impl fmt::Display for SimReport {
                 f,
                 "workload {w}: {s} steps, {states} intermediate crash states"
             )?;
+        }
+        for (w, why) in &self.skipped {
+            writeln!(f, "workload {w}: {why}")?;
         }
         for (kind, t) in &self.by_fault {
             writeln!(f, "  {kind}: {} runs, {} violations", t.runs, t.violations)?;
@@ -234,6 +257,15 @@ impl<'a> SimRunner<'a> {
         self
     }
 
+    /// What the driver declares, as its data view says
+    /// ([`DataView::declared`]) once started on a fresh world; `None` when
+    /// it does not say or does not start.
+    pub fn declared(&self) -> Option<crate::targets::Declared> {
+        let world = World::new(None).ok()?;
+        let services = runtime().block_on((self.start)(&world)).ok()?;
+        services.data.declared()
+    }
+
     /// The access mode the CO asks for (SINGLE_NODE_WRITER by default;
     /// Kubernetes asks SINGLE_NODE_MULTI_WRITER for a ReadWriteOnce volume
     /// of a driver that declares it, so two pods on the node may share it).
@@ -256,6 +288,12 @@ impl<'a> SimRunner<'a> {
             if spec.split(':').next() == Some(scenario.name()) {
                 match self.replay_in(&rt, scenario, &spec) {
                     Ok((trace, violations)) => {
+                        // A fault planned where it does not apply (a provider
+                        // fault at a file step), or past the run's end, never
+                        // fires: the run had none.
+                        if !trace.iter().any(|l| l.contains(FIRED_MARK)) {
+                            report.unreached += 1;
+                        }
                         for line in trace {
                             eprintln!("{line}");
                         }
@@ -399,7 +437,14 @@ impl<'a> SimRunner<'a> {
         let world = World::new(Some((step, fault))).map_err(|e| e.to_string())?;
         world.trace();
         let (violations, _) = self.run_in(rt, &world, scenario, Some((step, fault)));
-        Ok((world.traced(), violations))
+        let mut trace = world.traced();
+        if world.fired().is_none() {
+            trace.push(format!(
+                "{fault} did not fire: no step {step} it applies to was reached, so the run had \
+                 no fault"
+            ));
+        }
+        Ok((trace, violations))
     }
 
     /// One run, counted in `report`; its world.

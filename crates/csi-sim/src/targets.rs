@@ -25,7 +25,7 @@ use mount_utils::{LoopDevices, Mounter};
 use crate::runner::{DataView, Services, SimReport, SimRunner};
 use crate::workload::{Call, Content, SimWorkload, workloads};
 use crate::world::{ProviderFault, SimFault, World};
-use crate::wrap::SimMounter;
+use crate::wrap::{SimLoops, SimMounter};
 
 /// The node id of the simulated node.
 pub const NODE_ID: &str = "node-1";
@@ -307,6 +307,20 @@ impl<B: ControllerBackend> DataView for BackendData<B> {
     fn loop_volume(&self, device: &mount_utils::LoopDeviceInfo) -> Option<String> {
         self.volume_of_file(&device.backing_file)
     }
+    fn declared(&self) -> Option<Declared> {
+        Some(declared_by(&self.backend))
+    }
+}
+
+/// What a controller over `backend` declares: CLONE_VOLUME, group
+/// snapshots and PUBLISH_UNPUBLISH_VOLUME, as csi-controller's service
+/// derives them from the backend.
+pub fn declared_by<B: ControllerBackend + ?Sized>(backend: &B) -> Declared {
+    Declared {
+        clones: backend.clones_volumes(),
+        group_snapshots: backend.group_snapshots().is_some(),
+        attaches: backend.attacher().is_some(),
+    }
 }
 
 /// A target's start fails unless the node's restore after the crash
@@ -331,7 +345,13 @@ pub async fn library(world: &World) -> Result<Services, String> {
     engine.reconcile().await.map_err(|e| e.to_string())?;
     let node_store = FileStore::open_on(fs, "/state/node").map_err(|e| e.to_string())?;
     let mounter: Arc<dyn Mounter> = Arc::new(SimMounter::new(world));
+    // Every device seam is the world's: nothing reads the host's /dev.
+    let (loops, devices) = (
+        Arc::new(SimLoops::new(world)),
+        world.block_devices().clone(),
+    );
     let node = NodeService::builder(dirs.clone(), NodeInfo::new(NODE_ID), mounter)
+        .volumes(|v| v.loop_devices(loops).block_devices(devices))
         .open(Arc::new(node_store))
         .map_err(|e| e.to_string())?;
     all_restored(node.restore())?;
@@ -347,8 +367,20 @@ pub async fn library(world: &World) -> Result<Services, String> {
 /// coverage, and panics (a test's failure) when a workload was not
 /// covered or an invariant broke, listing each violation with its replay.
 /// With `CSI_SIM_REPLAY` set, only the named run is made and checked.
+/// Every standard workload ([`workloads`]) must be among `workloads` or
+/// reported left out: see [`assert_survives_in`] and [`assert_serves`].
 pub fn assert_survives(runner: &SimRunner<'_>, workloads: &[SimWorkload]) -> SimReport {
-    let mut report = SimReport::default();
+    assert_survives_in(runner, workloads, SimReport::default())
+}
+
+/// [`assert_survives`] on top of `report`, which says what the target
+/// leaves out and why ([`SimReport::skip`]): a standard workload neither
+/// run nor left out there fails the test, so none is skipped silently.
+pub fn assert_survives_in(
+    runner: &SimRunner<'_>,
+    workloads: &[SimWorkload],
+    mut report: SimReport,
+) -> SimReport {
     for w in workloads {
         runner.explore(w, &mut report);
     }
@@ -357,10 +389,85 @@ pub fn assert_survives(runner: &SimRunner<'_>, workloads: &[SimWorkload]) -> Sim
         assert_eq!(report.steps.len(), workloads.len(), "{report}");
         assert!(report.steps.iter().all(|(_, s)| *s > 0), "{report}");
         assert_eq!(report.unreached, 0, "{report}");
+        for w in self::workloads() {
+            let run = report.steps.iter().any(|(n, _)| n == w.name);
+            let said = report.skipped.iter().any(|(n, _)| n == w.name);
+            assert!(
+                run || said,
+                "workload {} is neither run nor reported left out\n{report}",
+                w.name
+            );
+        }
     }
     let found: Vec<String> = report.violations.iter().map(|v| v.to_string()).collect();
     assert!(found.is_empty(), "{}", found.join("\n"));
     report
+}
+
+/// [`assert_survives`] for a driver that declares `declared`: the
+/// standard workloads as the CO runs them against it ([`workloads_for`]),
+/// with what that leaves out reported ([`left_out`]). Where the driver's
+/// data view says what it declares ([`DataView::declared`]), `declared`
+/// must be that.
+pub fn assert_serves(runner: &SimRunner<'_>, declared: Declared) -> SimReport {
+    if let Some(found) = runner.declared() {
+        assert_eq!(
+            found, declared,
+            "the driver declares {found:?}, the test says {declared:?}"
+        );
+    }
+    let mut report = SimReport::default();
+    for (w, why) in left_out(declared) {
+        report.skip(w, why);
+    }
+    assert_survives_in(runner, &workloads_for(declared), report)
+}
+
+/// What [`workloads_for`] leaves out of the standard workloads for a
+/// driver that declares `declared`, by workload, and why (for
+/// [`SimReport::skip`]).
+pub fn left_out(declared: Declared) -> Vec<(&'static str, String)> {
+    let mut out = Vec::new();
+    for w in workloads() {
+        let has = |f: &dyn Fn(&Call) -> bool| w.calls.iter().any(f);
+        if !declared.group_snapshots && has(&|c| matches!(c, Call::CreateGroup(..))) {
+            out.push((
+                w.name,
+                "not run: the driver offers no group snapshots (no GroupController), so the CO \
+                 asks for none"
+                    .to_owned(),
+            ));
+            continue;
+        }
+        if !declared.clones {
+            let clones = w.calls.iter().filter_map(|c| match c {
+                Call::CreateVolume {
+                    pv,
+                    from: Some(Content::Volume(_)),
+                    ..
+                } => Some(*pv),
+                _ => None,
+            });
+            for pv in clones {
+                out.push((
+                    w.name,
+                    format!(
+                        "left out: the clone {pv} (its CreateVolume and DeleteVolume): the \
+                         driver declares no CLONE_VOLUME, so the CO asks for none"
+                    ),
+                ));
+            }
+        }
+        if !declared.attaches && has(&|c| matches!(c, Call::ControllerPublish(_))) {
+            out.push((
+                w.name,
+                "left out: ControllerPublish and ControllerUnpublish: the driver declares \
+                 no PUBLISH_UNPUBLISH_VOLUME, so the CO makes neither"
+                    .to_owned(),
+            ));
+        }
+    }
+    out
 }
 
 /// What a driver declares, for [`workloads_for`].
@@ -507,5 +614,41 @@ mod tests {
             .filter(|c| *c == "ControllerPublish")
             .count();
         assert_eq!(count, 1, "{publishes:?}");
+    }
+
+    #[test]
+    fn what_a_driver_does_not_declare_is_reported_left_out() {
+        let none = Declared {
+            clones: false,
+            group_snapshots: false,
+            attaches: false,
+        };
+        let out = left_out(none);
+        let said = |w: &str, what: &str| out.iter().any(|(n, why)| *n == w && why.contains(what));
+        assert!(said("group-snapshot", "no group snapshots"), "{out:?}");
+        assert!(said("snapshot-restore-clone", "CLONE_VOLUME"), "{out:?}");
+        assert!(said("lifecycle", "PUBLISH_UNPUBLISH_VOLUME"), "{out:?}");
+        // Every workload workloads_for drops is said left out.
+        let run: Vec<&str> = workloads_for(none).iter().map(|w| w.name).collect();
+        for w in workloads() {
+            assert!(
+                run.contains(&w.name) || said(w.name, "not run"),
+                "{}",
+                w.name
+            );
+        }
+        let all = Declared {
+            clones: true,
+            group_snapshots: true,
+            attaches: true,
+        };
+        assert!(left_out(all).is_empty());
+        let mut report = SimReport::default();
+        report.skip("group-snapshot", "no GroupController");
+        let text = report.to_string();
+        assert!(
+            text.contains("workload group-snapshot: no GroupController"),
+            "{text}"
+        );
     }
 }

@@ -242,7 +242,7 @@ fn step_in(
         _ => None,
     };
     if let Some(trace) = &mut st.trace {
-        let note = fault.map_or(String::new(), |f| format!("  <== {f}"));
+        let note = fault.map_or(String::new(), |f| format!("  {FIRED_MARK} {f}"));
         trace.push(format!("step {n}: {effect:?} {what}{note}"));
     }
     match fault {
@@ -259,6 +259,9 @@ fn step_in(
         }
     }
 }
+
+/// What marks the step where the planned fault fired in a traced run.
+pub(crate) const FIRED_MARK: &str = "<==";
 
 /// While it lives, the world's effects are neither counted nor faulted:
 /// what the runner's checks make the driver do is not part of the run.

@@ -73,6 +73,30 @@ pub trait BlockDevices: Send + Sync {
     /// Waits `interval` between two looks (a fake advances its clock).
     fn pause(&self, interval: Duration);
 
+    /// Where `path` leads when it is a stable name (a symbolic link such
+    /// as a by-id name, which udev or a provider may re-point): the device
+    /// node behind it and that node's number. `None` when `path` is no
+    /// link (the node itself, or nothing). By default the host's `/dev` is
+    /// read (`lstat`, then `realpath` and `stat` of a link); a fake answers
+    /// from what it holds, so a unit test reads no real device.
+    fn link_target(
+        &self,
+        path: &Path,
+    ) -> Result<Option<(PathBuf, DeviceNumber)>, BlockDeviceError> {
+        let io = |action, e: std::io::Error| BlockDeviceError::Io {
+            action,
+            path: path.to_path_buf(),
+            errno: Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
+        };
+        let is_link = std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink());
+        if !is_link {
+            return Ok(None);
+        }
+        let node = std::fs::canonicalize(path).map_err(|e| io("resolving", e))?;
+        let meta = std::fs::metadata(&node).map_err(|e| io("inspecting", e))?;
+        Ok(Some((node, DeviceNumber::from_dev_t(meta.rdev() as _))))
+    }
+
     /// The device at `path`, looked for until `timeout` has passed.
     fn wait_for(
         &self,
@@ -137,6 +161,25 @@ impl BlockDevices for LinuxBlockDevices {
 mod tests {
     use super::*;
     use crate::FakeBlockDevices;
+
+    /// Issue 22: the fake answers where a stable name leads from memory; the
+    /// host's file at the same path (here a real symlink) is not read.
+    #[test]
+    fn a_link_is_resolved_by_the_seam_and_the_fake_never_reads_the_host() {
+        let dir = tempfile::tempdir().unwrap();
+        let (file, link) = (dir.path().join("node"), dir.path().join("by-id"));
+        std::fs::write(&file, b"").unwrap();
+        std::os::unix::fs::symlink(&file, &link).unwrap();
+        let fake = FakeBlockDevices::new();
+        fake.add(&link, DeviceNumber::new(259, 1), 1 << 20);
+        assert_eq!(fake.link_target(&link).unwrap(), None);
+        assert_eq!(fake.link_target(Path::new("/dev/loop0")).unwrap(), None);
+        assert_eq!(fake.looks(), 0, "no look for a device");
+        // The host's seam reads the host: the link leads to the file.
+        let (node, _) = LinuxBlockDevices.link_target(&link).unwrap().unwrap();
+        assert_eq!(node, file.canonicalize().unwrap());
+        assert_eq!(LinuxBlockDevices.link_target(&file).unwrap(), None);
+    }
 
     #[test]
     fn waiting_finds_a_late_device_and_times_out_on_a_missing_one_without_sleeping() {

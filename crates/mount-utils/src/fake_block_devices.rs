@@ -98,4 +98,19 @@ impl BlockDevices for FakeBlockDevices {
     fn pause(&self, interval: Duration) {
         self.lock().now += interval;
     }
+
+    /// From memory: a device here is its own node (the fake has no links),
+    /// and a path it does not hold is nothing. Never reads the host.
+    fn link_target(
+        &self,
+        path: &Path,
+    ) -> Result<Option<(PathBuf, DeviceNumber)>, BlockDeviceError> {
+        let st = self.lock();
+        let now = st.now;
+        Ok(st
+            .devices
+            .get(path)
+            .filter(|(info, at)| *at <= now && info.node != info.path)
+            .map(|(info, _)| (info.node.clone(), info.device)))
+    }
 }

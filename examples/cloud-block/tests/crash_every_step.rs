@@ -16,10 +16,10 @@ const PROVIDER: &str = "provider";
 /// A test's token, for the provider and the driver alike.
 const TOKEN_ENV: &[(&str, &str)] = &[("CLOUD_PROVIDER_TOKEN", "crash-test-token")];
 
-/// What it serves: no clone (it declares none, so the CO asks for none)
-/// and no group snapshots; the lifecycle with block volumes too (published
-/// as the device). Online expansion comes last: where root lacks
-/// CAP_SYS_RESOURCE it is left out.
+/// What it serves: all but group snapshots (it declares none; the report
+/// says so), the clone included (CLONE_VOLUME: the provider copies); the
+/// lifecycle with block volumes too (published as the device). Online
+/// expansion comes last: where root lacks CAP_SYS_RESOURCE it is left out.
 const WORKLOADS: &[&str] = &[
     "lifecycle",
     "lifecycle+block",

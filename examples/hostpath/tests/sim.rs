@@ -12,9 +12,9 @@ use std::sync::Arc;
 use clap::Parser;
 use csi_proto::v1::volume_capability::access_mode::Mode;
 use csi_sim::targets::{
-    BackendData, Declared, NODE_ID, all_restored, assert_survives, workloads_for,
+    BackendData, Declared, NODE_ID, all_restored, assert_survives_in, left_out, workloads_for,
 };
-use csi_sim::{Services, SimLoops, SimMounter, SimRunner, Started, World};
+use csi_sim::{Services, SimLoops, SimMounter, SimReport, SimRunner, Started, World};
 use csi_store::FileStore;
 use hostpath::{Config, HostPath};
 
@@ -57,8 +57,20 @@ fn every_step_of_every_workload_survives_every_fault() {
         group_snapshots: false,
         attaches: true,
     };
+    // What its backend declares on the world's host directory.
+    let runner = SimRunner::new(&start).access_mode(Mode::SingleNodeMultiWriter);
+    assert_eq!(runner.declared(), Some(declared));
+    // What workloads_for leaves out is the group snapshot alone, and why:
+    let left: Vec<&str> = left_out(declared).iter().map(|(w, _)| *w).collect();
+    assert_eq!(left, ["group-snapshot"]);
+    let mut report = SimReport::default();
+    report.skip(
+        "group-snapshot",
+        "not run: hostpath offers group snapshots only with --statedir on a filesystem of its own, \
+         which it freezes (FIFREEZE) while it copies; the world's host directory is none, \
+         and a freeze is no step of the fakes. tests/crash_every_step.rs runs it on a real one",
+    );
     let workloads = workloads_for(declared);
     // It declares SINGLE_NODE_MULTI_WRITER: what Kubernetes then asks for.
-    let runner = SimRunner::new(&start).access_mode(Mode::SingleNodeMultiWriter);
-    assert_survives(&runner, &workloads);
+    assert_survives_in(&runner, &workloads, report);
 }

@@ -256,7 +256,15 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let statedir = dir.path().to_string_lossy().into_owned();
         let config = Config::parse_from(["loop-block", "--statedir", &statedir, "--nodeid", "n1"]);
-        let d = LoopBlock::open(config, Arc::new(mount_utils::FakeMounter::new())).unwrap();
+        // Fakes for every seam: the host's loop devices (/sys/block) are
+        // never read (issue 22).
+        let d = LoopBlock::open_with(
+            config,
+            Arc::new(mount_utils::FakeMounter::new()),
+            Arc::new(mount_utils::FakeLoopDevices::new()),
+            Arc::new(mount_utils::FakeExec::new()),
+        )
+        .unwrap();
         let controller = d.controller.as_ref().unwrap();
         let ctx = CallContext::detached(0, Method::CreateVolume);
         let created = controller.create_volume(&ctx, create("pvc-1", &[(READ_AHEAD_KEY, "512")]));

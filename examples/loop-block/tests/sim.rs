@@ -10,9 +10,7 @@ use std::sync::Arc;
 
 use clap::Parser;
 use csi_proto::v1::volume_capability::access_mode::Mode;
-use csi_sim::targets::{
-    BackendData, Declared, NODE_ID, all_restored, assert_survives, workloads_for,
-};
+use csi_sim::targets::{BackendData, Declared, NODE_ID, all_restored, assert_serves};
 use csi_sim::{Services, SimExec, SimFsTools, SimLoops, SimMounter, SimRunner, Started, World};
 use csi_store::FileStore;
 use loop_block::{Config, LoopBlock};
@@ -65,8 +63,7 @@ fn every_step_of_every_workload_survives_every_fault() {
         group_snapshots: true,
         attaches: true,
     };
-    let workloads = workloads_for(declared);
     // It declares SINGLE_NODE_MULTI_WRITER: what Kubernetes then asks for.
     let runner = SimRunner::new(&start).access_mode(Mode::SingleNodeMultiWriter);
-    assert_survives(&runner, &workloads);
+    assert_serves(&runner, declared);
 }

@@ -261,7 +261,8 @@ impl NodeVolumes {
                     if let Some(dev) = self.find_device(&path)? {
                         out.ids.push(filesystem_on(&dev));
                         // Block publications bind the node behind a stable name.
-                        let node = super::device_node::device_node(&dev);
+                        let node =
+                            super::device_node::device_node(self.inner.devices.as_ref(), &dev);
                         out.ids
                             .extend(view.bind_of(node.as_ref().unwrap_or(&dev.path))?);
                         out.attached = Some(dev);

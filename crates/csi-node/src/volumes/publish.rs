@@ -71,7 +71,7 @@ impl NodeVolumes {
                         "the device of staged volume {vol} is no longer attached"
                     ))
                 })?;
-                super::device_node::device_node(device)?
+                super::device_node::device_node(self.inner.devices.as_ref(), device)?
             }
             (Some(s), Some(_), _) => s.path.clone(),
             (_, None, Some(VolumeSource::Directory(dir))) if !cap.is_block() => dir.clone(),

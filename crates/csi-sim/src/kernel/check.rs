@@ -156,11 +156,13 @@ pub(crate) async fn at_end(co: &Co<'_>) -> Result<(), String> {
             return Err(format!("{what} listed after all were deleted: {left:?}"));
         }
     }
-    let mounts = mounts_under(&co.layout.base)?;
+    let (spared_mounts, spared_loops) = &co.spared;
+    let mut mounts = mounts_under(&co.layout.base)?;
+    mounts.retain(|m| !spared_mounts.contains(m));
     if !mounts.is_empty() {
         return Err(format!("still mounted: {mounts:?}"));
     }
-    let loops = loops_under_within(&co.layout.base, Duration::from_secs(3)).await;
+    let loops = loops_under_within(&co.layout.base, spared_loops, Duration::from_secs(3)).await;
     if !loops.is_empty() {
         return Err(format!("loop devices still attached: {loops:?}"));
     }
@@ -188,12 +190,13 @@ pub(crate) fn mounts_under(dir: &Path) -> Result<Vec<PathBuf>, String> {
         .collect())
 }
 
-/// Loop devices backed by files under `dir`, waiting up to `wait` for an
-/// autoclear detach (deferred until the last user lets go).
-async fn loops_under_within(dir: &Path, wait: Duration) -> Vec<String> {
+/// Loop devices backed by files under `dir` but not `spared`, waiting up
+/// to `wait` for an autoclear detach (deferred until the last user lets go).
+async fn loops_under_within(dir: &Path, spared: &[String], wait: Duration) -> Vec<String> {
     let deadline = Instant::now() + wait;
     loop {
-        let found = loops_under(dir);
+        let mut found = loops_under(dir);
+        found.retain(|l| !spared.contains(l));
         if found.is_empty() || Instant::now() > deadline {
             return found;
         }
@@ -201,7 +204,7 @@ async fn loops_under_within(dir: &Path, wait: Duration) -> Vec<String> {
     }
 }
 
-fn loops_under(dir: &Path) -> Vec<String> {
+pub(crate) fn loops_under(dir: &Path) -> Vec<String> {
     let Ok(entries) = std::fs::read_dir("/sys/block") else {
         return Vec::new();
     };

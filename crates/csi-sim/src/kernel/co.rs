@@ -52,7 +52,11 @@ pub(crate) struct Co<'a> {
     /// Whether its volumes are block volumes (else mount volumes).
     pub(crate) block: bool,
     /// Clones the CO never asked for: the driver declares no CLONE_VOLUME.
-    not_cloned: Vec<&'static str>,
+    pub(crate) not_cloned: Vec<&'static str>,
+    /// Mounts and loop devices under the run's directory that its
+    /// auxiliary processes made before the driver started (the storage's,
+    /// not the driver's): the end checks leave them out.
+    pub(crate) spared: (Vec<PathBuf>, Vec<String>),
 }
 
 impl<'a> Co<'a> {
@@ -69,6 +73,7 @@ impl<'a> Co<'a> {
             events: Vec::new(),
             refused: Vec::new(),
             not_cloned: Vec::new(),
+            spared: (Vec::new(), Vec::new()),
         }
     }
 

@@ -134,6 +134,9 @@ pub struct KernelReport {
     pub unreached: u64,
     /// Invariant violations.
     pub violations: Vec<KernelViolation>,
+    /// Standard workloads, or parts of one, not run against this driver,
+    /// and why: printed, so nothing is left out silently.
+    pub skipped: Vec<(String, String)>,
     /// Wall time.
     pub elapsed: Duration,
 }
@@ -147,6 +150,9 @@ impl fmt::Display for KernelReport {
         )?;
         for (w, s) in &self.steps {
             writeln!(f, "  workload {w}: {s} steps")?;
+        }
+        for (w, why) in &self.skipped {
+            writeln!(f, "  workload {w}: {why}")?;
         }
         if !self.kinds.is_empty() {
             let kinds: Vec<String> = self.kinds.iter().map(|(k, n)| format!("{k} {n}")).collect();
@@ -193,6 +199,16 @@ pub fn explore(target: &KernelTarget) -> KernelReport {
             ..KernelReport::default()
         };
         let all = workloads();
+        for w in &all {
+            let named = |n: &&str| n.strip_suffix(BLOCK_SUFFIX).unwrap_or(n) == w.name;
+            if !target.workloads.iter().any(named) {
+                report.skipped.push((
+                    w.name.to_owned(),
+                    "not run: not among the workloads the target says its driver serves here"
+                        .into(),
+                ));
+            }
+        }
         let mut chosen = Vec::new();
         for name in target.workloads {
             let base = name.strip_suffix(BLOCK_SUFFIX).unwrap_or(name);
@@ -225,6 +241,15 @@ async fn explore_one(target: &KernelTarget, w: &SimWorkload, report: &mut Kernel
     let counted = run(target, w, None).await;
     report.runs += 1;
     report.violations.extend(counted.violations);
+    for pv in counted.not_cloned {
+        report.skipped.push((
+            w.name.to_owned(),
+            format!(
+                "left out: the clone {pv} (its CreateVolume and DeleteVolume): the driver \
+                 declares no CLONE_VOLUME, so the CO asks for none"
+            ),
+        ));
+    }
     let Some(trace) = counted.trace else {
         return;
     };
@@ -311,6 +336,8 @@ struct RunOutcome {
     died: bool,
     /// The counting run's trace.
     trace: Option<Trace>,
+    /// Clones the CO did not ask for (the driver declares no CLONE_VOLUME).
+    not_cloned: Vec<&'static str>,
     events: Vec<String>,
     log: String,
 }
@@ -342,6 +369,12 @@ async fn run(target: &KernelTarget, w: &SimWorkload, plan: Option<CrashPlan>) ->
     let trace_file = layout.base.join("trace");
     let block = w.name.ends_with(BLOCK_SUFFIX);
     let mut co = Co::new(target, layout.clone(), block);
+    // What the auxiliaries mounted and attached (a filesystem of its own
+    // for the driver's state) is theirs, not the driver's.
+    if !auxiliaries.is_empty() {
+        let mounts = check::mounts_under(&layout.base).unwrap_or_default();
+        co.spared = (mounts, check::loops_under(&layout.base));
+    }
     let mut found = Vec::new();
     let mut trace = None;
     match co.start(plan, Some(&trace_file)).await {
@@ -405,6 +438,7 @@ async fn run(target: &KernelTarget, w: &SimWorkload, plan: Option<CrashPlan>) ->
             .collect(),
         died: co.deaths > 0,
         trace,
+        not_cloned: std::mem::take(&mut co.not_cloned),
         events: std::mem::take(&mut co.events),
         log,
     }
@@ -423,6 +457,7 @@ impl RunOutcome {
             violations: vec![violation(w, plan, what)],
             died: false,
             trace: None,
+            not_cloned: Vec::new(),
             events: Vec::new(),
             log: String::new(),
         }

@@ -253,6 +253,27 @@ fn symlinks_are_refused_everywhere() {
         .unwrap();
 }
 
+/// Issue 22: a fake's device node is the fake's, never a file of the host.
+/// A block device registered where the host happens to have a symlink (a
+/// real `/dev/loop0` may be anything on a contributor's machine) binds as
+/// the device: the host's path is not looked at.
+#[test]
+fn a_device_node_of_the_fake_is_not_looked_up_on_the_host() {
+    let dir = tempfile::tempdir().unwrap();
+    let (node, target) = (dir.path().join("disk"), dir.path().join("t"));
+    std::fs::create_dir(&target).unwrap();
+    // On the host the path is a symlink; in the fake it is a device.
+    std::os::unix::fs::symlink("elsewhere", &node).unwrap();
+    let m = FakeMounter::new();
+    m.add_block_device(&node, DeviceNumber::new(259, 3));
+    m.bind_mount(&node, &target, false).unwrap();
+    assert!(m.is_mount_point(&target).unwrap());
+    assert!(matches!(
+        m.bind_source(&node).unwrap(),
+        MountSource::DeviceNode(d) if d == DeviceNumber::new(259, 3)
+    ));
+}
+
 #[test]
 fn device_numbers_match_loop_devices_and_nodes() {
     use crate::{FakeLoopDevices, LoopDevices, LoopOptions};
