@@ -270,6 +270,20 @@ pub trait AttachBackend: Send + Sync {
     async fn attachment(&self, _id: &str, _node: &str) -> BackendResult<Option<AttachState>> {
         Ok(None)
     }
+    /// [`Self::attachment`] of a volume the caller has just read from the
+    /// [`VolumeCatalog`] (ControllerPublishVolume reads it first, for its
+    /// repeat rules): a backend whose lookup reads the volume too can use
+    /// `volume` instead of a second read. Its attach may have ended since
+    /// that read; [`Self::attach`] is then refused by the provider as a
+    /// repeat, which a backend answers as attached. Default:
+    /// [`Self::attachment`].
+    async fn attachment_of(
+        &self,
+        volume: &ProviderVolume,
+        node: &str,
+    ) -> BackendResult<Option<AttachState>> {
+        self.attachment(&volume.record.id, node).await
+    }
     /// Detaches volume `id` from `node` (idempotent; an empty node: from
     /// every node).
     async fn detach(&self, id: &str, node: &str) -> BackendResult<()>;

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use csi_driver::{CallContext, CsiError, CsiResult};
 use csi_proto::v1::*;
 
-use crate::backend::{AttachBackend, AttachState, ControllerBackend};
+use crate::backend::{AttachBackend, AttachState, ControllerBackend, ProviderVolume};
 use crate::ids::IdKind;
 use crate::records::VolumeRecord;
 use crate::retry::Deadline;
@@ -27,7 +27,7 @@ impl<B: ControllerBackend> ControllerService<B> {
         let multi_node = cap.access_mode().is_multi_node();
         let deadline = self.deadline(ctx);
         let mut recorded_now = false;
-        let volume = match self.catalog() {
+        let (volume, read) = match self.catalog() {
             None => {
                 let volume = self.known_volume(&req.volume_id)?;
                 if req.node_id != self.config().node_id {
@@ -44,7 +44,7 @@ impl<B: ControllerBackend> ControllerService<B> {
                 let (id, node, readonly) = (volume.id.clone(), req.node_id.clone(), req.readonly);
                 self.off_runtime(move |t| t.attach(&id, &node, readonly, multi_node, limit))
                     .await?;
-                volume
+                (volume, None)
             }
             Some(catalog) => {
                 let found = (self.provider_volume(catalog, &deadline, &req.volume_id)).await?;
@@ -66,10 +66,10 @@ impl<B: ControllerBackend> ControllerService<B> {
                         }
                     }
                 }
-                found.record
+                (found.record.clone(), Some(found))
             }
         };
-        let publish_context = attach(attacher, &deadline, &volume, &req).await;
+        let publish_context = attach(attacher, &deadline, &volume, read.as_ref(), &req).await;
         if publish_context.is_err() && recorded_now {
             // Local bookkeeping follows the backend: undo this call's record.
             let (id, node) = (volume.id.clone(), req.node_id.clone());
@@ -117,16 +117,23 @@ fn check_access(volume: &VolumeRecord, cap: &VolumeCapability) -> CsiResult<()> 
 }
 
 /// The attachment of `volume` to the request's node, started only if the
-/// backend knows of none, and polled until attached.
+/// backend knows of none, and polled until attached. `read`: the volume as
+/// the provider reported it just before (its first lookup need not read it
+/// again; a retry of the lookup does).
 async fn attach(
     attacher: &dyn AttachBackend,
     deadline: &Deadline,
     volume: &VolumeRecord,
+    read: Option<&ProviderVolume>,
     req: &ControllerPublishVolumeRequest,
 ) -> CsiResult<HashMap<String, String>> {
     let node = &req.node_id;
+    let mut read = read;
     let mut state = deadline
-        .retry(|| attacher.attachment(&volume.id, node))
+        .retry(|| match read.take() {
+            Some(v) => attacher.attachment_of(v, node),
+            None => attacher.attachment(&volume.id, node),
+        })
         .await?;
     if state.is_none() {
         let mut retried = false;

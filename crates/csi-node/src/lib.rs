@@ -171,7 +171,9 @@ pub use record::{
     AccessKind, Capability, Device, FilesystemSource, MountFlags, NodeVolumeRecord, PublishRecord,
     PublishState, StageRecord, StageState, VolumeSource,
 };
-pub use seams::{FilesystemMount, PlainMount, VolumeContexts, VolumeLocator, device_by_name};
+pub use seams::{
+    FilesystemMount, PlainMount, Probe, VolumeContexts, VolumeLocator, device_by_name,
+};
 pub use service::{NodeBackend, NodeInfo, NodeService, NodeServiceBuilder, VolumeInfo};
 pub use volumes::{
     DEFAULT_DEVICE_TIMEOUT, NodeOutcome, NodeVolumes, NodeVolumesBuilder, PUBLISHED_TABLE,

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::Arc;
 
-use mount_utils::{MountArgs, Mounter, SafeFormatAndMount};
+use mount_utils::{DiskFormat, FormatError, MountArgs, Mounter, SafeFormatAndMount, StartedProbe};
 
 use crate::error::NodeError;
 use crate::record::{Device, VolumeSource};
@@ -132,7 +132,34 @@ pub trait FilesystemMount: Send + Sync {
     /// the device may be formatted if it is empty; false once a filesystem
     /// was mounted from it (it must then be refused, never formatted again).
     fn mount_filesystem(&self, mount: &MountArgs<'_>, may_format: bool) -> Result<(), NodeError>;
+
+    /// Starts looking at what is on `device`, for
+    /// [`mount_probed`](Self::mount_probed): NodeStage starts it before it
+    /// saves its intent and takes what it found once the intent is saved,
+    /// as looking changes nothing. `None` (the default): nothing is looked
+    /// at ahead, and [`mount_filesystem`](Self::mount_filesystem) is called.
+    fn probe_ahead(&self, device: &str) -> Option<StartedProbe> {
+        let _ = device;
+        None
+    }
+
+    /// [`mount_filesystem`](Self::mount_filesystem) of the device
+    /// [`probe_ahead`](Self::probe_ahead) looked at (`probe`: what it found);
+    /// nothing has written to it since. Default: `mount_filesystem`.
+    fn mount_probed(
+        &self,
+        mount: &MountArgs<'_>,
+        may_format: bool,
+        probe: Probe,
+    ) -> Result<(), NodeError> {
+        let _ = probe;
+        self.mount_filesystem(mount, may_format)
+    }
 }
+
+/// What [`FilesystemMount::probe_ahead`] found on a device, or why it could
+/// not look.
+pub type Probe = Result<DiskFormat, FormatError>;
 
 /// Mounts what is there (ext4 when no type is asked for); formats nothing.
 pub struct PlainMount(pub Arc<dyn Mounter>);
@@ -167,5 +194,20 @@ impl FilesystemMount for SafeFormatAndMount {
             false => self.mount_formatted(source, target, fstype, options, sensitive_options),
         };
         result.map_err(|e| NodeError::format(Path::new(source), target, &e))
+    }
+
+    fn probe_ahead(&self, device: &str) -> Option<StartedProbe> {
+        Some(self.start_probe(device))
+    }
+
+    fn mount_probed(
+        &self,
+        mount: &MountArgs<'_>,
+        may_format: bool,
+        probe: Probe,
+    ) -> Result<(), NodeError> {
+        let format = may_format.then_some(&[][..]);
+        let result = probe.and_then(|found| self.mount_as_probed(mount, format, found));
+        result.map_err(|e| NodeError::format(Path::new(mount.source), mount.target, &e))
     }
 }

@@ -403,3 +403,114 @@ async fn block_stats_come_from_the_fake_host_never_from_a_real_device() {
         .await
         .unwrap();
 }
+
+/// A probe changes nothing, so a first stage starts `blkid` before it saves
+/// its intent (`blkid` runs while the record is flushed: mount-utils'
+/// `Exec::start`); mkfs runs only once the intent is saved. The store's put
+/// of the intent waits until `blkid` has started: probed after the save,
+/// this stage would wait in vain and fail.
+#[tokio::test]
+async fn the_device_is_probed_as_the_intent_is_saved_and_formatted_after() {
+    use csi_store::{CodecId, RawRecord, RawScan, RecordStore, StoreError};
+    use mount_utils::{Exec, ExecError};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Instant;
+
+    #[derive(Debug, Default)]
+    struct Seen {
+        probing: AtomicBool,
+        intent_saved: AtomicBool,
+        formatted_after_intent: AtomicBool,
+    }
+    #[derive(Debug)]
+    struct Gated(FakeStore, Arc<Seen>);
+    impl RecordStore for Gated {
+        fn put(
+            &self,
+            table: &str,
+            key: &str,
+            codec: CodecId,
+            bytes: &[u8],
+        ) -> Result<(), StoreError> {
+            let first = !self.1.intent_saved.load(Ordering::SeqCst);
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while first && !self.1.probing.load(Ordering::SeqCst) {
+                assert!(
+                    Instant::now() < deadline,
+                    "blkid never ran while the intent was saved"
+                );
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            self.0.put(table, key, codec, bytes)?;
+            self.1.intent_saved.store(true, Ordering::SeqCst);
+            Ok(())
+        }
+        fn get(&self, table: &str, key: &str) -> Result<Option<RawRecord>, StoreError> {
+            self.0.get(table, key)
+        }
+        fn delete(&self, table: &str, key: &str) -> Result<bool, StoreError> {
+            self.0.delete(table, key)
+        }
+        fn scan(&self, table: &str) -> Result<RawScan, StoreError> {
+            self.0.scan(table)
+        }
+        fn quarantine(
+            &self,
+            table: &str,
+            key: &str,
+            seen: &RawRecord,
+            reason: &str,
+        ) -> Result<Option<csi_store::Quarantined>, StoreError> {
+            self.0.quarantine(table, key, seen, reason)
+        }
+        fn quarantined_keys(&self, table: &str) -> Result<Vec<String>, StoreError> {
+            self.0.quarantined_keys(table)
+        }
+    }
+    struct Watched(Arc<FakeExec>, Arc<Seen>);
+    impl Exec for Watched {
+        fn run(&self, program: &str, args: &[&str]) -> Result<ExecOutput, ExecError> {
+            match program {
+                "blkid" => self.1.probing.store(true, Ordering::SeqCst),
+                _ => {
+                    let saved = self.1.intent_saved.load(Ordering::SeqCst);
+                    self.1.formatted_after_intent.store(saved, Ordering::SeqCst);
+                }
+            }
+            self.0.run(program, args)
+        }
+    }
+
+    let (host, exec, seen) = (FakeHost::new(), Arc::new(FakeExec::new()), Arc::default());
+    let watched = Arc::new(Watched(exec.clone(), Arc::clone(&seen)));
+    let formatter = SafeFormatAndMount::new(host.mounter(), watched);
+    let store = FakeStore::new();
+    let node = NodeService::builder(Arc::new(Disks), NodeInfo::new("n1"), host.mounter())
+        .volumes(|v| {
+            v.block_devices(host.block_devices())
+                .device_timeout(TIMEOUT)
+                .filesystem_mount(Arc::new(formatter))
+        })
+        .open(Arc::new(Gated(store.clone(), Arc::clone(&seen))))
+        .unwrap();
+    host.attach_device(
+        &by_id("disk-3"),
+        DeviceNumber::new(8, 48),
+        MIB,
+        Duration::ZERO,
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let staging = dir.path().join("staging");
+    exec.expect("blkid", ExecOutput::exit(2, ""));
+    exec.expect("mkfs.ext4", ExecOutput::ok(""));
+    let req = stage("vol-3", Some("disk-3"), &staging, false);
+    node.node_stage_volume(&ctx(), req).await.unwrap();
+    let programs: Vec<String> = exec.calls().into_iter().map(|c| c.program).collect();
+    assert_eq!(programs, ["blkid", "mkfs.ext4"], "probed once");
+    assert!(
+        seen.formatted_after_intent.load(Ordering::SeqCst),
+        "mkfs after the intent"
+    );
+    assert_eq!(store.counts(), (2, 0), "the intent, then the outcome");
+    assert_eq!(host.mounts_at(&staging).len(), 1);
+}

@@ -74,6 +74,60 @@ pub trait Exec: Send + Sync {
     /// Runs `program` with `args`; a non-zero exit is an `Ok` output, only
     /// failing to run is an error.
     fn run(&self, program: &str, args: &[&str]) -> Result<ExecOutput, ExecError>;
+
+    /// Starts `program` with `args` and returns while it runs, for a caller
+    /// with something else to do meanwhile: [`Started::wait`] gives what
+    /// [`run`](Self::run) would have. Default: it runs to its end here (a
+    /// wrapper that fakes or counts commands sees one `run`, in order).
+    fn start(&self, program: &str, args: &[&str]) -> Started {
+        Started(Some(Run::Done(self.run(program, args))))
+    }
+}
+
+/// A command [`Exec::start`] started. Dropped without
+/// [`wait`](Started::wait), its process is killed and reaped.
+#[derive(Debug)]
+pub struct Started(Option<Run>);
+
+#[derive(Debug)]
+enum Run {
+    Done(Result<ExecOutput, ExecError>),
+    Child(String, std::process::Child),
+}
+
+impl Started {
+    /// Waits for the command to end; its output, or why it could not run.
+    pub fn wait(mut self) -> Result<ExecOutput, ExecError> {
+        match self.0.take() {
+            Some(Run::Done(result)) => result,
+            Some(Run::Child(program, child)) => captured(&program, child.wait_with_output()),
+            None => unreachable!("a started command is waited for once"),
+        }
+    }
+}
+
+impl Drop for Started {
+    fn drop(&mut self) {
+        if let Some(Run::Child(_, mut child)) = self.0.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn captured(
+    program: &str,
+    out: std::io::Result<std::process::Output>,
+) -> Result<ExecOutput, ExecError> {
+    let out = out.map_err(|e| ExecError::Io {
+        program: program.into(),
+        message: e.to_string(),
+    })?;
+    Ok(ExecOutput {
+        code: out.status.code(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    })
 }
 
 /// [`Exec`] with `std::process::Command`.
@@ -104,28 +158,37 @@ impl SystemExec {
     }
 }
 
-impl Exec for SystemExec {
-    fn run(&self, program: &str, args: &[&str]) -> Result<ExecOutput, ExecError> {
+impl SystemExec {
+    fn command(program: &str, args: &[&str]) -> Result<Command, ExecError> {
         let exe = Self::find_program(program).ok_or_else(|| ExecError::NotFound {
             program: program.into(),
         })?;
         // Arguments can carry anything a caller passes (labels, keys, option
         // strings): count them, never log them.
         tracing::debug!(program, args = args.len(), "exec");
-        let out = Command::new(exe)
-            .args(args)
-            .env("LC_ALL", "C")
-            .stdin(Stdio::null())
-            .output()
-            .map_err(|e| ExecError::Io {
+        let mut command = Command::new(exe);
+        command.args(args).env("LC_ALL", "C").stdin(Stdio::null());
+        Ok(command)
+    }
+}
+
+impl Exec for SystemExec {
+    fn run(&self, program: &str, args: &[&str]) -> Result<ExecOutput, ExecError> {
+        captured(program, Self::command(program, args)?.output())
+    }
+
+    fn start(&self, program: &str, args: &[&str]) -> Started {
+        let spawned = Self::command(program, args).and_then(|mut command| {
+            let command = command.stdout(Stdio::piped()).stderr(Stdio::piped());
+            command.spawn().map_err(|e| ExecError::Io {
                 program: program.into(),
                 message: e.to_string(),
-            })?;
-        Ok(ExecOutput {
-            code: out.status.code(),
-            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        })
+            })
+        });
+        Started(Some(match spawned {
+            Ok(child) => Run::Child(program.to_owned(), child),
+            Err(e) => Run::Done(Err(e)),
+        }))
     }
 }
 
@@ -147,5 +210,25 @@ mod tests {
             e.run("definitely-not-a-program-xyz", &[]),
             Err(ExecError::NotFound { .. })
         ));
+    }
+
+    #[test]
+    fn a_started_command_runs_while_its_caller_goes_on() {
+        let e = SystemExec::new();
+        let t = std::time::Instant::now();
+        let started = e.start("sh", &["-c", "sleep 0.3; echo hi; exit 3"]);
+        assert!(
+            t.elapsed() < std::time::Duration::from_millis(250),
+            "not waited for"
+        );
+        let out = started.wait().unwrap();
+        assert!(t.elapsed() >= std::time::Duration::from_millis(300));
+        assert_eq!((out.code, out.stdout.as_str()), (Some(3), "hi\n"));
+        let missing = e.start("definitely-not-a-program-xyz", &[]);
+        assert!(matches!(missing.wait(), Err(ExecError::NotFound { .. })));
+        // Dropped unwaited: killed and reaped, not waited for.
+        let t = std::time::Instant::now();
+        drop(e.start("sleep", &["5"]));
+        assert!(t.elapsed() < std::time::Duration::from_secs(4));
     }
 }

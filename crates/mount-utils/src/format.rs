@@ -5,7 +5,7 @@ use std::path::Path;
 use std::sync::{Arc, Condvar, Mutex};
 
 use crate::error::MountError;
-use crate::exec::{Exec, ExecError, ExecOutput};
+use crate::exec::{Exec, ExecError, ExecOutput, Started};
 use crate::mounter::{MountArgs, Mounter};
 use crate::options::{MountOptions, Sensitive};
 
@@ -21,6 +21,20 @@ pub enum DiskFormat {
     Filesystem(String),
     /// A partition table of this type (`gpt`, `dos`).
     PartitionTable(String),
+}
+
+/// A probe [`SafeFormatAndMount::start_probe`] started.
+#[derive(Debug)]
+pub struct StartedProbe {
+    device: String,
+    run: Started,
+}
+
+impl StartedProbe {
+    /// Waits for `blkid`: what is on the device.
+    pub fn finish(self) -> Result<DiskFormat, FormatError> {
+        probed(&self.device, self.run.wait()?)
+    }
 }
 
 /// Why [`SafeFormatAndMount`] refused or failed.
@@ -186,6 +200,16 @@ impl SafeFormatAndMount {
         probe_device(self.exec.as_ref(), device)
     }
 
+    /// [`probe`](Self::probe) started ([`Exec::start`]) for a caller with
+    /// something else to do while `blkid` runs: [`StartedProbe::finish`]
+    /// gives what `probe` would have.
+    pub fn start_probe(&self, device: &str) -> StartedProbe {
+        StartedProbe {
+            device: device.to_owned(),
+            run: self.exec.start("blkid", &blkid_args(device)),
+        }
+    }
+
     /// Formats `device` if it is empty and mounts it on `target`.
     /// `fstype` empty means "whatever is there", or ext4 for a new one.
     pub fn format_and_mount(
@@ -234,9 +258,26 @@ impl SafeFormatAndMount {
         args: &MountArgs<'_>,
         format: Option<&[&str]>,
     ) -> Result<(), FormatError> {
+        let probed = self.probe(args.source)?;
+        self.mount_as_probed(args, format, probed)
+    }
+
+    /// What [`format_and_mount_sensitive`](Self::format_and_mount_sensitive)
+    /// (`format`: `Some` of its format options) or
+    /// [`mount_formatted`](Self::mount_formatted) (`format`: `None`) do
+    /// after their probe, with `probed`, what [`probe`](Self::probe) found
+    /// on `args.source`: for a caller that probes while it does something
+    /// else (a node plugin saving its intent to format). Nothing may have
+    /// written to the device since the probe.
+    pub fn mount_as_probed(
+        &self,
+        args: &MountArgs<'_>,
+        format: Option<&[&str]>,
+        probed: DiskFormat,
+    ) -> Result<(), FormatError> {
         let (device, fstype) = (args.source, args.fstype);
         let read_only = MountOptions::parse(args.options).is_read_only();
-        let mount_fs = match self.probe(device)? {
+        let mount_fs = match probed {
             DiskFormat::PartitionTable(pttype) => {
                 return Err(FormatError::HasPartitionTable {
                     device: device.into(),
@@ -349,10 +390,15 @@ fn fsck_result(device: &str, out: ExecOutput) -> Result<(), FormatError> {
 
 /// Probes `device` with `blkid -p` (low-level probe, bypassing the cache).
 pub(crate) fn probe_device(exec: &dyn Exec, device: &str) -> Result<DiskFormat, FormatError> {
-    let out = exec.run(
-        "blkid",
-        &["-p", "-s", "TYPE", "-s", "PTTYPE", "-o", "export", device],
-    )?;
+    probed(device, exec.run("blkid", &blkid_args(device))?)
+}
+
+fn blkid_args(device: &str) -> [&str; 8] {
+    ["-p", "-s", "TYPE", "-s", "PTTYPE", "-o", "export", device]
+}
+
+/// What `blkid -p`'s output `out` says is on `device`.
+fn probed(device: &str, out: ExecOutput) -> Result<DiskFormat, FormatError> {
     match out.code {
         // blkid -p exits 2 when it finds nothing.
         Some(2) => Ok(DiskFormat::Unformatted),

@@ -140,7 +140,7 @@ pub use block_devices::{
     BlockDeviceError, BlockDeviceInfo, BlockDevices, DEVICE_POLL_INTERVAL, LinuxBlockDevices,
 };
 pub use error::{MountError, is_corrupted_mount_errno};
-pub use exec::{Exec, ExecError, ExecOutput, SystemExec};
+pub use exec::{Exec, ExecError, ExecOutput, Started, SystemExec};
 #[cfg(feature = "testing")]
 pub use fake::{FakeAction, FakeMounter, FakeOp};
 #[cfg(feature = "testing")]
@@ -149,7 +149,7 @@ pub use fake_block_devices::FakeBlockDevices;
 pub use fake_exec::{ExecCall, FakeExec};
 #[cfg(feature = "testing")]
 pub use fake_loop::{FakeLoopAction, FakeLoopDevices, FakeLoopOp};
-pub use format::{DEFAULT_FS_TYPE, DiskFormat, FormatError, SafeFormatAndMount};
+pub use format::{DEFAULT_FS_TYPE, DiskFormat, FormatError, SafeFormatAndMount, StartedProbe};
 pub use linux::LinuxMounter;
 pub use loopdev::{
     AttachedLoop, LinuxLoopDevices, LoopDevice, LoopDeviceInfo, LoopDevices, LoopError, LoopOptions,

@@ -234,9 +234,9 @@ impl Bench {
     }
 
     /// Whether `volume` is attached to this node, as the driver's
-    /// controller asks: its actions first, then the volume. `None` while
-    /// an attach runs.
-    async fn attachment(&self, volume: &str) -> Option<bool> {
+    /// controller asks: its actions first, then the volume (unless `read`,
+    /// the volume read just before). `None` while an attach runs.
+    async fn attachment(&self, volume: &str, read: Option<&api::Volume>) -> Option<bool> {
         let actions = self
             .provider
             .list_volume_actions(volume, PageRequest::default());
@@ -249,13 +249,19 @@ impl Bench {
         if running {
             return None;
         }
-        let read = self.provider.get_volume(volume).await.expect("GET volume");
-        Some(read.node_ids.iter().any(|n| n == &self.args.node_id))
+        let attached = |v: &api::Volume| v.node_ids.iter().any(|n| n == &self.args.node_id);
+        match read {
+            Some(v) => Some(attached(v)),
+            None => Some(attached(
+                &self.provider.get_volume(volume).await.expect("GET volume"),
+            )),
+        }
     }
 
     /// Creates and attaches a volume with the driver's requests: a lookup
     /// by name before the create; the volume read and the attachment
-    /// looked up before the attach, then polled with the driver's backoff.
+    /// looked up before the attach (its actions: the volume was just
+    /// read), then polled with the driver's backoff.
     async fn create_and_attach_as_the_driver(
         &self,
         req: &api::CreateVolumeRequest,
@@ -271,16 +277,14 @@ impl Bench {
         let volume = self.provider.create_volume(req).await.expect("create");
         steps.create = ms(t);
         let t = Instant::now();
-        self.provider
-            .get_volume(&volume.id)
-            .await
-            .expect("GET volume");
-        assert_eq!(self.attachment(&volume.id).await, Some(false));
+        let read = self.provider.get_volume(&volume.id).await;
+        let read = read.expect("GET volume");
+        assert_eq!(self.attachment(&volume.id, Some(&read)).await, Some(false));
         let node = &self.args.node_id;
         let started = self.provider.attach(&volume.id, node).await;
         if started.expect("attach").status == ActionStatus::InProgress {
             let mut backoff = self.retry.initial;
-            while self.attachment(&volume.id).await != Some(true) {
+            while self.attachment(&volume.id, None).await != Some(true) {
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(self.retry.max);
             }

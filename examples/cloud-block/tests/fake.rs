@@ -151,3 +151,52 @@ async fn the_fake_records_calls_fails_on_demand_and_holds_actions() {
         }
     );
 }
+
+/// ControllerPublishVolume reads the volume once before its attach: the
+/// attachment lookup that follows takes that read and asks only for the
+/// volume's actions. The attach is then polled as before.
+#[tokio::test]
+async fn a_publish_reads_the_volume_once_before_attaching() {
+    use cloud_block::driver::{CloudController, controller_config};
+    use csi_controller::ControllerService;
+    use csi_driver::v1::volume_capability::access_mode::Mode;
+    use csi_driver::v1::*;
+    use csi_driver::{CallContext, Controller, Method};
+    use std::sync::Arc;
+
+    let fake = Arc::new(FakeProvider::new());
+    let backend = CloudController {
+        client: fake.clone(),
+        region: "dev-1".into(),
+    };
+    let service = ControllerService::without_store(controller_config("dev-1"), backend).unwrap();
+    let cap = VolumeCapability::mount("ext4").with_access_mode(Mode::SingleNodeWriter);
+    let create = CreateVolumeRequest {
+        name: "pvc-1".into(),
+        volume_capabilities: vec![cap.clone()],
+        ..Default::default()
+    };
+    let ctx = CallContext::detached(0, Method::CreateVolume);
+    let made = service.create_volume(&ctx, create).await.unwrap();
+    let id = made.volume.unwrap().volume_id;
+    let before = fake.calls().len();
+    let publish = ControllerPublishVolumeRequest {
+        volume_id: id.clone(),
+        node_id: "node-a".into(),
+        volume_capability: Some(cap),
+        ..Default::default()
+    };
+    let ctx = CallContext::detached(0, Method::ControllerPublishVolume);
+    let published = service.controller_publish_volume(&ctx, publish).await;
+    assert!(!published.unwrap().publish_context.is_empty());
+    let calls = fake.calls();
+    let methods: Vec<&str> = calls[before..].iter().map(|c| c.method).collect();
+    let attach = methods.iter().position(|m| *m == "attach");
+    let attach = attach.unwrap_or_else(|| panic!("no attach: {methods:?}"));
+    assert_eq!(
+        methods[..attach],
+        ["get_volume", "list_volume_actions"],
+        "one read, then the actions: {methods:?}"
+    );
+    assert_eq!(fake.get_volume(&id).await.unwrap().node_ids, ["node-a"]);
+}

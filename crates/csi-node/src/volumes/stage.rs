@@ -5,6 +5,7 @@ use csi_proto::v1::NodeStageVolumeRequest;
 use super::filesystem::FilesystemStage;
 use super::{NodeOutcome, NodeVolumes, Part, Undo, View, absolute, is_bind};
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 
 use crate::error::NodeError;
 use crate::observe::{Identities, PathKind};
@@ -12,7 +13,7 @@ use crate::record::{
     Capability, Device, NodeVolumeRecord, StageRecord, StageState, VolumeSource, sorted,
 };
 use crate::rules::{StageDecision, StageFacts, decide_stage, effective_readonly, mount_options};
-use crate::seams::VolumeContexts;
+use crate::seams::{Probe, VolumeContexts};
 use mount_utils::MountArgs;
 
 impl NodeVolumes {
@@ -98,13 +99,16 @@ impl NodeVolumes {
         // and filesystems mounted by type save the intent first, as their
         // effects (an attach, a format, a mount id) need a record to be
         // found and resumed.
+        let mut probed = None;
         if !rec.stage.as_ref().is_some_and(is_bind) {
-            self.save(&rec, Part::Stage)?;
+            let device = (rec.stage.as_ref()).and_then(|s| probed_ahead(s, &ids, mounted));
+            probed = self.save_intent(&rec, device)?;
             undo.recorded = true;
         }
         let secrets = Some(&req.secrets);
+        let how = (options.as_slice(), secrets, probed);
         let result = self
-            .stage_effects(&mut rec, &view, &ids, mounted, &options, secrets, &mut undo)
+            .stage_effects_probed(&mut rec, &view, &ids, mounted, how, &mut undo)
             .and_then(|()| {
                 if let Some(s) = rec.stage.as_mut() {
                     s.state = StageState::Staged;
@@ -129,6 +133,23 @@ impl NodeVolumes {
         }
     }
 
+    /// Saves the stage intent `rec`. When `device` is given, its probe is
+    /// started first and taken after (looking changes nothing, so it needs
+    /// no intent): `blkid` runs while the record is flushed. What it found
+    /// is returned with the device. Nothing is formatted or mounted before
+    /// the intent is durable: that is after this returns.
+    fn save_intent(
+        &self,
+        rec: &NodeVolumeRecord,
+        device: Option<&Path>,
+    ) -> Result<Option<(PathBuf, Probe)>, NodeError> {
+        let fs = &self.inner.filesystems;
+        let started = device.and_then(|d| Some((d, fs.probe_ahead(&d.to_string_lossy())?)));
+        let saved = self.save(rec, Part::Stage);
+        let probe = started.map(|(device, probe)| (device.to_owned(), probe.finish()));
+        saved.map(|()| probe)
+    }
+
     #[allow(clippy::too_many_arguments)]
     pub(super) fn stage_effects(
         &self,
@@ -140,6 +161,22 @@ impl NodeVolumes {
         secrets: Option<&HashMap<String, String>>,
         undo: &mut Undo,
     ) -> Result<(), NodeError> {
+        let how = (options, secrets, None);
+        self.stage_effects_probed(rec, view, ids, mounted, how, undo)
+    }
+
+    /// [`stage_effects`](Self::stage_effects) with, last in `how`, what
+    /// [`save_intent`](Self::save_intent) found on the device, if it probed.
+    fn stage_effects_probed(
+        &self,
+        rec: &mut NodeVolumeRecord,
+        view: &View<'_>,
+        ids: &Identities,
+        mounted: bool,
+        how: StageHow<'_>,
+        undo: &mut Undo,
+    ) -> Result<(), NodeError> {
+        let (options, secrets, probed) = how;
         let Some(s) = rec.stage.clone() else {
             return Ok(());
         };
@@ -202,9 +239,11 @@ impl NodeVolumes {
                 let device = dev.path.to_string_lossy();
                 let fstype = s.capability.fs_type().unwrap_or_default();
                 let mount = MountArgs::new(&device, &s.path, fstype, &opts);
-                self.inner
-                    .filesystems
-                    .mount_filesystem(&mount, !s.formatted)?
+                let fs = &self.inner.filesystems;
+                match probed.filter(|(probed, _)| *probed == dev.path) {
+                    Some((_, probe)) => fs.mount_probed(&mount, !s.formatted, probe)?,
+                    None => fs.mount_filesystem(&mount, !s.formatted)?,
+                }
             }
             (VolumeSource::Filesystem(_), _) => return Ok(()),
             (VolumeSource::Image(image) | VolumeSource::Device(image), None) => {
@@ -234,6 +273,23 @@ impl NodeVolumes {
         Ok(dev)
     }
 }
+
+/// The device a stage about to save its intent can probe meanwhile: an
+/// attached device whose filesystem is to be mounted.
+fn probed_ahead<'a>(s: &StageRecord, ids: &'a Identities, mounted: bool) -> Option<&'a Path> {
+    let wanted = matches!(s.source, VolumeSource::Device(_)) && !s.capability.is_block();
+    let device = ids.attached.as_ref().filter(|_| wanted && !mounted);
+    device.map(|d| d.path.as_path())
+}
+
+/// What staging works with besides the record: the capability's mount
+/// options, the NodeStage secrets (`None` when restoring) and what was
+/// probed on the device while the intent was saved.
+type StageHow<'a> = (
+    &'a [String],
+    Option<&'a HashMap<String, String>>,
+    Option<(PathBuf, Probe)>,
+);
 
 /// The device of `source` that is there already: the attached one, or a
 /// loop device a crash left attached to its image. The intent records it,

@@ -23,6 +23,8 @@ const BLOCK_TAG: &str = "csi-kit:block";
 
 /// A page of the provider's volumes or snapshots.
 type Listed<T> = BackendResult<ProviderPage<T>>;
+/// Something the provider may not have.
+type Found<T> = BackendResult<Option<T>>;
 
 /// The controller's backend: volumes are made in `region` through `client`.
 pub struct CloudController {
@@ -77,6 +79,22 @@ fn publish_context(id: &str, access: Access) -> HashMap<String, String> {
     let access = format!("{access:?}").to_lowercase();
     let device = api::device_link_name(id);
     HashMap::from([(DEVICE_KEY.into(), device), (ACCESS_KEY.into(), access)])
+}
+
+/// Whether an attach of volume `id` to `node` is running; `None`: no such volume.
+async fn attach_running(c: &dyn ProviderClient, id: &str, node: &str) -> Found<bool> {
+    let actions = found(c.list_volume_actions(id, first()).await)?;
+    Ok(actions.map(|a| {
+        let attach = (ActionKind::Attach, ActionStatus::InProgress);
+        (a.items.iter()).any(|a| (a.kind, a.status) == attach && a.node_id.as_deref() == Some(node))
+    }))
+}
+
+fn attached_to(v: &ProviderVolume, node: &str) -> Option<AttachState> {
+    let context = publish_context(&v.record.id, v.record.access);
+    v.attached
+        .contains_key(node)
+        .then_some(AttachState::Attached(context))
 }
 
 fn gigabytes(bytes: i64) -> u64 {
@@ -223,21 +241,20 @@ impl AttachBackend for CloudController {
     }
     async fn attachment(&self, id: &str, node: &str) -> BackendResult<Option<AttachState>> {
         // Actions first: one that ends meanwhile shows in the volume read next.
-        let Some(actions) = found(self.client.list_volume_actions(id, first()).await)? else {
-            return Ok(None);
-        };
-        let running = actions.items.iter().any(|a| {
-            (a.kind, a.status) == (ActionKind::Attach, ActionStatus::InProgress)
-                && a.node_id.as_deref() == Some(node)
-        });
-        if running {
-            return Ok(Some(AttachState::Attaching));
+        match attach_running(self.client.as_ref(), id, node).await? {
+            Some(false) => {}
+            running => return Ok(running.map(|_| AttachState::Attaching)),
         }
-        let Some(volume) = found(self.client.get_volume(id).await)?.map(volume_view) else {
-            return Ok(None);
-        };
-        let attached = AttachState::Attached(publish_context(id, volume.record.access));
-        Ok(volume.attached.contains_key(node).then_some(attached))
+        let volume = found(self.client.get_volume(id).await)?.map(volume_view);
+        Ok(volume.and_then(|v| attached_to(&v, node)))
+    }
+    /// `v` was read before the actions: an attach that ended in between is started again and
+    /// refused as `AlreadyAttached`, which is attached.
+    async fn attachment_of(&self, v: &ProviderVolume, node: &str) -> Found<AttachState> {
+        match attach_running(self.client.as_ref(), &v.record.id, node).await? {
+            Some(false) => Ok(attached_to(v, node)),
+            running => Ok(running.map(|_| AttachState::Attaching)),
+        }
     }
     async fn detach(&self, id: &str, node: &str) -> BackendResult<()> {
         let nodes = match node {
