@@ -22,7 +22,8 @@ fn the_reconcilers_converge_after_every_fault_at_every_step() {
     };
     // The standard workloads whose calls have no kubelet part run against
     // the same services in tests/library.rs (lifecycle and shared-staging
-    // are kubelet-shared and kubelet-restart here).
+    // are kubelet-shared and kubelet-restart here, expand-online is
+    // kubelet-expand-online).
     for (w, why) in [
         (
             "snapshot-restore-clone",
@@ -31,12 +32,6 @@ fn the_reconcilers_converge_after_every_fault_at_every_step() {
         (
             "group-snapshot",
             "not run: the external-snapshotter's calls, with no kubelet part",
-        ),
-        (
-            "expand-online",
-            "not run: not modelled yet: csi_sim::kubelet has no change that grows a volume, so the node \
-             reconciler's NodeExpandVolume is not driven (the CO's ControllerExpandVolume and \
-             NodeExpandVolume run against these services in tests/library.rs)",
         ),
     ] {
         report.skip(w, why);

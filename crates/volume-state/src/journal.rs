@@ -52,6 +52,14 @@ pub struct VolumeIntent<P> {
     pub staged: Option<MountIdentity>,
     /// Pods the volume is (or may be) published for.
     pub pods: BTreeMap<P, PublishIntent>,
+    /// The filesystem size the node has set the volume up at, as far as it
+    /// is confirmed: the wanted size when it was first staged (or
+    /// published), a size stage or publish reported, then each successful
+    /// expansion's answer. Written only once an expansion succeeded, so a
+    /// restart in the middle of one still sees the old size and expands
+    /// again (kubelet keeps this in the PVC's status, not in memory).
+    /// Owes nothing by itself.
+    pub size: Option<u64>,
 }
 
 impl<P> Default for VolumeIntent<P> {
@@ -62,6 +70,7 @@ impl<P> Default for VolumeIntent<P> {
             staging_path: None,
             staged: None,
             pods: BTreeMap::new(),
+            size: None,
         }
     }
 }
@@ -184,6 +193,9 @@ struct FileRecord<V, P> {
     staged: Option<MountIdentity>,
     // A list, not a map: JSON map keys must be strings.
     pods: Vec<(P, PublishIntent)>,
+    // Absent from records written before sizes were kept.
+    #[serde(default)]
+    size: Option<u64>,
 }
 
 /// The record key of a volume: a string key as is, anything else as JSON.
@@ -239,6 +251,7 @@ where
                     staging_path: file.staging_path,
                     staged: file.staged,
                     pods: file.pods.into_iter().collect(),
+                    size: file.size,
                 };
                 (file.volume, record)
             })
@@ -257,6 +270,7 @@ where
                 .iter()
                 .map(|(p, r)| (p.clone(), r.clone()))
                 .collect(),
+            size: record.size,
         };
         Ok(self.table.put(&record_key(volume)?, &file)?)
     }
@@ -357,6 +371,7 @@ mod tests {
                 boot_id: Some("b1".into()),
             }),
             pods: BTreeMap::new(),
+            size: Some(1 << 30),
         };
         r.pods.insert(
             pod.to_string(),

@@ -527,3 +527,121 @@ async fn controller_attach_mode_keeps_the_attach_info_across_a_restart() {
     assert_eq!(volume.attach, AttachState::Attached);
     assert_eq!(*volume.attach_info, info);
 }
+
+fn sized(volume: &str, bytes: u64) -> VolumeSpec {
+    VolumeSpec {
+        desired_size: Some(bytes),
+        ..spec(volume)
+    }
+}
+
+impl Node {
+    fn add_sized(&self, volume: &str, pod: &str, bytes: u64) {
+        self.desired.add_pod(
+            volume.into(),
+            sized(volume, bytes),
+            pod.into(),
+            target(pod, volume),
+        );
+    }
+
+    /// Reconstructs `volume` for `pods` from the mounts and the journal,
+    /// the spec (the API's) wanting `bytes`.
+    fn reconstruct_sized(&self, mounts: &FakeMountTable, volume: &str, pods: &[&str], bytes: u64) {
+        let found = self.scan(mounts, volume, pods);
+        self.actual
+            .reconstruct_with_journal(found, &self.journal.records(), |v| Some(sized(v, bytes)));
+    }
+}
+
+/// The first run sets `volume` up for `pod` at `bytes`; the journal
+/// keeps that size.
+async fn sized_run(
+    store: &Arc<Store>,
+    mounts: &Arc<FakeMountTable>,
+    volume: &str,
+    pod: &str,
+    bytes: u64,
+) -> Node {
+    mounts.mount(staging(volume), disk(1));
+    mounts.mount(target(pod, volume), disk(1));
+    let node = start(AttachMode::ByNode, store, mounts);
+    node.desired.mark_populated();
+    node.add_sized(volume, pod, bytes);
+    node.settle().await;
+    assert_eq!(
+        node.calls(),
+        [v(Attach, volume), v(Stage, volume), v(Publish, volume)]
+    );
+    assert_eq!(store.load().unwrap()[volume].size, Some(bytes));
+    node
+}
+
+/// The PV grew (ControllerExpandVolume done) and the process stopped
+/// before NodeExpandVolume. The size the node was set up at was only in
+/// memory, so the restarted node, reconstructed from its mounts and the
+/// journal with the PV's new size as the spec, took the volume for
+/// expanded and never expanded it. Kubelet compares the PV's capacity with
+/// the size the node recorded (the PVC's status), which a restart keeps:
+/// the journal keeps it now.
+#[tokio::test]
+async fn an_expansion_interrupted_by_a_restart_is_made_after_it() {
+    let store = Arc::new(Store::new());
+    let mounts = Arc::new(FakeMountTable::new());
+    let first = sized_run(&store, &mounts, "v1", "a", 10).await;
+    first.add_sized("v1", "a", 20); // the PV grew; no pass ran
+    drop(first);
+
+    let second = start(AttachMode::ByNode, &store, &mounts);
+    second.reconstruct_sized(&mounts, "v1", &["a"], 20);
+    let snapshot = second.actual.snapshot();
+    assert_eq!(snapshot.get(&"v1".into()).unwrap().size, Some(10));
+    second.desired.mark_populated();
+    second.add_sized("v1", "a", 20);
+    second.settle().await;
+    assert_eq!(second.calls(), [v(Expand, "v1")]);
+    assert_eq!(store.load().unwrap()["v1"].size, Some(20));
+    assert_eq!(second.plugin.size(&"v1".into()), Some(20));
+
+    // A restart after the expansion does not expand again.
+    drop(second);
+    let third = start(AttachMode::ByNode, &store, &mounts);
+    third.reconstruct_sized(&mounts, "v1", &["a"], 20);
+    third.desired.mark_populated();
+    third.add_sized("v1", "a", 20);
+    third.settle().await;
+    assert!(third.calls().is_empty());
+}
+
+/// A crash while NodeExpandVolume runs: the size is recorded only once it
+/// succeeded, so the restart expands again; and a volume staged and
+/// published again after the restart (its mounts not proven) is not taken
+/// for grown by the re-stage either.
+#[tokio::test]
+async fn a_crash_during_expansion_expands_again_after_the_restart() {
+    let store = Arc::new(Store::new());
+    let mounts = Arc::new(FakeMountTable::new());
+    let first = sized_run(&store, &mounts, "v1", "a", 10).await;
+    let hold = first.plugin.hold(Expand, None);
+    first.add_sized("v1", "a", 20);
+    let reconciler = first.reconciler.clone();
+    let expand = tokio::spawn(async move { reconciler.run_pass().await });
+    hold.entered().await;
+    expand.abort(); // the crash
+    assert!(expand.await.unwrap_err().is_cancelled());
+    assert_eq!(store.load().unwrap()["v1"].size, Some(10));
+    drop(first);
+    // The mounts are gone too (a reboot): nothing proves the set-up.
+    mounts.unmount(&target("a", "v1"));
+    mounts.unmount(&staging("v1"));
+
+    let second = start(AttachMode::ByNode, &store, &mounts);
+    second.reconstruct_sized(&mounts, "v1", &["a"], 20);
+    second.desired.mark_populated();
+    second.add_sized("v1", "a", 20);
+    second.settle().await;
+    let calls = second.calls();
+    assert!(calls.contains(&v(Stage, "v1")), "{calls:?}");
+    assert_eq!(calls.last(), Some(&v(Expand, "v1")), "{calls:?}");
+    assert_eq!(store.load().unwrap()["v1"].size, Some(20));
+}

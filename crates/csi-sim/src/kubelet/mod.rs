@@ -6,6 +6,12 @@
 //! deleted, the kubelet restarted); after each one the reconcilers run
 //! until they converge, and the invariants are checked.
 //!
+//! A volume in use is expanded as Kubernetes does it: the resizer's
+//! ControllerExpandVolume, then the PV's capacity (the size the kubelet
+//! wants for the pods' volume) grows, and the node reconciler must bring
+//! the node to it with NodeExpandVolume, also across a restart between the
+//! two.
+//!
 //! A crash drops the driver's and the kubelet's memory; both restart on
 //! the same world, the kubelet from its journal and the mount table as
 //! kubelet reconstructs. The attach controller runs elsewhere (in the
@@ -18,12 +24,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use csi_driver::{CallContext, Method};
-use csi_proto::v1::ListVolumesRequest;
 use csi_proto::v1::volume_capability::access_mode::Mode;
+use csi_proto::v1::{CapacityRange, ControllerExpandVolumeRequest, ListVolumesRequest};
 use csi_store::FileStore;
 use volume_state::controller::{
     ActualAttachState, AttachConfig, AttachReconciler, DesiredAttachState,
 };
+use volume_state::csi::default_capability;
 use volume_state::journal::{Journal, RecordJournalStore};
 use volume_state::node::{
     ActualNodeState, AttachMode, DesiredNodeState, DeviceState, DiscoveredMount, NodeReconciler,
@@ -58,6 +65,18 @@ pub enum Change {
     AddPod(Pod),
     /// A pod is deleted.
     DeletePod(&'static str),
+    /// The resizer grows volume `pv` to `size` bytes
+    /// (ControllerExpandVolume, retried); then the PV's capacity, the size
+    /// the kubelet wants for the pods' volume, is `size`. The CO raises it
+    /// whatever `node_expansion_required` said, as for a driver whose node
+    /// must grow the filesystem (csi-kit's library, whose volumes are
+    /// directories, answers NodeExpandVolume with nothing to grow).
+    Expand {
+        /// The volume.
+        pv: &'static str,
+        /// Its new size in bytes.
+        size: i64,
+    },
     /// The kubelet restarts (its memory lost, the driver kept) after
     /// `after_passes` passes of work on the change before.
     RestartKubelet {
@@ -87,9 +106,11 @@ pub struct KubeletWorkload {
 }
 
 /// The standard kubelet workloads: two pods sharing a staged volume (one
-/// read-only) from provisioning to deletion, and restarts of the kubelet
+/// read-only) from provisioning to deletion, restarts of the kubelet
 /// with a volume in use and between unpublish and unstage
-/// (kubernetes#85476).
+/// (kubernetes#85476), and a volume in use expanded twice, the kubelet
+/// restarted between the first ControllerExpandVolume and its
+/// NodeExpandVolume.
 pub fn kubelet_workloads() -> Vec<KubeletWorkload> {
     use Change::*;
     let add = |name, pv, read_only| {
@@ -120,6 +141,26 @@ pub fn kubelet_workloads() -> Vec<KubeletWorkload> {
                 DeletePod("pod-1"),
                 // Unpublished, then the kubelet stops before the unstage.
                 RestartKubelet { after_passes: 1 },
+            ],
+        },
+        KubeletWorkload {
+            name: "kubelet-expand-online",
+            changes: vec![
+                Provision("pv-a"),
+                add("pod-1", "pv-a", false),
+                Expand {
+                    pv: "pv-a",
+                    size: 2 * GIB,
+                },
+                // Grown by the controller; the kubelet stops before it
+                // expands the node.
+                RestartKubelet { after_passes: 0 },
+                Expand {
+                    pv: "pv-a",
+                    size: 3 * GIB,
+                },
+                DeletePod("pod-1"),
+                Deprovision("pv-a"),
             ],
         },
     ]
@@ -179,6 +220,8 @@ struct Cluster<'a> {
     co: Co<'a>,
     /// Pod → (volume, read-only).
     pods: BTreeMap<&'static str, (&'static str, bool)>,
+    /// Each volume's capacity as the PV says (what the pods want).
+    sizes: BTreeMap<&'static str, i64>,
     kubelet: Option<Kubelet>,
     attach: AttachReconciler<String, String, String>,
     attach_desired: Arc<DesiredAttachState<String, String, String>>,
@@ -203,6 +246,7 @@ impl<'a> Cluster<'a> {
         Cluster {
             co: Co::new(world, start, Mode::SingleNodeWriter),
             pods: BTreeMap::new(),
+            sizes: BTreeMap::new(),
             kubelet: None,
             attach,
             attach_desired,
@@ -218,6 +262,7 @@ impl<'a> Cluster<'a> {
             staging_path: Some(self.co.staging(pv)),
             // Pods on one node share it (SINGLE_NODE_WRITER allows one target).
             access_mode: NodeAccess::MultiNode,
+            desired_size: self.sizes.get(pv).and_then(|s| u64::try_from(*s).ok()),
             ..VolumeSpec::default()
         }
     }
@@ -246,6 +291,7 @@ impl<'a> Cluster<'a> {
                     from: None,
                 };
                 self.co.perform(&create).await?;
+                self.sizes.insert(pv, GIB);
             }
             Change::Deprovision(pv) => self.co.perform(&Call::DeleteVolume(pv)).await?,
             Change::AddPod(Pod {
@@ -273,6 +319,18 @@ impl<'a> Cluster<'a> {
                         .remove_pod(&NODE_ID.into(), &id, &(*pod).into());
                 }
             }
+            Change::Expand { pv, size } => {
+                self.controller_expand(pv, *size).await?;
+                self.sizes.insert(pv, *size);
+                let (id, spec) = (self.co.id(pv), Arc::new(self.spec(pv)));
+                if let Some(k) = &self.kubelet {
+                    for (pod, _) in self.pods.iter().filter(|(_, (p, _))| p == pv) {
+                        let target = self.co.target(pv, pod);
+                        k.desired
+                            .add_pod(id.clone(), spec.clone(), (*pod).into(), target);
+                    }
+                }
+            }
             Change::RestartKubelet { .. } => self.kubelet = None,
         }
         let read_only = self.pods.iter().filter(|(_, (_, ro))| *ro);
@@ -290,6 +348,42 @@ impl<'a> Cluster<'a> {
                 )),
             },
         }
+    }
+
+    /// The resizer's ControllerExpandVolume, retried until answered OK. A
+    /// crash during it takes the kubelet's memory too.
+    async fn controller_expand(&mut self, pv: &str, size: i64) -> Result<(), String> {
+        let mut last = String::new();
+        for _ in 0..MAX_ATTEMPTS {
+            let req = ControllerExpandVolumeRequest {
+                volume_id: self.co.id(pv),
+                capacity_range: Some(CapacityRange {
+                    required_bytes: size,
+                    limit_bytes: 0,
+                }),
+                volume_capability: Some(default_capability(&self.spec(pv))),
+                ..Default::default()
+            };
+            let controller = self.co.services().await?.controller.clone();
+            let r = controller
+                .controller_expand_volume(
+                    &CallContext::detached(0, Method::ControllerExpandVolume),
+                    req,
+                )
+                .await;
+            if self.co.world.crashed() {
+                self.kubelet = None;
+                last = format!("driver crashed ({r:?})");
+                continue;
+            }
+            match r {
+                Ok(_) => return Ok(()),
+                Err(e) => last = e.to_string(),
+            }
+        }
+        Err(format!(
+            "ControllerExpandVolume: no final answer after {MAX_ATTEMPTS} attempts: {last}"
+        ))
     }
 
     /// Runs up to `passes` passes of both reconcilers; whether they
@@ -460,6 +554,13 @@ impl<'a> Cluster<'a> {
             if mounted != Some(PodMountState::Mounted) {
                 return Some(format!("{pv} for {pod}: {mounted:?}"));
             }
+            let wanted = self.spec(pv).desired_size;
+            if v.size.is_none_or(|s| wanted.is_some_and(|w| s < w)) {
+                return Some(format!(
+                    "{pv} at {:?} bytes on the node, wanted {wanted:?}",
+                    v.size
+                ));
+            }
         }
         let node = NODE_ID.to_owned();
         let attached: BTreeSet<String> = self
@@ -482,6 +583,17 @@ impl<'a> Cluster<'a> {
             .map(|(pod, (pv, ro))| ((*pv, *pod), *ro))
             .collect();
         self.co.check().await?;
+        // The node's filesystem has the size the PV has (NodeExpandVolume
+        // answered OK for it).
+        for pv in self.pods.values().map(|(pv, _)| *pv) {
+            let (id, wanted) = (self.co.id(pv), self.sizes.get(pv).copied().unwrap_or(GIB));
+            let have = self.plugin.node_size(&id).unwrap_or(GIB);
+            if have < wanted {
+                return Err(format!(
+                    "{pv} is {have} bytes on the node, the PV {wanted}: its expansion was lost"
+                ));
+            }
+        }
         let s = self.co.services().await?;
         let listed = s
             .controller

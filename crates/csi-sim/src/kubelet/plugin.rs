@@ -2,7 +2,7 @@
 //! driver's RPCs, made in process on whatever driver process is running,
 //! with the checks that need the moment of the call.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -40,6 +40,9 @@ pub(crate) struct SimVolumePlugin {
     read_only: Mutex<BTreeSet<PathBuf>>,
     /// Where pods' volumes are published.
     pods_dir: PathBuf,
+    /// The size each volume's filesystem was grown to on the node:
+    /// what NodeExpandVolume answered OK.
+    expanded: Mutex<BTreeMap<String, i64>>,
     /// Invariants broken at the moment of a call.
     found: Mutex<Vec<String>>,
 }
@@ -65,6 +68,7 @@ impl SimVolumePlugin {
             in_use: Mutex::default(),
             read_only: Mutex::default(),
             pods_dir: world.host_dir().join("kubelet/pods"),
+            expanded: Mutex::default(),
             found: Mutex::default(),
         }
     }
@@ -78,6 +82,12 @@ impl SimVolumePlugin {
     pub(crate) fn set_pods(&self, ids: BTreeSet<String>, read_only: BTreeSet<PathBuf>) {
         *lock(&self.in_use) = ids;
         *lock(&self.read_only) = read_only;
+    }
+
+    /// The size volume `id`'s filesystem was grown to on the node, if
+    /// NodeExpandVolume answered OK for it.
+    pub(crate) fn node_size(&self, id: &str) -> Option<i64> {
+        lock(&self.expanded).get(id).copied()
     }
 
     /// The invariants broken at calls since the last take.
@@ -257,6 +267,15 @@ impl VolumePlugin<String, String> for SimVolumePlugin {
     }
 
     async fn expand(&self, request: &ExpandRequest<String>) -> Result<u64, PluginError> {
+        let (staged, published) = self.mounts_of(&request.volume);
+        let staging = request.staging_path.clone().unwrap_or_default();
+        if !staged.contains(&staging) || !published.contains(&request.volume_path) {
+            self.broke(format!(
+                "NodeExpandVolume of {} at {:?} while it is not staged at {staging:?} and published there \
+                 (staged at {staged:?}, published at {published:?})",
+                request.volume, request.volume_path
+            ));
+        }
         let (_, node) = self.driver()?;
         let size = i64::try_from(request.new_size)
             .map_err(|_| PluginError::final_error("size beyond CSI's int64"))?;
@@ -278,8 +297,15 @@ impl VolumePlugin<String, String> for SimVolumePlugin {
         let r = node
             .node_expand_volume(&ctx(Method::NodeExpandVolume), req)
             .await;
-        self.answer(r)
-            .map(|resp| u64::try_from(resp.capacity_bytes).unwrap_or(request.new_size))
+        let size = self.answer(r).map(|resp| {
+            // 0: the driver does not say (CSI); kubelet then takes the
+            // size it asked for.
+            resp.capacity_bytes.max(size)
+        })?;
+        let mut expanded = lock(&self.expanded);
+        let grown = expanded.entry(request.volume.clone()).or_default();
+        *grown = (*grown).max(size);
+        Ok(u64::try_from(size).unwrap_or(request.new_size))
     }
 }
 

@@ -8,7 +8,7 @@ use crate::journal::{Journal, PublishIntent, VolumeIntent};
 use crate::mounts::{MountIdentity, MountTable};
 use crate::pass::{ExecutionResult, PassCore, reconciler_over_pass_core};
 use crate::plugin::{ExpandRequest, PublishRequest, StageRequest, VolumePlugin};
-use crate::types::{AttachInfo, Key};
+use crate::types::{AttachInfo, Key, VolumeSpec};
 
 /// The node-mode reconciler: plans passes over the desired and actual state
 /// and executes the operations through the gate and the plugin.
@@ -283,6 +283,7 @@ impl<V: Key, P: Key, N: Key> NodeReconciler<V, P, N> {
                 let source = path.and_then(|p| self.source_after(&result, &p));
                 self.record_pod(&volume, &pod, source).await
             }
+            JournalStep::Size(volume) => self.record_size(&volume).await,
             JournalStep::Nothing => {}
         }
         result
@@ -301,33 +302,43 @@ impl<V: Key, P: Key, N: Key> NodeReconciler<V, P, N> {
                 r.attach_info = Some(info.clone());
             }
         };
+        // A first set-up is at the wanted size; a later one (the record
+        // already has a size) must not claim an expansion not yet made.
+        let keep_size = |r: &mut VolumeIntent<P>, spec: &VolumeSpec| {
+            if r.size.is_none() {
+                r.size = spec.desired_size;
+            }
+        };
         let written = match op {
             NodeOperation::Attach { volume, .. } => {
                 journal.update(volume, |r| r.attached = true).await
             }
             NodeOperation::Stage {
                 volume,
+                spec,
                 staging_path,
                 attach,
-                ..
             } => {
                 journal
                     .update(volume, |r| {
                         r.staging_path = Some(staging_path.clone());
                         r.staged = None;
                         keep_info(r, attach);
+                        keep_size(r, spec);
                     })
                     .await
             }
             NodeOperation::Publish {
                 volume,
                 pod,
+                spec,
                 target_path,
                 attach,
                 ..
             } => {
                 journal
                     .update(volume, |r| {
+                        keep_size(r, spec);
                         let record = r.pods.entry(pod.clone()).or_insert(PublishIntent {
                             target_path: target_path.clone(),
                             source: None,
@@ -391,19 +402,36 @@ impl<V: Key, P: Key, N: Key> NodeReconciler<V, P, N> {
         .await
     }
 
+    /// After an expansion: the size the actual state now has (the old one
+    /// if it failed, so a restart expands again).
+    async fn record_size(&self, volume: &V) {
+        let size = self.actual.snapshot().get(volume).and_then(|a| a.size);
+        if size.is_some() {
+            self.record(volume, |r| r.size = size).await
+        }
+    }
+
     /// After stage or unstage; `source` is what a successful stage mounted.
     async fn record_device(&self, volume: &V, source: Option<MountIdentity>) {
-        let device = self.actual.snapshot().get(volume).map(|a| a.device.clone());
-        self.record(volume, |r| match device {
-            None | Some(DeviceState::NotMounted) => {
-                r.staging_path = None;
-                r.staged = None;
+        let (device, size) = match self.actual.snapshot().get(volume) {
+            Some(a) => (Some(a.device.clone()), a.size),
+            None => (None, None),
+        };
+        self.record(volume, |r| {
+            if size.is_some() {
+                r.size = size;
             }
-            Some(DeviceState::Uncertain) => r.staged = None,
-            Some(DeviceState::Mounted { staging_path, .. }) => {
-                r.staging_path = Some(staging_path);
-                if source.is_some() {
-                    r.staged = source;
+            match device {
+                None | Some(DeviceState::NotMounted) => {
+                    r.staging_path = None;
+                    r.staged = None;
+                }
+                Some(DeviceState::Uncertain) => r.staged = None,
+                Some(DeviceState::Mounted { staging_path, .. }) => {
+                    r.staging_path = Some(staging_path);
+                    if source.is_some() {
+                        r.staged = source;
+                    }
                 }
             }
         })
@@ -413,21 +441,24 @@ impl<V: Key, P: Key, N: Key> NodeReconciler<V, P, N> {
     /// After publish or unpublish for `pod`; `source` is what a successful
     /// publish mounted.
     async fn record_pod(&self, volume: &V, pod: &P, source: Option<MountIdentity>) {
-        let state = self
-            .actual
-            .snapshot()
-            .pod_mount(volume, pod)
-            .map(|m| m.state);
-        self.record(volume, |r| match state {
-            None => {
-                r.pods.remove(pod);
+        let actual = self.actual.snapshot();
+        let state = actual.pod_mount(volume, pod).map(|m| m.state);
+        let size = actual.get(volume).and_then(|a| a.size);
+        self.record(volume, |r| {
+            if size.is_some() && state.is_some() {
+                r.size = size;
             }
-            Some(state) => {
-                if let Some(record) = r.pods.get_mut(pod) {
-                    if state == PodMountState::Uncertain {
-                        record.source = None;
-                    } else if source.is_some() {
-                        record.source = source;
+            match state {
+                None => {
+                    r.pods.remove(pod);
+                }
+                Some(state) => {
+                    if let Some(record) = r.pods.get_mut(pod) {
+                        if state == PodMountState::Uncertain {
+                            record.source = None;
+                        } else if source.is_some() {
+                            record.source = source;
+                        }
                     }
                 }
             }
@@ -442,6 +473,7 @@ enum JournalStep<V, P> {
     Attach(V),
     Device(V, Option<std::path::PathBuf>),
     Pod(V, P, Option<std::path::PathBuf>),
+    Size(V),
     Nothing,
 }
 
@@ -466,6 +498,7 @@ impl<V: Key, P: Key> JournalStep<V, P> {
             NodeOperation::Unpublish { volume, pod, .. } => {
                 JournalStep::Pod(volume.clone(), pod.clone(), None)
             }
+            NodeOperation::Expand { volume, .. } => JournalStep::Size(volume.clone()),
             _ => JournalStep::Nothing,
         }
     }

@@ -200,6 +200,9 @@ fn rebuild<V: Key, P: Key>(
     report: &mut ReconstructionReport,
 ) -> ActualVolume<P> {
     let mut entry = ActualVolume::new(spec.clone());
+    // The size the node confirmed, not the spec's: the spec carries what
+    // is wanted now, which an interrupted expansion has not reached.
+    entry.size = record.and_then(|r| r.size);
     let staged_source = record.and_then(|r| r.staged.as_ref());
     let recorded_staging = record.and_then(|r| r.staging_path.clone());
     let staging_path = if mounts.is_empty() {
