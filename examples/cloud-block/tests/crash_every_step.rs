@@ -19,7 +19,8 @@ const TOKEN_ENV: &[(&str, &str)] = &[("CLOUD_PROVIDER_TOKEN", "crash-test-token"
 /// What it serves: all but group snapshots (it declares none; the report
 /// says so), the clone included (CLONE_VOLUME: the provider copies); the
 /// lifecycle with block volumes too (published as the device). Online
-/// expansion comes last: where root lacks CAP_SYS_RESOURCE it is left out.
+/// expansion runs on xfs where root lacks CAP_SYS_RESOURCE
+/// (`with_online_expansion`).
 const WORKLOADS: &[&str] = &[
     "lifecycle",
     "lifecycle+block",
@@ -56,16 +57,7 @@ fn driver_args(l: &Layout) -> Vec<String> {
 #[ignore = "needs root: run by scripts/test.sh's root pass"]
 fn cloud_block_survives_a_crash_at_every_step() {
     mount_utils::require_root!("cloud_block_survives_a_crash_at_every_step");
-    let workloads = match e2e_support::has_cap_sys_resource() {
-        true => WORKLOADS,
-        false => {
-            eprintln!(
-                "skipped: expand-online: growing a mounted ext4 needs CAP_SYS_RESOURCE, which \
-                 this process lacks (CapEff bit 24)"
-            );
-            &WORKLOADS[..WORKLOADS.len() - 1]
-        }
-    };
+    let workloads = e2e_support::with_online_expansion(WORKLOADS);
     let provider = Auxiliary {
         name: PROVIDER,
         program: env!("CARGO_BIN_EXE_cloud-provider").into(),

@@ -12,27 +12,13 @@ use csi_sim::kernel::{KernelTarget, assert_survives};
 #[ignore = "needs root: run by scripts/test.sh's root pass"]
 fn loop_block_survives_a_crash_at_every_step() {
     mount_utils::require_root!("loop_block_survives_a_crash_at_every_step");
-    let workloads: &'static [&'static str] = match e2e_support::has_cap_sys_resource() {
-        true => &[
-            "lifecycle",
-            "snapshot-restore-clone",
-            "expand-online",
-            "group-snapshot",
-            "shared-staging",
-        ],
-        false => {
-            eprintln!(
-                "skipped: expand-online: growing a mounted ext4 needs CAP_SYS_RESOURCE, which \
-                 this process lacks (CapEff bit 24)"
-            );
-            &[
-                "lifecycle",
-                "snapshot-restore-clone",
-                "group-snapshot",
-                "shared-staging",
-            ]
-        }
-    };
+    let workloads = e2e_support::with_online_expansion(&[
+        "lifecycle",
+        "snapshot-restore-clone",
+        "expand-online",
+        "group-snapshot",
+        "shared-staging",
+    ]);
     let target = KernelTarget {
         name: "loop-block",
         program: env!("CARGO_BIN_EXE_loop-block").into(),

@@ -338,3 +338,32 @@ pub fn has_cap_sys_resource() -> bool {
         .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
         .is_some_and(|caps| caps & (1 << 24) != 0)
 }
+
+/// A crash companion's workloads with its online expansion where this
+/// machine can grow a mounted filesystem: as listed (ext4) with
+/// CAP_SYS_RESOURCE; else on xfs (`expand-online+xfs`, whose grow needs
+/// only CAP_SYS_ADMIN) when mkfs.xfs is installed; else without it,
+/// saying so.
+pub fn with_online_expansion(workloads: &[&'static str]) -> &'static [&'static str] {
+    const EXPAND: &str = "expand-online";
+    if has_cap_sys_resource() || !workloads.contains(&EXPAND) {
+        return Vec::leak(workloads.to_vec());
+    }
+    let others = workloads.iter().copied().filter(|w| *w != EXPAND);
+    let xfs = std::process::Command::new("mkfs.xfs")
+        .arg("-V")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if xfs {
+        eprintln!(
+            "expand-online runs on xfs: growing a mounted ext4 needs CAP_SYS_RESOURCE, which \
+             this process lacks (CapEff bit 24)"
+        );
+        return Vec::leak(others.chain(["expand-online+xfs"]).collect());
+    }
+    eprintln!(
+        "skipped: expand-online: growing a mounted ext4 needs CAP_SYS_RESOURCE, which this \
+         process lacks (CapEff bit 24), and mkfs.xfs is not installed"
+    );
+    Vec::leak(others.collect())
+}

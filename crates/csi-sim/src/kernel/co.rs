@@ -51,6 +51,8 @@ pub(crate) struct Co<'a> {
     pub(crate) refused: Vec<String>,
     /// Whether its volumes are block volumes (else mount volumes).
     pub(crate) block: bool,
+    /// Whether its mount volumes are xfs (else the driver's default).
+    pub(crate) xfs: bool,
     /// Clones the CO never asked for: the driver declares no CLONE_VOLUME.
     pub(crate) not_cloned: Vec<&'static str>,
     /// Mounts and loop devices under the run's directory that its
@@ -65,6 +67,7 @@ impl<'a> Co<'a> {
             target,
             layout,
             block,
+            xfs: false,
             model: Model::default(),
             process: None,
             client: None,
@@ -228,14 +231,18 @@ impl<'a> Co<'a> {
     }
 
     fn size(&self, workload_size: i64) -> i64 {
-        workload_size / GIB * self.target.volume_unit
+        let unit = match self.xfs {
+            true => self.target.volume_unit.max(super::XFS_MIN_VOLUME),
+            false => self.target.volume_unit,
+        };
+        workload_size / GIB * unit
     }
 
     /// One attempt; `None` when the CO would not make this call (a
     /// ControllerPublish to a driver without attach).
     async fn attempt(&mut self, call: &Call) -> Result<Option<Result<(), Status>>, String> {
         let c = self.client()?.clone();
-        let cap = capability(self.block);
+        let cap = capability(self.block, self.xfs);
         let node_id = self.target.node_id.to_owned();
         Ok(Some(match call {
             Call::CreateVolume { pv, size, from } => {
@@ -451,12 +458,17 @@ async fn controller_rpcs(client: &CsiClient) -> Result<Vec<ControllerRpc>, Strin
         .collect())
 }
 
-/// A mount (or block) volume that two pods on the node may share (the
-/// shared-staging workload publishes it twice).
-fn capability(block: bool) -> VolumeCapability {
-    let access = match block {
-        true => AccessType::Block(BlockVolume::default()),
-        false => AccessType::Mount(MountVolume::default()),
+/// A mount (of xfs, or of the driver's default) or block volume that two
+/// pods on the node may share (the shared-staging workload publishes it
+/// twice).
+fn capability(block: bool, xfs: bool) -> VolumeCapability {
+    let access = match (block, xfs) {
+        (true, _) => AccessType::Block(BlockVolume::default()),
+        (false, true) => AccessType::Mount(MountVolume {
+            fs_type: "xfs".into(),
+            ..Default::default()
+        }),
+        (false, false) => AccessType::Mount(MountVolume::default()),
     };
     VolumeCapability {
         access_type: Some(access),

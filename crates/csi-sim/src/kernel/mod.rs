@@ -55,6 +55,24 @@ pub const REPLAY_ENV: &str = "CSI_KIT_CRASH_REPLAY";
 /// CO's data is written to the device, not a file.
 pub const BLOCK_SUFFIX: &str = "+block";
 
+/// A workload name with this suffix (`expand-online+xfs`) in
+/// [`KernelTarget::workloads`] is that workload with mount volumes of xfs,
+/// each at least [`XFS_MIN_VOLUME`]: an xfs grows while mounted with
+/// CAP_SYS_ADMIN alone, where an ext4 also needs CAP_SYS_RESOURCE, which
+/// some sandboxes drop for root.
+pub const XFS_SUFFIX: &str = "+xfs";
+
+/// Bytes of the smallest xfs volume (mkfs.xfs refuses under 300 MiB).
+pub const XFS_MIN_VOLUME: i64 = 320 << 20;
+
+/// A workload's name without [`BLOCK_SUFFIX`] or [`XFS_SUFFIX`].
+fn base_name(name: &str) -> &str {
+    [BLOCK_SUFFIX, XFS_SUFFIX]
+        .iter()
+        .find_map(|suffix| name.strip_suffix(suffix))
+        .unwrap_or(name)
+}
+
 /// The variable setting how many runs go at once (default 2).
 pub const JOBS_ENV: &str = "CSI_KIT_CRASH_JOBS";
 
@@ -200,7 +218,7 @@ pub fn explore(target: &KernelTarget) -> KernelReport {
         };
         let all = workloads();
         for w in &all {
-            let named = |n: &&str| n.strip_suffix(BLOCK_SUFFIX).unwrap_or(n) == w.name;
+            let named = |n: &&str| base_name(n) == w.name;
             if !target.workloads.iter().any(named) {
                 report.skipped.push((
                     w.name.to_owned(),
@@ -211,7 +229,7 @@ pub fn explore(target: &KernelTarget) -> KernelReport {
         }
         let mut chosen = Vec::new();
         for name in target.workloads {
-            let base = name.strip_suffix(BLOCK_SUFFIX).unwrap_or(name);
+            let base = base_name(name);
             match all.iter().find(|w| w.name == base) {
                 Some(w) => chosen.push(SimWorkload {
                     name,
@@ -369,6 +387,7 @@ async fn run(target: &KernelTarget, w: &SimWorkload, plan: Option<CrashPlan>) ->
     let trace_file = layout.base.join("trace");
     let block = w.name.ends_with(BLOCK_SUFFIX);
     let mut co = Co::new(target, layout.clone(), block);
+    co.xfs = w.name.ends_with(XFS_SUFFIX);
     // What the auxiliaries mounted and attached (a filesystem of its own
     // for the driver's state) is theirs, not the driver's.
     if !auxiliaries.is_empty() {
