@@ -91,17 +91,7 @@ fn replay_restores_lost_and_stale_record_files() {
 
     let store = FileStore::open(tmp.path().join("state")).unwrap();
     assert_eq!(store.stats().journal_replayed_at_open, 22);
-    let t: Table<String> = Table::new(&store, "volumes").unwrap();
-    let scan = t.scan().unwrap();
-    assert!(scan.quarantined.is_empty(), "{:?}", scan.quarantined);
-    let mut want: Vec<(String, String)> = (0..20)
-        .filter(|i| *i != 4)
-        .map(|i| (format!("vol-{i}"), format!("v{i}")))
-        .collect();
-    want.iter_mut().find(|(k, _)| k == "vol-3").unwrap().1 = "rewritten".into();
-    want.sort();
-    assert_eq!(scan.records, want);
-    drop(t);
+    assert_twenty_but_vol_4(&store, Some("rewritten"));
     assert_eq!(store.stats().journal_files_fixed_at_open, 4);
     drop(store);
     // Replayed: a third open finds every file as the journal says.
@@ -338,20 +328,6 @@ fn the_first_scan_after_a_replay_reads_no_record_file_twice() {
     }
     t.delete("vol-4").unwrap();
     drop((t, store));
-    let want = |store: &FileStore, changed: Option<&str>| {
-        let t: Table<String> = Table::new(store, "volumes").unwrap();
-        let scan = t.scan().unwrap();
-        assert!(scan.quarantined.is_empty(), "{:?}", scan.quarantined);
-        let mut want: Vec<(String, String)> = (0..20)
-            .filter(|i| *i != 4)
-            .map(|i| (format!("vol-{i}"), format!("v{i}")))
-            .collect();
-        if let Some(v) = changed {
-            want.iter_mut().find(|(k, _)| k == "vol-3").unwrap().1 = v.into();
-        }
-        want.sort();
-        assert_eq!(scan.records, want);
-    };
 
     let fs = Arc::new(CountingReads::default());
     let store = FileStore::open_on(fs.clone(), tmp.path().join("state")).unwrap();
@@ -361,9 +337,9 @@ fn the_first_scan_after_a_replay_reads_no_record_file_twice() {
         19,
         "the replay compares each file the journal names"
     );
-    want(&store, None);
+    assert_twenty_but_vol_4(&store, None);
     assert_eq!(fs.take(), 0, "the scan takes what the replay read");
-    want(&store, None);
+    assert_twenty_but_vol_4(&store, None);
     assert_eq!(fs.take(), 19, "later scans read the files");
     drop(store);
 
@@ -373,6 +349,23 @@ fn the_first_scan_after_a_replay_reads_no_record_file_twice() {
     let t: Table<String> = Table::new(&store, "volumes").unwrap();
     t.put("vol-3", &"rewritten".to_string()).unwrap();
     fs.take();
-    want(&store, Some("rewritten"));
+    assert_twenty_but_vol_4(&store, Some("rewritten"));
     assert_eq!(fs.take(), 19);
+}
+
+/// The "volumes" table holds vol-0..vol-19 but vol-4, each `v{i}`, except
+/// vol-3 when `vol_3` names its newer value; nothing quarantined.
+fn assert_twenty_but_vol_4(store: &FileStore, vol_3: Option<&str>) {
+    let t: Table<String> = Table::new(store, "volumes").unwrap();
+    let scan = t.scan().unwrap();
+    assert!(scan.quarantined.is_empty(), "{:?}", scan.quarantined);
+    let mut want: Vec<(String, String)> = (0..20)
+        .filter(|i| *i != 4)
+        .map(|i| (format!("vol-{i}"), format!("v{i}")))
+        .collect();
+    if let Some(v) = vol_3 {
+        want.iter_mut().find(|(k, _)| k == "vol-3").unwrap().1 = v.into();
+    }
+    want.sort();
+    assert_eq!(scan.records, want);
 }
