@@ -60,11 +60,13 @@ drivers=$bin
 csi=$bin/csi
 loop=loop; [ -x "$drivers/loop-block" ] || { echo "bench-scale: no loop-block in $drivers; hostpath alone"; loop=; loopn=; }
 pid=
+# cleanup [DIR]: stops the driver and removes what it left mounted or attached
+# under DIR (default: everything this script made).
 cleanup() {
+  local under=${1:-$work}/
   [ -n "$pid" ] && kill -9 "$pid" 2>/dev/null; wait 2>/dev/null || true
-  # What the drivers left mounted or attached in this namespace.
-  awk -v w="$work" 'index($5, w) == 1 {print $5}' /proc/self/mountinfo | sort -r | xargs -r -n1 umount -l 2>/dev/null || true
-  losetup -a 2>/dev/null | awk -F: -v w="$work" 'index($0, w) {print $1}' | xargs -r -n1 losetup -d 2>/dev/null || true
+  awk -v w="$under" 'index($5, w) == 1 {print $5}' /proc/self/mountinfo | sort -r | xargs -r umount -l 2>/dev/null || true
+  losetup -a 2>/dev/null | awk -F: -v w="$under" 'index($0, w) {print $1}' | xargs -r -n1 losetup -d 2>/dev/null || true
 }
 trap cleanup EXIT
 
@@ -152,10 +154,12 @@ restart() {
   start "$drv" "$dir"; ready "$vol" "$path"
   local t1; t1=$(now_ms)
   local r=""; [ -z "$cost" ] || r=$(rate)
-  echo "$((t1 - t0)) $peak $idle $r"
   kill -9 "$pid"; wait "$pid" 2>/dev/null || true; pid=
-  cleanup
+  cleanup "$dir"
   rm -rf "$dir"
+  # Last, and read through $(...), which waits for this function to end:
+  # the caller's next restart must not overlap this one's cleanup.
+  echo "$((t1 - t0)) $peak $idle $r"
 }
 
 # opcost DRIVER N: CreateVolume+DeleteVolume per second (one worker) with N volumes present.
@@ -165,10 +169,11 @@ opcost() {
   mkdir -p "$dir/ids"
   start "$drv" "$dir"; ready "" ""
   populate "$drv" "$dir" 1 "$n" 0
-  rate
+  local r; r=$(rate)
   kill -9 "$pid"; wait "$pid" 2>/dev/null || true; pid=
-  cleanup
+  cleanup "$dir"
   rm -rf "$dir"
+  echo "$r"
 }
 
 drivers() { if [ -n "$go" ]; then echo "$1 go"; else echo "$1"; fi; }
@@ -179,7 +184,7 @@ for n in $published; do
   for r in $(seq "$rounds"); do
     line="hostpath N=$n round $r:"
     for d in $(drivers ours); do
-      read -r ms peak idle < <(restart "$d" "$n" 1)
+      read -r ms peak idle <<<"$(restart "$d" "$n" 1)"
       line="$line $d ${ms} ms (peak RSS ${peak} kB, +$(( (peak - idle) * 1000 / (n > 0 ? n : 1) )) kB per 1000 volumes);"
       eval "last_$d=$ms"
     done
@@ -189,7 +194,7 @@ for n in $published; do
 done
 for n in $loopn; do
   for r in $(seq "$rounds"); do
-    read -r ms peak idle < <(restart loop "$n" 1)
+    read -r ms peak idle <<<"$(restart loop "$n" 1)"
     echo "loop-block N=$n round $r: ${ms} ms (peak RSS ${peak} kB, +$(( (peak - idle) * 1000 / (n > 0 ? n : 1) )) kB per 1000 volumes)"
   done
 done
@@ -200,7 +205,7 @@ many_drivers="ours $loop"; [ -n "$go" ] && [ -n "$go_many" ] && many_drivers="ou
 [ "$only" = hostpath ] && many_drivers=${many_drivers% "$loop"}
 for r in $(seq "$many_rounds"); do
   for d in $many_drivers; do
-    read -r ms peak idle b < <(restart "$d" "$many" 0 cost)
+    read -r ms peak idle b <<<"$(restart "$d" "$many" 0 cost)"
     a=$(opcost "$d" "$few")
     echo "$d round $r: restart ${ms} ms (peak RSS ${peak} kB); $a/s with $few, $b/s with $many: cost ratio $(ratio "$a" "$b")"
   done
