@@ -376,6 +376,7 @@ async fn worker(shared: Arc<Shared>, index: usize) -> Stats {
                     &shared,
                     &mut stats,
                     &format!("csi-bench-{}-{index}-{n}", shared.run_id),
+                    index,
                 )
                 .await
             }
@@ -388,8 +389,13 @@ async fn worker(shared: Arc<Shared>, index: usize) -> Stats {
 }
 
 /// One create … delete iteration; a failed step stops it and leaves the
-/// volume in the registry for cleanup.
-async fn iteration(shared: &Shared, stats: &mut Stats, name: &str) -> bool {
+/// volume in the registry for cleanup. Each worker stages and publishes at
+/// the same two paths every iteration, as a CO reuses a path once it is
+/// unpublished and unstaged: making and removing directories is the
+/// client's own work, which would take the CPU the driver under test
+/// needs (on ext4 without a journal each mkdir scans past the inodes
+/// deleted in the last minutes).
+async fn iteration(shared: &Shared, stats: &mut Stats, name: &str, worker: usize) -> bool {
     let req = CreateVolumeRequest {
         name: name.to_owned(),
         capacity_range: Some(CapacityRange::at_least(shared.size)),
@@ -412,8 +418,8 @@ async fn iteration(shared: &Shared, stats: &mut Stats, name: &str) -> bool {
         .insert(id.clone(), Progress::default());
 
     if shared.workload == Workload::Lifecycle {
-        let dir = shared.work_dir.join(name);
-        if std::fs::create_dir_all(&dir).is_err() {
+        let dir = shared.work_dir.join(format!("worker-{worker}"));
+        if !dir.is_dir() && std::fs::create_dir_all(&dir).is_err() {
             return false;
         }
         let mut publish_context = HashMap::new();
@@ -434,7 +440,7 @@ async fn iteration(shared: &Shared, stats: &mut Stats, name: &str) -> bool {
         }
         let staging = dir.join("staging");
         if shared.stage {
-            if std::fs::create_dir_all(&staging).is_err() {
+            if !staging.is_dir() && std::fs::create_dir_all(&staging).is_err() {
                 return false;
             }
             let req = NodeStageVolumeRequest {
@@ -469,11 +475,7 @@ async fn iteration(shared: &Shared, stats: &mut Stats, name: &str) -> bool {
             return false;
         }
         shared.update(&id, |p| p.published = Some(path_str(&target)));
-        if !teardown(shared, stats, &id).await {
-            return false;
-        }
-        let _ = std::fs::remove_dir_all(&dir);
-        return true;
+        return teardown(shared, stats, &id).await;
     }
     teardown(shared, stats, &id).await
 }
@@ -502,12 +504,11 @@ async fn teardown(shared: &Shared, stats: &mut Stats, id: &str) -> bool {
     if let Some(staging) = progress.staged {
         let req = NodeUnstageVolumeRequest {
             volume_id: id.to_owned(),
-            staging_target_path: staging.clone(),
+            staging_target_path: staging,
         };
         if timed!(stats, shared.client, req).is_err() {
             return false;
         }
-        let _ = std::fs::remove_dir(&staging);
         shared.update(id, |p| p.staged = None);
     }
     if progress.controller_published {
