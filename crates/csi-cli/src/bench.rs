@@ -368,6 +368,10 @@ fn progress_bar(args: &BenchArgs, out: Format, duration: Option<Duration>) -> Pr
 
 async fn worker(shared: Arc<Shared>, index: usize) -> Stats {
     let mut stats = Stats::default();
+    // The worker's paths; a failed iteration may leave its volume there
+    // (for the cleanup), so the next one moves to fresh paths.
+    let mut paths = format!("worker-{index}");
+    let mut failures = 0;
     while let Some(n) = shared.next_iteration() {
         let ok = match shared.workload {
             Workload::Probe => timed!(stats, shared.client, ProbeRequest {}).is_ok(),
@@ -376,26 +380,29 @@ async fn worker(shared: Arc<Shared>, index: usize) -> Stats {
                     &shared,
                     &mut stats,
                     &format!("csi-bench-{}-{index}-{n}", shared.run_id),
-                    index,
+                    &paths,
                 )
                 .await
             }
         };
         if ok {
             shared.completed.fetch_add(1, Ordering::Relaxed);
+        } else {
+            failures += 1;
+            paths = format!("worker-{index}-{failures}");
         }
     }
     stats
 }
 
 /// One create … delete iteration; a failed step stops it and leaves the
-/// volume in the registry for cleanup. Each worker stages and publishes at
-/// the same two paths every iteration, as a CO reuses a path once it is
-/// unpublished and unstaged: making and removing directories is the
-/// client's own work, which would take the CPU the driver under test
-/// needs (on ext4 without a journal each mkdir scans past the inodes
-/// deleted in the last minutes).
-async fn iteration(shared: &Shared, stats: &mut Stats, name: &str, worker: usize) -> bool {
+/// volume in the registry for cleanup. It stages and publishes under
+/// `paths`, which a worker keeps from one iteration to the next, as a CO
+/// reuses a path once it is unpublished and unstaged: making and removing
+/// directories is the client's own work, which would take the CPU the
+/// driver under test needs (on ext4 without a journal each mkdir scans
+/// past the inodes deleted in the last minutes).
+async fn iteration(shared: &Shared, stats: &mut Stats, name: &str, paths: &str) -> bool {
     let req = CreateVolumeRequest {
         name: name.to_owned(),
         capacity_range: Some(CapacityRange::at_least(shared.size)),
@@ -418,7 +425,7 @@ async fn iteration(shared: &Shared, stats: &mut Stats, name: &str, worker: usize
         .insert(id.clone(), Progress::default());
 
     if shared.workload == Workload::Lifecycle {
-        let dir = shared.work_dir.join(format!("worker-{worker}"));
+        let dir = shared.work_dir.join(paths);
         if !dir.is_dir() && std::fs::create_dir_all(&dir).is_err() {
             return false;
         }
