@@ -5,7 +5,8 @@
 # RSS, one full conformance run, and `csi bench` (probe and lifecycle, 1 and
 # 8 workers), and where the peak is resident (per mapping). Each ratio
 # printed at the end compares figures of this run only. Run as root; the
-# drivers run in a private mount namespace so nothing stays mounted.
+# drivers run in a private mount and PID namespace, so nothing stays
+# mounted or running, even after a failure midway.
 #   bash scripts/bench-hostpath.sh [seconds-per-bench] [state-fs] [rounds]
 # The build is scripts/build-dist.sh's (how the drivers ship, and what
 # deploy/Dockerfile builds: the `dist` profile, size-optimised, LTO, glibc
@@ -37,7 +38,7 @@ go=${GO_DRIVER:-$PWD/../shared/tools/hostpathplugin}
 work=$(mktemp -d /tmp/csi-bench.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 
-unshare -m --propagation private bash -s "$bin" "$work" "$secs" "$statefs" "$runs" "$sanity" "$go" "$rounds" <<'INNER'
+unshare -m --propagation private --pid --fork --kill-child --mount-proc bash -s "$bin" "$work" "$secs" "$statefs" "$runs" "$sanity" "$go" "$rounds" <<'INNER'
 set -euo pipefail
 bin=$1 work=$2 secs=$3 statefs=$4 runs=$5 sanity=$6 go=$7 rounds=$8
 hostpath=$bin/hostpath

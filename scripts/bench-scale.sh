@@ -10,8 +10,9 @@
 #   - per-operation cost (CreateVolume+DeleteVolume, one worker) with few and
 #     with many volumes already there;
 #   - peak RSS per 1,000 published volumes.
-# Run as root (it mounts); everything runs in a private mount namespace and
-# is removed at the end.
+# Run as root (it mounts); everything runs in a private mount and PID
+# namespace and is removed at the end: a run that fails or is killed midway
+# leaves no driver running (the namespace's processes die with it).
 #   bash scripts/bench-scale.sh            # the issue's sizes
 #   SCALE_QUICK=1 bash scripts/bench-scale.sh   # small sizes, to try it out
 # BENCH_BIN=DIR uses DIR/{hostpath,loop-block} (or DIR/examples/..., as builds
@@ -50,7 +51,7 @@ go=${GO_DRIVER:-$PWD/../shared/tools/hostpathplugin}
 work=$(mktemp -d /tmp/csi-scale.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 
-unshare -m --propagation private bash -s "$bin" "$go" "$work" "$rounds" "$published" "$loopn" "$many" "$few" \
+unshare -m --propagation private --pid --fork --kill-child --mount-proc bash -s "$bin" "$go" "$work" "$rounds" "$published" "$loopn" "$many" "$few" \
   "$many_rounds" "$cost_secs" "$go_many" "$only" <<'INNER'
 set -euo pipefail
 bin=$1 go=$2 work=$3 rounds=$4 published=$5 loopn=$6 many=$7 few=$8
