@@ -119,6 +119,25 @@ fn percentile(values: &[f64], p: f64) -> f64 {
     v[rank.clamp(1, v.len()) - 1]
 }
 
+/// The 2.5th and 97.5th percentiles of median(driver) / median(direct)
+/// over rounds drawn with replacement, a round's two paths kept together
+/// (they ran back to back). Seeded, so a run's figures can be recomputed.
+fn ratio_interval(driver: &[f64], direct: &[f64]) -> (f64, f64) {
+    const RESAMPLES: usize = 4000;
+    let mut rng = fastrand::Rng::with_seed(20);
+    let n = driver.len().min(direct.len());
+    let mut ratios = Vec::with_capacity(RESAMPLES);
+    let (mut d, mut h) = (vec![0.0; n], vec![0.0; n]);
+    for _ in 0..RESAMPLES {
+        for i in 0..n {
+            let pick = rng.usize(..n);
+            (d[i], h[i]) = (driver[pick], direct[pick]);
+        }
+        ratios.push(percentile(&d, 50.0) / percentile(&h, 50.0));
+    }
+    (percentile(&ratios, 2.5), percentile(&ratios, 97.5))
+}
+
 fn list(values: &[f64]) -> String {
     let v: Vec<String> = values.iter().map(|x| format!("{x:.1}")).collect();
     v.join(", ")
@@ -430,9 +449,16 @@ async fn main() {
     }
     let median = |v: &[f64]| percentile(v, 50.0);
     println!(
-        "  ratio driver / direct (medians): {:.2}; driver / minimal: {:.2}",
+        "  ratio driver / direct (medians): {:.3}; driver / minimal: {:.2}",
         median(&d) / median(&h),
         median(&d) / median(&m)
+    );
+    let (low, high) = ratio_interval(&d, &h);
+    let paired: Vec<f64> = d.iter().zip(&h).map(|(d, h)| d / h).collect();
+    println!(
+        "  driver / direct: 95% interval of the ratio of medians [{low:.3}, {high:.3}] \
+         (bootstrap over rounds); median of the rounds' own ratios {:.3}",
+        median(&paired)
     );
     let first: Vec<f64> = driver.iter().map(|s| s.stage).collect();
     let direct_stage: Vec<f64> = direct.iter().map(|s| s.stage).collect();
