@@ -12,7 +12,8 @@
 # scripts/build-dist.sh), starts the processes in a private mount and PID
 # namespace, and leaves no process, mount, loop device or file behind.
 #
-# Usage (root): bash scripts/bench-cloud-block.sh [rounds, default 15]
+# Usage (root): bash scripts/bench-cloud-block.sh [rounds, default 60: single rounds vary
+# widely, and with fewer the ratio of medians moves from run to run; docs/benchmarks.md]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -21,7 +22,7 @@ if [ "$(id -u)" != 0 ]; then
   echo "bench-cloud-block: needs root (loop devices and mounts)" >&2
   exit 1
 fi
-rounds=${1:-15}
+rounds=${1:-60}
 
 if [ -z "${BENCH_CLOUD_BLOCK_IN_NS:-}" ]; then
   cargo build --quiet --profile dist -p cloud-block --bins --example cloud-block-bench

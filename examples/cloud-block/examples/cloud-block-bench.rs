@@ -60,7 +60,7 @@ struct Args {
     #[arg(long)]
     work: PathBuf,
     /// Timed rounds per path (after one warm-up round each).
-    #[arg(long, default_value_t = 15)]
+    #[arg(long, default_value_t = 60)]
     rounds: usize,
     /// The region the driver's controller makes volumes in.
     #[arg(long, default_value = "dev-1")]
