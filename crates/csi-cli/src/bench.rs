@@ -60,6 +60,11 @@ pub struct BenchArgs {
     /// Parent directory for staging and target paths (default: a new temp dir).
     #[arg(long)]
     work_dir: Option<PathBuf>,
+    /// Each worker waits this long between its iterations (e.g. 12ms), not
+    /// timed: a CO calls a driver now and then, and a call to a process that
+    /// has been idle costs more than one in a tight loop.
+    #[arg(long, value_parser = parse_duration)]
+    pause: Option<Duration>,
     /// Do not draw a progress bar.
     #[arg(long)]
     no_progress: bool,
@@ -155,6 +160,7 @@ struct Shared {
     completed: AtomicU64,
     limit: Option<u64>,
     deadline: Option<Instant>,
+    pause: Option<Duration>,
     registry: Mutex<HashMap<String, Progress>>,
     run_id: String,
 }
@@ -241,6 +247,7 @@ pub async fn run(
         completed: AtomicU64::new(0),
         limit: args.count,
         deadline: duration.map(|d| Instant::now() + d),
+        pause: args.pause,
         registry: Mutex::new(HashMap::new()),
         run_id: format!(
             "{}-{}",
@@ -372,7 +379,11 @@ async fn worker(shared: Arc<Shared>, index: usize) -> Stats {
     // (for the cleanup), so the next one moves to fresh paths.
     let mut paths = format!("worker-{index}");
     let mut failures = 0;
+    let mut first = true;
     while let Some(n) = shared.next_iteration() {
+        if let Some(pause) = shared.pause.filter(|_| !std::mem::take(&mut first)) {
+            tokio::time::sleep(pause).await;
+        }
         let ok = match shared.workload {
             Workload::Probe => timed!(stats, shared.client, ProbeRequest {}).is_ok(),
             Workload::CreateDelete | Workload::Lifecycle => {
@@ -618,6 +629,7 @@ fn print_summary(
         let doc = serde_json::json!({
             "workload": format!("{:?}", args.workload),
             "workers": args.workers,
+            "pause_ms": args.pause.map(|p| p.as_secs_f64() * 1e3),
             "elapsed_seconds": secs,
             "iterations": iterations,
             "iterations_per_second": throughput,
@@ -633,9 +645,12 @@ fn print_summary(
         return;
     }
     println!(
-        "workload {:?}, {} worker(s), {:.2}s{}: {} iterations, {:.1}/s",
+        "workload {:?}, {} worker(s){}, {:.2}s{}: {} iterations, {:.1}/s",
         args.workload,
         args.workers,
+        args.pause
+            .map(|p| format!(", {p:?} between iterations"))
+            .unwrap_or_default(),
         secs,
         if interrupted { " (interrupted)" } else { "" },
         iterations,

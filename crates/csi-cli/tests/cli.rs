@@ -376,6 +376,24 @@ fn bench_reports_percentiles_and_cleans_up_after_a_normal_end() {
         .await;
         assert_eq!(probe["iterations"], 200);
         assert!(probe["rpcs"]["Probe"]["p99_ms"].as_f64().unwrap() > 0.0);
+        // One worker, 10 calls, a pause between each two.
+        let paused = json(
+            e,
+            &[
+                "bench",
+                "--workload",
+                "probe",
+                "--count",
+                "10",
+                "--pause",
+                "50ms",
+            ],
+        )
+        .await;
+        assert_eq!(paused["iterations"], 10, "{paused}");
+        assert_eq!(paused["pause_ms"], 50.0, "{paused}");
+        let secs = paused["elapsed_seconds"].as_f64().unwrap();
+        assert!(secs >= 0.45, "9 pauses of 50 ms: {paused}");
         let work = p(&dir.path().join("work"));
         let life = json(
             e,
