@@ -36,6 +36,11 @@ if command -v npm >/dev/null && [ ! -d "$node_clients/node_modules/@grpc/proto-l
   (cd "$node_clients" && timeout 300 npm install --no-audit --no-fund --silent @grpc/grpc-js @grpc/proto-loader >/dev/null 2>&1) ||
     echo "could not install grpc-js; the Node client test will be reported as ignored"
 fi
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && command -v javac >/dev/null; then
+  log "grpc-java for the Java client test (best effort)"
+  bash tests/grpc_clients/java_client_setup.sh target/grpc-clients/java ||
+    echo "could not set up grpc-java; the Java client test will be reported as ignored"
+fi
 
 # Leak accounting: nothing the tests do may stay mounted or attached.
 snapshot_leaks() {

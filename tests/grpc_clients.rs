@@ -1,13 +1,15 @@
 //! gRPC clients not written in Rust or Go call both example drivers with
-//! their default channel settings: Python's grpcio (gRPC C-core, which sends
-//! the socket path as `:authority`) and Node's @grpc/grpc-js. Each calls
-//! GetPluginInfo, Probe and NodeGetCapabilities over the driver's real unix
-//! socket (scripts in tests/grpc_clients/).
+//! their default channel settings: Python's grpcio (gRPC C-core), grpc-java
+//! (both send the socket path as `:authority`) and Node's @grpc/grpc-js.
+//! Each calls GetPluginInfo, Probe and NodeGetCapabilities over the driver's
+//! real unix socket (clients in tests/grpc_clients/).
 //!
-//! The clients come from PyPI and npm; `scripts/test.sh` installs them
-//! (grpcio with pip, grpc-js under target/grpc-clients/node). Without them
-//! a test is reported as ignored, saying why, never as passed: this binary
-//! has its own harness (`harness = false`), which decides at run time.
+//! The clients come from PyPI, npm and Debian; `scripts/test.sh` installs
+//! them (grpcio with pip, grpc-js under target/grpc-clients/node, grpc-java
+//! with apt and netty's epoll library built under target/grpc-clients/java
+//! by tests/grpc_clients/java_client_setup.sh). Without them a test is
+//! reported as ignored, saying why, never as passed: this binary has its own
+//! harness (`harness = false`), which decides at run time.
 
 use e2e_support as support;
 
@@ -127,16 +129,84 @@ fn node_grpc_js_with_default_settings_calls_both_drivers() {
     });
 }
 
+/// Debian's jars grpc-java runs from (`/usr/share/java`).
+const JAVA_JARS: [&str; 18] = [
+    "grpc-api",
+    "grpc-context",
+    "grpc-core",
+    "grpc-netty",
+    "grpc-stub",
+    "guava",
+    "perfmark-api",
+    "protobuf",
+    "netty-buffer",
+    "netty-codec",
+    "netty-codec-http",
+    "netty-codec-http2",
+    "netty-common",
+    "netty-handler",
+    "netty-resolver",
+    "netty-transport",
+    "netty-transport-native-epoll",
+    "netty-transport-native-unix-common",
+];
+
+fn java_native() -> PathBuf {
+    target_dir().join("grpc-clients/java/native")
+}
+
+fn java_class_path() -> String {
+    let jars = JAVA_JARS.map(|j| format!("/usr/share/java/{j}.jar"));
+    jars.join(":")
+}
+
+/// Why the Java client cannot run here, if it cannot.
+fn java_missing() -> Option<String> {
+    let setup =
+        "tests/grpc_clients/java_client_setup.sh sets it up; scripts/test.sh runs it as root";
+    if let Some(jar) = JAVA_JARS
+        .iter()
+        .find(|j| !Path::new(&format!("/usr/share/java/{j}.jar")).is_file())
+    {
+        return Some(format!("/usr/share/java/{jar}.jar is missing ({setup})"));
+    }
+    let native = java_native().join("libnetty_transport_native_epoll_x86_64.so");
+    if !native.is_file() {
+        return Some(format!("{} is missing ({setup})", native.display()));
+    }
+    missing("java", &["-version"])
+}
+
+fn grpc_java_with_default_settings_calls_both_drivers() {
+    // grpc-java sends the socket path: the server must have rewritten it.
+    let rewritten = "re-encoding this connection's header blocks";
+    run_against_both_drivers("grpc_java", Some(rewritten), |endpoint| {
+        let socket = endpoint.strip_prefix("unix://").expect("a unix endpoint");
+        let mut c = Command::new("java");
+        c.arg(format!("-Djava.library.path={}", java_native().display()))
+            .arg("-cp")
+            .arg(java_class_path())
+            .arg(scripts().join("JavaClient.java"))
+            .arg(socket);
+        c
+    });
+}
+
 /// A test: its name, why it cannot run here (if it cannot), its body.
 type ClientTest = (&'static str, fn() -> Option<String>, fn());
 
 fn main() -> std::process::ExitCode {
     let args = libtest_mimic::Arguments::from_args();
-    let tests: [ClientTest; 2] = [
+    let tests: [ClientTest; 3] = [
         (
             "python_grpcio_with_default_settings_calls_both_drivers",
             python_missing,
             python_grpcio_with_default_settings_calls_both_drivers,
+        ),
+        (
+            "grpc_java_with_default_settings_calls_both_drivers",
+            java_missing,
+            grpc_java_with_default_settings_calls_both_drivers,
         ),
         (
             "node_grpc_js_with_default_settings_calls_both_drivers",
