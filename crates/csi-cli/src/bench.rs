@@ -379,11 +379,13 @@ async fn worker(shared: Arc<Shared>, index: usize) -> Stats {
     // (for the cleanup), so the next one moves to fresh paths.
     let mut paths = format!("worker-{index}");
     let mut failures = 0;
-    let mut first = true;
+    // A worker's first iteration starts at once; `--pause` goes between.
+    let mut pause_before = None;
     while let Some(n) = shared.next_iteration() {
-        if let Some(pause) = shared.pause.filter(|_| !std::mem::take(&mut first)) {
+        if let Some(pause) = pause_before {
             tokio::time::sleep(pause).await;
         }
+        pause_before = shared.pause;
         let ok = match shared.workload {
             Workload::Probe => timed!(stats, shared.client, ProbeRequest {}).is_ok(),
             Workload::CreateDelete | Workload::Lifecycle => {
