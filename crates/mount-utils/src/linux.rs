@@ -34,6 +34,19 @@ use query::{mount_root_attr, statx, statx_fd, unique_mount};
 use sys::{SecretBuf, cpath, nul_error, stat_error, sys_mount};
 use teardown::{enoent_as, file_type};
 
+/// Waits before an `EBUSY` unmount is tried again (31 ms in all). A child
+/// that any thread of this program forks holds a copy of every descriptor
+/// open then until it execs (descriptors are per process), one inside the
+/// mount included: busy for that moment only. A mount that stays busy
+/// (an open file, a mount below it) still fails with `EBUSY`.
+const BUSY_UNMOUNT_WAITS: [std::time::Duration; 5] = [
+    std::time::Duration::from_millis(1),
+    std::time::Duration::from_millis(2),
+    std::time::Duration::from_millis(4),
+    std::time::Duration::from_millis(8),
+    std::time::Duration::from_millis(16),
+];
+
 /// [`Mounter`] for Linux using `mount(2)`, the new mount API, `umount2(2)`
 /// and `statx(2)`.
 ///
@@ -231,14 +244,22 @@ impl Mounter for LinuxMounter {
             Ok(Some(_)) => {}
         }
         tracing::debug!(target = ?target, lazy, "unmount");
-        // The last component relative to the pinned parent, not followed.
-        match nix::mount::umount2(&pinned.proc_path(), flags) {
-            // EINVAL: not a mount point; ENOENT: nothing there. Both mean done.
-            Ok(()) | Err(Errno::EINVAL) | Err(Errno::ENOENT) => Ok(()),
-            Err(errno) => Err(MountError::Unmount {
-                target: target.to_path_buf(),
-                errno,
-            }),
+        let mut waits = BUSY_UNMOUNT_WAITS.iter();
+        loop {
+            // The last component relative to the pinned parent, not followed.
+            match nix::mount::umount2(&pinned.proc_path(), flags) {
+                // EINVAL: not a mount point; ENOENT: nothing there. Both mean done.
+                Ok(()) | Err(Errno::EINVAL) | Err(Errno::ENOENT) => return Ok(()),
+                Err(errno) => match (errno, waits.next()) {
+                    (Errno::EBUSY, Some(wait)) => std::thread::sleep(*wait),
+                    _ => {
+                        return Err(MountError::Unmount {
+                            target: target.to_path_buf(),
+                            errno,
+                        });
+                    }
+                },
+            }
         }
     }
 

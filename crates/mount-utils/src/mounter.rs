@@ -147,7 +147,8 @@ pub trait Mounter: Send + Sync {
     fn remount(&self, target: &Path, options: &[&str]) -> Result<(), MountError>;
 
     /// Unmounts `target` (`lazy`: `MNT_DETACH`). A path that is not mounted
-    /// or does not exist is success.
+    /// or does not exist is success. [`LinuxMounter`](crate::LinuxMounter)
+    /// tries a busy mount again for a moment before it reports `EBUSY`.
     fn unmount(&self, target: &Path, lazy: bool) -> Result<(), MountError>;
 
     /// Moves the topmost mount at `from` to `to` (`MS_MOVE`), keeping its

@@ -33,6 +33,10 @@ fn main() {
             cleanup_of_busy_stacked_and_absent_paths,
         ),
         (
+            "a_mount_busy_for_a_moment_is_unmounted",
+            a_mount_busy_for_a_moment_is_unmounted,
+        ),
+        (
             "file_bind_mount_for_block_volumes",
             file_bind_mount_for_block_volumes,
         ),
@@ -248,6 +252,25 @@ fn escaped_paths_round_trip_through_mountinfo() {
         assert!(m.is_mount_point_by_scan(&target).unwrap());
         m.cleanup_mount_point(&target).unwrap();
         assert!(!target.exists());
+    });
+}
+
+/// As when a child forked elsewhere in the program holds a copy of a
+/// descriptor inside the mount until it execs: the unmount waits for it.
+fn a_mount_busy_for_a_moment_is_unmounted() {
+    in_private_mount_ns("a_mount_busy_for_a_moment_is_unmounted", || {
+        let tmp = tempfile::tempdir().unwrap();
+        let target = dir(tmp.path(), "busy");
+        let m = LinuxMounter::new();
+        m.mount("tmpfs", &target, "tmpfs", &["size=1m"]).unwrap();
+        let open = fs::File::create(target.join("open")).unwrap();
+        let closer = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(3));
+            drop(open);
+        });
+        m.unmount(&target, false).unwrap();
+        closer.join().unwrap();
+        assert!(!m.is_mount_point(&target).unwrap());
     });
 }
 
