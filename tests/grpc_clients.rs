@@ -90,10 +90,12 @@ fn python_missing() -> Option<String> {
         .map(|why| format!("{why} (pip install grpcio; scripts/test.sh does)"))
 }
 
+/// What the driver logs when it rewrites a client's `:authority`.
+const REWRITTEN: &str = "re-encoding this connection's header blocks";
+
 fn python_grpcio_with_default_settings_calls_both_drivers() {
     // grpcio sends the socket path: the server must have rewritten it.
-    let rewritten = "re-encoding this connection's header blocks";
-    run_against_both_drivers("python_grpcio", Some(rewritten), |endpoint| {
+    run_against_both_drivers("python_grpcio", Some(REWRITTEN), |endpoint| {
         let mut c = Command::new("python3");
         c.arg(scripts().join("python_client.py")).arg(endpoint);
         c
@@ -155,9 +157,12 @@ fn java_native() -> PathBuf {
     target_dir().join("grpc-clients/java/native")
 }
 
+fn java_jar(name: &str) -> String {
+    format!("/usr/share/java/{name}.jar")
+}
+
 fn java_class_path() -> String {
-    let jars = JAVA_JARS.map(|j| format!("/usr/share/java/{j}.jar"));
-    jars.join(":")
+    JAVA_JARS.map(java_jar).join(":")
 }
 
 /// Why the Java client cannot run here, if it cannot.
@@ -165,10 +170,11 @@ fn java_missing() -> Option<String> {
     let setup =
         "tests/grpc_clients/java_client_setup.sh sets it up; scripts/test.sh runs it as root";
     if let Some(jar) = JAVA_JARS
-        .iter()
-        .find(|j| !Path::new(&format!("/usr/share/java/{j}.jar")).is_file())
+        .map(java_jar)
+        .into_iter()
+        .find(|j| !Path::new(j).is_file())
     {
-        return Some(format!("/usr/share/java/{jar}.jar is missing ({setup})"));
+        return Some(format!("{jar} is missing ({setup})"));
     }
     let native = java_native().join("libnetty_transport_native_epoll_x86_64.so");
     if !native.is_file() {
@@ -179,8 +185,7 @@ fn java_missing() -> Option<String> {
 
 fn grpc_java_with_default_settings_calls_both_drivers() {
     // grpc-java sends the socket path: the server must have rewritten it.
-    let rewritten = "re-encoding this connection's header blocks";
-    run_against_both_drivers("grpc_java", Some(rewritten), |endpoint| {
+    run_against_both_drivers("grpc_java", Some(REWRITTEN), |endpoint| {
         let socket = endpoint.strip_prefix("unix://").expect("a unix endpoint");
         let mut c = Command::new("java");
         c.arg(format!("-Djava.library.path={}", java_native().display()))

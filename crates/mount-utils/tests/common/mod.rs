@@ -26,7 +26,8 @@ pub fn run_root_tests(tests: &[(&'static str, fn())]) -> ! {
     let mut args = libtest_mimic::Arguments::from_args();
     // One at a time unless asked otherwise: descriptors are per process, so
     // a child one test forks (mkfs, fsck) holds, until it execs, every file
-    // another test has open, and that test's unmount then fails with EBUSY.
+    // another test has open, and that test would find its mount busy (an
+    // unmount waits that out; other checks of a busy mount would not).
     args.test_threads.get_or_insert(1);
     if !root && !args.list {
         eprintln!(
