@@ -2,8 +2,11 @@
 //! behind the [`Exec`] trait, so code using them can be tested with
 //! `FakeExec` (feature `testing`).
 
+use std::collections::HashMap;
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::{Mutex, OnceLock};
 
 /// Result of a finished command.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -134,8 +137,9 @@ fn captured(
 ///
 /// Bare program names are looked up in `PATH` and then in `/usr/sbin` and
 /// `/sbin`, where the filesystem tools live but which are often not in a
-/// container's `PATH`. Commands run with `LC_ALL=C` (their output is parsed)
-/// and standard input closed.
+/// container's `PATH`. Where a name was found is remembered for as long as
+/// `PATH` stays the same and the program is still there. Commands run with
+/// `LC_ALL=C` (their output is parsed) and standard input closed.
 #[derive(Debug, Clone, Default)]
 pub struct SystemExec;
 
@@ -158,11 +162,46 @@ impl SystemExec {
     }
 }
 
+/// Where a bare program name was found, for the `PATH` it was looked up in:
+/// a lookup is a stat of every directory before the one that holds it, and a
+/// node plugin runs `blkid` and `mkfs` on every first stage.
+type Found = HashMap<(OsString, String), PathBuf>;
+
+fn found() -> std::sync::MutexGuard<'static, Found> {
+    static FOUND: OnceLock<Mutex<Found>> = OnceLock::new();
+    let found = FOUND.get_or_init(Mutex::default);
+    found
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 impl SystemExec {
-    fn command(program: &str, args: &[&str]) -> Result<Command, ExecError> {
-        let exe = Self::find_program(program).ok_or_else(|| ExecError::NotFound {
+    /// The program's path, from the cache unless `fresh` (after a spawn
+    /// found nothing there: the tool was moved or removed).
+    fn locate(program: &str, fresh: bool) -> Result<PathBuf, ExecError> {
+        let not_found = || ExecError::NotFound {
             program: program.into(),
-        })?;
+        };
+        if program.contains('/') {
+            return Self::find_program(program).ok_or_else(not_found);
+        }
+        let key = (
+            std::env::var_os("PATH").unwrap_or_default(),
+            program.to_owned(),
+        );
+        if !fresh && let Some(path) = found().get(&key) {
+            return Ok(path.clone());
+        }
+        let Some(path) = Self::find_program(program) else {
+            found().remove(&key);
+            return Err(not_found());
+        };
+        found().insert(key, path.clone());
+        Ok(path)
+    }
+
+    fn command(program: &str, args: &[&str], fresh: bool) -> Result<Command, ExecError> {
+        let exe = Self::locate(program, fresh)?;
         // Arguments can carry anything a caller passes (labels, keys, option
         // strings): count them, never log them.
         tracing::debug!(program, args = args.len(), "exec");
@@ -170,17 +209,38 @@ impl SystemExec {
         command.args(args).env("LC_ALL", "C").stdin(Stdio::null());
         Ok(command)
     }
+
+    /// Runs `spawn` on the command, looking the program up again if it is
+    /// no longer where it was found.
+    fn spawned<T>(
+        program: &str,
+        args: &[&str],
+        spawn: impl Fn(&mut Command) -> std::io::Result<T>,
+    ) -> Result<std::io::Result<T>, ExecError> {
+        let result = spawn(&mut Self::command(program, args, false)?);
+        match result {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                Ok(spawn(&mut Self::command(program, args, true)?))
+            }
+            result => Ok(result),
+        }
+    }
 }
 
 impl Exec for SystemExec {
     fn run(&self, program: &str, args: &[&str]) -> Result<ExecOutput, ExecError> {
-        captured(program, Self::command(program, args)?.output())
+        captured(program, Self::spawned(program, args, Command::output)?)
     }
 
     fn start(&self, program: &str, args: &[&str]) -> Started {
-        let spawned = Self::command(program, args).and_then(|mut command| {
-            let command = command.stdout(Stdio::piped()).stderr(Stdio::piped());
-            command.spawn().map_err(|e| ExecError::Io {
+        let spawned = Self::spawned(program, args, |command| {
+            command
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+        })
+        .and_then(|spawned| {
+            spawned.map_err(|e| ExecError::Io {
                 program: program.into(),
                 message: e.to_string(),
             })
@@ -210,6 +270,36 @@ mod tests {
             e.run("definitely-not-a-program-xyz", &[]),
             Err(ExecError::NotFound { .. })
         ));
+    }
+
+    #[test]
+    fn a_program_no_longer_where_it_was_found_is_looked_up_again() {
+        let key = || {
+            (
+                std::env::var_os("PATH").unwrap_or_default(),
+                "sh".to_owned(),
+            )
+        };
+        let gone = PathBuf::from("/nonexistent/csi-kit-moved/sh");
+        for start in [false, true] {
+            found().insert(key(), gone.clone());
+            let out = if start {
+                SystemExec.start("sh", &["-c", "echo moved"]).wait()
+            } else {
+                SystemExec.run("sh", &["-c", "echo moved"])
+            };
+            assert_eq!(out.unwrap().stdout, "moved\n");
+            let now = found().get(&key()).cloned().unwrap();
+            assert_ne!(now, gone);
+            assert!(now.is_file(), "{}", now.display());
+        }
+        // Found once, not searched for again: a name no directory holds
+        // runs what the cache says.
+        let alias = (key().0, "csi-kit-no-such-tool".to_owned());
+        found().insert(alias.clone(), SystemExec::find_program("sh").unwrap());
+        let out = SystemExec.run("csi-kit-no-such-tool", &["-c", "echo cached"]);
+        found().remove(&alias);
+        assert_eq!(out.unwrap().stdout, "cached\n");
     }
 
     #[test]
