@@ -14,6 +14,8 @@
 #
 # Usage (root): bash scripts/bench-cloud-block.sh [rounds, default 60: single rounds vary
 # widely, and with fewer the ratio of medians moves from run to run; docs/benchmarks.md]
+# BENCH_BIN=DIR uses DIR/cloud-block, DIR/cloud-provider and DIR/examples/cloud-block-bench
+# instead of building, to compare builds run after run (copy each build's three aside).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -25,14 +27,19 @@ fi
 rounds=${1:-60}
 
 if [ -z "${BENCH_CLOUD_BLOCK_IN_NS:-}" ]; then
-  cargo build --quiet --profile dist -p cloud-block --bins --example cloud-block-bench
+  if [ -n "${BENCH_BIN:-}" ]; then
+    BENCH_BIN=$(cd "$BENCH_BIN" && pwd)
+    export BENCH_BIN
+  else
+    cargo build --quiet --profile dist -p cloud-block --bins --example cloud-block-bench
+  fi
   # Mounts vanish with the namespace; the PID namespace takes the processes
   # with it if this script is killed outright.
   exec env BENCH_CLOUD_BLOCK_IN_NS=1 unshare --mount --propagation private --pid --fork \
     --kill-child --mount-proc bash "$0" "$@"
 fi
 
-bin=target/dist
+bin=${BENCH_BIN:-target/dist}
 work=$(mktemp -d /tmp/bench-cloud-block.XXXXXX)
 pids=()
 # shellcheck disable=SC2317 # run by the EXIT trap
