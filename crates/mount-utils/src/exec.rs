@@ -175,33 +175,32 @@ fn found() -> std::sync::MutexGuard<'static, Found> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+/// The cache's key for a bare program name under the current `PATH`.
+fn found_key(program: &str) -> (OsString, String) {
+    (
+        std::env::var_os("PATH").unwrap_or_default(),
+        program.to_owned(),
+    )
+}
+
 impl SystemExec {
-    /// The program's path, from the cache unless `fresh` (after a spawn
-    /// found nothing there: the tool was moved or removed).
-    fn locate(program: &str, fresh: bool) -> Result<PathBuf, ExecError> {
-        let not_found = || ExecError::NotFound {
-            program: program.into(),
-        };
-        if program.contains('/') {
-            return Self::find_program(program).ok_or_else(not_found);
-        }
-        let key = (
-            std::env::var_os("PATH").unwrap_or_default(),
-            program.to_owned(),
-        );
-        if !fresh && let Some(path) = found().get(&key) {
+    /// The program's path, from the cache when it was found before.
+    fn locate(program: &str) -> Result<PathBuf, ExecError> {
+        let bare = !program.contains('/');
+        if bare && let Some(path) = found().get(&found_key(program)) {
             return Ok(path.clone());
         }
-        let Some(path) = Self::find_program(program) else {
-            found().remove(&key);
-            return Err(not_found());
-        };
-        found().insert(key, path.clone());
+        let path = Self::find_program(program).ok_or_else(|| ExecError::NotFound {
+            program: program.into(),
+        })?;
+        if bare {
+            found().insert(found_key(program), path.clone());
+        }
         Ok(path)
     }
 
-    fn command(program: &str, args: &[&str], fresh: bool) -> Result<Command, ExecError> {
-        let exe = Self::locate(program, fresh)?;
+    fn command(program: &str, args: &[&str]) -> Result<Command, ExecError> {
+        let exe = Self::locate(program)?;
         // Arguments can carry anything a caller passes (labels, keys, option
         // strings): count them, never log them.
         tracing::debug!(program, args = args.len(), "exec");
@@ -210,17 +209,17 @@ impl SystemExec {
         Ok(command)
     }
 
-    /// Runs `spawn` on the command, looking the program up again if it is
-    /// no longer where it was found.
+    /// Runs `spawn` on the command; when the program is no longer where it
+    /// was found (moved or removed), forgets that place and looks again.
     fn spawned<T>(
         program: &str,
         args: &[&str],
         spawn: impl Fn(&mut Command) -> std::io::Result<T>,
     ) -> Result<std::io::Result<T>, ExecError> {
-        let result = spawn(&mut Self::command(program, args, false)?);
-        match result {
+        match spawn(&mut Self::command(program, args)?) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                Ok(spawn(&mut Self::command(program, args, true)?))
+                found().remove(&found_key(program));
+                Ok(spawn(&mut Self::command(program, args)?))
             }
             result => Ok(result),
         }
@@ -274,12 +273,7 @@ mod tests {
 
     #[test]
     fn a_program_no_longer_where_it_was_found_is_looked_up_again() {
-        let key = || {
-            (
-                std::env::var_os("PATH").unwrap_or_default(),
-                "sh".to_owned(),
-            )
-        };
+        let key = || found_key("sh");
         let gone = PathBuf::from("/nonexistent/csi-kit-moved/sh");
         for start in [false, true] {
             found().insert(key(), gone.clone());
@@ -295,7 +289,7 @@ mod tests {
         }
         // Found once, not searched for again: a name no directory holds
         // runs what the cache says.
-        let alias = (key().0, "csi-kit-no-such-tool".to_owned());
+        let alias = found_key("csi-kit-no-such-tool");
         found().insert(alias.clone(), SystemExec::find_program("sh").unwrap());
         let out = SystemExec.run("csi-kit-no-such-tool", &["-c", "echo cached"]);
         found().remove(&alias);
