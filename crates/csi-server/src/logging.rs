@@ -2,6 +2,7 @@
 
 use std::io::IsTerminal;
 
+use tracing::level_filters::LevelFilter;
 use tracing_subscriber::filter::Targets;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
@@ -15,14 +16,26 @@ use tracing_subscriber::util::SubscriberInitExt;
 /// `Debug`. Does nothing if a subscriber is already installed.
 pub fn init_tracing(default_filter: &str) {
     let filter = log_filter(std::env::var("RUST_LOG").ok().as_deref(), default_filter);
-    let _ = tracing_subscriber::fmt()
-        // The builder's own filter stops at INFO; the level is `filter`'s.
-        .with_max_level(tracing::level_filters::LevelFilter::TRACE)
+    let _ = subscriber(filter).try_init();
+}
+
+fn subscriber(filter: Targets) -> impl tracing::Subscriber + Send + Sync {
+    tracing_subscriber::fmt()
+        // The builder's own filter defaults to INFO. Set to the most verbose
+        // level `filter` passes, it becomes the process's maximum level,
+        // so a disabled `debug!` or `trace!` in any crate (h2 and hyper
+        // have many on every frame) returns before its callsite is read.
+        .with_max_level(most_verbose(&filter))
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .finish()
         .with(filter)
-        .try_init();
+}
+
+fn most_verbose(filter: &Targets) -> LevelFilter {
+    let levels = filter.iter().map(|(_, level)| level);
+    let most = levels.chain(filter.default_level()).max();
+    most.unwrap_or(LevelFilter::OFF)
 }
 
 // `Targets`, not `EnvFilter`: its span and field directives need a regex
@@ -48,7 +61,20 @@ fn log_filter(env: Option<&str>, default_filter: &str) -> Targets {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tracing::level_filters::LevelFilter;
+    use tracing::Subscriber;
+
+    #[test]
+    fn the_maximum_level_is_the_filters_most_verbose() {
+        for (text, most) in [
+            ("warn", LevelFilter::WARN),
+            ("my_driver=debug,warn", LevelFilter::DEBUG),
+            ("h2=trace", LevelFilter::TRACE),
+            ("error,my_driver=off", LevelFilter::ERROR),
+        ] {
+            let hint = subscriber(log_filter(Some(text), "info")).max_level_hint();
+            assert_eq!(hint, Some(most), "{text}");
+        }
+    }
 
     #[test]
     fn rust_log_wins_then_the_default_then_info() {
