@@ -374,6 +374,22 @@ impl Ctx {
         )
     }
 
+    /// A [`name`](Self::name) padded to `len` bytes (cut, keeping its
+    /// start, if it is longer), as the longest names a CO may send.
+    pub fn name_of_length(&mut self, what: &str, len: usize) -> String {
+        let mut name = self.name(what);
+        if name.len() < len {
+            name.push('-');
+            name.extend(std::iter::repeat_n('x', len.saturating_sub(name.len())));
+        }
+        let mut end = len.min(name.len());
+        while !name.is_char_boundary(end) {
+            end -= 1;
+        }
+        name.truncate(end);
+        name
+    }
+
     pub fn register(&mut self, r: Resource) {
         self.cleanup.push(r);
     }

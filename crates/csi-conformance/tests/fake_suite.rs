@@ -221,6 +221,29 @@ const CAUGHT: &[Caught] = &[
         also: &[],
         only: true,
     },
+    Caught {
+        fault: Fault::ShortNameLimit,
+        by: "controller.create_volume.max_length_name",
+        says: &[
+            "CreateVolume",
+            "expected: OK",
+            "actual:   INVALID_ARGUMENT",
+            "128 bytes",
+        ],
+        also: &["snapshot.create.max_length_name"],
+        only: true,
+    },
+    Caught {
+        fault: Fault::RepublishIgnoresArguments,
+        by: "controller.publish.incompatible",
+        says: &[
+            "ControllerPublishVolume",
+            "expected: ALREADY_EXISTS",
+            "actual:   OK",
+        ],
+        also: &[],
+        only: true,
+    },
     // Nothing else depends on the authority: grpc-go style clients are fine.
     Caught {
         fault: Fault::StrictAuthority,

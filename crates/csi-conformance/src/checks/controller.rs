@@ -8,6 +8,8 @@ use csi_proto::v1::plugin_capability::service::Type as PluginCap;
 use csi_proto::v1::*;
 use tonic::Code;
 
+use csi_server::validate::MAX_STRING;
+
 use crate::config::SecretKind;
 use crate::suite::{Call, Ctx, Outcome, Resource, fail, skip};
 
@@ -111,6 +113,20 @@ pub(super) async fn create_incompatible(ctx: &mut Ctx) -> Outcome {
         "the name exists with a capacity that cannot satisfy the new capacity_range",
     )
     .map(drop)
+}
+
+pub(super) async fn create_max_length_name(ctx: &mut Ctx) -> Outcome {
+    ctx.need_ctrl(CtrlCap::CreateDeleteVolume)?;
+    let mut req = ctx.create_request("maxlen");
+    req.name = ctx.name_of_length("maxlen", MAX_STRING);
+    let call = ctx.rpc(req).await;
+    if let Ok(CreateVolumeResponse { volume: Some(v) }) = &call.result {
+        ctx.register(Resource::Volume(v.volume_id.clone()));
+    }
+    call.expect(
+        &[Code::Ok],
+        "a name of 128 bytes, the spec's limit for a string, must be accepted",
+    )
 }
 
 /// All volume ids ListVolumes reports, following next_token.
@@ -496,6 +512,30 @@ pub(super) async fn publish_idempotent(ctx: &mut Ctx) -> Outcome {
         ctx.rpc(req).await.ok()?;
     }
     Ok(())
+}
+
+pub(super) async fn publish_incompatible(ctx: &mut Ctx) -> Outcome {
+    ctx.need_ctrl(CtrlCap::PublishUnpublishVolume)?;
+    ctx.need_ctrl(CtrlCap::PublishReadonly)?;
+    let node = publish_node(ctx)?;
+    let vol = ctx.create_volume("pub-incompat").await?;
+    ctx.register(Resource::ControllerPublish {
+        volume: vol.volume_id.clone(),
+        node: node.clone(),
+    });
+    let req = publish_req(ctx, &vol.volume_id, &node);
+    ctx.rpc(req.clone()).await.ok()?;
+    let readonly = ControllerPublishVolumeRequest {
+        readonly: true,
+        ..req
+    };
+    ctx.rpc(readonly)
+        .await
+        .code(
+            Code::AlreadyExists,
+            "the volume is published to the node with readonly false; the same publish with readonly true is incompatible",
+        )
+        .map(drop)
 }
 
 pub(super) async fn unpublish_not_published(ctx: &mut Ctx) -> Outcome {

@@ -46,6 +46,8 @@ checks! {
         "A repeated CreateVolume returns the same volume" => controller::create_idempotent;
     "controller.create_volume.incompatible_capacity", Controller,
         "CreateVolume with an existing name and an incompatible capacity is ALREADY_EXISTS" => controller::create_incompatible;
+    "controller.create_volume.max_length_name", Controller,
+        "CreateVolume with a name of 128 bytes (the spec's string limit) succeeds" => controller::create_max_length_name;
     "controller.create_volume.concurrent", Controller,
         "Concurrent identical CreateVolume calls give OK or ABORTED, one volume id, one volume" => controller::create_concurrent;
     "controller.delete_volume.missing_volume", Controller,
@@ -78,6 +80,8 @@ checks! {
         "ControllerPublishVolume to a missing node is NOT_FOUND" => controller::publish_missing_node;
     "controller.publish.idempotent", Controller,
         "ControllerPublishVolume and ControllerUnpublishVolume are idempotent" => controller::publish_idempotent;
+    "controller.publish.incompatible", Controller,
+        "ControllerPublishVolume of a volume published to the node with another readonly is ALREADY_EXISTS" => controller::publish_incompatible;
     "controller.unpublish.not_published", Controller,
         "ControllerUnpublishVolume of a volume that is not published is OK" => controller::unpublish_not_published;
     "controller.expand_volume.grow", Controller,
@@ -105,6 +109,8 @@ checks! {
         "A repeated CreateSnapshot returns the same snapshot of the right source" => snapshot::create_idempotent;
     "snapshot.create.name_conflict", Snapshot,
         "CreateSnapshot with an existing name and another source is ALREADY_EXISTS" => snapshot::create_conflict;
+    "snapshot.create.max_length_name", Snapshot,
+        "CreateSnapshot with a name of 128 bytes (the spec's string limit) succeeds" => snapshot::create_max_length_name;
     "snapshot.delete.missing_snapshot", Snapshot,
         "DeleteSnapshot of a missing snapshot is OK; an empty id is INVALID_ARGUMENT" => snapshot::delete_missing;
     "snapshot.list.filters", Snapshot,

@@ -4,6 +4,8 @@ use csi_proto::v1::controller_service_capability::rpc::Type as CtrlCap;
 use csi_proto::v1::*;
 use tonic::Code;
 
+use csi_server::validate::MAX_STRING;
+
 use super::controller::missing_id;
 use crate::config::SecretKind;
 use crate::suite::{Ctx, Outcome, Resource, fail};
@@ -108,6 +110,17 @@ pub(super) async fn create_conflict(ctx: &mut Ctx) -> Outcome {
             "the name exists with another source volume",
         )
         .map(drop)
+}
+
+pub(super) async fn create_max_length_name(ctx: &mut Ctx) -> Outcome {
+    ctx.need_ctrl(CtrlCap::CreateDeleteSnapshot)?;
+    let vol = ctx.create_volume("snap-maxlen-src").await?;
+    let name = ctx.name_of_length("snap-maxlen", MAX_STRING);
+    let req = snap_req(ctx, &name, &vol.volume_id);
+    send(ctx, req).await.expect(
+        &[Code::Ok],
+        "a name of 128 bytes, the spec's limit for a string, must be accepted",
+    )
 }
 
 pub(super) async fn delete_missing(ctx: &mut Ctx) -> Outcome {

@@ -19,6 +19,7 @@ impl Controller for FakeDriver {
         mut req: CreateVolumeRequest,
     ) -> CsiResult<CreateVolumeResponse> {
         req.secrets.clear();
+        self.check_name(&req.name)?;
         let mut st = self.lock();
         if !self.has(Fault::NotIdempotentCreate)
             && let Some(v) = st.volumes.values().find(|v| v.request.name == req.name)
@@ -118,6 +119,7 @@ impl Controller for FakeDriver {
         let args = (req.volume_capability, req.readonly);
         match st.controller_pubs.get(&key) {
             Some(existing) if *existing == args => {}
+            Some(_) if self.has(Fault::RepublishIgnoresArguments) => {}
             Some(_) => {
                 return Err(CsiError::AlreadyExists(
                     "published to the node with other arguments".into(),

@@ -90,7 +90,17 @@ pub enum Fault {
     /// Served by tonic as it comes, which resets requests whose
     /// `:authority` is the socket path (what gRPC C-core and grpc-java send).
     StrictAuthority,
+    /// CreateVolume and CreateSnapshot reject names longer than
+    /// [`SHORT_NAME_LIMIT`] bytes, below the spec's 128 (as a driver that
+    /// puts the name in a provider's shorter tag would).
+    ShortNameLimit,
+    /// ControllerPublishVolume of a volume already published to the node
+    /// with another `readonly` or capability answers OK, not ALREADY_EXISTS.
+    RepublishIgnoresArguments,
 }
+
+/// The name length [`Fault::ShortNameLimit`] allows.
+pub const SHORT_NAME_LIMIT: usize = 100;
 
 /// The mutable parameter keys the fake driver accepts.
 pub const ACCEPTED_MUTABLE_PARAMETERS: &[&str] = &["iops", "throughput"];
@@ -176,6 +186,15 @@ impl FakeDriver {
     fn lock(&self) -> MutexGuard<'_, State> {
         // A panic while holding the lock must not wedge every later call.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The name check [`Fault::ShortNameLimit`] adds.
+    fn check_name(&self, name: &str) -> CsiResult<()> {
+        if self.has(Fault::ShortNameLimit) && name.len() > SHORT_NAME_LIMIT {
+            let reason = format!("longer than {SHORT_NAME_LIMIT} bytes");
+            return Err(CsiError::invalid("name", reason));
+        }
+        Ok(())
     }
 
     fn missing_volume(&self, id: &str) -> CsiError {

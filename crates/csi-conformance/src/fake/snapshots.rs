@@ -14,6 +14,7 @@ impl FakeDriver {
         &self,
         req: CreateSnapshotRequest,
     ) -> CsiResult<CreateSnapshotResponse> {
+        self.check_name(&req.name)?;
         let mut st = self.lock();
         if let Some(s) = st.snapshots.values().find(|s| s.name == req.name) {
             compare_snapshot(&s.snapshot, &s.parameters, &req)?;
