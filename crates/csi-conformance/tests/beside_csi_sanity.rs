@@ -191,6 +191,8 @@ const FAULTS: &[Fault] = &[
     Fault::StrictAuthority,
     Fault::ShortNameLimit,
     Fault::RepublishIgnoresArguments,
+    Fault::ListsDeleted,
+    Fault::UnknownSourceNotFound,
 ];
 
 fn main() -> std::process::ExitCode {

@@ -318,6 +318,28 @@ pub(super) async fn list_paging(ctx: &mut Ctx) -> Outcome {
     Ok(())
 }
 
+pub(super) async fn list_created_and_deleted(ctx: &mut Ctx) -> Outcome {
+    ctx.need_ctrl(CtrlCap::ListVolumes)?;
+    let id = ctx.create_volume("listed").await?.volume_id;
+    let n = list_all(ctx, 0).await?.iter().filter(|l| **l == id).count();
+    if n != 1 {
+        return fail(format!(
+            "ListVolumes: the new volume {id:?} is listed {n} times, expected once"
+        ));
+    }
+    let req = DeleteVolumeRequest {
+        volume_id: id.clone(),
+        secrets: ctx.secrets(SecretKind::DeleteVolume),
+    };
+    ctx.rpc(req).await.ok()?;
+    if list_all(ctx, 0).await?.contains(&id) {
+        return fail(format!(
+            "ListVolumes: volume {id:?} is still listed after DeleteVolume succeeded"
+        ));
+    }
+    Ok(())
+}
+
 pub(super) async fn list_invalid_token(ctx: &mut Ctx) -> Outcome {
     ctx.need_ctrl(CtrlCap::ListVolumes)?;
     let req = ListVolumesRequest {

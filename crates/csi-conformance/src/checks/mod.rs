@@ -62,6 +62,8 @@ checks! {
         "ValidateVolumeCapabilities without volume_id or capabilities is INVALID_ARGUMENT" => controller::validate_missing_fields;
     "controller.list_volumes.paging", Controller,
         "ListVolumes with max_entries=2 pages through every volume exactly once via next_token" => controller::list_paging;
+    "controller.list_volumes.created_and_deleted", Controller,
+        "ListVolumes lists a new volume once, and no longer once DeleteVolume succeeded" => controller::list_created_and_deleted;
     "controller.list_volumes.invalid_token", Controller,
         "ListVolumes with an invalid starting_token is ABORTED" => controller::list_invalid_token;
     "controller.list_volumes.negative_max_entries", Controller,
@@ -114,7 +116,9 @@ checks! {
     "snapshot.delete.missing_snapshot", Snapshot,
         "DeleteSnapshot of a missing snapshot is OK; an empty id is INVALID_ARGUMENT" => snapshot::delete_missing;
     "snapshot.list.filters", Snapshot,
-        "ListSnapshots filters by snapshot_id and source_volume_id" => snapshot::list_filters;
+        "ListSnapshots filters by snapshot_id and source_volume_id; a missing one gives an empty list" => snapshot::list_filters;
+    "snapshot.list.created_and_deleted", Snapshot,
+        "ListSnapshots lists a new snapshot once, and no longer once DeleteSnapshot succeeded" => snapshot::list_created_and_deleted;
     "snapshot.list.paging", Snapshot,
         "ListSnapshots pages with next_token; an invalid token is ABORTED" => snapshot::list_paging;
     "snapshot.get.existing", Snapshot,

@@ -235,6 +235,46 @@ pub(super) async fn list_filters(ctx: &mut Ctx) -> Outcome {
             "ListSnapshots: filtering by a missing snapshot_id returned {none:?}"
         ));
     }
+    let missing = missing_id(ctx, "vol");
+    let none = list_all(
+        ctx,
+        ListSnapshotsRequest {
+            source_volume_id: missing,
+            ..list_req(ctx)
+        },
+    )
+    .await?;
+    if !none.is_empty() {
+        return fail(format!(
+            "ListSnapshots: filtering by a missing source_volume_id returned {none:?}"
+        ));
+    }
+    Ok(())
+}
+
+pub(super) async fn list_created_and_deleted(ctx: &mut Ctx) -> Outcome {
+    ctx.need_ctrl(CtrlCap::CreateDeleteSnapshot)?;
+    ctx.need_ctrl(CtrlCap::ListSnapshots)?;
+    let vol = ctx.create_volume("listed-src").await?;
+    let name = ctx.name("snap");
+    let id = create(ctx, &name, &vol.volume_id).await?.snapshot_id;
+    let listed = list_all(ctx, list_req(ctx)).await?;
+    let n = listed.iter().filter(|l| **l == id).count();
+    if n != 1 {
+        return fail(format!(
+            "ListSnapshots: the new snapshot {id:?} is listed {n} times, expected once"
+        ));
+    }
+    let req = DeleteSnapshotRequest {
+        snapshot_id: id.clone(),
+        secrets: ctx.secrets(SecretKind::DeleteSnapshot),
+    };
+    ctx.rpc(req).await.ok()?;
+    if list_all(ctx, list_req(ctx)).await?.contains(&id) {
+        return fail(format!(
+            "ListSnapshots: snapshot {id:?} is still listed after DeleteSnapshot succeeded"
+        ));
+    }
     Ok(())
 }
 

@@ -98,7 +98,10 @@ impl Controller for FakeDriver {
                 req.volume_id
             )));
         }
-        st.volumes.remove(&req.volume_id);
+        let removed = st.volumes.remove(&req.volume_id);
+        if let Some(v) = removed.filter(|_| self.has(Fault::ListsDeleted)) {
+            st.deleted_volumes.push(v.volume);
+        }
         Ok(DeleteVolumeResponse {})
     }
 
@@ -184,13 +187,13 @@ impl Controller for FakeDriver {
         req: ListVolumesRequest,
     ) -> CsiResult<ListVolumesResponse> {
         let st = self.lock();
-        let all: Vec<list_volumes_response::Entry> = st
-            .volumes
-            .iter()
-            .map(|(id, v)| list_volumes_response::Entry {
-                volume: Some(v.volume.clone()),
+        let volumes = st.volumes.values().map(|v| &v.volume);
+        let all: Vec<list_volumes_response::Entry> = volumes
+            .chain(&st.deleted_volumes)
+            .map(|v| list_volumes_response::Entry {
+                volume: Some(v.clone()),
                 status: Some(list_volumes_response::VolumeStatus {
-                    published_node_ids: st.published_nodes(id),
+                    published_node_ids: st.published_nodes(&v.volume_id),
                     volume_condition: None,
                 }),
             })

@@ -97,6 +97,12 @@ pub enum Fault {
     /// ControllerPublishVolume of a volume already published to the node
     /// with another `readonly` or capability answers OK, not ALREADY_EXISTS.
     RepublishIgnoresArguments,
+    /// ListVolumes and ListSnapshots go on listing what was deleted (as a
+    /// driver listing from a stale cache would).
+    ListsDeleted,
+    /// ListSnapshots filtered by a source_volume_id that does not exist
+    /// answers NOT_FOUND instead of an empty list.
+    UnknownSourceNotFound,
 }
 
 /// The name length [`Fault::ShortNameLimit`] allows.

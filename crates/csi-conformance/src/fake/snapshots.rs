@@ -7,7 +7,7 @@ use csi_server::helpers::paging::paginate;
 use csi_server::{CsiError, CsiResult};
 
 use super::state::Snap;
-use super::{FakeDriver, now};
+use super::{FakeDriver, Fault, now};
 
 impl FakeDriver {
     pub(super) fn snapshot_create(
@@ -64,7 +64,10 @@ impl FakeDriver {
                 "the snapshot belongs to a group; delete the group snapshot",
             ));
         }
-        st.snapshots.remove(&req.snapshot_id);
+        let removed = st.snapshots.remove(&req.snapshot_id);
+        if let Some(s) = removed.filter(|_| self.has(Fault::ListsDeleted)) {
+            st.deleted_snapshots.push(s.snapshot);
+        }
         Ok(DeleteSnapshotResponse {})
     }
 
@@ -73,16 +76,22 @@ impl FakeDriver {
         req: ListSnapshotsRequest,
     ) -> CsiResult<ListSnapshotsResponse> {
         let st = self.lock();
-        let all: Vec<list_snapshots_response::Entry> = st
-            .snapshots
-            .values()
-            .filter(|s| req.snapshot_id.is_empty() || s.snapshot.snapshot_id == req.snapshot_id)
-            .filter(|s| {
-                req.source_volume_id.is_empty()
-                    || s.snapshot.source_volume_id == req.source_volume_id
-            })
+        let source = req.source_volume_id.as_str();
+        if self.has(Fault::UnknownSourceNotFound)
+            && !source.is_empty()
+            && !st.volumes.contains_key(source)
+        {
+            return Err(CsiError::NotFound(format!(
+                "volume {source} does not exist"
+            )));
+        }
+        let snapshots = st.snapshots.values().map(|s| &s.snapshot);
+        let all: Vec<list_snapshots_response::Entry> = snapshots
+            .chain(&st.deleted_snapshots)
+            .filter(|s| req.snapshot_id.is_empty() || s.snapshot_id == req.snapshot_id)
+            .filter(|s| source.is_empty() || s.source_volume_id == source)
             .map(|s| list_snapshots_response::Entry {
-                snapshot: Some(s.snapshot.clone()),
+                snapshot: Some(s.clone()),
             })
             .collect();
         let max = self.page_size(req.max_entries);

@@ -44,6 +44,9 @@ pub(super) struct State {
     pub(super) staged: HashMap<String, Staging>,
     /// volume → its publications.
     pub(super) node_pubs: HashMap<String, Vec<Publication>>,
+    /// What [`Fault::ListsDeleted`] goes on listing.
+    pub(super) deleted_volumes: Vec<Volume>,
+    pub(super) deleted_snapshots: Vec<Snapshot>,
 }
 
 impl State {
