@@ -193,6 +193,7 @@ const FAULTS: &[Fault] = &[
     Fault::RepublishIgnoresArguments,
     Fault::ListsDeleted,
     Fault::UnknownSourceNotFound,
+    Fault::MutableParametersOnlyOnModify,
 ];
 
 fn main() -> std::process::ExitCode {

@@ -20,6 +20,8 @@ fn config(env: &Env) -> SuiteConfig {
     let mut c = SuiteConfig::new(env.server.endpoint()).driver_log(env.server.log_path());
     c.staging_dir = env.dirs.path().join("staging");
     c.target_dir = env.dirs.path().join("target");
+    // A VolumeAttributesClass the fake accepts, as a vendor configures one.
+    c.mutable_parameters = [("iops".to_owned(), "3000".to_owned())].into();
     c
 }
 
@@ -255,6 +257,13 @@ const CAUGHT: &[Caught] = &[
         fault: Fault::UnknownSourceNotFound,
         by: "snapshot.list.filters",
         says: &["ListSnapshots", "expected: OK", "actual:   NOT_FOUND"],
+        also: &[],
+        only: true,
+    },
+    Caught {
+        fault: Fault::MutableParametersOnlyOnModify,
+        by: "controller.create_volume.mutable_parameters",
+        says: &["CreateVolume", "expected: OK", "actual:   INVALID_ARGUMENT"],
         also: &[],
         only: true,
     },
@@ -520,9 +529,11 @@ async fn run_and_assert_panics_with_the_report() {
 async fn run_in_process_runs_everything_in_one_call() {
     let report = csi_conformance::run_in_process(FakeDriver::new().server_builder()).await;
     assert!(report.passed() > 0, "{report}");
-    // Without a driver log the secrets check has nothing to read, and one
-    // endpoint has no split to check: both skipped.
-    assert_eq!(report.skipped(), 2, "{report}");
+    // Without a driver log the secrets check has nothing to read, one
+    // endpoint has no split to check, and without configured mutable
+    // parameters there is no VolumeAttributesClass to create with: all
+    // three skipped.
+    assert_eq!(report.skipped(), 3, "{report}");
     let block =
         csi_conformance::run_in_process_with(FakeDriver::new().server_builder(), |c| c.block())
             .await;

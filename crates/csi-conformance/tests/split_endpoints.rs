@@ -13,6 +13,8 @@ fn config(server: &FakeSplitServer, dirs: &tempfile::TempDir) -> SuiteConfig {
         .driver_log(server.log_path());
     c.staging_dir = dirs.path().join("staging");
     c.target_dir = dirs.path().join("target");
+    // A VolumeAttributesClass the fake accepts, as a vendor configures one.
+    c.mutable_parameters = [("iops".to_owned(), "3000".to_owned())].into();
     c
 }
 

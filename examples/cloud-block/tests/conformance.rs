@@ -33,11 +33,12 @@ const MUST_PASS: [&str; 3] = [
 
 /// What the provider does not offer, so the driver does not declare it
 /// (the checks say so and skip): capacity, modify, group snapshots.
-const NOT_OFFERED: [&str; 9] = [
+const NOT_OFFERED: [&str; 10] = [
     "controller.get_capacity",
     "controller.modify_volume.missing_volume",
     "controller.modify_volume.empty_parameters",
     "controller.modify_volume.unaccepted_parameter",
+    "controller.create_volume.mutable_parameters",
     "controller.create_volume.unaccepted_mutable_parameter",
     "group-controller.get_capabilities",
     "group-controller.lifecycle",

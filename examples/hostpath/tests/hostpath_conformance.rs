@@ -30,21 +30,22 @@ async fn run_suite(block: bool, attach: bool) -> Report {
         (None, dir.path().join("state"))
     };
     let snapshot_arg = format!("--snapshotdir={}", snapshots.display());
-    let args: Vec<&str> = if attach {
+    // A VolumeAttributesClass key, as csi-sanity is run with one.
+    let mut args = vec!["--accepted-mutable-parameter-name=iops"];
+    if attach {
         // The attach limit is NodeGetInfo's max_volumes_per_node too.
-        vec![
+        args.extend([
             "--enable-attach",
             "--enable-topology",
             "--attach-limit=8",
             &snapshot_arg,
-        ]
-    } else {
-        vec![]
-    };
+        ]);
+    }
     let driver = Driver::start(HOSTPATH, &statedir, &args);
     driver.client().await;
     let mut config = driver.suite_config(dir.path());
     config.volume_size = 16 << 20;
+    config.mutable_parameters = [("iops".to_owned(), "3000".to_owned())].into();
     if block {
         config = config.block();
     }

@@ -40,6 +40,8 @@ async fn run_suite(fs_type: Option<&str>, size: i64, skip: &[&str]) -> Report {
     driver.client().await;
     let mut config = driver.suite_config(dir.path());
     config.volume_size = size;
+    // A VolumeAttributesClass loop-block accepts, as csi-sanity is run with one.
+    config.mutable_parameters = [("readAheadKiB".to_owned(), "256".to_owned())].into();
     config.access_type = match fs_type {
         Some(fs) => SuiteAccessType::Mount {
             fs_type: fs.to_owned(),

@@ -693,6 +693,32 @@ pub(super) async fn modify_unaccepted(ctx: &mut Ctx) -> Outcome {
         .map(drop)
 }
 
+pub(super) async fn create_with_mutable_parameters(ctx: &mut Ctx) -> Outcome {
+    ctx.need_ctrl(CtrlCap::ModifyVolume)?;
+    if ctx.config.mutable_parameters.is_empty() {
+        return skip("no mutable parameters configured (SuiteConfig::mutable_parameters)");
+    }
+    let mut req = ctx.create_request("vac");
+    req.mutable_parameters = ctx.config.mutable_parameters.clone();
+    let call = ctx.rpc(req).await;
+    let id = match &call.result {
+        Ok(CreateVolumeResponse { volume: Some(v) }) => v.volume_id.clone(),
+        _ => String::new(),
+    };
+    if !id.is_empty() {
+        ctx.register(Resource::Volume(id.clone()));
+    }
+    call.expect(
+        &[Code::Ok],
+        "the configured mutable_parameters (a VolumeAttributesClass) must be accepted at creation too",
+    )?;
+    let params = ctx.config.mutable_parameters.clone();
+    modify(ctx, &id, params).await.expect(
+        &[Code::Ok],
+        "a volume created with the configured mutable parameters must take them again",
+    )
+}
+
 pub(super) async fn create_unaccepted_mutable(ctx: &mut Ctx) -> Outcome {
     ctx.need_ctrl(CtrlCap::ModifyVolume)?;
     let mut req = ctx.create_request("vac-unaccepted");

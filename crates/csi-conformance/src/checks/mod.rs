@@ -98,6 +98,8 @@ checks! {
         "ControllerModifyVolume of a volume with empty mutable_parameters is OK (and with the configured ones)" => controller::modify_empty;
     "controller.modify_volume.unaccepted_parameter", Controller,
         "ControllerModifyVolume with a mutable parameter the driver does not accept is INVALID_ARGUMENT" => controller::modify_unaccepted;
+    "controller.create_volume.mutable_parameters", Controller,
+        "CreateVolume with the configured mutable_parameters succeeds, and ControllerModifyVolume takes them again" => controller::create_with_mutable_parameters;
     "controller.create_volume.unaccepted_mutable_parameter", Controller,
         "CreateVolume with a mutable parameter the driver does not accept is INVALID_ARGUMENT" => controller::create_unaccepted_mutable;
     "controller.publish.attach_limit", Controller,

@@ -20,6 +20,10 @@ impl Controller for FakeDriver {
     ) -> CsiResult<CreateVolumeResponse> {
         req.secrets.clear();
         self.check_name(&req.name)?;
+        if self.has(Fault::MutableParametersOnlyOnModify) && !req.mutable_parameters.is_empty() {
+            let reason = "only ControllerModifyVolume takes them";
+            return Err(CsiError::invalid("mutable_parameters", reason));
+        }
         let mut st = self.lock();
         if !self.has(Fault::NotIdempotentCreate)
             && let Some(v) = st.volumes.values().find(|v| v.request.name == req.name)

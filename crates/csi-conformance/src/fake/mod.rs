@@ -103,6 +103,9 @@ pub enum Fault {
     /// ListSnapshots filtered by a source_volume_id that does not exist
     /// answers NOT_FOUND instead of an empty list.
     UnknownSourceNotFound,
+    /// CreateVolume refuses mutable_parameters (a VolumeAttributesClass)
+    /// it accepts in ControllerModifyVolume.
+    MutableParametersOnlyOnModify,
 }
 
 /// The name length [`Fault::ShortNameLimit`] allows.
