@@ -194,6 +194,7 @@ const FAULTS: &[Fault] = &[
     Fault::ListsDeleted,
     Fault::UnknownSourceNotFound,
     Fault::MutableParametersOnlyOnModify,
+    Fault::CapacityBelowRequired,
 ];
 
 fn main() -> std::process::ExitCode {

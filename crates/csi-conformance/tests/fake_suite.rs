@@ -267,6 +267,14 @@ const CAUGHT: &[Caught] = &[
         also: &[],
         only: true,
     },
+    // The fake's own repeat rules then refuse its volumes too.
+    Caught {
+        fault: Fault::CapacityBelowRequired,
+        by: "controller.create_volume.capacity",
+        says: &["CreateVolume", "below the required_bytes"],
+        also: &["controller.create_volume.idempotent"],
+        only: false,
+    },
     // Nothing else depends on the authority: grpc-go style clients are fine.
     Caught {
         fault: Fault::StrictAuthority,

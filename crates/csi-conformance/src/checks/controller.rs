@@ -115,6 +115,18 @@ pub(super) async fn create_incompatible(ctx: &mut Ctx) -> Outcome {
     .map(drop)
 }
 
+pub(super) async fn create_capacity(ctx: &mut Ctx) -> Outcome {
+    ctx.need_ctrl(CtrlCap::CreateDeleteVolume)?;
+    let required = ctx.config.volume_size;
+    let got = ctx.create_volume("capacity").await?.capacity_bytes;
+    if got != 0 && got < required {
+        return fail(format!(
+            "CreateVolume: capacity_bytes {got} is below the required_bytes {required} (0 would mean unknown)"
+        ));
+    }
+    Ok(())
+}
+
 pub(super) async fn create_max_length_name(ctx: &mut Ctx) -> Outcome {
     ctx.need_ctrl(CtrlCap::CreateDeleteVolume)?;
     let mut req = ctx.create_request("maxlen");

@@ -42,6 +42,8 @@ checks! {
         "CreateVolume with a capability lacking access_type is INVALID_ARGUMENT" => controller::create_cap_no_access_type;
     "controller.create_volume.capability_without_access_mode", Controller,
         "CreateVolume with a capability lacking access_mode is INVALID_ARGUMENT" => controller::create_cap_no_access_mode;
+    "controller.create_volume.capacity", Controller,
+        "CreateVolume returns at least required_bytes, or 0 for unknown" => controller::create_capacity;
     "controller.create_volume.idempotent", Controller,
         "A repeated CreateVolume returns the same volume" => controller::create_idempotent;
     "controller.create_volume.incompatible_capacity", Controller,

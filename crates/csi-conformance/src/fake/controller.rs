@@ -71,8 +71,12 @@ impl Controller for FakeDriver {
             return Err(CsiError::ResourceExhausted("out of capacity".into()));
         }
         let id = st.next_id("vol");
+        let reported = match self.has(Fault::CapacityBelowRequired) {
+            true => size / 2,
+            false => size,
+        };
         let volume = Volume {
-            capacity_bytes: size,
+            capacity_bytes: reported,
             volume_id: id.clone(),
             volume_context: [("fake/name".to_string(), req.name.clone())].into(),
             content_source: req.volume_content_source.clone(),

@@ -106,6 +106,8 @@ pub enum Fault {
     /// CreateVolume refuses mutable_parameters (a VolumeAttributesClass)
     /// it accepts in ControllerModifyVolume.
     MutableParametersOnlyOnModify,
+    /// CreateVolume reports half the capacity it was asked for.
+    CapacityBelowRequired,
 }
 
 /// The name length [`Fault::ShortNameLimit`] allows.
