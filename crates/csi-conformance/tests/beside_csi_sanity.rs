@@ -195,6 +195,7 @@ const FAULTS: &[Fault] = &[
     Fault::UnknownSourceNotFound,
     Fault::MutableParametersOnlyOnModify,
     Fault::CapacityBelowRequired,
+    Fault::StatsAtAnyPath,
 ];
 
 fn main() -> std::process::ExitCode {

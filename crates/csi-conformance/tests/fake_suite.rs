@@ -275,6 +275,13 @@ const CAUGHT: &[Caught] = &[
         also: &["controller.create_volume.idempotent"],
         only: false,
     },
+    Caught {
+        fault: Fault::StatsAtAnyPath,
+        by: "node.get_volume_stats.missing_path",
+        says: &["NodeGetVolumeStats", "expected: NOT_FOUND", "actual:   OK"],
+        also: &[],
+        only: true,
+    },
     // Nothing else depends on the authority: grpc-go style clients are fine.
     Caught {
         fault: Fault::StrictAuthority,

@@ -108,6 +108,9 @@ pub enum Fault {
     MutableParametersOnlyOnModify,
     /// CreateVolume reports half the capacity it was asked for.
     CapacityBelowRequired,
+    /// NodeGetVolumeStats answers for any path, not only where the volume
+    /// is staged or published.
+    StatsAtAnyPath,
 }
 
 /// The name length [`Fault::ShortNameLimit`] allows.
