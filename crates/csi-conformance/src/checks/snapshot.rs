@@ -221,33 +221,24 @@ pub(super) async fn list_filters(ctx: &mut Ctx) -> Outcome {
             a.volume_id
         ));
     }
-    let missing = missing_id(ctx, "snap");
-    let none = list_all(
-        ctx,
-        ListSnapshotsRequest {
-            snapshot_id: missing,
-            ..list_req(ctx)
-        },
-    )
-    .await?;
-    if !none.is_empty() {
-        return fail(format!(
-            "ListSnapshots: filtering by a missing snapshot_id returned {none:?}"
-        ));
-    }
-    let missing = missing_id(ctx, "vol");
-    let none = list_all(
-        ctx,
-        ListSnapshotsRequest {
-            source_volume_id: missing,
-            ..list_req(ctx)
-        },
-    )
-    .await?;
-    if !none.is_empty() {
-        return fail(format!(
-            "ListSnapshots: filtering by a missing source_volume_id returned {none:?}"
-        ));
+    let missing_snapshot = ListSnapshotsRequest {
+        snapshot_id: missing_id(ctx, "snap"),
+        ..list_req(ctx)
+    };
+    let missing_source = ListSnapshotsRequest {
+        source_volume_id: missing_id(ctx, "vol"),
+        ..list_req(ctx)
+    };
+    for (field, req) in [
+        ("snapshot_id", missing_snapshot),
+        ("source_volume_id", missing_source),
+    ] {
+        let none = list_all(ctx, req).await?;
+        if !none.is_empty() {
+            return fail(format!(
+                "ListSnapshots: filtering by a missing {field} returned {none:?}"
+            ));
+        }
     }
     Ok(())
 }
