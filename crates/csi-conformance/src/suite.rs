@@ -423,9 +423,20 @@ impl Ctx {
         }
     }
 
+    /// Sends CreateVolume, registering for cleanup whatever it created.
+    pub async fn send_create(&mut self, req: CreateVolumeRequest) -> Call<CreateVolumeResponse> {
+        let call = self.rpc(req).await;
+        if let Ok(CreateVolumeResponse { volume: Some(v) }) = &call.result
+            && !v.volume_id.is_empty()
+        {
+            self.register(Resource::Volume(v.volume_id.clone()));
+        }
+        call
+    }
+
     /// Creates a volume (registered for cleanup) and checks the answer's shape.
     pub async fn create_volume_with(&mut self, req: CreateVolumeRequest) -> Outcome<Volume> {
-        let call = self.rpc(req).await;
+        let call = self.send_create(req).await;
         let resp = match &call.result {
             Ok(r) => r.clone(),
             Err(_) => return Err(call.failure("OK", "creating a test volume must succeed")),
@@ -436,7 +447,6 @@ impl Ctx {
         if vol.volume_id.is_empty() {
             return Err(call.bad("Volume.volume_id is required"));
         }
-        self.register(Resource::Volume(vol.volume_id.clone()));
         if vol.capacity_bytes < 0 {
             return Err(call.bad("Volume.capacity_bytes must not be negative"));
         }

@@ -45,10 +45,7 @@ pub(super) async fn capabilities(ctx: &mut Ctx) -> Outcome {
 /// Sends a CreateVolume that must be rejected; cleans up if it was not.
 async fn create_rejected(ctx: &mut Ctx, req: CreateVolumeRequest, why: &str) -> Outcome {
     ctx.need_ctrl(CtrlCap::CreateDeleteVolume)?;
-    let call = ctx.rpc(req).await;
-    if let Ok(CreateVolumeResponse { volume: Some(v) }) = &call.result {
-        ctx.register(Resource::Volume(v.volume_id.clone()));
-    }
+    let call = ctx.send_create(req).await;
     call.code(Code::InvalidArgument, why).map(drop)
 }
 
@@ -80,10 +77,7 @@ pub(super) async fn create_idempotent(ctx: &mut Ctx) -> Outcome {
     ctx.need_ctrl(CtrlCap::CreateDeleteVolume)?;
     let req = ctx.create_request("idem");
     let first = ctx.create_volume_with(req.clone()).await?;
-    let call = ctx.rpc(req).await;
-    if let Ok(CreateVolumeResponse { volume: Some(v) }) = &call.result {
-        ctx.register(Resource::Volume(v.volume_id.clone()));
-    }
+    let call = ctx.send_create(req).await;
     let again = call.value()?.volume.clone().unwrap_or_default();
     call.ensure(
         again.volume_id == first.volume_id,
@@ -104,10 +98,7 @@ pub(super) async fn create_incompatible(ctx: &mut Ctx) -> Outcome {
     let vol = ctx.create_volume_with(req.clone()).await?;
     let base = vol.capacity_bytes.max(ctx.config.volume_size).max(1);
     req.capacity_range = Some(CapacityRange::exactly(base.saturating_mul(2)));
-    let call = ctx.rpc(req).await;
-    if let Ok(CreateVolumeResponse { volume: Some(v) }) = &call.result {
-        ctx.register(Resource::Volume(v.volume_id.clone()));
-    }
+    let call = ctx.send_create(req).await;
     call.code(
         Code::AlreadyExists,
         "the name exists with a capacity that cannot satisfy the new capacity_range",
@@ -131,10 +122,7 @@ pub(super) async fn create_max_length_name(ctx: &mut Ctx) -> Outcome {
     ctx.need_ctrl(CtrlCap::CreateDeleteVolume)?;
     let mut req = ctx.create_request("maxlen");
     req.name = ctx.name_of_length("maxlen", MAX_STRING);
-    let call = ctx.rpc(req).await;
-    if let Ok(CreateVolumeResponse { volume: Some(v) }) = &call.result {
-        ctx.register(Resource::Volume(v.volume_id.clone()));
-    }
+    let call = ctx.send_create(req).await;
     call.expect(
         &[Code::Ok],
         "a name of 128 bytes, the spec's limit for a string, must be accepted",
@@ -706,20 +694,18 @@ pub(super) async fn modify_unaccepted(ctx: &mut Ctx) -> Outcome {
 }
 
 pub(super) async fn create_with_mutable_parameters(ctx: &mut Ctx) -> Outcome {
+    ctx.need_ctrl(CtrlCap::CreateDeleteVolume)?;
     ctx.need_ctrl(CtrlCap::ModifyVolume)?;
     if ctx.config.mutable_parameters.is_empty() {
         return skip("no mutable parameters configured (SuiteConfig::mutable_parameters)");
     }
     let mut req = ctx.create_request("vac");
     req.mutable_parameters = ctx.config.mutable_parameters.clone();
-    let call = ctx.rpc(req).await;
+    let call = ctx.send_create(req).await;
     let id = match &call.result {
         Ok(CreateVolumeResponse { volume: Some(v) }) => v.volume_id.clone(),
         _ => String::new(),
     };
-    if !id.is_empty() {
-        ctx.register(Resource::Volume(id.clone()));
-    }
     call.expect(
         &[Code::Ok],
         "the configured mutable_parameters (a VolumeAttributesClass) must be accepted at creation too",
@@ -802,10 +788,7 @@ pub(super) async fn clone_volume(ctx: &mut Ctx) -> Outcome {
     let mut req = ctx.create_request("clone-missing");
     let missing = missing_id(ctx, "vol");
     req.volume_content_source = Some(source(&missing));
-    let call = ctx.rpc(req).await;
-    if let Ok(CreateVolumeResponse { volume: Some(v) }) = &call.result {
-        ctx.register(Resource::Volume(v.volume_id.clone()));
-    }
+    let call = ctx.send_create(req).await;
     call.code(Code::NotFound, "the source volume does not exist")
         .map(drop)
 }

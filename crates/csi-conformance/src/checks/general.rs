@@ -1,15 +1,15 @@
 use csi_proto::v1::controller_service_capability::rpc::Type as CtrlCap;
 use csi_proto::v1::node_service_capability::rpc::Type as NodeCap;
 use csi_proto::v1::{
-    ControllerPublishVolumeRequest, CreateVolumeRequest, CreateVolumeResponse,
-    NodePublishVolumeRequest, NodeStageVolumeRequest, ProbeResponse,
+    ControllerPublishVolumeRequest, CreateVolumeRequest, NodePublishVolumeRequest,
+    NodeStageVolumeRequest, ProbeResponse,
 };
 use csi_server::Endpoint;
 use csi_server::authority::unary_with_authority;
 use prost::Message;
 
 use crate::config::{SecretKind, secret_kinds, secrets_file_key};
-use crate::suite::{Ctx, Outcome, Resource, fail, skip};
+use crate::suite::{Ctx, Outcome, fail, skip};
 
 /// gRPC clients other than grpc-go and grpc-js name a unix socket's path
 /// as `:authority`; a server that resets those streams cannot be called
@@ -147,9 +147,7 @@ pub(super) async fn secrets_not_in_errors(ctx: &mut Ctx) -> Outcome {
             secrets: with_marker(ctx, SecretKind::CreateVolume),
             ..Default::default()
         };
-        if let Ok(CreateVolumeResponse { volume: Some(v) }) = ctx.rpc(req).await.result {
-            ctx.register(Resource::Volume(v.volume_id));
-        }
+        ctx.send_create(req).await;
     }
     if ctx.has_ctrl(CtrlCap::PublishUnpublishVolume)
         && let Some(node) = ctx.caps.node_id.clone()

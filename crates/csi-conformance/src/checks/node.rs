@@ -93,10 +93,8 @@ async fn prepare_mode(ctx: &mut Ctx, mode: Mode, stage_it: bool) -> Outcome<Opti
     let cap = ctx.capability_with(mode);
     let mut req = ctx.create_request("node");
     req.volume_capabilities = vec![cap.clone()];
-    let probe = ctx.rpc(req.clone()).await;
-    if let Ok(CreateVolumeResponse { volume: Some(v) }) = &probe.result {
-        ctx.register(Resource::Volume(v.volume_id.clone()));
-    } else if probe.result.as_ref().err().map(|s| s.code()) == Some(Code::InvalidArgument) {
+    let probe = ctx.send_create(req.clone()).await;
+    if probe.result.as_ref().err().map(|s| s.code()) == Some(Code::InvalidArgument) {
         return Ok(None);
     }
     let vol = ctx.create_volume_with(req).await?;

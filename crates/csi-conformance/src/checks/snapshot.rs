@@ -363,10 +363,7 @@ pub(super) async fn restore(ctx: &mut Ctx) -> Outcome {
     let mut req = ctx.create_request("restore-missing");
     let missing = missing_id(ctx, "snap");
     req.volume_content_source = Some(snapshot_source(&missing));
-    let call = ctx.rpc(req).await;
-    if let Ok(CreateVolumeResponse { volume: Some(v) }) = &call.result {
-        ctx.register(Resource::Volume(v.volume_id.clone()));
-    }
+    let call = ctx.send_create(req).await;
     call.code(Code::NotFound, "the source snapshot does not exist")
         .map(drop)
 }
