@@ -196,6 +196,7 @@ const FAULTS: &[Fault] = &[
     Fault::MutableParametersOnlyOnModify,
     Fault::CapacityBelowRequired,
     Fault::StatsAtAnyPath,
+    Fault::NoNodeTopology,
 ];
 
 fn main() -> std::process::ExitCode {

@@ -282,6 +282,17 @@ const CAUGHT: &[Caught] = &[
         also: &[],
         only: true,
     },
+    Caught {
+        fault: Fault::NoNodeTopology,
+        by: "node.get_info",
+        says: &[
+            "NodeGetInfo",
+            "VOLUME_ACCESSIBILITY_CONSTRAINTS",
+            "accessible_topology",
+        ],
+        also: &[],
+        only: true,
+    },
     // Nothing else depends on the authority: grpc-go style clients are fine.
     Caught {
         fault: Fault::StrictAuthority,

@@ -137,7 +137,7 @@ checks! {
     "node.get_capabilities", Node,
         "NodeGetCapabilities succeeds" => node::capabilities;
     "node.get_info", Node,
-        "NodeGetInfo returns a node_id of 1..=256 bytes and max_volumes_per_node >= 0" => node::info;
+        "NodeGetInfo returns a node_id of 1..=256 bytes, max_volumes_per_node >= 0, and accessible_topology exactly when VOLUME_ACCESSIBILITY_CONSTRAINTS is advertised" => node::info;
     "node.stage.missing_fields", Node,
         "NodeStage/UnstageVolume with missing required fields is INVALID_ARGUMENT" => node::stage_missing_fields;
     "node.stage.idempotent", Node,

@@ -3,6 +3,7 @@ use std::path::Path;
 
 use csi_proto::v1::controller_service_capability::rpc::Type as CtrlCap;
 use csi_proto::v1::node_service_capability::rpc::Type as NodeCap;
+use csi_proto::v1::plugin_capability::service::Type as PluginCap;
 use csi_proto::v1::volume_capability::access_mode::Mode;
 use csi_proto::v1::*;
 use tonic::Code;
@@ -31,6 +32,15 @@ pub(super) async fn info(ctx: &mut Ctx) -> Outcome {
             "max_volumes_per_node is {}, negative values are forbidden",
             r.max_volumes_per_node
         ),
+    )?;
+    let constrained = ctx.has_plugin(PluginCap::VolumeAccessibilityConstraints);
+    call.ensure(
+        !constrained || r.accessible_topology.is_some(),
+        "VOLUME_ACCESSIBILITY_CONSTRAINTS is advertised, so accessible_topology must say where the node is (csi-sanity requires it; Kubernetes' external-provisioner reads the node's topology keys from it)",
+    )?;
+    call.ensure(
+        constrained || r.accessible_topology.is_none(),
+        "accessible_topology is reported, so the plugin must advertise VOLUME_ACCESSIBILITY_CONSTRAINTS",
     )
 }
 

@@ -80,7 +80,7 @@ impl Controller for FakeDriver {
             volume_id: id.clone(),
             volume_context: [("fake/name".to_string(), req.name.clone())].into(),
             content_source: req.volume_content_source.clone(),
-            accessible_topology: vec![],
+            accessible_topology: vec![super::topology()],
         };
         st.volumes.insert(
             id,

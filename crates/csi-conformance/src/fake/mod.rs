@@ -48,7 +48,7 @@ use csi_proto::v1::*;
 use csi_server::tower;
 use csi_server::{
     Builtin, Capabilities, ControllerRpc, CsiError, CsiResult, GroupControllerRpc, NodeRpc,
-    PluginInfo, Position, ServeMode, Server, ServerBuilder, VolumeExpansion,
+    PluginInfo, PluginService, Position, ServeMode, Server, ServerBuilder, VolumeExpansion,
 };
 
 use layers::{EarlyAnswers, FaultLayer, RequestLog};
@@ -111,6 +111,19 @@ pub enum Fault {
     /// NodeGetVolumeStats answers for any path, not only where the volume
     /// is staged or published.
     StatsAtAnyPath,
+    /// NodeGetInfo reports no accessible_topology although the plugin
+    /// advertises VOLUME_ACCESSIBILITY_CONSTRAINTS.
+    NoNodeTopology,
+}
+
+/// The topology segment the fake driver's node and volumes are in.
+pub const TOPOLOGY_SEGMENT: (&str, &str) = ("topology.fake.csi.example.com/zone", "zone-1");
+
+fn topology() -> Topology {
+    let (key, value) = TOPOLOGY_SEGMENT;
+    Topology {
+        segments: [(key.to_owned(), value.to_owned())].into(),
+    }
 }
 
 /// The name length [`Fault::ShortNameLimit`] allows.
@@ -251,6 +264,7 @@ impl FakeDriver {
             node.push(NodeRpc::StageUnstageVolume);
         }
         let caps = Capabilities::new()
+            .plugin(PluginService::VolumeAccessibilityConstraints)
             .volume_expansion(VolumeExpansion::Online)
             .controller([
                 ControllerRpc::CreateDeleteVolume,

@@ -223,7 +223,7 @@ impl Node for FakeDriver {
         Ok(NodeGetInfoResponse {
             node_id: self.opts.node_id.clone(),
             max_volumes_per_node: MAX_VOLUMES_PER_NODE,
-            accessible_topology: None,
+            accessible_topology: (!self.has(Fault::NoNodeTopology)).then(super::topology),
         })
     }
 }
