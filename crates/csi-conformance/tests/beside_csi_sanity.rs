@@ -197,6 +197,7 @@ const FAULTS: &[Fault] = &[
     Fault::CapacityBelowRequired,
     Fault::StatsAtAnyPath,
     Fault::NoNodeTopology,
+    Fault::ListedSnapshotsWithoutTime,
 ];
 
 fn main() -> std::process::ExitCode {

@@ -293,6 +293,17 @@ const CAUGHT: &[Caught] = &[
         also: &[],
         only: true,
     },
+    Caught {
+        fault: Fault::ListedSnapshotsWithoutTime,
+        by: "snapshot.list.filters",
+        says: &["ListSnapshots", "creation_time"],
+        also: &[
+            "snapshot.list.paging",
+            "snapshot.list.created_and_deleted",
+            "snapshot.delete_source_volume",
+        ],
+        only: true,
+    },
     // Nothing else depends on the authority: grpc-go style clients are fine.
     Caught {
         fault: Fault::StrictAuthority,

@@ -167,12 +167,18 @@ async fn list_all(ctx: &Ctx, mut req: ListSnapshotsRequest) -> Outcome<Vec<Strin
                 ),
             )?;
         }
-        ids.extend(
-            r.entries
-                .iter()
-                .filter_map(|e| e.snapshot.as_ref())
-                .map(|s| s.snapshot_id.clone()),
-        );
+        for e in &r.entries {
+            let s = e.snapshot.as_ref();
+            call.ensure(
+                s.is_some_and(|s| !s.snapshot_id.is_empty() && !s.source_volume_id.is_empty()),
+                "every entry needs a snapshot with a snapshot_id and a source_volume_id",
+            )?;
+            call.ensure(
+                s.is_some_and(|s| s.creation_time.is_some()),
+                "every listed snapshot needs its creation_time",
+            )?;
+            ids.extend(s.map(|s| s.snapshot_id.clone()));
+        }
         if r.next_token.is_empty() {
             return Ok(ids);
         }

@@ -114,6 +114,9 @@ pub enum Fault {
     /// NodeGetInfo reports no accessible_topology although the plugin
     /// advertises VOLUME_ACCESSIBILITY_CONSTRAINTS.
     NoNodeTopology,
+    /// ListSnapshots entries lack their creation_time (CreateSnapshot's
+    /// answer has it).
+    ListedSnapshotsWithoutTime,
 }
 
 /// The topology segment the fake driver's node and volumes are in.

@@ -91,7 +91,12 @@ impl FakeDriver {
             .filter(|s| req.snapshot_id.is_empty() || s.snapshot_id == req.snapshot_id)
             .filter(|s| source.is_empty() || s.source_volume_id == source)
             .map(|s| list_snapshots_response::Entry {
-                snapshot: Some(s.clone()),
+                snapshot: Some(Snapshot {
+                    creation_time: s
+                        .creation_time
+                        .filter(|_| !self.has(Fault::ListedSnapshotsWithoutTime)),
+                    ..s.clone()
+                }),
             })
             .collect();
         let max = self.page_size(req.max_entries);
