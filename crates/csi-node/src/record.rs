@@ -193,6 +193,16 @@ pub enum VolumeSource {
 /// What a [`VolumeSource::Filesystem`] mounts. Recorded: nothing secret
 /// belongs here; secret options are named, and their values come from the
 /// NodeStage secrets at mount time only.
+///
+/// The mount is mount(2) itself: no mount helper (`mount.nfs`,
+/// `mount.cifs`, `mount.ceph`) runs, so no secret reaches a command line,
+/// and what a helper would add is the driver's to give, as the kernel
+/// takes it. NFS and SMB servers are given by address: a host name in the
+/// source needs the server's address as an option (`addr=` for `nfs`,
+/// `ip=` for `cifs`), which a helper would have looked up. A FUSE
+/// filesystem is mounted by an open `/dev/fuse` descriptor (`fd=`,
+/// `rootmode=`, `user_id=`, `group_id=`) that its daemon then serves, as
+/// libfuse's `/dev/fd/N` mount point does.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FilesystemSource {
     /// The filesystem type (`nfs`, `cifs`, `ceph`, `fuse.sshfs`, `tmpfs`).
