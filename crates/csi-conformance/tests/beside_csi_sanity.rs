@@ -3,7 +3,10 @@
 //! correct, then with each [`Fault`] in turn. Whatever csi-sanity catches,
 //! this suite catches too. Both run as vendors run them: csi-sanity with its
 //! attach-limit test, a secrets file and mutable parameters, this suite with
-//! the same secrets and parameters. Each run gets a fresh driver.
+//! the same secrets and parameters. Each run gets a fresh driver, served on
+//! one endpoint and, for the correct driver and the faults whose checks span
+//! both services, as a controller and a node apart (csi-sanity's
+//! `--csi.controllerendpoint`).
 //!
 //! The binary is `$CSI_SANITY`, else `../shared/tools/csi-sanity` beside
 //! the workspace. Without it each trial is reported as ignored, saying why,
@@ -53,15 +56,25 @@ struct SanityVerdict {
     summary: String,
 }
 
-/// Runs csi-sanity against `endpoint` with its paths and files under `dir`.
-async fn csi_sanity(endpoint: &str, dir: &Path) -> SanityVerdict {
+/// Where a driver serves: one endpoint, or a controller and a node apart.
+struct Endpoints {
+    node: String,
+    controller: Option<String>,
+    log: PathBuf,
+}
+
+/// Runs csi-sanity against `at` with its paths and files under `dir`.
+async fn csi_sanity(at: &Endpoints, dir: &Path) -> SanityVerdict {
     let secrets = dir.join("secrets.yaml");
     std::fs::write(&secrets, SECRETS).expect("secrets file");
     let mutable = dir.join("mutable.yaml");
     std::fs::write(&mutable, format!("{}: \"{}\"\n", MUTABLE.0, MUTABLE.1)).expect("params file");
     let mut command = tokio::process::Command::new(sanity_binary());
+    if let Some(controller) = &at.controller {
+        command.arg(format!("--csi.controllerendpoint={controller}"));
+    }
     command
-        .arg(format!("--csi.endpoint={endpoint}"))
+        .arg(format!("--csi.endpoint={}", at.node))
         .arg(format!("--csi.mountdir={}", dir.join("target").display()))
         .arg(format!(
             "--csi.stagingdir={}",
@@ -105,9 +118,12 @@ async fn csi_sanity(endpoint: &str, dir: &Path) -> SanityVerdict {
     }
 }
 
-/// Runs this suite against `endpoint`, configured as csi-sanity is.
-async fn this_suite(endpoint: &str, log: &Path, dir: &Path) -> Report {
-    let mut config = SuiteConfig::new(endpoint).driver_log(log);
+/// Runs this suite against `at`, configured as csi-sanity is.
+async fn this_suite(at: &Endpoints, dir: &Path) -> Report {
+    let mut config = SuiteConfig::new(at.node.as_str()).driver_log(&at.log);
+    if let Some(controller) = &at.controller {
+        config = config.controller_endpoint(controller.as_str());
+    }
     config.staging_dir = dir.join("staging");
     config.target_dir = dir.join("target");
     config.secrets = Secrets::from_sanity_yaml(SECRETS).expect("secrets file");
@@ -122,9 +138,42 @@ fn driver(fault: Option<Fault>) -> FakeDriver {
     }
 }
 
+/// Runs `with` against a fresh driver with `fault`, served on one endpoint
+/// or (`split`) as a controller and a node apart.
+async fn against<T>(
+    fault: Option<Fault>,
+    split: bool,
+    with: impl AsyncFnOnce(&Endpoints) -> T,
+) -> T {
+    if split {
+        let server = driver(fault)
+            .serve_split()
+            .await
+            .expect("the fake driver serves");
+        let at = Endpoints {
+            node: server.node_endpoint().to_owned(),
+            controller: Some(server.controller_endpoint().to_owned()),
+            log: server.log_path().to_owned(),
+        };
+        let out = with(&at).await;
+        server.shutdown().await;
+        out
+    } else {
+        let server = driver(fault).serve().await.expect("the fake driver serves");
+        let at = Endpoints {
+            node: server.endpoint().to_owned(),
+            controller: None,
+            log: server.log_path().to_owned(),
+        };
+        let out = with(&at).await;
+        server.shutdown().await;
+        out
+    }
+}
+
 /// Both tools against fresh drivers with `fault`; returns csi-sanity's
 /// verdict and this suite's report.
-fn side_by_side(fault: Option<Fault>) -> (SanityVerdict, Report) {
+fn side_by_side(fault: Option<Fault>, split: bool) -> (SanityVerdict, Report) {
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     runtime.block_on(async {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -135,18 +184,14 @@ fn side_by_side(fault: Option<Fault>) -> (SanityVerdict, Report) {
         for sub in ["staging", "target"] {
             std::fs::create_dir_all(suite_dir.join(sub)).expect("suite dirs");
         }
-        let server = driver(fault).serve().await.expect("the fake driver serves");
-        let sanity = csi_sanity(server.endpoint(), &sanity_dir).await;
-        server.shutdown().await;
-        let server = driver(fault).serve().await.expect("the fake driver serves");
-        let report = this_suite(server.endpoint(), server.log_path(), &suite_dir).await;
-        server.shutdown().await;
+        let sanity = against(fault, split, async |at| csi_sanity(at, &sanity_dir).await).await;
+        let report = against(fault, split, async |at| this_suite(at, &suite_dir).await).await;
         (sanity, report)
     })
 }
 
-fn correct_driver_passes_both() {
-    let (sanity, report) = side_by_side(None);
+fn correct_driver_passes_both(split: bool) {
+    let (sanity, report) = side_by_side(None, split);
     assert_eq!(
         sanity.failed, 0,
         "csi-sanity failed the correct fake:\n{}",
@@ -155,8 +200,8 @@ fn correct_driver_passes_both() {
     assert!(report.is_success(), "{report}");
 }
 
-fn caught_here_when_caught_by_csi_sanity(fault: Fault) {
-    let (sanity, report) = side_by_side(Some(fault));
+fn caught_here_when_caught_by_csi_sanity(fault: Fault, split: bool) {
+    let (sanity, report) = side_by_side(Some(fault), split);
     let ours: Vec<&str> = report.failures().map(|(r, _)| r.id.as_str()).collect();
     if sanity.failed > 0 {
         assert!(
@@ -200,6 +245,16 @@ const FAULTS: &[Fault] = &[
     Fault::ListedSnapshotsWithoutTime,
 ];
 
+/// Faults a check sees through both the controller's and the node's
+/// answers (an attach limit the node reports and the controller enforces,
+/// topology, a publish_context handed from one to the other).
+const SPANNING: &[Fault] = &[
+    Fault::NoAttachLimit,
+    Fault::NoNodeTopology,
+    Fault::WrongCodeForMissingVolume,
+    Fault::NoTargetCleanup,
+];
+
 fn main() -> std::process::ExitCode {
     let args = libtest_mimic::Arguments::from_args();
     let why = if args.list { None } else { sanity_missing() };
@@ -211,19 +266,29 @@ fn main() -> std::process::ExitCode {
     if let Some(why) = &why {
         eprintln!("beside_csi_sanity: reported as ignored: {why}");
     }
-    let mut trials = vec![libtest_mimic::Trial::test(
-        "correct_driver_passes_both",
-        || {
-            correct_driver_passes_both();
-            Ok(())
-        },
-    )];
-    for &fault in FAULTS {
-        let name = format!("{fault:?}_caught_here_when_caught_by_csi_sanity");
-        trials.push(libtest_mimic::Trial::test(name, move || {
-            caught_here_when_caught_by_csi_sanity(fault);
-            Ok(())
-        }));
+    let mut trials = Vec::new();
+    for split in [false, true] {
+        let apart = if split {
+            "_controller_and_node_apart"
+        } else {
+            ""
+        };
+        trials.push(libtest_mimic::Trial::test(
+            format!("correct_driver_passes_both{apart}"),
+            move || {
+                correct_driver_passes_both(split);
+                Ok(())
+            },
+        ));
+        // Apart, the faults whose calls span both services.
+        let faults = FAULTS.iter().filter(|f| !split || SPANNING.contains(f));
+        for &fault in faults {
+            let name = format!("{fault:?}_caught_here_when_caught_by_csi_sanity{apart}");
+            trials.push(libtest_mimic::Trial::test(name, move || {
+                caught_here_when_caught_by_csi_sanity(fault, split);
+                Ok(())
+            }));
+        }
     }
     let trials = trials
         .into_iter()
