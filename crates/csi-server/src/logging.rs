@@ -4,7 +4,7 @@ use std::io::IsTerminal;
 
 use tracing::level_filters::LevelFilter;
 use tracing_subscriber::filter::Targets;
-use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::layer::{Layer, SubscriberExt};
 use tracing_subscriber::util::SubscriberInitExt;
 
 /// Logs to stderr with `RUST_LOG` as the filter, or `default_filter`
@@ -32,10 +32,10 @@ fn subscriber(filter: Targets) -> impl tracing::Subscriber + Send + Sync {
         .with(filter)
 }
 
+/// The filter's own hint: the most verbose level any of its directives passes.
 fn most_verbose(filter: &Targets) -> LevelFilter {
-    let levels = filter.iter().map(|(_, level)| level);
-    let most = levels.chain(filter.default_level()).max();
-    most.unwrap_or(LevelFilter::OFF)
+    let hint = <Targets as Layer<tracing_subscriber::Registry>>::max_level_hint(filter);
+    hint.unwrap_or(LevelFilter::OFF)
 }
 
 // `Targets`, not `EnvFilter`: its span and field directives need a regex
