@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use csi_driver::CsiError;
 use csi_store::StoreError;
-use mount_utils::{Errno, FormatError, LoopError, MountError};
+use mount_utils::{Errno, FormatError, LoopError, MountError, ServerError};
 
 /// Why a node operation was refused (a rule) or failed (an effect).
 ///
@@ -57,6 +57,14 @@ pub enum NodeError {
         /// The store's disk is full.
         full: bool,
     },
+}
+
+impl From<ServerError> for NodeError {
+    /// As mount-utils maps it to a CSI code: UNAVAILABLE for a host that
+    /// did not resolve, FAILED_PRECONDITION for a source naming no server.
+    fn from(e: ServerError) -> Self {
+        CsiError::from(e).into()
+    }
 }
 
 fn errno_text(errno: Option<Errno>) -> String {

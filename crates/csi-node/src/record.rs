@@ -195,11 +195,15 @@ pub enum VolumeSource {
 /// NodeStage secrets at mount time only.
 ///
 /// The mount is mount(2) itself: no mount helper (`mount.nfs`,
-/// `mount.cifs`, `mount.ceph`) runs, so no secret reaches a command line,
-/// and what a helper would add is the driver's to give, as the kernel
-/// takes it. NFS and SMB servers are given by address: a host name in the
-/// source needs the server's address as an option (`addr=` for `nfs`,
-/// `ip=` for `cifs`), which a helper would have looked up. A FUSE
+/// `mount.cifs`, `mount.ceph`) runs, so no secret reaches a command line.
+/// What a helper would look up is looked up here, at each mount: the
+/// server of an `nfs` or `nfs4` source (`server:/path`) becomes `addr=`,
+/// the host of a `cifs` or `smb3` UNC `ip=`, and Ceph monitors named by
+/// host their addresses (mount-utils' `resolve_servers`, through the
+/// [`NodeVolumesBuilder::resolver`](crate::NodeVolumesBuilder::resolver)
+/// seam); an address the options give already is kept. The record keeps
+/// the source as given. Anything else a helper adds is the driver's to
+/// give, as the kernel takes it. A FUSE
 /// filesystem is mounted by an open `/dev/fuse` descriptor (`fd=`,
 /// `rootmode=`, `user_id=`, `group_id=`) that its daemon then serves, as
 /// libfuse's `/dev/fd/N` mount point does.

@@ -18,7 +18,7 @@ use csi_node::{
 use csi_proto::v1::volume_capability::access_mode::Mode;
 use csi_proto::v1::*;
 use csi_store::{FakeStore, RecordStore};
-use mount_utils::{Errno, FakeAction, FakeOp, Mounter};
+use mount_utils::{Errno, FakeAction, FakeOp, FakeResolver, Mounter};
 use tonic::Code;
 
 const SECRET: &str = "hunter2-e1f0c3";
@@ -83,6 +83,7 @@ impl NodeBackend for Tmpfs {
 struct World {
     host: FakeHost,
     store: Arc<FakeStore>,
+    dns: Arc<FakeResolver>,
     dir: tempfile::TempDir,
 }
 
@@ -91,6 +92,7 @@ impl World {
         World {
             host: FakeHost::new(),
             store: Arc::new(FakeStore::new()),
+            dns: Arc::new(FakeResolver::new()),
             dir: tempfile::tempdir().unwrap(),
         }
     }
@@ -103,7 +105,10 @@ impl World {
     fn node<D: NodeBackend>(&self, driver: D) -> NodeService<D> {
         let private = self.private();
         NodeService::builder(Arc::new(driver), NodeInfo::new("n1"), self.host.mounter())
-            .volumes(|v| v.loop_devices(self.host.loops()).private_mounts(private))
+            .volumes(|v| {
+                let v = v.loop_devices(self.host.loops()).private_mounts(private);
+                v.resolver(self.dns.clone())
+            })
             .open(self.store.clone())
             .unwrap()
     }
@@ -140,9 +145,18 @@ fn ctx() -> CallContext {
 }
 
 fn nfs_stage(id: &str, staging: &Path, secret: Option<&str>) -> NodeStageVolumeRequest {
+    nfs_stage_from("10.0.0.7", id, staging, secret)
+}
+
+fn nfs_stage_from(
+    server: &str,
+    id: &str,
+    staging: &Path,
+    secret: Option<&str>,
+) -> NodeStageVolumeRequest {
     let mut req = stage_req(id, staging, cap(false, Mode::MultiNodeMultiWriter, &[]));
     req.volume_context = [
-        ("server".to_string(), "10.0.0.7".to_string()),
+        ("server".to_string(), server.to_string()),
         ("share".to_string(), "/exports/a".to_string()),
     ]
     .into();
@@ -242,6 +256,59 @@ async fn an_nfs_like_volume_gets_its_password_in_the_mount_call_only() {
     let logged = String::from_utf8_lossy(&logs().lock().unwrap()).into_owned();
     assert!(logged.contains("staged"), "logs are captured");
     assert_no_secret("the logs", &logged);
+}
+
+/// The options of every mount call so far.
+fn mount_options(w: &World) -> Vec<Vec<String>> {
+    let actions = w.host.actions().into_iter();
+    let options = actions.filter_map(|a| match a {
+        FakeAction::Mount { options, .. } => Some(options),
+        _ => None,
+    });
+    options.collect()
+}
+
+#[tokio::test]
+async fn an_nfs_server_named_by_host_is_mounted_by_its_address() {
+    logs();
+    let w = World::new();
+    w.dns.add("files.example", &["10.0.0.9", "fd00::9"]);
+    let node = w.node(Nfs);
+    let staging = w.path("staging");
+
+    // A host that does not resolve: UNAVAILABLE naming it, before any effect.
+    let req = nfs_stage_from("gone.example", "v1", &staging, Some(SECRET));
+    let e = node.node_stage_volume(&ctx(), req).await.unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable, "{e}");
+    assert!(e.to_string().contains("gone.example"), "{e}");
+    assert_no_secret("an error", &format!("{e} {e:?}"));
+    assert_eq!(w.mounts(), 0);
+    assert!(w.leftovers().is_empty() && node.volumes().records().is_empty());
+    assert!(!w.private().join("v1").exists());
+
+    // The kernel gets the first address as addr=; the record keeps the
+    // source as the driver gave it, so a later mount looks it up again.
+    let req = nfs_stage_from("files.example", "v1", &staging, Some(SECRET));
+    node.node_stage_volume(&ctx(), req).await.unwrap();
+    assert_eq!(w.dns.lookups(), ["gone.example", "files.example"]);
+    let calls = mount_options(&w);
+    let nfs = calls.iter().find(|o| o.contains(&"vers=4.1".to_string()));
+    let nfs = nfs.expect("the nfs mount call");
+    assert!(nfs.contains(&"addr=10.0.0.9".to_string()), "{nfs:?}");
+    let here = w.host.mounts_at(&staging);
+    assert_eq!(here[0].source, "files.example:/exports/a");
+    let staged = node.volumes().records();
+    let stage = staged.get("v1").and_then(|r| r.stage.as_ref());
+    let Some(VolumeSource::Filesystem(fs)) = stage.map(|s| &s.source) else {
+        panic!("a filesystem stage record: {staged:?}");
+    };
+    assert_eq!(fs.source, "files.example:/exports/a");
+    assert!(!format!("{staged:?}").contains("10.0.0.9"));
+
+    node.node_unstage_volume(&ctx(), unstage_req("v1", &staging))
+        .await
+        .unwrap();
+    assert!(w.leftovers().is_empty() && node.volumes().records().is_empty());
 }
 
 #[tokio::test]

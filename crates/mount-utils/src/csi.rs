@@ -4,7 +4,7 @@
 
 use csi_driver::CsiError;
 
-use crate::{ExecError, FormatError, LoopError, MountError, ResizeError};
+use crate::{ExecError, FormatError, LoopError, MountError, ResizeError, ServerError};
 
 fn by_errno(errno: Option<crate::Errno>, message: String) -> CsiError {
     CsiError::from_os_error(errno.map(|e| e as i32), message)
@@ -63,6 +63,18 @@ impl From<ExecError> for CsiError {
     }
 }
 
+impl From<ServerError> for CsiError {
+    /// A host that did not resolve is UNAVAILABLE (the CO retries; a
+    /// resolver may answer later); a source naming no server
+    /// FAILED_PRECONDITION.
+    fn from(e: ServerError) -> Self {
+        match e {
+            ServerError::Lookup { .. } => CsiError::Unavailable(e.to_string()),
+            ServerError::Malformed { .. } => CsiError::FailedPrecondition(e.to_string()),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -83,5 +95,18 @@ mod tests {
         assert_eq!(e.code(), Code::ResourceExhausted);
         let e = CsiError::from(LoopError::NoFreeDevice { attempts: 3 });
         assert_eq!(e.code(), Code::ResourceExhausted);
+        let e = CsiError::from(ServerError::Lookup {
+            fs_type: "nfs".into(),
+            host: "files.example".into(),
+            reason: "not found".into(),
+        });
+        assert_eq!(e.code(), Code::Unavailable);
+        assert!(e.to_string().contains("files.example"), "{e}");
+        let e = CsiError::from(ServerError::Malformed {
+            fs_type: "cifs".into(),
+            source_text: "share".into(),
+            expected: "//server/share",
+        });
+        assert_eq!(e.code(), Code::FailedPrecondition);
     }
 }

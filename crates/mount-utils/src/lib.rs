@@ -119,6 +119,8 @@ mod fake_block_devices;
 mod fake_exec;
 #[cfg(feature = "testing")]
 mod fake_loop;
+#[cfg(feature = "testing")]
+mod fake_resolver;
 mod format;
 pub mod freeze;
 mod linux;
@@ -130,6 +132,7 @@ pub mod nofollow;
 mod options;
 pub mod quota;
 mod resize;
+mod servers;
 mod source;
 mod statmount;
 #[cfg(feature = "testing")]
@@ -149,6 +152,8 @@ pub use fake_block_devices::FakeBlockDevices;
 pub use fake_exec::{ExecCall, FakeExec};
 #[cfg(feature = "testing")]
 pub use fake_loop::{FakeLoopAction, FakeLoopDevices, FakeLoopOp};
+#[cfg(feature = "testing")]
+pub use fake_resolver::FakeResolver;
 pub use format::{DEFAULT_FS_TYPE, DiskFormat, FormatError, SafeFormatAndMount, StartedProbe};
 pub use linux::LinuxMounter;
 pub use loopdev::{
@@ -161,4 +166,5 @@ pub use mountinfo::{
 pub use nix::errno::Errno;
 pub use options::{MountOptions, RedactedOptions, Sensitive};
 pub use resize::{ResizeError, ResizeFs};
+pub use servers::{Resolver, ServerError, ServerMount, SystemResolver, resolve_servers};
 pub use source::{FsUsage, MountCheck, MountSource};

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
-use mount_utils::Sensitive;
+use mount_utils::{Sensitive, resolve_servers};
 
 use super::{NodeVolumes, Part, Undo, View};
 use crate::error::NodeError;
@@ -110,12 +110,22 @@ impl NodeVolumes {
             Some(m) => m.mount_id,
             None => {
                 let sensitive = secret_options(fs, secrets)?;
-                self.make_private_dir(&private)?;
                 let mut opts: Vec<&str> = options.iter().map(String::as_str).collect();
                 opts.extend(fs.options.iter().map(String::as_str));
+                // Looked up before any effect; the record keeps the source
+                // as given, so a restore looks the servers up again.
+                let resolver = self.inner.resolver.as_ref();
+                let server = resolve_servers(&fs.fs_type, &fs.source, &opts, resolver)?;
+                opts.extend(server.options.iter().map(String::as_str));
+                self.make_private_dir(&private)?;
                 let mounter = &self.inner.mounter;
-                let result =
-                    mounter.mount_sensitive(&fs.source, &private, &fs.fs_type, &opts, &sensitive);
+                let result = mounter.mount_sensitive(
+                    &server.source,
+                    &private,
+                    &fs.fs_type,
+                    &opts,
+                    &sensitive,
+                );
                 result.map_err(|e| NodeError::mount("mounting", &s.path, &e))?;
                 let made = View::Paths(mounter.as_ref()).at(&private)?;
                 match made.last() {

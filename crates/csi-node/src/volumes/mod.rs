@@ -8,7 +8,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use std::time::Duration;
 
-use mount_utils::{BlockDevices, LinuxBlockDevices, LinuxLoopDevices, LoopDevices, Mounter};
+use mount_utils::{
+    BlockDevices, LinuxBlockDevices, LinuxLoopDevices, LoopDevices, Mounter, Resolver,
+    SystemResolver,
+};
 
 use crate::error::NodeError;
 use crate::observe::normalize;
@@ -66,6 +69,7 @@ struct Inner {
     locator: Arc<dyn VolumeLocator>,
     filesystems: Arc<dyn FilesystemMount>,
     devices: Arc<dyn BlockDevices>,
+    resolver: Arc<dyn Resolver>,
     device_timeout: Duration,
     private_dir: Option<PathBuf>,
     single_node_multi_writer: bool,
@@ -100,6 +104,7 @@ pub struct NodeVolumesBuilder {
     loops: Option<Arc<dyn LoopDevices>>,
     filesystems: Option<Arc<dyn FilesystemMount>>,
     devices: Option<Arc<dyn BlockDevices>>,
+    resolver: Option<Arc<dyn Resolver>>,
     device_timeout: Duration,
     private_dir: Option<PathBuf>,
     single_node_multi_writer: bool,
@@ -126,6 +131,14 @@ impl NodeVolumesBuilder {
     /// are looked for (default mount-utils' `LinuxBlockDevices`).
     pub fn block_devices(mut self, devices: Arc<dyn BlockDevices>) -> Self {
         self.devices = Some(devices);
+        self
+    }
+
+    /// How the servers of network filesystems are looked up (default
+    /// mount-utils' `SystemResolver`): NFS, SMB and Ceph sources name them
+    /// by host, and mount(2) takes addresses (see `resolve_servers`).
+    pub fn resolver(mut self, resolver: Arc<dyn Resolver>) -> Self {
+        self.resolver = Some(resolver);
         self
     }
 
@@ -190,6 +203,7 @@ impl NodeVolumesBuilder {
                 locator: self.locator,
                 filesystems,
                 devices: self.devices.unwrap_or_else(|| Arc::new(LinuxBlockDevices)),
+                resolver: self.resolver.unwrap_or_else(|| Arc::new(SystemResolver)),
                 device_timeout: self.device_timeout,
                 private_dir: self.private_dir,
                 single_node_multi_writer: self.single_node_multi_writer,
@@ -257,6 +271,7 @@ impl NodeVolumes {
             loops: None,
             filesystems: None,
             devices: None,
+            resolver: None,
             device_timeout: DEFAULT_DEVICE_TIMEOUT,
             private_dir: None,
             single_node_multi_writer: false,
