@@ -203,10 +203,14 @@ pub enum VolumeSource {
 /// [`NodeVolumesBuilder::resolver`](crate::NodeVolumesBuilder::resolver)
 /// seam); an address the options give already is kept. The record keeps
 /// the source as given. Anything else a helper adds is the driver's to
-/// give, as the kernel takes it. A FUSE
-/// filesystem is mounted by an open `/dev/fuse` descriptor (`fd=`,
-/// `rootmode=`, `user_id=`, `group_id=`) that its daemon then serves, as
-/// libfuse's `/dev/fd/N` mount point does.
+/// give, as the kernel takes it. A FUSE filesystem (`fuse`,
+/// `fuse.<subtype>`) is mounted through a connection the node opens on
+/// `/dev/fuse` (`fd=`, and `rootmode=`, `user_id=`, `group_id=` unless
+/// given), which the driver's daemon then serves
+/// ([`VolumeLocator::serve_fuse`](crate::VolumeLocator::serve_fuse)), as
+/// a libfuse daemon given `/dev/fd/N` as its mount point does. A FUSE
+/// mount outlives the plugin only while its daemon does: after a restart
+/// whose daemon died, the volume is reported abnormal.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FilesystemSource {
     /// The filesystem type (`nfs`, `cifs`, `ceph`, `fuse.sshfs`, `tmpfs`).

@@ -7,10 +7,12 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::Arc;
 
-use mount_utils::{DiskFormat, FormatError, MountArgs, Mounter, SafeFormatAndMount, StartedProbe};
+use mount_utils::{
+    DiskFormat, FormatError, FuseConnection, MountArgs, Mounter, SafeFormatAndMount, StartedProbe,
+};
 
 use crate::error::NodeError;
-use crate::record::{Device, VolumeSource};
+use crate::record::{Device, FilesystemSource, VolumeSource};
 
 /// Where a driver keeps a volume's data: the one thing NodeVolumes needs
 /// to know about the driver to stage a volume and to recognise its mounts
@@ -45,6 +47,27 @@ pub trait VolumeLocator: Send + Sync {
     fn prepare_device(&self, volume_id: &str, device: &Device) -> Result<(), NodeError> {
         let _ = (volume_id, device);
         Ok(())
+    }
+
+    /// Serves a FUSE filesystem volume (`fuse` or `fuse.<subtype>`) just
+    /// mounted with `connection`: hand it to the filesystem's daemon (a
+    /// libfuse daemon takes `/dev/fd/N` as its mount point; the descriptor
+    /// is close-on-exec until the driver passes it on) or serve it in this
+    /// process. Called once per mount, before anything looks at the mount,
+    /// which waits until it is served. An error unmounts it and fails the
+    /// call. By default the driver serves no FUSE filesystem:
+    /// FAILED_PRECONDITION.
+    fn serve_fuse(
+        &self,
+        volume_id: &str,
+        source: &FilesystemSource,
+        connection: FuseConnection,
+    ) -> Result<(), NodeError> {
+        drop(connection);
+        Err(NodeError::failed_precondition(format!(
+            "volume {volume_id} is a {} filesystem, and this driver serves no FUSE filesystem",
+            source.fs_type
+        )))
     }
 }
 

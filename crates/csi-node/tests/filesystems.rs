@@ -18,7 +18,8 @@ use csi_node::{
 use csi_proto::v1::volume_capability::access_mode::Mode;
 use csi_proto::v1::*;
 use csi_store::{FakeStore, RecordStore};
-use mount_utils::{Errno, FakeAction, FakeOp, FakeResolver, Mounter};
+use mount_utils::{Errno, FakeAction, FakeOp, FakeResolver, FuseConnection, Mounter};
+use std::os::fd::AsRawFd;
 use tonic::Code;
 
 const SECRET: &str = "hunter2-e1f0c3";
@@ -80,6 +81,58 @@ impl NodeBackend for Tmpfs {
     }
 }
 
+/// A FUSE driver: each volume an in-memory filesystem its daemon serves
+/// (here: the connections are kept, as a daemon would hold them).
+#[derive(Clone, Default)]
+struct Fuse {
+    /// (volume, descriptor number) of each connection served.
+    served: Arc<Mutex<Vec<(String, i32)>>>,
+    connections: Arc<Mutex<Vec<FuseConnection>>>,
+}
+
+impl VolumeLocator for Fuse {
+    fn source(&self, volume_id: &str) -> Option<VolumeSource> {
+        let fs = FilesystemSource::new("fuse.memfs", format!("memfs:{volume_id}"));
+        Some(VolumeSource::Filesystem(
+            fs.options(["default_permissions"]),
+        ))
+    }
+
+    fn serve_fuse(
+        &self,
+        volume_id: &str,
+        _source: &FilesystemSource,
+        connection: FuseConnection,
+    ) -> Result<(), NodeError> {
+        let fd = connection.as_raw_fd();
+        self.served.lock().unwrap().push((volume_id.into(), fd));
+        self.connections.lock().unwrap().push(connection);
+        Ok(())
+    }
+}
+
+impl NodeBackend for Fuse {
+    fn volume(&self, _: &str) -> Option<VolumeInfo> {
+        Some(VolumeInfo::new(false, 0))
+    }
+}
+
+/// A FUSE volume's source from a driver that serves no FUSE filesystem.
+struct FuseUnserved;
+
+impl VolumeLocator for FuseUnserved {
+    fn source(&self, volume_id: &str) -> Option<VolumeSource> {
+        let fs = FilesystemSource::new("fuse.memfs", format!("memfs:{volume_id}"));
+        Some(VolumeSource::Filesystem(fs))
+    }
+}
+
+impl NodeBackend for FuseUnserved {
+    fn volume(&self, _: &str) -> Option<VolumeInfo> {
+        Some(VolumeInfo::new(false, 0))
+    }
+}
+
 struct World {
     host: FakeHost,
     store: Arc<FakeStore>,
@@ -107,7 +160,8 @@ impl World {
         NodeService::builder(Arc::new(driver), NodeInfo::new("n1"), self.host.mounter())
             .volumes(|v| {
                 let v = v.loop_devices(self.host.loops()).private_mounts(private);
-                v.resolver(self.dns.clone())
+                // The fake mounter takes any descriptor for a FUSE connection.
+                v.resolver(self.dns.clone()).fuse_device("/dev/null")
             })
             .open(self.store.clone())
             .unwrap()
@@ -142,6 +196,26 @@ impl World {
 
 fn ctx() -> CallContext {
     CallContext::detached(0, Method::NodeStageVolume)
+}
+
+/// Unpublishes `target` (when given) and unstages `id`: nothing of it may
+/// be left, mounted or recorded.
+async fn tear_down<D: NodeBackend>(
+    w: &World,
+    node: &NodeService<D>,
+    id: &str,
+    staging: &Path,
+    target: Option<&Path>,
+) {
+    if let Some(target) = target {
+        node.node_unpublish_volume(&ctx(), unpublish_req(id, target))
+            .await
+            .unwrap();
+    }
+    node.node_unstage_volume(&ctx(), unstage_req(id, staging))
+        .await
+        .unwrap();
+    assert!(w.leftovers().is_empty() && node.volumes().records().is_empty());
 }
 
 fn nfs_stage(id: &str, staging: &Path, secret: Option<&str>) -> NodeStageVolumeRequest {
@@ -246,13 +320,7 @@ async fn an_nfs_like_volume_gets_its_password_in_the_mount_call_only() {
         "the records' Debug",
         &format!("{:?}", node.volumes().records()),
     );
-    node.node_unpublish_volume(&ctx(), unpublish_req("v1", &target))
-        .await
-        .unwrap();
-    node.node_unstage_volume(&ctx(), unstage_req("v1", &staging))
-        .await
-        .unwrap();
-    assert!(w.leftovers().is_empty() && node.volumes().records().is_empty());
+    tear_down(&w, &node, "v1", &staging, Some(&target)).await;
     let logged = String::from_utf8_lossy(&logs().lock().unwrap()).into_owned();
     assert!(logged.contains("staged"), "logs are captured");
     assert_no_secret("the logs", &logged);
@@ -305,10 +373,106 @@ async fn an_nfs_server_named_by_host_is_mounted_by_its_address() {
     assert_eq!(fs.source, "files.example:/exports/a");
     assert!(!format!("{staged:?}").contains("10.0.0.9"));
 
-    node.node_unstage_volume(&ctx(), unstage_req("v1", &staging))
+    tear_down(&w, &node, "v1", &staging, None).await;
+}
+
+#[tokio::test]
+async fn a_fuse_volume_is_mounted_through_a_connection_its_driver_serves() {
+    logs();
+    let w = World::new();
+    let driver = Fuse::default();
+    let node = w.node(driver.clone());
+    let (staging, target) = (w.path("staging"), w.path("pod"));
+    let c = cap(false, Mode::SingleNodeWriter, &[]);
+    node.node_stage_volume(&ctx(), stage_req("f1", &staging, c.clone()))
         .await
         .unwrap();
-    assert!(w.leftovers().is_empty() && node.volumes().records().is_empty());
+
+    let served = driver.served.lock().unwrap().clone();
+    let [(volume, fd)] = served.as_slice() else {
+        panic!("one connection served: {served:?}");
+    };
+    assert_eq!(volume, "f1");
+    let calls = mount_options(&w);
+    let fuse = calls
+        .iter()
+        .find(|o| o.contains(&"default_permissions".to_string()));
+    let fuse = fuse.expect("the FUSE mount call");
+    for option in [format!("fd={fd}"), "rootmode=40000".into()] {
+        assert!(fuse.contains(&option), "{option} in {fuse:?}");
+    }
+    assert!(fuse.iter().any(|o| o.starts_with("user_id=")), "{fuse:?}");
+    assert!(fuse.iter().any(|o| o.starts_with("group_id=")), "{fuse:?}");
+    let here = w.host.mounts_at(&staging);
+    assert_eq!(here.len(), 1);
+    assert_eq!(here[0].fs_type, "fuse.memfs");
+    assert!(!w.records_text().contains("fd="), "{}", w.records_text());
+
+    // A repeat finds the mount by its id and mounts nothing.
+    let mounts = w.mounts();
+    node.node_stage_volume(&ctx(), stage_req("f1", &staging, c.clone()))
+        .await
+        .unwrap();
+    assert_eq!(w.mounts(), mounts);
+    let publish = publish_req("f1", &staging, &target, c);
+    node.node_publish_volume(&ctx(), publish).await.unwrap();
+    assert_eq!(w.host.mounts_at(&target).len(), 1);
+    tear_down(&w, &node, "f1", &staging, Some(&target)).await;
+    assert_eq!(driver.served.lock().unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn a_driver_that_serves_no_fuse_filesystem_is_refused_and_nothing_is_left() {
+    logs();
+    let w = World::new();
+    let node = w.node(FuseUnserved);
+    let staging = w.path("staging");
+    let c = cap(false, Mode::SingleNodeWriter, &[]);
+    let e = node
+        .node_stage_volume(&ctx(), stage_req("f1", &staging, c))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e}");
+    assert!(
+        e.to_string().contains("f1") && e.to_string().contains("FUSE"),
+        "{e}"
+    );
+    assert!(w.leftovers().is_empty(), "{:?}", w.host.mounted());
+    assert!(node.volumes().records().is_empty());
+    assert!(!w.private().join("f1").exists());
+}
+
+#[tokio::test]
+async fn a_fuse_mount_a_crash_left_in_the_private_directory_is_made_anew() {
+    logs();
+    let w = World::new();
+    let driver = Fuse::default();
+    let staging = w.path("staging");
+    let c = cap(false, Mode::SingleNodeWriter, &[]);
+    let first = w.node(driver.clone());
+    first
+        .node_stage_volume(&ctx(), stage_req("f1", &staging, c.clone()))
+        .await
+        .unwrap();
+    let old = w.host.mounts_at(&staging)[0].mount_id;
+    drop(first);
+    // The crash came after the mount, before its id was saved and it moved.
+    let private = w.private().join("f1");
+    std::fs::create_dir_all(&private).unwrap();
+    w.host.move_mount(&staging, &private).unwrap();
+    crash_record(&w, "f1", &staging, None);
+
+    let node = w.node(driver.clone());
+    node.restore();
+    node.node_stage_volume(&ctx(), stage_req("f1", &staging, c))
+        .await
+        .unwrap();
+    let here = w.host.mounts_at(&staging);
+    assert_eq!(here.len(), 1, "{here:?}");
+    assert_ne!(here[0].mount_id, old, "a new mount, served anew");
+    assert_eq!(driver.served.lock().unwrap().len(), 2);
+    assert!(w.host.mounts_at(&private).is_empty());
+    tear_down(&w, &node, "f1", &staging, None).await;
 }
 
 #[tokio::test]
@@ -355,13 +519,7 @@ async fn a_tmpfs_volume_is_staged_published_and_cleaned_up() {
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::FailedPrecondition);
-    node.node_unpublish_volume(&ctx(), unpublish_req("t1", &target))
-        .await
-        .unwrap();
-    node.node_unstage_volume(&ctx(), unstage_req("t1", &staging))
-        .await
-        .unwrap();
-    assert!(w.leftovers().is_empty() && node.volumes().records().is_empty());
+    tear_down(&w, &node, "t1", &staging, Some(&target)).await;
     assert!(!staging.exists() || std::fs::read_dir(&staging).unwrap().next().is_none());
     let logged = String::from_utf8_lossy(&logs().lock().unwrap()).into_owned();
     assert_no_secret("the logs", &logged);

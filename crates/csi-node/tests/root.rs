@@ -418,6 +418,212 @@ fn root_tmpfs_is_moved_to_its_staging_path_and_known_by_its_mount_id() {
     });
 }
 
+/// A read-only FUSE filesystem of one file, `hello.txt`, naming its volume.
+struct HelloFs {
+    text: Vec<u8>,
+}
+
+const TTL: std::time::Duration = std::time::Duration::from_secs(1);
+const HELLO: fuser::INodeNo = fuser::INodeNo(2);
+
+impl HelloFs {
+    fn attr(&self, ino: fuser::INodeNo) -> Option<fuser::FileAttr> {
+        let (kind, perm, size, nlink) = match ino {
+            fuser::INodeNo::ROOT => (fuser::FileType::Directory, 0o755, 0, 2),
+            HELLO => (
+                fuser::FileType::RegularFile,
+                0o444,
+                self.text.len() as u64,
+                1,
+            ),
+            _ => return None,
+        };
+        let at = std::time::UNIX_EPOCH;
+        Some(fuser::FileAttr {
+            ino,
+            size,
+            blocks: size.div_ceil(512),
+            atime: at,
+            mtime: at,
+            ctime: at,
+            crtime: at,
+            kind,
+            perm,
+            nlink,
+            uid: 0,
+            gid: 0,
+            rdev: 0,
+            flags: 0,
+            blksize: 512,
+        })
+    }
+}
+
+impl fuser::Filesystem for HelloFs {
+    fn lookup(
+        &self,
+        _: &fuser::Request,
+        parent: fuser::INodeNo,
+        name: &std::ffi::OsStr,
+        reply: fuser::ReplyEntry,
+    ) {
+        match (parent, name.to_str(), self.attr(HELLO)) {
+            (fuser::INodeNo::ROOT, Some("hello.txt"), Some(a)) => {
+                reply.entry(&TTL, &a, fuser::Generation(0))
+            }
+            _ => reply.error(fuser::Errno::ENOENT),
+        }
+    }
+
+    fn getattr(
+        &self,
+        _: &fuser::Request,
+        ino: fuser::INodeNo,
+        _: Option<fuser::FileHandle>,
+        reply: fuser::ReplyAttr,
+    ) {
+        match self.attr(ino) {
+            Some(a) => reply.attr(&TTL, &a),
+            None => reply.error(fuser::Errno::ENOENT),
+        }
+    }
+
+    fn read(
+        &self,
+        _: &fuser::Request,
+        ino: fuser::INodeNo,
+        _: fuser::FileHandle,
+        offset: u64,
+        size: u32,
+        _: fuser::OpenFlags,
+        _: Option<fuser::LockOwner>,
+        reply: fuser::ReplyData,
+    ) {
+        if ino != HELLO {
+            return reply.error(fuser::Errno::ENOENT);
+        }
+        let start = (offset as usize).min(self.text.len());
+        let end = (start + size as usize).min(self.text.len());
+        reply.data(&self.text[start..end]);
+    }
+
+    fn readdir(
+        &self,
+        _: &fuser::Request,
+        ino: fuser::INodeNo,
+        _: fuser::FileHandle,
+        offset: u64,
+        mut reply: fuser::ReplyDirectory,
+    ) {
+        if ino != fuser::INodeNo::ROOT {
+            return reply.error(fuser::Errno::ENOENT);
+        }
+        let entries = [
+            (fuser::INodeNo::ROOT, fuser::FileType::Directory, "."),
+            (fuser::INodeNo::ROOT, fuser::FileType::Directory, ".."),
+            (HELLO, fuser::FileType::RegularFile, "hello.txt"),
+        ];
+        for (i, (ino, kind, name)) in entries.into_iter().enumerate().skip(offset as usize) {
+            if reply.add(ino, i as u64 + 1, kind, name) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+}
+
+/// A FUSE driver serving each volume in this process (a real one would
+/// hand the connection to its daemon).
+#[derive(Default)]
+struct HelloFuse {
+    sessions: std::sync::Mutex<Vec<fuser::BackgroundSession>>,
+}
+
+impl csi_node::VolumeLocator for HelloFuse {
+    fn source(&self, volume_id: &str) -> Option<csi_node::VolumeSource> {
+        let fs = csi_node::FilesystemSource::new("fuse.csikit-hello", format!("hello:{volume_id}"));
+        Some(csi_node::VolumeSource::Filesystem(fs.options(["ro"])))
+    }
+
+    fn serve_fuse(
+        &self,
+        volume_id: &str,
+        _: &csi_node::FilesystemSource,
+        connection: mount_utils::FuseConnection,
+    ) -> Result<(), csi_node::NodeError> {
+        let fs = HelloFs {
+            text: format!("volume {volume_id}\n").into_bytes(),
+        };
+        let (acl, config) = (fuser::SessionACL::All, fuser::Config::default());
+        let served = fuser::Session::from_fd(fs, connection.into_fd(), acl, config)
+            .and_then(fuser::Session::spawn);
+        let failed =
+            |e: std::io::Error| csi_node::NodeError::io("serving", Path::new(volume_id), &e);
+        self.sessions.lock().unwrap().push(served.map_err(failed)?);
+        Ok(())
+    }
+}
+
+/// A FUSE filesystem with the real kernel: the node opens /dev/fuse, mounts
+/// through it (no fusermount, no libfuse), the driver's daemon serves the
+/// connection, and what it serves is read through the staging path and a
+/// publication; unstaging ends the daemon's session and leaves no mount.
+#[test]
+#[ignore = "needs root: run by scripts/test.sh's root pass"]
+fn root_a_fuse_volume_is_served_through_the_connection_the_node_mounted() {
+    let name = "root_a_fuse_volume_is_served_through_the_connection_the_node_mounted";
+    if !Path::new(mount_utils::FUSE_DEVICE).exists() {
+        eprintln!(
+            "{name}: skipped, no {} on this host",
+            mount_utils::FUSE_DEVICE
+        );
+        return;
+    }
+    as_root(name, |base| {
+        let mounter: Arc<dyn Mounter> = Arc::new(LinuxMounter::new());
+        let b = base.to_string_lossy();
+        mounter.mount(&b, base, "", &["bind", "shared"]).unwrap();
+        let driver = Arc::new(HelloFuse::default());
+        let locator: Arc<dyn csi_node::VolumeLocator> = driver.clone();
+        let v = NodeVolumes::builder(mounter, Arc::new(FakeStore::new()), locator)
+            .private_mounts(base.join("private"))
+            .open()
+            .unwrap();
+        let cap = mount_cap(Mode::SingleNodeReaderOnly);
+        let (staging, target) = (base.join("staging"), base.join("pods/f"));
+        v.stage(&stage("fu-1", &staging, cap.clone())).unwrap();
+        let here = mounts_at(&staging);
+        assert_eq!(here.len(), 1, "{here:?}");
+        assert_eq!(here[0].fs_type, "fuse.csikit-hello");
+        let saved = v.record("fu-1").unwrap().stage.unwrap().mount_id;
+        assert_eq!(saved, Some(here[0].mount_id));
+        let read = std::fs::read_to_string(staging.join("hello.txt")).unwrap();
+        assert_eq!(read, "volume fu-1\n");
+
+        v.publish(&publish("fu-1", Some(&staging), &target, cap.clone(), true))
+            .unwrap();
+        let read = std::fs::read_to_string(target.join("hello.txt")).unwrap();
+        assert_eq!(read, "volume fu-1\n");
+        let refused = std::fs::write(target.join("new"), b"x").unwrap_err();
+        assert!(refused.raw_os_error().is_some(), "{refused}");
+        v.unpublish(&unpublish("fu-1", &target)).unwrap();
+        v.unstage(&unstage("fu-1", &staging)).unwrap();
+        assert!(mounts_at(&staging).is_empty() && mounts_at(&target).is_empty());
+        assert!(v.records().is_empty());
+
+        // Unmounted, the connection ends and so does the daemon's session.
+        let sessions = std::mem::take(&mut *driver.sessions.lock().unwrap());
+        assert_eq!(sessions.len(), 1);
+        let (done, ended) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let results: Vec<_> = sessions.into_iter().map(|s| s.join().is_ok()).collect();
+            let _ = done.send(results);
+        });
+        let ended = ended.recv_timeout(std::time::Duration::from_secs(10));
+        assert_eq!(ended, Ok(vec![true]), "the daemon's session ended");
+    });
+}
+
 /// A disk the controller attached (here a loop device), named by a link as
 /// udev's `/dev/disk/by-id` names are: found through the link (mounts never
 /// follow one, so the node behind it is what is mounted), formatted on

@@ -123,6 +123,7 @@ mod fake_loop;
 mod fake_resolver;
 mod format;
 pub mod freeze;
+mod fuse;
 mod linux;
 pub mod loopdev;
 mod mount_attr;
@@ -155,6 +156,7 @@ pub use fake_loop::{FakeLoopAction, FakeLoopDevices, FakeLoopOp};
 #[cfg(feature = "testing")]
 pub use fake_resolver::FakeResolver;
 pub use format::{DEFAULT_FS_TYPE, DiskFormat, FormatError, SafeFormatAndMount, StartedProbe};
+pub use fuse::{FUSE_DEVICE, FuseConnection, is_fuse};
 pub use linux::LinuxMounter;
 pub use loopdev::{
     AttachedLoop, LinuxLoopDevices, LoopDevice, LoopDeviceInfo, LoopDevices, LoopError, LoopOptions,

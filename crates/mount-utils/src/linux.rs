@@ -164,7 +164,7 @@ impl Mounter for LinuxMounter {
             drop(tgt);
             if opts.is_read_only() {
                 // A remount changed an existing mount: report, do not unmount.
-                ensure_read_only(&pinned, !opts.is_remount())?;
+                ensure_read_only(self, &pinned, !opts.is_remount())?;
             }
         }
         if !opts.propagation.is_empty() {
@@ -216,7 +216,7 @@ impl Mounter for LinuxMounter {
         sys_mount(None, &cpath(&fd_path(&fd))?, None, flags, data.as_cstr()).map_err(err)?;
         drop(fd);
         if flags.contains(MsFlags::MS_RDONLY) {
-            ensure_read_only(&pinned, false)?;
+            ensure_read_only(self, &pinned, false)?;
         }
         Ok(())
     }

@@ -171,18 +171,38 @@ fn open_leaf(dir: BorrowedFd<'_>, name: &OsStr) -> Result<OwnedFd, Errno> {
         OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
         nix::sys::stat::Mode::empty(),
     )?;
-    if is_symlink(&nix::sys::stat::fstat(&fd)?) {
+    if is_symlink_fd(fd.as_fd())? {
         return Err(Errno::ELOOP);
     }
     Ok(fd)
 }
 
-fn is_dir(st: &FileStat) -> bool {
-    SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFDIR
+/// Whether `fd` is a symlink, from the inode's cached type: a plain
+/// `fstat` asks some filesystems for fresh attributes (a FUSE mount's
+/// root waits until its daemon serves it; an NFS server may be down), and
+/// a type never changes.
+fn is_symlink_fd(fd: BorrowedFd<'_>) -> Result<bool, Errno> {
+    let mut buf = std::mem::MaybeUninit::<libc::statx>::zeroed();
+    let flags = libc::AT_EMPTY_PATH | libc::AT_NO_AUTOMOUNT | libc::AT_STATX_DONT_SYNC;
+    // SAFETY: a valid fd, an empty NUL-terminated path and a buffer of the
+    // right type.
+    let r = unsafe {
+        libc::statx(
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            flags,
+            libc::STATX_TYPE,
+            buf.as_mut_ptr(),
+        )
+    };
+    Errno::result(r)?;
+    // SAFETY: statx succeeded, so the kernel filled the (zeroed) buffer.
+    let mode = unsafe { buf.assume_init() }.stx_mode;
+    Ok(u32::from(mode) & libc::S_IFMT == libc::S_IFLNK)
 }
 
-fn is_symlink(st: &FileStat) -> bool {
-    SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFLNK
+fn is_dir(st: &FileStat) -> bool {
+    SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFDIR
 }
 
 /// ELOOP means a symlink (nothing else loops without following links);

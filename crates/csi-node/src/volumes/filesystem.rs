@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
-use mount_utils::{Sensitive, resolve_servers};
+use mount_utils::{FuseConnection, Sensitive, is_fuse, resolve_servers};
 
 use super::{NodeVolumes, Part, Undo, View};
 use crate::error::NodeError;
@@ -98,46 +98,20 @@ impl NodeVolumes {
         let Some(s) = rec.stage.clone() else {
             return Ok(());
         };
-        let FilesystemStage {
-            view,
-            options,
-            secrets,
-        } = *how;
+        let view = how.view;
         let private = self.private_path(&rec.volume_id)?;
-        let left = view.at(&private)?;
+        let mut left = view.at(&private)?;
+        if is_fuse(&fs.fs_type) && !left.is_empty() {
+            // A FUSE mount a crash left: no daemon can be handed its
+            // connection again, so it is made anew.
+            let cleared = self.inner.mounter.unmount_all(&private);
+            cleared.map_err(|e| NodeError::mount("clearing", &private, &e))?;
+            left.clear();
+        }
         let id = match left.last() {
             // A crash after the mount and before its id was saved.
             Some(m) => m.mount_id,
-            None => {
-                let sensitive = secret_options(fs, secrets)?;
-                let mut opts: Vec<&str> = options.iter().map(String::as_str).collect();
-                opts.extend(fs.options.iter().map(String::as_str));
-                // Looked up before any effect; the record keeps the source
-                // as given, so a restore looks the servers up again.
-                let resolver = self.inner.resolver.as_ref();
-                let server = resolve_servers(&fs.fs_type, &fs.source, &opts, resolver)?;
-                opts.extend(server.options.iter().map(String::as_str));
-                self.make_private_dir(&private)?;
-                let mounter = &self.inner.mounter;
-                let result = mounter.mount_sensitive(
-                    &server.source,
-                    &private,
-                    &fs.fs_type,
-                    &opts,
-                    &sensitive,
-                );
-                result.map_err(|e| NodeError::mount("mounting", &s.path, &e))?;
-                let made = View::Paths(mounter.as_ref()).at(&private)?;
-                match made.last() {
-                    Some(m) => m.mount_id,
-                    None => {
-                        return Err(NodeError::failed_precondition(format!(
-                            "the {} mount of volume {} is not there after mounting",
-                            fs.fs_type, rec.volume_id
-                        )));
-                    }
-                }
-            }
+            None => self.mount_private(&rec.volume_id, fs, how, &private, &s.path)?,
         };
         if let Some(st) = rec.stage.as_mut() {
             st.mount_id = Some(id);
@@ -157,6 +131,56 @@ impl NodeVolumes {
         undo.mounted = true;
         self.clear_private(&rec.volume_id);
         self.verify(&rec.volume_id, rec, view, &s.path, s.readonly)
+    }
+
+    /// Mounts `fs` in `volume`'s private directory `private` and returns
+    /// the new mount's id. Servers named by host are looked up first; a
+    /// FUSE filesystem is mounted through a new connection that the driver
+    /// then serves ([`VolumeLocator::serve_fuse`](crate::VolumeLocator::serve_fuse)).
+    fn mount_private(
+        &self,
+        volume: &str,
+        fs: &FilesystemSource,
+        how: &FilesystemStage<'_>,
+        private: &Path,
+        staging: &Path,
+    ) -> Result<u32, NodeError> {
+        let sensitive = secret_options(fs, how.secrets)?;
+        let mut opts: Vec<&str> = how.options.iter().map(String::as_str).collect();
+        opts.extend(fs.options.iter().map(String::as_str));
+        // Looked up before any effect; the record keeps the source as
+        // given, so a restore looks the servers up again.
+        let resolver = self.inner.resolver.as_ref();
+        let server = resolve_servers(&fs.fs_type, &fs.source, &opts, resolver)?;
+        opts.extend(server.options.iter().map(String::as_str));
+        let device = &self.inner.fuse_device;
+        let fuse = match is_fuse(&fs.fs_type) {
+            true => Some(
+                FuseConnection::open(device).map_err(|e| NodeError::io("opening", device, &e))?,
+            ),
+            false => None,
+        };
+        let fuse_options = fuse.as_ref().map(|c| c.mount_options(&opts));
+        opts.extend(fuse_options.iter().flatten().map(String::as_str));
+        self.make_private_dir(private)?;
+        let mounter = &self.inner.mounter;
+        let result =
+            mounter.mount_sensitive(&server.source, private, &fs.fs_type, &opts, &sensitive);
+        result.map_err(|e| NodeError::mount("mounting", staging, &e))?;
+        if let Some(connection) = fuse
+            && let Err(e) = self.inner.locator.serve_fuse(volume, fs, connection)
+        {
+            self.clear_private(volume);
+            return Err(e);
+        }
+        let made = View::Paths(mounter.as_ref()).at(private)?;
+        match made.last() {
+            Some(m) => Ok(m.mount_id),
+            None => Err(NodeError::failed_precondition(format!(
+                "the {} mount of volume {volume} is not there after mounting",
+                fs.fs_type
+            ))),
+        }
     }
 
     /// Creates `private` (mode 0700) under the private root, which is made

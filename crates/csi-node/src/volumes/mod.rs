@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use mount_utils::{
-    BlockDevices, LinuxBlockDevices, LinuxLoopDevices, LoopDevices, Mounter, Resolver,
+    BlockDevices, FUSE_DEVICE, LinuxBlockDevices, LinuxLoopDevices, LoopDevices, Mounter, Resolver,
     SystemResolver,
 };
 
@@ -70,6 +70,7 @@ struct Inner {
     filesystems: Arc<dyn FilesystemMount>,
     devices: Arc<dyn BlockDevices>,
     resolver: Arc<dyn Resolver>,
+    fuse_device: PathBuf,
     device_timeout: Duration,
     private_dir: Option<PathBuf>,
     single_node_multi_writer: bool,
@@ -105,6 +106,7 @@ pub struct NodeVolumesBuilder {
     filesystems: Option<Arc<dyn FilesystemMount>>,
     devices: Option<Arc<dyn BlockDevices>>,
     resolver: Option<Arc<dyn Resolver>>,
+    fuse_device: PathBuf,
     device_timeout: Duration,
     private_dir: Option<PathBuf>,
     single_node_multi_writer: bool,
@@ -139,6 +141,14 @@ impl NodeVolumesBuilder {
     /// by host, and mount(2) takes addresses (see `resolve_servers`).
     pub fn resolver(mut self, resolver: Arc<dyn Resolver>) -> Self {
         self.resolver = Some(resolver);
+        self
+    }
+
+    /// The FUSE device a FUSE filesystem volume is mounted through
+    /// (mount-utils' `FUSE_DEVICE`, `/dev/fuse`, by default; a test on a
+    /// fake mounter may give `/dev/null`).
+    pub fn fuse_device(mut self, device: impl Into<PathBuf>) -> Self {
+        self.fuse_device = device.into();
         self
     }
 
@@ -204,6 +214,7 @@ impl NodeVolumesBuilder {
                 filesystems,
                 devices: self.devices.unwrap_or_else(|| Arc::new(LinuxBlockDevices)),
                 resolver: self.resolver.unwrap_or_else(|| Arc::new(SystemResolver)),
+                fuse_device: self.fuse_device,
                 device_timeout: self.device_timeout,
                 private_dir: self.private_dir,
                 single_node_multi_writer: self.single_node_multi_writer,
@@ -272,6 +283,7 @@ impl NodeVolumes {
             filesystems: None,
             devices: None,
             resolver: None,
+            fuse_device: PathBuf::from(FUSE_DEVICE),
             device_timeout: DEFAULT_DEVICE_TIMEOUT,
             private_dir: None,
             single_node_multi_writer: false,

@@ -66,7 +66,7 @@ impl LinuxMounter {
             }
         }
         if read_only {
-            ensure_read_only(&pinned, true)?;
+            ensure_read_only(self, &pinned, true)?;
         }
         Ok(())
     }
@@ -150,12 +150,25 @@ fn remount_new_bind(
 
 /// Checks the mount at `pinned` is read-only; if not, unmounts it when
 /// `undo` (we just made it) and fails either way.
-pub(super) fn ensure_read_only(pinned: &PinnedPath, undo: bool) -> Result<(), MountError> {
+pub(super) fn ensure_read_only(
+    mounter: &LinuxMounter,
+    pinned: &PinnedPath,
+    undo: bool,
+) -> Result<(), MountError> {
     let fd = pinned
         .open()?
         .ok_or_else(|| stat_error(pinned.path(), Errno::ENOENT))?;
-    let vfs = fstatvfs(&fd).map_err(|errno| stat_error(pinned.path(), errno))?;
-    if vfs.flags().contains(FsFlags::ST_RDONLY) {
+    // The table first: statvfs asks the filesystem, which may not answer
+    // yet (a FUSE mount its daemon serves only after this returns) or at
+    // all (a network server that is down).
+    let read_only = match mounter.read_only_in_table(fd.as_fd()) {
+        Some(read_only) => read_only,
+        None => {
+            let vfs = fstatvfs(&fd).map_err(|errno| stat_error(pinned.path(), errno))?;
+            vfs.flags().contains(FsFlags::ST_RDONLY)
+        }
+    };
+    if read_only {
         return Ok(());
     }
     drop(fd);

@@ -96,6 +96,34 @@ impl LinuxMounter {
     }
 }
 
+impl LinuxMounter {
+    /// Whether the mount `fd` is on is read-only (its own flag or its
+    /// superblock's), from the mount table alone: never a request to the
+    /// filesystem (the `statx` does not sync attributes). `None` when the
+    /// kernel does not give the mount's id.
+    pub(super) fn read_only_in_table(&self, fd: BorrowedFd<'_>) -> Option<bool> {
+        let dont_sync = libc::AT_STATX_DONT_SYNC;
+        let unique = statx_fd_with(fd, libc::STATX_MNT_ID_UNIQUE, dont_sync).ok()?;
+        let by_statmount = (unique.stx_mask & libc::STATX_MNT_ID_UNIQUE != 0
+            && self.statmount_agrees())
+        .then(|| statmount::entry(unique.stx_mnt_id).ok().flatten())
+        .flatten();
+        let info = match by_statmount {
+            Some(entry) => entry.info,
+            None => {
+                let stx = statx_fd_with(fd, libc::STATX_MNT_ID, dont_sync).ok()?;
+                if stx.stx_mask & libc::STATX_MNT_ID == 0 {
+                    return None;
+                }
+                let data = self.read_mountinfo().ok()?;
+                find_by_id(&data, stx.stx_mnt_id as u32).ok().flatten()?
+            }
+        };
+        let ro = |options: &[String]| options.iter().any(|o| o == "ro");
+        Some(ro(&info.mount_options) || ro(&info.super_options))
+    }
+}
+
 /// Mount points other than `path` with the same device and root as the
 /// topmost mount at `path`.
 pub(crate) fn refs_in(mounts: &[MountInfo], path: &Path) -> Vec<PathBuf> {
@@ -140,6 +168,15 @@ pub(super) fn mount_root_attr(stx: &libc::statx) -> Option<bool> {
 
 /// `statx` of an open descriptor (`AT_EMPTY_PATH`).
 pub(super) fn statx_fd(fd: BorrowedFd<'_>, mask: libc::c_uint) -> Result<libc::statx, Errno> {
+    statx_fd_with(fd, mask, 0)
+}
+
+/// [`statx_fd`] with more `flags` (`AT_STATX_DONT_SYNC`).
+fn statx_fd_with(
+    fd: BorrowedFd<'_>,
+    mask: libc::c_uint,
+    flags: libc::c_int,
+) -> Result<libc::statx, Errno> {
     let mut buf = MaybeUninit::<libc::statx>::zeroed();
     // SAFETY: a valid fd, an empty NUL-terminated path and a buffer of the
     // right type.
@@ -147,7 +184,7 @@ pub(super) fn statx_fd(fd: BorrowedFd<'_>, mask: libc::c_uint) -> Result<libc::s
         libc::statx(
             fd.as_raw_fd(),
             c"".as_ptr(),
-            libc::AT_EMPTY_PATH | libc::AT_NO_AUTOMOUNT,
+            libc::AT_EMPTY_PATH | libc::AT_NO_AUTOMOUNT | flags,
             mask,
             buf.as_mut_ptr(),
         )
