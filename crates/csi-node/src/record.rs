@@ -209,8 +209,11 @@ pub enum VolumeSource {
 /// given), which the driver's daemon then serves
 /// ([`VolumeLocator::serve_fuse`](crate::VolumeLocator::serve_fuse)), as
 /// a libfuse daemon given `/dev/fd/N` as its mount point does. A FUSE
-/// mount outlives the plugin only while its daemon does: after a restart
-/// whose daemon died, the volume is reported abnormal.
+/// mount outlives the plugin only while its daemon does: a restore that
+/// finds one disconnected (`ENOTCONN`) takes it and the binds of it down,
+/// mounts it anew through a connection the driver serves and binds the
+/// publications again (a container that holds a copy of an old bind sees
+/// `ENOTCONN` until it restarts).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FilesystemSource {
     /// The filesystem type (`nfs`, `cifs`, `ceph`, `fuse.sshfs`, `tmpfs`).

@@ -564,6 +564,50 @@ impl csi_node::VolumeLocator for HelloFuse {
     }
 }
 
+impl HelloFuse {
+    /// Waits for every session served so far to end (their connections
+    /// unmounted or aborted); whether each ended cleanly.
+    fn sessions_end(&self) -> Vec<bool> {
+        let sessions = std::mem::take(&mut *self.sessions.lock().unwrap());
+        let (done, ended) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let results: Vec<_> = sessions.into_iter().map(|s| s.join().is_ok()).collect();
+            let _ = done.send(results);
+        });
+        let ended = ended.recv_timeout(std::time::Duration::from_secs(10));
+        ended.expect("the daemon's sessions end")
+    }
+}
+
+/// Whether the test can mount FUSE filesystems (`name` says why not).
+fn have_fuse(name: &str) -> bool {
+    let found = Path::new(mount_utils::FUSE_DEVICE).exists();
+    if !found {
+        eprintln!(
+            "{name}: skipped, no {} on this host",
+            mount_utils::FUSE_DEVICE
+        );
+    }
+    found
+}
+
+/// A node plugin of [`HelloFuse`] over `store`, its private directory under
+/// `base` (made a shared mount first, as `/` is on most hosts).
+fn fuse_node(base: &Path, store: Arc<FakeStore>) -> (NodeVolumes, Arc<HelloFuse>) {
+    let mounter: Arc<dyn Mounter> = Arc::new(LinuxMounter::new());
+    if !mounter.is_mount_point(base).unwrap() {
+        let b = base.to_string_lossy();
+        mounter.mount(&b, base, "", &["bind", "shared"]).unwrap();
+    }
+    let driver = Arc::new(HelloFuse::default());
+    let locator: Arc<dyn csi_node::VolumeLocator> = driver.clone();
+    let v = NodeVolumes::builder(mounter, store, locator)
+        .private_mounts(base.join("private"))
+        .open()
+        .unwrap();
+    (v, driver)
+}
+
 /// A FUSE filesystem with the real kernel: the node opens /dev/fuse, mounts
 /// through it (no fusermount, no libfuse), the driver's daemon serves the
 /// connection, and what it serves is read through the staging path and a
@@ -572,23 +616,11 @@ impl csi_node::VolumeLocator for HelloFuse {
 #[ignore = "needs root: run by scripts/test.sh's root pass"]
 fn root_a_fuse_volume_is_served_through_the_connection_the_node_mounted() {
     let name = "root_a_fuse_volume_is_served_through_the_connection_the_node_mounted";
-    if !Path::new(mount_utils::FUSE_DEVICE).exists() {
-        eprintln!(
-            "{name}: skipped, no {} on this host",
-            mount_utils::FUSE_DEVICE
-        );
+    if !have_fuse(name) {
         return;
     }
     as_root(name, |base| {
-        let mounter: Arc<dyn Mounter> = Arc::new(LinuxMounter::new());
-        let b = base.to_string_lossy();
-        mounter.mount(&b, base, "", &["bind", "shared"]).unwrap();
-        let driver = Arc::new(HelloFuse::default());
-        let locator: Arc<dyn csi_node::VolumeLocator> = driver.clone();
-        let v = NodeVolumes::builder(mounter, Arc::new(FakeStore::new()), locator)
-            .private_mounts(base.join("private"))
-            .open()
-            .unwrap();
+        let (v, driver) = fuse_node(base, Arc::new(FakeStore::new()));
         let cap = mount_cap(Mode::SingleNodeReaderOnly);
         let (staging, target) = (base.join("staging"), base.join("pods/f"));
         v.stage(&stage("fu-1", &staging, cap.clone())).unwrap();
@@ -610,17 +642,73 @@ fn root_a_fuse_volume_is_served_through_the_connection_the_node_mounted() {
         v.unstage(&unstage("fu-1", &staging)).unwrap();
         assert!(mounts_at(&staging).is_empty() && mounts_at(&target).is_empty());
         assert!(v.records().is_empty());
-
         // Unmounted, the connection ends and so does the daemon's session.
-        let sessions = std::mem::take(&mut *driver.sessions.lock().unwrap());
-        assert_eq!(sessions.len(), 1);
-        let (done, ended) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let results: Vec<_> = sessions.into_iter().map(|s| s.join().is_ok()).collect();
-            let _ = done.send(results);
-        });
-        let ended = ended.recv_timeout(std::time::Duration::from_secs(10));
-        assert_eq!(ended, Ok(vec![true]), "the daemon's session ended");
+        assert_eq!(driver.sessions_end(), [true]);
+    });
+}
+
+/// A restart whose FUSE daemon died (its connection aborted through the
+/// kernel's fusectl, as when the daemon is killed): the staging path and
+/// the publication answer ENOTCONN, and the restore takes both down and
+/// mounts the volume anew through a connection the new driver serves,
+/// then binds the publication again.
+#[test]
+#[ignore = "needs root: run by scripts/test.sh's root pass"]
+fn root_a_fuse_volume_whose_daemon_died_is_mounted_anew_by_the_restore() {
+    let name = "root_a_fuse_volume_whose_daemon_died_is_mounted_anew_by_the_restore";
+    if !have_fuse(name) {
+        return;
+    }
+    as_root(name, |base| {
+        let store = Arc::new(FakeStore::new());
+        let (v, driver) = fuse_node(base, store.clone());
+        let cap = mount_cap(Mode::SingleNodeReaderOnly);
+        let (staging, target) = (base.join("staging"), base.join("pods/f"));
+        v.stage(&stage("fu-1", &staging, cap.clone())).unwrap();
+        v.publish(&publish("fu-1", Some(&staging), &target, cap.clone(), true))
+            .unwrap();
+        let old = mounts_at(&staging)[0].clone();
+        drop(v);
+
+        let connections = Path::new("/sys/fs/fuse/connections");
+        let fusectl = LinuxMounter::new();
+        if !fusectl.is_mount_point(connections).unwrap() {
+            fusectl
+                .mount("fusectl", connections, "fusectl", &[])
+                .unwrap();
+        }
+        std::fs::write(connections.join(old.minor.to_string()).join("abort"), b"1").unwrap();
+        assert_eq!(driver.sessions_end(), [true], "the daemon is gone");
+        let dead = std::fs::symlink_metadata(&staging).unwrap_err();
+        assert_eq!(dead.raw_os_error(), Some(nix::libc::ENOTCONN), "{dead}");
+
+        let (v, driver) = fuse_node(base, store);
+        let report = v.restore();
+        assert!(report.abnormal.is_empty(), "{report:?}");
+        assert_eq!(report.healthy, ["fu-1"]);
+        let here = mounts_at(&staging);
+        assert_eq!(here.len(), 1, "{here:?}");
+        let served = driver.sessions.lock().unwrap().len();
+        assert_eq!(
+            served, 1,
+            "mounted anew, through a connection the new driver serves"
+        );
+        let saved = v.record("fu-1").unwrap().stage.unwrap().mount_id;
+        assert_eq!(saved, Some(here[0].mount_id));
+        for path in [&staging, &target] {
+            let read = std::fs::read_to_string(path.join("hello.txt")).unwrap();
+            assert_eq!(read, "volume fu-1\n", "{}", path.display());
+        }
+        assert_eq!(mounts_at(&target).len(), 1);
+        assert!(
+            std::fs::write(target.join("new"), b"x").is_err(),
+            "still read-only"
+        );
+        v.unpublish(&unpublish("fu-1", &target)).unwrap();
+        v.unstage(&unstage("fu-1", &staging)).unwrap();
+        assert!(mounts_at(&staging).is_empty() && mounts_at(&target).is_empty());
+        assert!(mounts_at(&base.join("private/fu-1")).is_empty());
+        assert_eq!(driver.sessions_end(), [true]);
     });
 }
 

@@ -15,7 +15,7 @@ use mount_utils::{FuseConnection, Sensitive, is_fuse, resolve_servers};
 use super::{NodeVolumes, Part, Undo, View};
 use crate::error::NodeError;
 use crate::observe::{Identities, PathKind, bind_within};
-use crate::record::{FilesystemSource, NodeVolumeRecord, StageRecord};
+use crate::record::{FilesystemSource, NodeVolumeRecord, PublishState, StageRecord, VolumeSource};
 
 /// What staging a filesystem volume works from besides its record: the
 /// call's view of the mounts, the capability's mount options and the
@@ -181,6 +181,46 @@ impl NodeVolumes {
                 fs.fs_type
             ))),
         }
+    }
+
+    /// After a restart: a FUSE volume whose daemon is gone (its staging
+    /// path answers `ENOTCONN`) has its mounts, the stage and the binds of
+    /// it at its publications, taken down, topmost first and only while
+    /// they are this volume's, so the restore mounts it anew through a
+    /// connection the driver serves and binds the publications again.
+    pub(super) fn clear_disconnected_fuse(
+        &self,
+        rec: &NodeVolumeRecord,
+        s: &StageRecord,
+        view: &View<'_>,
+    ) -> Result<(), NodeError> {
+        let VolumeSource::Filesystem(fs) = &s.source else {
+            return Ok(());
+        };
+        let probe = std::fs::symlink_metadata(&s.path);
+        let disconnected = probe.is_err_and(|e| e.raw_os_error() == Some(nix::libc::ENOTCONN));
+        if !is_fuse(&fs.fs_type) || !disconnected {
+            return Ok(());
+        }
+        let ids = self.identities(&rec.volume_id, Some(rec), view)?;
+        let published = rec
+            .publications
+            .iter()
+            .filter(|p| p.state == PublishState::Published);
+        let paths: Vec<&Path> = published.map(|p| p.target.as_path()).collect();
+        for path in paths.into_iter().chain([s.path.as_path()]) {
+            self.changing(view, path);
+            for m in view.at(path)?.iter().rev() {
+                if !ids.owns(m) {
+                    break;
+                }
+                let mounter = &self.inner.mounter;
+                let gone = mounter.unmount(path, false);
+                gone.map_err(|e| NodeError::mount("unmounting the disconnected", path, &e))?;
+            }
+        }
+        tracing::warn!(volume = %rec.volume_id, "its FUSE daemon is gone: mounting it anew");
+        Ok(())
     }
 
     /// Creates `private` (mode 0700) under the private root, which is made

@@ -85,6 +85,7 @@ impl NodeVolumes {
         // reboot), found again after a step changed something.
         let mut ids = None;
         if let Some(s) = rec.stage.clone().filter(|s| s.state == StageState::Staged) {
+            self.clear_disconnected_fuse(&rec, &s, view)?;
             ids = self.restore_stage(&mut rec, &s, view)?;
         }
         let mut problems = Vec::new();
@@ -220,7 +221,7 @@ impl NodeVolumes {
 
     /// Tells a snapshot view that this restore is about to change the
     /// mounts at or below `path`.
-    fn changing(&self, view: &View<'_>, path: &Path) {
+    pub(super) fn changing(&self, view: &View<'_>, path: &Path) {
         if let View::Snapshot(snapshot) = view {
             snapshot.changing(path);
         }
