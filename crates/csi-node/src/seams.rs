@@ -50,10 +50,10 @@ pub trait VolumeLocator: Send + Sync {
     }
 
     /// Serves a FUSE filesystem volume (`fuse` or `fuse.<subtype>`) just
-    /// mounted with `connection`: hand it to the filesystem's daemon (a
-    /// libfuse daemon takes `/dev/fd/N` as its mount point; the descriptor
-    /// is close-on-exec until the driver passes it on) or serve it in this
-    /// process. Called once per mount, before anything looks at the mount,
+    /// mounted with `connection`: hand it to the filesystem's daemon
+    /// (`FuseConnection::hand_to` gives a command the descriptor as
+    /// `/dev/fd/3`, which a libfuse daemon takes as its mount point) or
+    /// serve it in this process. Called once per mount, before anything looks at the mount,
     /// which waits until it is served. An error unmounts it and fails the
     /// call. By default the driver serves no FUSE filesystem:
     /// FAILED_PRECONDITION.

@@ -8,9 +8,11 @@
 
 use std::fs::OpenOptions;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::process::CommandExt;
 use std::path::Path;
+use std::process::Command;
 
 /// Where the kernel's FUSE device is.
 pub const FUSE_DEVICE: &str = "/dev/fuse";
@@ -77,7 +79,47 @@ impl FuseConnection {
     pub fn into_fd(self) -> OwnedFd {
         self.fd
     }
+
+    /// Makes `daemon` inherit this connection as its descriptor
+    /// [`DAEMON_FD`] and returns what a libfuse daemon takes as its mount
+    /// point for it, `/dev/fd/3`. Spawn the command, then drop the
+    /// connection: the daemon holds its own copy, and the mount lives as
+    /// long as the daemon does.
+    ///
+    /// ```
+    /// use mount_utils::FuseConnection;
+    /// let connection = FuseConnection::open("/dev/null".as_ref()).unwrap();
+    /// let mut daemon = std::process::Command::new("readlink");
+    /// let mount_point = connection.hand_to(&mut daemon);
+    /// let out = daemon.arg(&mount_point).output().unwrap();
+    /// assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "/dev/null");
+    /// ```
+    pub fn hand_to(&self, daemon: &mut Command) -> String {
+        let fd = self.fd.as_raw_fd();
+        // SAFETY: the closure runs in the child between fork and exec and
+        // calls only dup2 and fcntl, which are async-signal-safe.
+        unsafe {
+            daemon.pre_exec(move || {
+                if fd == DAEMON_FD {
+                    // dup2 onto itself keeps close-on-exec: clear it.
+                    let flags = libc::fcntl(fd, libc::F_GETFD);
+                    if flags < 0 || libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                } else if libc::dup2(fd, DAEMON_FD) < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        format!("/dev/fd/{DAEMON_FD}")
+    }
 }
+
+/// The descriptor a FUSE daemon given the connection by
+/// [`FuseConnection::hand_to`] finds it at: the first after standard
+/// input, output and error.
+pub const DAEMON_FD: RawFd = 3;
 
 impl AsFd for FuseConnection {
     fn as_fd(&self) -> BorrowedFd<'_> {
@@ -86,7 +128,7 @@ impl AsFd for FuseConnection {
 }
 
 impl AsRawFd for FuseConnection {
-    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+    fn as_raw_fd(&self) -> RawFd {
         self.fd.as_raw_fd()
     }
 }
@@ -124,6 +166,23 @@ mod tests {
         assert_eq!(given, [format!("fd={fd}")]);
         let owned = c.into_fd();
         assert_eq!(owned.as_raw_fd(), fd);
+    }
+
+    #[test]
+    fn a_daemon_finds_the_connection_at_its_descriptor_3_and_nothing_else_leaks() {
+        let c = FuseConnection::open(Path::new("/dev/null")).unwrap();
+        let mut daemon = Command::new("sh");
+        let mount_point = c.hand_to(&mut daemon);
+        assert_eq!(mount_point, "/dev/fd/3");
+        // The connection at 3, and at its own number only when that is 3.
+        let fd = c.as_raw_fd();
+        let script = format!("readlink {mount_point}; readlink /proc/$$/fd/{fd} || echo none");
+        let out = daemon.args(["-c", &script]).output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let lines: Vec<&str> = stdout.lines().collect();
+        assert_eq!(lines.first(), Some(&"/dev/null"), "{stdout}");
+        let own_number_inherited = lines.get(1) == Some(&"/dev/null");
+        assert_eq!(own_number_inherited, fd == DAEMON_FD, "{stdout}");
     }
 
     #[test]
