@@ -34,24 +34,22 @@ pub enum PathKind {
 }
 
 impl PathKind {
-    /// `lstat` of `path`.
+    /// `lstat` of `path`, from the attributes the kernel has cached
+    /// (mount-utils' `nofollow::lstat_cached`): a mount whose server or
+    /// FUSE daemon does not answer is still seen, and can be unmounted.
     pub fn of(path: &Path) -> PathKind {
-        match std::fs::symlink_metadata(path) {
-            Ok(m) => {
-                let t = m.file_type();
-                if t.is_symlink() {
-                    PathKind::Symlink
-                } else if t.is_dir() {
-                    PathKind::Directory
-                } else if t.is_file() {
-                    PathKind::File { len: m.len() }
-                } else if t.is_block_device() {
-                    PathKind::BlockDevice
-                } else {
-                    PathKind::Other
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => PathKind::Absent,
+        use nix::sys::stat::SFlag;
+        match mount_utils::nofollow::lstat_cached(path) {
+            Ok(st) => match SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT {
+                SFlag::S_IFLNK => PathKind::Symlink,
+                SFlag::S_IFDIR => PathKind::Directory,
+                SFlag::S_IFREG => PathKind::File {
+                    len: st.st_size as u64,
+                },
+                SFlag::S_IFBLK => PathKind::BlockDevice,
+                _ => PathKind::Other,
+            },
+            Err(nix::errno::Errno::ENOENT) => PathKind::Absent,
             Err(_) => PathKind::Inaccessible,
         }
     }

@@ -421,6 +421,27 @@ fn root_tmpfs_is_moved_to_its_staging_path_and_known_by_its_mount_id() {
 /// A read-only FUSE filesystem of one file, `hello.txt`, naming its volume.
 struct HelloFs {
     text: Vec<u8>,
+    hung: Arc<Hang>,
+}
+
+/// Makes every [`HelloFs`] hang, as a daemon whose server went away does,
+/// and counts the requests that came meanwhile.
+#[derive(Default)]
+struct Hang {
+    on: std::sync::atomic::AtomicBool,
+    requests: std::sync::atomic::AtomicUsize,
+}
+
+impl Hang {
+    fn wait(&self) {
+        use std::sync::atomic::Ordering::SeqCst;
+        if self.on.load(SeqCst) {
+            self.requests.fetch_add(1, SeqCst);
+        }
+        while self.on.load(SeqCst) {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
 }
 
 const TTL: std::time::Duration = std::time::Duration::from_secs(1);
@@ -467,6 +488,7 @@ impl fuser::Filesystem for HelloFs {
         name: &std::ffi::OsStr,
         reply: fuser::ReplyEntry,
     ) {
+        self.hung.wait();
         match (parent, name.to_str(), self.attr(HELLO)) {
             (fuser::INodeNo::ROOT, Some("hello.txt"), Some(a)) => {
                 reply.entry(&TTL, &a, fuser::Generation(0))
@@ -482,6 +504,7 @@ impl fuser::Filesystem for HelloFs {
         _: Option<fuser::FileHandle>,
         reply: fuser::ReplyAttr,
     ) {
+        self.hung.wait();
         match self.attr(ino) {
             Some(a) => reply.attr(&TTL, &a),
             None => reply.error(fuser::Errno::ENOENT),
@@ -499,6 +522,7 @@ impl fuser::Filesystem for HelloFs {
         _: Option<fuser::LockOwner>,
         reply: fuser::ReplyData,
     ) {
+        self.hung.wait();
         if ino != HELLO {
             return reply.error(fuser::Errno::ENOENT);
         }
@@ -515,6 +539,7 @@ impl fuser::Filesystem for HelloFs {
         offset: u64,
         mut reply: fuser::ReplyDirectory,
     ) {
+        self.hung.wait();
         if ino != fuser::INodeNo::ROOT {
             return reply.error(fuser::Errno::ENOENT);
         }
@@ -530,6 +555,11 @@ impl fuser::Filesystem for HelloFs {
         }
         reply.ok();
     }
+
+    fn statfs(&self, _: &fuser::Request, _: fuser::INodeNo, reply: fuser::ReplyStatfs) {
+        self.hung.wait();
+        reply.statfs(0, 0, 0, 0, 0, 512, 255, 512);
+    }
 }
 
 /// A FUSE driver serving each volume in this process (a real one would
@@ -537,6 +567,7 @@ impl fuser::Filesystem for HelloFs {
 #[derive(Default)]
 struct HelloFuse {
     sessions: std::sync::Mutex<Vec<fuser::BackgroundSession>>,
+    hung: Arc<Hang>,
 }
 
 impl csi_node::VolumeLocator for HelloFuse {
@@ -553,6 +584,7 @@ impl csi_node::VolumeLocator for HelloFuse {
     ) -> Result<(), csi_node::NodeError> {
         let fs = HelloFs {
             text: format!("volume {volume_id}\n").into_bytes(),
+            hung: self.hung.clone(),
         };
         let (acl, config) = (fuser::SessionACL::All, fuser::Config::default());
         let served = fuser::Session::from_fd(fs, connection.into_fd(), acl, config)
@@ -608,6 +640,41 @@ fn fuse_node(base: &Path, store: Arc<FakeStore>) -> (NodeVolumes, Arc<HelloFuse>
     (v, driver)
 }
 
+/// A FUSE volume `fu-1` staged and published (reader-only) by a
+/// [`fuse_node`].
+struct StagedFuse {
+    v: NodeVolumes,
+    driver: Arc<HelloFuse>,
+    store: Arc<FakeStore>,
+    staging: PathBuf,
+    target: PathBuf,
+}
+
+/// Runs `f` as root over a staged and published FUSE volume; skipped
+/// without /dev/fuse.
+fn with_staged_fuse(name: &'static str, f: impl FnOnce(&Path, StagedFuse) + Send + 'static) {
+    if !have_fuse(name) {
+        return;
+    }
+    as_root(name, move |base| {
+        let store = Arc::new(FakeStore::new());
+        let (v, driver) = fuse_node(base, store.clone());
+        let cap = mount_cap(Mode::SingleNodeReaderOnly);
+        let (staging, target) = (base.join("staging"), base.join("pods/f"));
+        v.stage(&stage("fu-1", &staging, cap.clone())).unwrap();
+        v.publish(&publish("fu-1", Some(&staging), &target, cap, true))
+            .unwrap();
+        let staged = StagedFuse {
+            v,
+            driver,
+            store,
+            staging,
+            target,
+        };
+        f(base, staged)
+    });
+}
+
 /// A FUSE filesystem with the real kernel: the node opens /dev/fuse, mounts
 /// through it (no fusermount, no libfuse), the driver's daemon serves the
 /// connection, and what it serves is read through the staging path and a
@@ -616,14 +683,14 @@ fn fuse_node(base: &Path, store: Arc<FakeStore>) -> (NodeVolumes, Arc<HelloFuse>
 #[ignore = "needs root: run by scripts/test.sh's root pass"]
 fn root_a_fuse_volume_is_served_through_the_connection_the_node_mounted() {
     let name = "root_a_fuse_volume_is_served_through_the_connection_the_node_mounted";
-    if !have_fuse(name) {
-        return;
-    }
-    as_root(name, |base| {
-        let (v, driver) = fuse_node(base, Arc::new(FakeStore::new()));
-        let cap = mount_cap(Mode::SingleNodeReaderOnly);
-        let (staging, target) = (base.join("staging"), base.join("pods/f"));
-        v.stage(&stage("fu-1", &staging, cap.clone())).unwrap();
+    with_staged_fuse(name, |_, staged| {
+        let StagedFuse {
+            v,
+            driver,
+            staging,
+            target,
+            ..
+        } = staged;
         let here = mounts_at(&staging);
         assert_eq!(here.len(), 1, "{here:?}");
         assert_eq!(here[0].fs_type, "fuse.csikit-hello");
@@ -632,8 +699,6 @@ fn root_a_fuse_volume_is_served_through_the_connection_the_node_mounted() {
         let read = std::fs::read_to_string(staging.join("hello.txt")).unwrap();
         assert_eq!(read, "volume fu-1\n");
 
-        v.publish(&publish("fu-1", Some(&staging), &target, cap.clone(), true))
-            .unwrap();
         let read = std::fs::read_to_string(target.join("hello.txt")).unwrap();
         assert_eq!(read, "volume fu-1\n");
         let refused = std::fs::write(target.join("new"), b"x").unwrap_err();
@@ -656,17 +721,14 @@ fn root_a_fuse_volume_is_served_through_the_connection_the_node_mounted() {
 #[ignore = "needs root: run by scripts/test.sh's root pass"]
 fn root_a_fuse_volume_whose_daemon_died_is_mounted_anew_by_the_restore() {
     let name = "root_a_fuse_volume_whose_daemon_died_is_mounted_anew_by_the_restore";
-    if !have_fuse(name) {
-        return;
-    }
-    as_root(name, |base| {
-        let store = Arc::new(FakeStore::new());
-        let (v, driver) = fuse_node(base, store.clone());
-        let cap = mount_cap(Mode::SingleNodeReaderOnly);
-        let (staging, target) = (base.join("staging"), base.join("pods/f"));
-        v.stage(&stage("fu-1", &staging, cap.clone())).unwrap();
-        v.publish(&publish("fu-1", Some(&staging), &target, cap.clone(), true))
-            .unwrap();
+    with_staged_fuse(name, |base, staged| {
+        let StagedFuse {
+            v,
+            driver,
+            store,
+            staging,
+            target,
+        } = staged;
         let old = mounts_at(&staging)[0].clone();
         drop(v);
 
@@ -708,6 +770,55 @@ fn root_a_fuse_volume_whose_daemon_died_is_mounted_anew_by_the_restore() {
         v.unstage(&unstage("fu-1", &staging)).unwrap();
         assert!(mounts_at(&staging).is_empty() && mounts_at(&target).is_empty());
         assert!(mounts_at(&base.join("private/fu-1")).is_empty());
+        assert_eq!(driver.sessions_end(), [true]);
+    });
+}
+
+/// A FUSE daemon that stops answering (as one whose server went away, or
+/// a hard NFS mount of a server that is down): unpublishing and unstaging
+/// its volume ask the filesystem nothing (every look at the paths uses
+/// cached attributes, the read-only check the mount table), so they finish
+/// and leave nothing, where a plain `lstat` would wait for ever.
+#[test]
+#[ignore = "needs root: run by scripts/test.sh's root pass"]
+fn root_a_fuse_volume_whose_daemon_hangs_is_unpublished_and_unstaged() {
+    let name = "root_a_fuse_volume_whose_daemon_hangs_is_unpublished_and_unstaged";
+    with_staged_fuse(name, |_, staged| {
+        use std::sync::atomic::Ordering::SeqCst;
+        let StagedFuse {
+            v,
+            driver,
+            staging,
+            target,
+            ..
+        } = staged;
+        driver.hung.on.store(true, SeqCst);
+        // Past the attributes' time to live: a fresh look would ask now.
+        std::thread::sleep(TTL + std::time::Duration::from_millis(200));
+
+        let (done, finished) = std::sync::mpsc::channel();
+        let (t, s) = (target.clone(), staging.clone());
+        std::thread::spawn(move || {
+            let unpublished = v
+                .unpublish(&unpublish("fu-1", &t))
+                .map_err(|e| e.to_string());
+            let unstaged = v.unstage(&unstage("fu-1", &s)).map_err(|e| e.to_string());
+            let _ = done.send((unpublished, unstaged, v.records().is_empty()));
+        });
+        let finished = finished.recv_timeout(std::time::Duration::from_secs(10));
+        driver.hung.on.store(false, SeqCst);
+        let Ok((unpublished, unstaged, forgotten)) = finished else {
+            panic!("the teardown waited on the hung daemon");
+        };
+        unpublished.unwrap();
+        unstaged.unwrap();
+        assert!(forgotten);
+        assert_eq!(
+            driver.hung.requests.load(SeqCst),
+            0,
+            "nothing was asked of the daemon"
+        );
+        assert!(mounts_at(&staging).is_empty() && mounts_at(&target).is_empty());
         assert_eq!(driver.sessions_end(), [true]);
     });
 }

@@ -13,6 +13,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::Command;
+use std::time::Duration;
 
 /// Where the kernel's FUSE device is.
 pub const FUSE_DEVICE: &str = "/dev/fuse";
@@ -114,6 +115,37 @@ impl FuseConnection {
         }
         format!("/dev/fd/{DAEMON_FD}")
     }
+}
+
+/// Whether the FUSE mount at `path` has lost its daemon: a fresh `statx`
+/// of it (a request the daemon must answer) fails with `ENOTCONN`. Asked
+/// on a thread given `wait`: a daemon that is alive but slow or hung is not
+/// disconnected (that thread then waits on until the daemon answers, or
+/// its mount goes away).
+pub fn is_disconnected(path: &Path, wait: Duration) -> bool {
+    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) else {
+        return false;
+    };
+    let (answer, answered) = std::sync::mpsc::channel();
+    let asked = std::thread::Builder::new()
+        .name("fuse-probe".into())
+        .spawn(move || {
+            let mut buf = std::mem::MaybeUninit::<libc::statx>::zeroed();
+            let flags =
+                libc::AT_SYMLINK_NOFOLLOW | libc::AT_NO_AUTOMOUNT | libc::AT_STATX_FORCE_SYNC;
+            // SAFETY: a NUL-terminated path and a buffer of the right type.
+            let r = unsafe {
+                libc::statx(
+                    libc::AT_FDCWD,
+                    c.as_ptr(),
+                    flags,
+                    libc::STATX_TYPE,
+                    buf.as_mut_ptr(),
+                )
+            };
+            let _ = answer.send(nix::errno::Errno::result(r).err());
+        });
+    asked.is_ok() && answered.recv_timeout(wait) == Ok(Some(nix::errno::Errno::ENOTCONN))
 }
 
 /// The descriptor a FUSE daemon given the connection by

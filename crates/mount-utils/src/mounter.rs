@@ -207,6 +207,9 @@ pub trait Mounter: Send + Sync {
     /// Whether `path` is the root of a mount, bind mounts of the same
     /// filesystem included. Fails if `path` cannot be inspected (absent,
     /// or a corrupted mount: see [`MountError::is_corrupted_mount`]).
+    /// `LinuxMounter` asks only what the kernel has cached, so a mount whose
+    /// server or FUSE daemon is gone or hangs is still answered for, as a
+    /// mount point.
     fn is_mount_point(&self, path: &Path) -> Result<bool, MountError>;
 
     /// Cheap heuristic: `true` when `path` is on the same device as its

@@ -32,8 +32,8 @@
 //! assert!(matches!(err, MountError::Symlink { .. }));
 //! ```
 
-use std::ffi::{OsStr, OsString};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::ffi::{CStr, OsStr, OsString};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -177,28 +177,55 @@ fn open_leaf(dir: BorrowedFd<'_>, name: &OsStr) -> Result<OwnedFd, Errno> {
     Ok(fd)
 }
 
-/// Whether `fd` is a symlink, from the inode's cached type: a plain
-/// `fstat` asks some filesystems for fresh attributes (a FUSE mount's
-/// root waits until its daemon serves it; an NFS server may be down), and
-/// a type never changes.
+/// Whether `fd` is a symlink ([`lstat_cached`] of the descriptor).
 fn is_symlink_fd(fd: BorrowedFd<'_>) -> Result<bool, Errno> {
+    let st = stat_cached(fd.as_raw_fd(), c"", libc::AT_EMPTY_PATH)?;
+    Ok(SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFLNK)
+}
+
+/// `lstat` of `path` from what the kernel has cached (`statx` with
+/// `AT_STATX_DONT_SYNC`): a plain `lstat` asks a network or FUSE
+/// filesystem for fresh attributes, which waits as long as its server or
+/// daemon does not answer (a FUSE mount before its daemon serves it, a
+/// hung NFS server), while what a node asks of a path (its type, device,
+/// inode, whether it is a mount root) never changes under it. Sizes and
+/// times may be stale on such filesystems. Errors are the kernel's.
+pub fn lstat_cached(path: &Path) -> Result<FileStat, Errno> {
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(|_| Errno::EINVAL)?;
+    stat_cached(libc::AT_FDCWD, &c, libc::AT_SYMLINK_NOFOLLOW)
+}
+
+/// `statx(dir, name, flags | AT_STATX_DONT_SYNC)` as a `stat`.
+fn stat_cached(dir: RawFd, name: &CStr, flags: libc::c_int) -> Result<FileStat, Errno> {
     let mut buf = std::mem::MaybeUninit::<libc::statx>::zeroed();
-    let flags = libc::AT_EMPTY_PATH | libc::AT_NO_AUTOMOUNT | libc::AT_STATX_DONT_SYNC;
-    // SAFETY: a valid fd, an empty NUL-terminated path and a buffer of the
-    // right type.
+    let flags = flags | libc::AT_NO_AUTOMOUNT | libc::AT_STATX_DONT_SYNC;
+    // SAFETY: a directory fd (or AT_FDCWD), a NUL-terminated name and a
+    // buffer of the right type.
     let r = unsafe {
         libc::statx(
-            fd.as_raw_fd(),
-            c"".as_ptr(),
+            dir,
+            name.as_ptr(),
             flags,
-            libc::STATX_TYPE,
+            libc::STATX_BASIC_STATS,
             buf.as_mut_ptr(),
         )
     };
     Errno::result(r)?;
     // SAFETY: statx succeeded, so the kernel filled the (zeroed) buffer.
-    let mode = unsafe { buf.assume_init() }.stx_mode;
-    Ok(u32::from(mode) & libc::S_IFMT == libc::S_IFLNK)
+    let x = unsafe { buf.assume_init() };
+    // SAFETY: `stat` is plain old data; every field is set or zero.
+    let mut st: FileStat = unsafe { std::mem::zeroed() };
+    st.st_mode = x.stx_mode.into();
+    st.st_size = x.stx_size as libc::off_t;
+    st.st_ino = x.stx_ino;
+    st.st_nlink = x.stx_nlink.into();
+    st.st_uid = x.stx_uid;
+    st.st_gid = x.stx_gid;
+    st.st_dev = libc::makedev(x.stx_dev_major, x.stx_dev_minor);
+    st.st_rdev = libc::makedev(x.stx_rdev_major, x.stx_rdev_minor);
+    st.st_blocks = x.stx_blocks as libc::blkcnt_t;
+    st.st_blksize = x.stx_blksize.into();
+    Ok(st)
 }
 
 fn is_dir(st: &FileStat) -> bool {
@@ -312,14 +339,13 @@ impl PinnedPath {
         }
     }
 
-    /// `lstat` of the last component relative to the parent; `None` if it
-    /// does not exist.
+    /// `lstat` of the last component relative to the parent, from cached
+    /// attributes ([`lstat_cached`]); `None` if it does not exist.
     pub fn lstat(&self) -> Result<Option<FileStat>, MountError> {
-        match nix::sys::stat::fstatat(
-            self.parent.as_fd(),
-            self.name.as_os_str(),
-            nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
-        ) {
+        let name = std::ffi::CString::new(self.name.as_bytes())
+            .map_err(|_| resolve_error(&self.path, Errno::EINVAL))?;
+        let flags = libc::AT_SYMLINK_NOFOLLOW;
+        match stat_cached(self.parent.as_fd().as_raw_fd(), &name, flags) {
             Ok(st) => Ok(Some(st)),
             Err(Errno::ENOENT) => Ok(None),
             Err(errno) => Err(resolve_error(&self.path, errno)),

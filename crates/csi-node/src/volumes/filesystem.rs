@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
-use mount_utils::{FuseConnection, Sensitive, is_fuse, resolve_servers};
+use mount_utils::{FuseConnection, Sensitive, is_disconnected, is_fuse, resolve_servers};
 
 use super::{NodeVolumes, Part, Undo, View};
 use crate::error::NodeError;
@@ -26,6 +26,10 @@ pub(super) struct FilesystemStage<'a> {
     pub(super) options: &'a [String],
     pub(super) secrets: Option<&'a HashMap<String, String>>,
 }
+
+/// How long a restore waits for a FUSE daemon to answer whether it is
+/// still there; one that takes longer is left serving.
+const DISCONNECT_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// The longest name a directory entry may have.
 const NAME_MAX: usize = 255;
@@ -197,9 +201,7 @@ impl NodeVolumes {
         let VolumeSource::Filesystem(fs) = &s.source else {
             return Ok(());
         };
-        let probe = std::fs::symlink_metadata(&s.path);
-        let disconnected = probe.is_err_and(|e| e.raw_os_error() == Some(nix::libc::ENOTCONN));
-        if !is_fuse(&fs.fs_type) || !disconnected {
+        if !is_fuse(&fs.fs_type) || !is_disconnected(&s.path, DISCONNECT_WAIT) {
             return Ok(());
         }
         let ids = self.identities(&rec.volume_id, Some(rec), view)?;

@@ -102,8 +102,7 @@ impl LinuxMounter {
     /// filesystem (the `statx` does not sync attributes). `None` when the
     /// kernel does not give the mount's id.
     pub(super) fn read_only_in_table(&self, fd: BorrowedFd<'_>) -> Option<bool> {
-        let dont_sync = libc::AT_STATX_DONT_SYNC;
-        let unique = statx_fd_with(fd, libc::STATX_MNT_ID_UNIQUE, dont_sync).ok()?;
+        let unique = statx_fd(fd, libc::STATX_MNT_ID_UNIQUE).ok()?;
         let by_statmount = (unique.stx_mask & libc::STATX_MNT_ID_UNIQUE != 0
             && self.statmount_agrees())
         .then(|| statmount::entry(unique.stx_mnt_id).ok().flatten())
@@ -111,7 +110,7 @@ impl LinuxMounter {
         let info = match by_statmount {
             Some(entry) => entry.info,
             None => {
-                let stx = statx_fd_with(fd, libc::STATX_MNT_ID, dont_sync).ok()?;
+                let stx = statx_fd(fd, libc::STATX_MNT_ID).ok()?;
                 if stx.stx_mask & libc::STATX_MNT_ID == 0 {
                     return None;
                 }
@@ -166,17 +165,11 @@ pub(super) fn mount_root_attr(stx: &libc::statx) -> Option<bool> {
     (stx.stx_attributes_mask & bit != 0).then_some(stx.stx_attributes & bit != 0)
 }
 
-/// `statx` of an open descriptor (`AT_EMPTY_PATH`).
+/// `statx` of an open descriptor (`AT_EMPTY_PATH`), from cached attributes
+/// (`AT_STATX_DONT_SYNC`): what the mount code asks (type, mount id, mount
+/// root) never changes, and a fresh `statx` of a network or FUSE mount
+/// waits on its server or daemon.
 pub(super) fn statx_fd(fd: BorrowedFd<'_>, mask: libc::c_uint) -> Result<libc::statx, Errno> {
-    statx_fd_with(fd, mask, 0)
-}
-
-/// [`statx_fd`] with more `flags` (`AT_STATX_DONT_SYNC`).
-fn statx_fd_with(
-    fd: BorrowedFd<'_>,
-    mask: libc::c_uint,
-    flags: libc::c_int,
-) -> Result<libc::statx, Errno> {
     let mut buf = MaybeUninit::<libc::statx>::zeroed();
     // SAFETY: a valid fd, an empty NUL-terminated path and a buffer of the
     // right type.
@@ -184,7 +177,7 @@ fn statx_fd_with(
         libc::statx(
             fd.as_raw_fd(),
             c"".as_ptr(),
-            libc::AT_EMPTY_PATH | libc::AT_NO_AUTOMOUNT | flags,
+            libc::AT_EMPTY_PATH | libc::AT_NO_AUTOMOUNT | libc::AT_STATX_DONT_SYNC,
             mask,
             buf.as_mut_ptr(),
         )
@@ -205,6 +198,7 @@ pub(super) fn unique_mount(path: &Path) -> Result<Option<(u64, bool)>, Errno> {
     Ok(mount_root_attr(&stx).map(|root| (stx.stx_mnt_id, root)))
 }
 
+/// `statx` of `path`, from cached attributes, as [`statx_fd`].
 pub(super) fn statx(
     path: &Path,
     flags: libc::c_int,
@@ -217,7 +211,7 @@ pub(super) fn statx(
         libc::statx(
             libc::AT_FDCWD,
             c.as_ptr(),
-            flags | libc::AT_NO_AUTOMOUNT,
+            flags | libc::AT_NO_AUTOMOUNT | libc::AT_STATX_DONT_SYNC,
             mask,
             buf.as_mut_ptr(),
         )
