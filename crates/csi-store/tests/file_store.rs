@@ -215,7 +215,18 @@ fn the_lock_lasts_while_any_clone_lives() {
         )
     );
     drop(clone);
-    FileStore::open(tmp.path()).unwrap();
+    // A child that another test of this binary forks (`stat` in
+    // `on_tmpfs`) holds a copy of every descriptor, the lock's included,
+    // until it execs: the lock is free once that moment has passed.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        match FileStore::open(tmp.path()) {
+            Err(StoreError::Locked { .. }) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            reopened => break drop(reopened.unwrap()),
+        }
+    }
 }
 
 #[test]
