@@ -162,6 +162,7 @@ mod seams;
 mod service;
 #[cfg(feature = "testing")]
 pub mod testing;
+mod usage;
 mod volumes;
 
 pub use attached::AttachedDevices;

@@ -15,6 +15,7 @@ use mount_utils::{FsUsage, Mounter, ResizeFs};
 use crate::error::NodeError;
 use crate::record::{StageRecord, VolumeSource};
 use crate::seams::{VolumeContexts, VolumeLocator};
+use crate::usage::{USAGE_WAIT, usage_within};
 use crate::volumes::{NodeVolumes, NodeVolumesBuilder, RestoreReport};
 
 /// What the node service needs to know of one of the driver's volumes.
@@ -494,7 +495,7 @@ impl<D: NodeBackend> Node for NodeService<D> {
         self.run(move |driver, volumes| {
             let (id, path) = (&req.volume_id, &req.volume_path);
             known(driver, id, &staged_contexts(volumes, id))?;
-            let condition = volumes.volume_condition(id, path)?;
+            let mut condition = volumes.volume_condition(id, path)?;
             let stage = volumes.record(id).and_then(|r| r.stage);
             let usage = match stage.filter(|s| s.capability.is_block()) {
                 Some(stage) => vec![VolumeUsage {
@@ -503,10 +504,16 @@ impl<D: NodeBackend> Node for NodeService<D> {
                     ..Default::default()
                 }],
                 None if condition.abnormal => Vec::new(),
-                None => mounter
-                    .fs_usage(Path::new(path))
-                    .map(usage)
-                    .unwrap_or_default(),
+                None => match usage_within(&mounter, Path::new(path), USAGE_WAIT) {
+                    Ok(found) => found.map(usage).unwrap_or_default(),
+                    Err(message) => {
+                        condition = VolumeCondition {
+                            abnormal: true,
+                            message,
+                        };
+                        Vec::new()
+                    }
+                },
             };
             Ok(NodeGetVolumeStatsResponse {
                 usage,

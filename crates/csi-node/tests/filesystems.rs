@@ -475,6 +475,44 @@ async fn a_fuse_mount_a_crash_left_in_the_private_directory_is_made_anew() {
     tear_down(&w, &node, "f1", &staging, None).await;
 }
 
+async fn stats_of<D: NodeBackend>(
+    node: &NodeService<D>,
+    path: &Path,
+) -> NodeGetVolumeStatsResponse {
+    let ctx = ctx();
+    let stats = node.node_get_volume_stats(&ctx, stats_req("t1", path));
+    stats.await.unwrap()
+}
+
+#[tokio::test]
+async fn a_filesystem_that_fails_as_a_broken_mount_makes_the_volume_abnormal() {
+    logs();
+    let w = World::new();
+    let node = w.node(Tmpfs);
+    let (staging, target) = (w.path("staging"), w.path("pod"));
+    let c = cap(false, Mode::SingleNodeWriter, &[]);
+    node.node_stage_volume(&ctx(), stage_req("t1", &staging, c.clone()))
+        .await
+        .unwrap();
+    let publish = publish_req("t1", &staging, &target, c);
+    node.node_publish_volume(&ctx(), publish).await.unwrap();
+    let condition = stats_of(&node, &target).await.volume_condition.unwrap();
+    assert!(!condition.abnormal, "{condition:?}");
+
+    // Its server went away: statvfs fails with ENOTCONN.
+    w.host.inject_error(FakeOp::Stat, &target, Errno::ENOTCONN);
+    let stats = stats_of(&node, &target).await;
+    let condition = stats.volume_condition.clone().unwrap();
+    assert!(condition.abnormal, "{condition:?}");
+    assert!(
+        condition.message.contains(&target.display().to_string()),
+        "{condition:?}"
+    );
+    assert!(stats.usage.is_empty());
+    w.host.clear_errors();
+    tear_down(&w, &node, "t1", &staging, Some(&target)).await;
+}
+
 #[tokio::test]
 async fn a_tmpfs_volume_is_staged_published_and_cleaned_up() {
     logs();

@@ -823,6 +823,95 @@ fn root_a_fuse_volume_whose_daemon_hangs_is_unpublished_and_unstaged() {
     });
 }
 
+impl csi_node::NodeBackend for HelloFuse {
+    fn volume(&self, _: &str) -> Option<csi_node::VolumeInfo> {
+        Some(csi_node::VolumeInfo::new(false, 0))
+    }
+}
+
+/// NodeGetVolumeStats of a FUSE volume whose daemon stops answering: the
+/// first call waits a bounded time for the filesystem's usage and answers
+/// the volume abnormal; the calls after it answer at once while that look
+/// is still unanswered (one thread waits on the daemon, not one per call,
+/// so a driver's small blocking pool is never used up by them).
+#[test]
+#[ignore = "needs root: run by scripts/test.sh's root pass"]
+fn root_stats_of_a_fuse_volume_whose_daemon_hangs_answer_abnormal_in_bounded_time() {
+    use csi_driver::{CallContext, Method, Node};
+    use std::sync::atomic::Ordering::SeqCst;
+    use std::time::{Duration, Instant};
+    let name = "root_stats_of_a_fuse_volume_whose_daemon_hangs_answer_abnormal_in_bounded_time";
+    if !have_fuse(name) {
+        return;
+    }
+    as_root(name, |base| {
+        let mounter: Arc<dyn Mounter> = Arc::new(LinuxMounter::new());
+        let b = base.to_string_lossy();
+        mounter.mount(&b, base, "", &["bind", "shared"]).unwrap();
+        let driver = Arc::new(HelloFuse::default());
+        let info = csi_node::NodeInfo::new("n1");
+        let node = csi_node::NodeService::builder(driver.clone(), info, mounter)
+            .volumes(|v| v.private_mounts(base.join("private")))
+            .open(Arc::new(FakeStore::new()))
+            .unwrap();
+        let cap = mount_cap(Mode::SingleNodeReaderOnly);
+        let (staging, target) = (base.join("staging"), base.join("pods/f"));
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let ctx = CallContext::detached(0, Method::NodeGetVolumeStats);
+            let req = stage("fu-1", &staging, cap.clone());
+            node.node_stage_volume(&ctx, req).await.unwrap();
+            let req = publish("fu-1", Some(&staging), &target, cap, true);
+            node.node_publish_volume(&ctx, req).await.unwrap();
+            let stats = |path: &Path| {
+                let req = csi_node::testing::requests::stats_req("fu-1", path);
+                node.node_get_volume_stats(&ctx, req)
+            };
+            let healthy = stats(&target).await.unwrap().volume_condition.unwrap();
+            assert!(!healthy.abnormal, "{healthy:?}");
+
+            driver.hung.on.store(true, SeqCst);
+            std::thread::sleep(TTL + Duration::from_millis(200));
+            let started = Instant::now();
+            for _ in 0..6 {
+                let condition = stats(&target).await.unwrap().volume_condition.unwrap();
+                assert!(condition.abnormal, "{condition:?}");
+                assert!(
+                    condition.message.contains("does not answer"),
+                    "{condition:?}"
+                );
+            }
+            let took = started.elapsed();
+            assert!(took < Duration::from_secs(9), "six calls took {took:?}");
+            assert_eq!(
+                driver.hung.requests.load(SeqCst),
+                1,
+                "one look waits on the daemon"
+            );
+
+            driver.hung.on.store(false, SeqCst);
+            let deadline = Instant::now() + Duration::from_secs(5);
+            loop {
+                let condition = stats(&target).await.unwrap().volume_condition.unwrap();
+                if !condition.abnormal {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "{condition:?}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            let req = unpublish("fu-1", &target);
+            node.node_unpublish_volume(&ctx, req).await.unwrap();
+            let req = unstage("fu-1", &staging);
+            node.node_unstage_volume(&ctx, req).await.unwrap();
+        });
+        assert!(mounts_at(&staging).is_empty() && mounts_at(&target).is_empty());
+        assert_eq!(driver.sessions_end(), [true]);
+    });
+}
+
 /// A disk the controller attached (here a loop device), named by a link as
 /// udev's `/dev/disk/by-id` names are: found through the link (mounts never
 /// follow one, so the node behind it is what is mounted), formatted on
