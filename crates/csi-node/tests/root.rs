@@ -373,9 +373,7 @@ fn root_restart_restores_and_never_reformats_a_damaged_volume() {
 #[ignore = "needs root: run by scripts/test.sh's root pass"]
 fn root_tmpfs_is_moved_to_its_staging_path_and_known_by_its_mount_id() {
     as_root("root_tmpfs", |base| {
-        let mounter: Arc<dyn Mounter> = Arc::new(LinuxMounter::new());
-        let b = base.to_string_lossy();
-        mounter.mount(&b, base, "", &["bind", "shared"]).unwrap();
+        let mounter = shared_base(base);
         let tmpfs = csi_node::FilesystemSource::new("tmpfs", "csi-kit-test").options(["size=1m"]);
         let locator: Arc<dyn csi_node::VolumeLocator> =
             Arc::new(move |_: &str| Some(csi_node::VolumeSource::Filesystem(tmpfs.clone())));
@@ -623,14 +621,22 @@ fn have_fuse(name: &str) -> bool {
     found
 }
 
-/// A node plugin of [`HelloFuse`] over `store`, its private directory under
-/// `base` (made a shared mount first, as `/` is on most hosts).
-fn fuse_node(base: &Path, store: Arc<FakeStore>) -> (NodeVolumes, Arc<HelloFuse>) {
+/// A real mounter, with `base` made a shared mount of itself (once), as
+/// `/` is on most hosts: `MS_MOVE` refuses a mount under a shared parent,
+/// which the private directory's own private mount avoids.
+fn shared_base(base: &Path) -> Arc<dyn Mounter> {
     let mounter: Arc<dyn Mounter> = Arc::new(LinuxMounter::new());
     if !mounter.is_mount_point(base).unwrap() {
         let b = base.to_string_lossy();
         mounter.mount(&b, base, "", &["bind", "shared"]).unwrap();
     }
+    mounter
+}
+
+/// A node plugin of [`HelloFuse`] over `store`, its private directory under
+/// `base` ([`shared_base`]).
+fn fuse_node(base: &Path, store: Arc<FakeStore>) -> (NodeVolumes, Arc<HelloFuse>) {
+    let mounter = shared_base(base);
     let driver = Arc::new(HelloFuse::default());
     let locator: Arc<dyn csi_node::VolumeLocator> = driver.clone();
     let v = NodeVolumes::builder(mounter, store, locator)
@@ -845,9 +851,7 @@ fn root_stats_of_a_fuse_volume_whose_daemon_hangs_answer_abnormal_in_bounded_tim
         return;
     }
     as_root(name, |base| {
-        let mounter: Arc<dyn Mounter> = Arc::new(LinuxMounter::new());
-        let b = base.to_string_lossy();
-        mounter.mount(&b, base, "", &["bind", "shared"]).unwrap();
+        let mounter = shared_base(base);
         let driver = Arc::new(HelloFuse::default());
         let info = csi_node::NodeInfo::new("n1");
         let node = csi_node::NodeService::builder(driver.clone(), info, mounter)

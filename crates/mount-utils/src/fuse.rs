@@ -15,6 +15,9 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
+use crate::nofollow::statx_at;
+use crate::options::has_option;
+
 /// Where the kernel's FUSE device is.
 pub const FUSE_DEVICE: &str = "/dev/fuse";
 
@@ -56,11 +59,6 @@ impl FuseConnection {
     /// assert!(!options.iter().any(|o| o.starts_with("user_id=")));
     /// ```
     pub fn mount_options(&self, given: &[&str]) -> Vec<String> {
-        let has = |name: &str| {
-            given
-                .iter()
-                .any(|o| o.split_once('=').is_some_and(|(n, _)| n == name))
-        };
         let (uid, gid) = (nix::unistd::geteuid(), nix::unistd::getegid());
         let mut options = vec![format!("fd={}", self.fd.as_raw_fd())];
         let defaults = [
@@ -69,7 +67,7 @@ impl FuseConnection {
             ("group_id", gid.to_string()),
         ];
         for (name, value) in defaults {
-            if !has(name) {
+            if !has_option(given, &[name]) {
                 options.push(format!("{name}={value}"));
             }
         }
@@ -130,20 +128,9 @@ pub fn is_disconnected(path: &Path, wait: Duration) -> bool {
     let asked = std::thread::Builder::new()
         .name("fuse-probe".into())
         .spawn(move || {
-            let mut buf = std::mem::MaybeUninit::<libc::statx>::zeroed();
-            let flags =
-                libc::AT_SYMLINK_NOFOLLOW | libc::AT_NO_AUTOMOUNT | libc::AT_STATX_FORCE_SYNC;
-            // SAFETY: a NUL-terminated path and a buffer of the right type.
-            let r = unsafe {
-                libc::statx(
-                    libc::AT_FDCWD,
-                    c.as_ptr(),
-                    flags,
-                    libc::STATX_TYPE,
-                    buf.as_mut_ptr(),
-                )
-            };
-            let _ = answer.send(nix::errno::Errno::result(r).err());
+            let flags = libc::AT_SYMLINK_NOFOLLOW | libc::AT_STATX_FORCE_SYNC;
+            let asked = statx_at(libc::AT_FDCWD, &c, flags, libc::STATX_TYPE);
+            let _ = answer.send(asked.err());
         });
     asked.is_ok() && answered.recv_timeout(wait) == Ok(Some(nix::errno::Errno::ENOTCONN))
 }

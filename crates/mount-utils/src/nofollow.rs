@@ -195,24 +195,36 @@ pub fn lstat_cached(path: &Path) -> Result<FileStat, Errno> {
     stat_cached(libc::AT_FDCWD, &c, libc::AT_SYMLINK_NOFOLLOW)
 }
 
-/// `statx(dir, name, flags | AT_STATX_DONT_SYNC)` as a `stat`.
-fn stat_cached(dir: RawFd, name: &CStr, flags: libc::c_int) -> Result<FileStat, Errno> {
+/// `statx(2)` of `name` relative to `dir` (`AT_FDCWD`, or a descriptor
+/// with an empty name and `AT_EMPTY_PATH`), never triggering an automount:
+/// the one place this crate calls it.
+pub(crate) fn statx_at(
+    dir: RawFd,
+    name: &CStr,
+    flags: libc::c_int,
+    mask: libc::c_uint,
+) -> Result<libc::statx, Errno> {
     let mut buf = std::mem::MaybeUninit::<libc::statx>::zeroed();
-    let flags = flags | libc::AT_NO_AUTOMOUNT | libc::AT_STATX_DONT_SYNC;
     // SAFETY: a directory fd (or AT_FDCWD), a NUL-terminated name and a
     // buffer of the right type.
     let r = unsafe {
         libc::statx(
             dir,
             name.as_ptr(),
-            flags,
-            libc::STATX_BASIC_STATS,
+            flags | libc::AT_NO_AUTOMOUNT,
+            mask,
             buf.as_mut_ptr(),
         )
     };
     Errno::result(r)?;
     // SAFETY: statx succeeded, so the kernel filled the (zeroed) buffer.
-    let x = unsafe { buf.assume_init() };
+    Ok(unsafe { buf.assume_init() })
+}
+
+/// `statx(dir, name, flags | AT_STATX_DONT_SYNC)` as a `stat`.
+fn stat_cached(dir: RawFd, name: &CStr, flags: libc::c_int) -> Result<FileStat, Errno> {
+    let flags = flags | libc::AT_STATX_DONT_SYNC;
+    let x = statx_at(dir, name, flags, libc::STATX_BASIC_STATS)?;
     // SAFETY: `stat` is plain old data; every field is set or zero.
     let mut st: FileStat = unsafe { std::mem::zeroed() };
     st.st_mode = x.stx_mode.into();

@@ -150,6 +150,14 @@ impl MountOptions {
 }
 
 /// Splits a comma-separated option list, keeping double-quoted commas.
+/// Whether `options` set any of `names` (as `name` or `name=…`).
+pub(crate) fn has_option(options: &[&str], names: &[&str]) -> bool {
+    options.iter().any(|o| {
+        let name = o.split_once('=').map_or(*o, |(n, _)| n);
+        names.contains(&name)
+    })
+}
+
 pub(crate) fn split_options(s: &str) -> impl Iterator<Item = &str> {
     // Lazily, without a Vec: the mount table is parsed on every node call.
     // A comma inside quotes never splits, so each part starts unquoted.

@@ -14,6 +14,8 @@ use std::collections::HashSet;
 use std::io;
 use std::net::{IpAddr, ToSocketAddrs};
 
+use crate::options::has_option;
+
 /// Looks a host name up. The seam of [`resolve_servers`]: [`SystemResolver`]
 /// on a node, `FakeResolver` (the `testing` feature) in tests.
 pub trait Resolver: Send + Sync {
@@ -172,14 +174,6 @@ impl Lookup<'_> {
             expected,
         }
     }
-}
-
-/// Whether `options` set any of `names` (`name=…`).
-fn has_option(options: &[&str], names: &[&str]) -> bool {
-    options.iter().any(|o| {
-        let name = o.split_once('=').map_or(*o, |(n, _)| n);
-        names.contains(&name)
-    })
 }
 
 /// The value of the last `name=` in `options`.

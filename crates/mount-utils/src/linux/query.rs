@@ -1,7 +1,6 @@
 //! Mount table queries: mountinfo reads, `statx` and `statmount` lookups.
 
 use std::ffi::CString;
-use std::mem::MaybeUninit;
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -13,6 +12,7 @@ use super::LinuxMounter;
 use crate::error::{MountError, io_errno};
 use crate::mounter::MAX_STACKED_UNMOUNTS;
 use crate::mountinfo::{MountInfo, find_by_id, read_until_id};
+use crate::nofollow::statx_at;
 use crate::source::MountSource;
 use crate::statmount;
 
@@ -170,21 +170,8 @@ pub(super) fn mount_root_attr(stx: &libc::statx) -> Option<bool> {
 /// root) never changes, and a fresh `statx` of a network or FUSE mount
 /// waits on its server or daemon.
 pub(super) fn statx_fd(fd: BorrowedFd<'_>, mask: libc::c_uint) -> Result<libc::statx, Errno> {
-    let mut buf = MaybeUninit::<libc::statx>::zeroed();
-    // SAFETY: a valid fd, an empty NUL-terminated path and a buffer of the
-    // right type.
-    let r = unsafe {
-        libc::statx(
-            fd.as_raw_fd(),
-            c"".as_ptr(),
-            libc::AT_EMPTY_PATH | libc::AT_NO_AUTOMOUNT | libc::AT_STATX_DONT_SYNC,
-            mask,
-            buf.as_mut_ptr(),
-        )
-    };
-    Errno::result(r)?;
-    // SAFETY: statx succeeded, so the kernel filled the (zeroed) buffer.
-    Ok(unsafe { buf.assume_init() })
+    let flags = libc::AT_EMPTY_PATH | libc::AT_STATX_DONT_SYNC;
+    statx_at(fd.as_raw_fd(), c"", flags, mask)
 }
 
 /// The unique id of the mount `path` is on (the topmost at `path` when it
@@ -205,19 +192,5 @@ pub(super) fn statx(
     mask: libc::c_uint,
 ) -> Result<libc::statx, Errno> {
     let c = CString::new(path.as_os_str().as_bytes()).map_err(|_| Errno::EINVAL)?;
-    let mut buf = MaybeUninit::<libc::statx>::zeroed();
-    // SAFETY: valid NUL-terminated path and a buffer of the right type.
-    let r = unsafe {
-        libc::statx(
-            libc::AT_FDCWD,
-            c.as_ptr(),
-            flags | libc::AT_NO_AUTOMOUNT | libc::AT_STATX_DONT_SYNC,
-            mask,
-            buf.as_mut_ptr(),
-        )
-    };
-    Errno::result(r)?;
-    // SAFETY: statx succeeded, so the kernel filled the buffer (and it was
-    // zeroed before).
-    Ok(unsafe { buf.assume_init() })
+    statx_at(libc::AT_FDCWD, &c, flags | libc::AT_STATX_DONT_SYNC, mask)
 }
