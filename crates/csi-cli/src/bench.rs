@@ -247,7 +247,9 @@ pub async fn run(
         completed: AtomicU64::new(0),
         limit: args.count,
         deadline: duration.map(|d| Instant::now() + d),
-        pause: args.pause,
+        // `--pause 0` means none: a zero tokio sleep still waits for the
+        // timer's next millisecond tick.
+        pause: args.pause.filter(|p| !p.is_zero()),
         registry: Mutex::new(HashMap::new()),
         run_id: format!(
             "{}-{}",

@@ -164,7 +164,11 @@ impl Shared {
 pub(crate) fn spawn_action(shared: Arc<Shared>, action: Action) {
     let stuck = lock(&shared.faults).faults().stuck_action_secs;
     tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_secs(stuck)).await;
+        // Not even a zero sleep when nothing is stuck: it would wait for
+        // the timer's next millisecond tick.
+        if stuck > 0 {
+            tokio::time::sleep(Duration::from_secs(stuck)).await;
+        }
         let _ = tokio::task::spawn_blocking(move || shared.run_action(&action)).await;
     });
 }
