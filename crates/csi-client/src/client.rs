@@ -4,6 +4,7 @@
 //! RPC (generated from the method table) and [`CsiClient::call`], generic
 //! over the request type.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use csi_proto::methods::RpcRequest;
@@ -18,6 +19,7 @@ use tonic::Status;
 use tonic::transport::Channel;
 
 use crate::endpoint::{Endpoint, EndpointError};
+use crate::unary::UnaryChannel;
 
 /// Why a connection could not be made.
 #[derive(Debug, thiserror::Error)]
@@ -26,6 +28,15 @@ pub enum ConnectError {
     #[error(transparent)]
     Endpoint(#[from] EndpointError),
     /// Dialing failed or timed out.
+    #[error("cannot connect to {endpoint}: {source}")]
+    Dial {
+        /// Where we tried to connect.
+        endpoint: String,
+        /// Why it failed.
+        #[source]
+        source: std::io::Error,
+    },
+    /// tonic refused the endpoint.
     #[error("cannot connect to {endpoint}: {source}")]
     Transport {
         /// Where we tried to connect.
@@ -64,9 +75,15 @@ impl Default for ClientOptions {
 
 /// A connection to a CSI plugin, handing out a client per service. Cloning
 /// is cheap and shares the connection.
+///
+/// Unary calls (a method per RPC, [`call`](Self::call)) go straight onto
+/// one HTTP/2 connection, each request in one write. The tonic clients
+/// ([`node`](Self::node) and the others, [`channel`](Self::channel)) and the
+/// streaming RPCs use a tonic channel of their own, dialled on first use.
 #[derive(Debug, Clone)]
 pub struct CsiClient {
     channel: Channel,
+    unary: Arc<UnaryChannel>,
     endpoint: Endpoint,
 }
 
@@ -81,15 +98,18 @@ impl CsiClient {
         endpoint: Endpoint,
         options: ClientOptions,
     ) -> Result<Self, ConnectError> {
-        let tonic_endpoint = Self::tonic_endpoint(&endpoint, &options)?;
-        let channel = tonic_endpoint
-            .connect()
+        let channel = Self::tonic_endpoint(&endpoint, &options)?.connect_lazy();
+        let unary = UnaryChannel::connect(endpoint.clone(), options)
             .await
-            .map_err(|source| ConnectError::Transport {
+            .map_err(|source| ConnectError::Dial {
                 endpoint: endpoint.to_string(),
                 source,
             })?;
-        Ok(Self { channel, endpoint })
+        Ok(Self {
+            channel,
+            unary: Arc::new(unary),
+            endpoint,
+        })
     }
 
     /// Retries [`connect_with`](Self::connect_with) until it succeeds or `wait`
@@ -103,10 +123,10 @@ impl CsiClient {
         loop {
             match Self::connect_with(endpoint.clone(), options.clone()).await {
                 Ok(client) => return Ok(client),
-                Err(ConnectError::Transport { .. }) if tokio::time::Instant::now() < deadline => {
+                Err(ConnectError::Dial { .. }) if tokio::time::Instant::now() < deadline => {
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
-                Err(ConnectError::Transport { .. }) => {
+                Err(ConnectError::Dial { .. }) => {
                     return Err(ConnectError::NotReady {
                         endpoint: endpoint.to_string(),
                         waited: wait,
@@ -120,7 +140,12 @@ impl CsiClient {
     /// A client that dials on first use instead of now.
     pub fn connect_lazy(endpoint: Endpoint, options: ClientOptions) -> Result<Self, ConnectError> {
         let channel = Self::tonic_endpoint(&endpoint, &options)?.connect_lazy();
-        Ok(Self { channel, endpoint })
+        let unary = Arc::new(UnaryChannel::lazy(endpoint.clone(), options));
+        Ok(Self {
+            channel,
+            unary,
+            endpoint,
+        })
     }
 
     fn tonic_endpoint(
@@ -203,10 +228,7 @@ macro_rules! client_methods {
             $($(
                 #[doc = $doc]
                 pub async fn $fn(&self, request: csi::$req) -> Result<csi::$resp, Status> {
-                    csi::$cmod::$client::new(self.channel.clone())
-                        .$fn(request)
-                        .await
-                        .map(tonic::Response::into_inner)
+                    self.unary.call(request).await
                 }
             )* $(
                 #[doc = $smdoc]

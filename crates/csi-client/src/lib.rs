@@ -18,6 +18,7 @@
 //! ```
 pub mod client;
 pub mod endpoint;
+mod unary;
 
 pub use client::{ClientOptions, ConnectError, CsiClient, UnaryRequest};
 pub use endpoint::{CSI_ENDPOINT_ENV, Endpoint, EndpointError};
