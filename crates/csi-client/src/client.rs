@@ -1,8 +1,8 @@
-//! A typed CSI client for tools and tests: one connection to an endpoint,
-//! with a connect timeout, a per-call timeout and transparent reconnects
-//! (tonic re-dials a broken channel on the next call). It has a method per
-//! RPC (generated from the method table) and [`CsiClient::call`], generic
-//! over the request type.
+//! A typed CSI client for tools and tests: one connection to an endpoint
+//! for unary calls, with a connect timeout, a per-call timeout and
+//! transparent reconnects (a broken connection is dialled again on the next
+//! call). It has a method per RPC (generated from the method table) and
+//! [`CsiClient::call`], generic over the request type.
 
 use std::sync::Arc;
 use std::time::Duration;
