@@ -28,6 +28,8 @@ const MAX_RESPONSE: usize = 4 << 20;
 #[derive(Debug)]
 pub(crate) struct UnaryChannel {
     endpoint: Endpoint,
+    /// `http://` and the `:authority` every request carries.
+    origin: String,
     options: ClientOptions,
     /// The connection's handle; `None` until dialled.
     sender: Mutex<Option<SendRequest<Bytes>>>,
@@ -36,8 +38,13 @@ pub(crate) struct UnaryChannel {
 impl UnaryChannel {
     /// A channel that dials on its first call.
     pub(crate) fn lazy(endpoint: Endpoint, options: ClientOptions) -> Self {
+        let origin = match &endpoint {
+            Endpoint::Unix(_) => "http://localhost".to_owned(),
+            Endpoint::Tcp(addr) => format!("http://{addr}"),
+        };
         Self {
             endpoint,
+            origin,
             options,
             sender: Mutex::new(None),
         }
@@ -118,11 +125,7 @@ impl UnaryChannel {
 
     /// One stream: the request's frames, then the answer's message.
     async fn exchange(&self, path: &str, message: Bytes) -> Result<Bytes, Status> {
-        let authority = match &self.endpoint {
-            Endpoint::Unix(_) => "localhost".to_owned(),
-            Endpoint::Tcp(addr) => addr.to_string(),
-        };
-        let mut request = Request::post(format!("http://{authority}{path}"))
+        let mut request = Request::post(format!("{}{path}", self.origin))
             .header("content-type", "application/grpc")
             .header("te", "trailers")
             .header(
@@ -247,14 +250,18 @@ fn status_in(headers: &HeaderMap) -> Option<Status> {
 fn percent_decode(bytes: &[u8]) -> String {
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
+    let hex = |b: &u8| (*b as char).to_digit(16);
     while i < bytes.len() {
-        let hex = |b: u8| (b as char).to_digit(16);
-        match (bytes[i], bytes.get(i + 1), bytes.get(i + 2)) {
-            (b'%', Some(&h), Some(&l)) if hex(h).is_some() && hex(l).is_some() => {
-                out.push((hex(h).unwrap_or(0) * 16 + hex(l).unwrap_or(0)) as u8);
+        let digits = (
+            bytes.get(i + 1).and_then(hex),
+            bytes.get(i + 2).and_then(hex),
+        );
+        match (bytes[i], digits) {
+            (b'%', (Some(h), Some(l))) => {
+                out.push((h * 16 + l) as u8);
                 i += 3;
             }
-            (b, _, _) => {
+            (b, _) => {
                 out.push(b);
                 i += 1;
             }

@@ -221,11 +221,7 @@ async fn serve(shared: &Arc<Shared>, req: Request<Incoming>) -> Answer {
         let mut faults = lock(&shared.faults);
         (faults.judge(), faults.faults().latency_ms)
     };
-    // tokio's timer ticks in whole milliseconds, so even a zero sleep
-    // would wait for the next tick: a provider with no latency must not.
-    if latency > 0 {
-        tokio::time::sleep(Duration::from_millis(latency)).await;
-    }
+    super::delay(Duration::from_millis(latency)).await;
     let lose_reply = match verdict {
         Verdict::Garbage => {
             return Response::builder()

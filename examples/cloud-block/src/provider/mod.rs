@@ -160,15 +160,20 @@ impl Shared {
     }
 }
 
+/// Waits `d`, and not at all when it is zero: a zero tokio sleep still
+/// waits for the timer's next millisecond tick, and a provider with no
+/// injected latency or stuck actions must add none.
+pub(crate) async fn delay(d: Duration) {
+    if !d.is_zero() {
+        tokio::time::sleep(d).await;
+    }
+}
+
 /// Starts an action's work in the background.
 pub(crate) fn spawn_action(shared: Arc<Shared>, action: Action) {
     let stuck = lock(&shared.faults).faults().stuck_action_secs;
     tokio::spawn(async move {
-        // Not even a zero sleep when nothing is stuck: it would wait for
-        // the timer's next millisecond tick.
-        if stuck > 0 {
-            tokio::time::sleep(Duration::from_secs(stuck)).await;
-        }
+        delay(Duration::from_secs(stuck)).await;
         let _ = tokio::task::spawn_blocking(move || shared.run_action(&action)).await;
     });
 }
