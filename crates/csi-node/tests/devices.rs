@@ -14,8 +14,8 @@ use csi_driver::{CallContext, Method, Node};
 use csi_node::testing::FakeHost;
 use csi_node::testing::requests::*;
 use csi_node::{
-    NodeBackend, NodeError, NodeInfo, NodeService, VolumeContexts, VolumeInfo, VolumeLocator,
-    VolumeSource, device_by_name,
+    NodeBackend, NodeError, NodeInfo, NodeService, StageState, VolumeContexts, VolumeInfo,
+    VolumeLocator, VolumeSource, device_by_name,
 };
 use csi_proto::v1::volume_capability::access_mode::Mode;
 use csi_proto::v1::*;
@@ -177,6 +177,35 @@ async fn an_attached_disk_is_waited_for_formatted_once_mounted_and_never_detache
         "the controller detaches its disks, not the node"
     );
     assert!(w.host.detached().is_empty());
+}
+
+/// What the staging path shows after the mount is checked against the
+/// device that was found and mounted: a node that turns out to be another
+/// device fails the stage, and the volume is never recorded as staged.
+#[tokio::test]
+async fn a_mount_showing_another_device_than_the_one_found_fails_the_stage() {
+    let w = world();
+    let found = DeviceNumber::new(8, 16);
+    w.host
+        .attach_device(&by_id("disk-1"), found, MIB, Duration::ZERO);
+    // Mounted, the node shows up as another device.
+    w.host
+        .fake()
+        .add_block_device(by_id("disk-1"), DeviceNumber::new(8, 32));
+    let staging = w.dir.path().join("staging");
+    w.exec.expect("blkid", ExecOutput::exit(2, ""));
+    w.exec.expect("mkfs.ext4", ExecOutput::ok(""));
+    let req = stage("vol-1", Some("disk-1"), &staging, false);
+    let e = w.node.node_stage_volume(&ctx(), req).await.unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e}");
+    assert!(e.to_string().contains("does not show volume vol-1"), "{e}");
+    let staged = (w.node.volumes().record("vol-1")).and_then(|r| r.stage);
+    assert!(
+        staged
+            .as_ref()
+            .is_none_or(|s| s.state == StageState::Staging),
+        "{staged:?}"
+    );
 }
 
 /// Found by the simulator (the CO tearing down a pod whose publish

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use crate::error::NodeError;
-use crate::observe::{Identities, PathKind};
+use crate::observe::{Identities, PathKind, filesystem_on};
 use crate::record::{
     Capability, Device, NodeVolumeRecord, StageRecord, StageState, VolumeSource, sorted,
 };
@@ -254,7 +254,18 @@ impl NodeVolumes {
             }
         }
         undo.mounted = true;
-        self.verify(&rec.volume_id, rec, view, &s.path, s.readonly)
+        match &device {
+            // What was mounted is known: this device's filesystem. Looking
+            // the volume's device up again would only repeat the work above.
+            Some(dev) => {
+                let mounted = Identities {
+                    ids: vec![filesystem_on(dev)],
+                    ..Identities::default()
+                };
+                self.verify_with(&rec.volume_id, &mounted, &s.path, s.readonly)
+            }
+            None => self.verify(&rec.volume_id, rec, view, &s.path, s.readonly),
+        }
     }
 
     /// Saves `dev` in the stage record if it is not there yet (the intent
