@@ -199,7 +199,7 @@ async fn a_mount_showing_another_device_than_the_one_found_fails_the_stage() {
     let e = w.node.node_stage_volume(&ctx(), req).await.unwrap_err();
     assert_eq!(e.code(), Code::FailedPrecondition, "{e}");
     assert!(e.to_string().contains("does not show volume vol-1"), "{e}");
-    let staged = (w.node.volumes().record("vol-1")).and_then(|r| r.stage);
+    let staged = w.node.volumes().record("vol-1").and_then(|r| r.stage);
     assert!(
         staged
             .as_ref()
