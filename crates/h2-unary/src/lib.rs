@@ -9,4 +9,6 @@
 //!
 //! So far: [`hpack`], header compression (RFC 7541).
 
+pub mod client;
+pub mod frame;
 pub mod hpack;
