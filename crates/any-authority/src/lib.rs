@@ -44,7 +44,7 @@
 //! block (`cargo bench -p any-authority` measures it).
 
 mod client;
-pub mod hpack;
+pub use h2_unary::hpack;
 
 use std::io;
 use std::pin::Pin;

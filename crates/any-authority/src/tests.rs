@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::hpack::tests::huffman_encode;
+use super::hpack::huffman_encode;
 use super::hpack::{self, STATIC_TABLE, encode_integer};
 use super::write_frame as frame;
 use super::*;

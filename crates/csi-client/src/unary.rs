@@ -1,11 +1,12 @@
-//! Unary calls written straight onto one HTTP/2 connection ([`h2`]).
+//! Unary calls on one HTTP/2 connection ([`h2_unary::client`]).
 //!
-//! tonic's client passes each call through a buffer task and pipes the
-//! request's body after its headers, so a request usually leaves in two
-//! writes and the server wakes for each. Here a call's HEADERS and DATA
-//! frames are queued together and leave in one write. The connection is
-//! dialled when the client connects (or on the first call, if lazy) and
-//! again on the first call after it breaks.
+//! A call's HEADERS and DATA frames leave in one write, and the answer is
+//! gathered by the connection's reading task. The client's code on a
+//! call's path is small: a call to a plugin that has been idle runs on
+//! cold caches, and each line of code it touches then costs a miss
+//! (docs/benchmarks.md, "Session 19"). The connection is dialled when the
+//! client connects (or on the first call, if lazy) and again on the first
+//! call after it breaks.
 
 use std::io;
 use std::sync::Mutex;
@@ -13,9 +14,10 @@ use std::time::Duration;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use csi_proto::methods::RpcRequest;
-use h2::client::SendRequest;
-use http::{HeaderMap, HeaderValue, Request, StatusCode};
-use tokio::io::{AsyncRead, AsyncWrite};
+use h2_unary::client::{self as h2c, CallError, Connection};
+use h2_unary::frame::Reason;
+use h2_unary::hpack::HeaderList;
+use http::StatusCode;
 use tonic::{Code, Status};
 
 use crate::client::ClientOptions;
@@ -24,57 +26,58 @@ use crate::endpoint::Endpoint;
 /// The largest response message accepted (tonic's default limit).
 const MAX_RESPONSE: usize = 4 << 20;
 
+const USER_AGENT: &str = concat!("csi-client/", env!("CARGO_PKG_VERSION"));
+
 /// One endpoint's HTTP/2 connection for unary calls.
 #[derive(Debug)]
 pub(crate) struct UnaryChannel {
     endpoint: Endpoint,
-    /// `http://` and the `:authority` every request carries.
-    origin: String,
+    /// The `:authority` every request carries.
+    authority: String,
     options: ClientOptions,
-    /// The connection's handle; `None` until dialled.
-    sender: Mutex<Option<SendRequest<Bytes>>>,
+    /// The connection; `None` until dialled.
+    connection: Mutex<Option<Connection>>,
 }
 
 impl UnaryChannel {
     /// A channel that dials on its first call.
     pub(crate) fn lazy(endpoint: Endpoint, options: ClientOptions) -> Self {
-        let origin = match &endpoint {
-            Endpoint::Unix(_) => "http://localhost".to_owned(),
-            Endpoint::Tcp(addr) => format!("http://{addr}"),
+        let authority = match &endpoint {
+            Endpoint::Unix(_) => "localhost".to_owned(),
+            Endpoint::Tcp(addr) => addr.to_string(),
         };
         Self {
             endpoint,
-            origin,
+            authority,
             options,
-            sender: Mutex::new(None),
+            connection: Mutex::new(None),
         }
     }
 
     /// A channel connected now.
     pub(crate) async fn connect(endpoint: Endpoint, options: ClientOptions) -> io::Result<Self> {
         let channel = Self::lazy(endpoint, options);
-        let sender = channel.dial().await?;
-        *channel.lock() = Some(sender);
+        let connection = channel.dial().await?;
+        *channel.lock() = Some(connection);
         Ok(channel)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Option<SendRequest<Bytes>>> {
-        self.sender.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Connection>> {
+        self.connection.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Opens the connection (within the connect timeout) and drives it on
-    /// a task of its own, which ends when the connection closes or every
-    /// handle to it is dropped.
-    async fn dial(&self) -> io::Result<SendRequest<Bytes>> {
+    /// Opens the connection (within the connect timeout); its reading task
+    /// ends when the connection closes.
+    async fn dial(&self) -> io::Result<Connection> {
         let connect = async {
             match &self.endpoint {
                 Endpoint::Unix(path) => {
-                    handshake(tokio::net::UnixStream::connect(path).await?).await
+                    h2c::handshake(tokio::net::UnixStream::connect(path).await?).await
                 }
                 Endpoint::Tcp(addr) => {
                     let stream = tokio::net::TcpStream::connect(addr).await?;
                     stream.set_nodelay(true)?;
-                    handshake(stream).await
+                    h2c::handshake(stream).await
                 }
             }
         };
@@ -88,20 +91,19 @@ impl UnaryChannel {
             })?
     }
 
-    /// A handle ready for a new stream: the open connection's, or a new
-    /// connection's when there is none or it broke.
-    async fn ready(&self) -> Result<SendRequest<Bytes>, Status> {
+    /// The open connection, or a new one when there is none or it broke.
+    async fn ready(&self) -> Result<Connection, Status> {
         let open = self.lock().clone();
-        if let Some(sender) = open
-            && let Ok(ready) = sender.ready().await
+        if let Some(connection) = open
+            && connection.is_open()
         {
-            return Ok(ready);
+            return Ok(connection);
         }
         let fresh = self.dial().await.map_err(|e| {
             Status::unavailable(format!("cannot connect to {}: {e}", self.endpoint))
         })?;
         *self.lock() = Some(fresh.clone());
-        fresh.ready().await.map_err(|e| status_of(&e))
+        Ok(fresh)
     }
 
     /// Sends `request` and waits for its answer, within the call timeout.
@@ -112,62 +114,53 @@ impl UnaryChannel {
         let message = frame(&request)?;
         let path = Req::METHOD.path();
         let body = match self.options.call_timeout {
-            Some(limit) => tokio::time::timeout(limit, self.exchange(path, message))
+            Some(limit) => tokio::time::timeout(limit, self.exchange(path, &message))
                 .await
                 .map_err(|_| {
                     Status::deadline_exceeded(format!("{path}: no answer within {limit:?}"))
                 })??,
-            None => self.exchange(path, message).await?,
+            None => self.exchange(path, &message).await?,
         };
         <Req::Response as prost::Message>::decode(body)
             .map_err(|e| Status::internal(format!("{path}: decoding the answer: {e}")))
     }
 
     /// One stream: the request's frames, then the answer's message.
-    async fn exchange(&self, path: &str, message: Bytes) -> Result<Bytes, Status> {
-        let mut request = Request::post(format!("{}{path}", self.origin))
-            .header("content-type", "application/grpc")
-            .header("te", "trailers")
-            .header(
-                "user-agent",
-                concat!("csi-client/", env!("CARGO_PKG_VERSION")),
-            );
-        if let Some(limit) = self.options.call_timeout {
-            request = request.header("grpc-timeout", grpc_timeout(limit));
+    async fn exchange(&self, path: &str, message: &[u8]) -> Result<Bytes, Status> {
+        let timeout = self.options.call_timeout.map(grpc_timeout);
+        let mut headers: Vec<(&str, &[u8])> = vec![
+            ("content-type", b"application/grpc"),
+            ("te", b"trailers"),
+            ("user-agent", USER_AGENT.as_bytes()),
+        ];
+        if let Some(timeout) = &timeout {
+            headers.push(("grpc-timeout", timeout.as_bytes()));
         }
-        let request = request
-            .body(())
-            .map_err(|e| Status::internal(format!("{path}: building the request: {e}")))?;
-        let mut sender = self.ready().await?;
-        let (answer, mut stream) = sender
-            .send_request(request, false)
+        let connection = self.ready().await?;
+        let answer = connection
+            .call(&h2c::Request {
+                path,
+                authority: &self.authority,
+                headers: &headers,
+                body: message,
+                max_response: MAX_RESPONSE + 5,
+            })
+            .await
             .map_err(|e| status_of(&e))?;
-        // Queued with the HEADERS frame; the connection task writes both.
-        stream.send_data(message, true).map_err(|e| status_of(&e))?;
-        let (head, mut body) = answer.await.map_err(|e| status_of(&e))?.into_parts();
-        if head.status != StatusCode::OK {
-            return Err(status_of_http(head.status));
+        let status = value(&answer.head, ":status")
+            .and_then(|s| StatusCode::from_bytes(s).ok())
+            .ok_or_else(|| Status::internal(format!("{path}: the answer has no :status")))?;
+        if status != StatusCode::OK {
+            return Err(status_of_http(status));
         }
         // A trailers-only answer carries its status in the headers.
-        if let Some(status) = status_in(&head.headers) {
+        if let Some(status) = status_in(&answer.head) {
             return Err(match status.code() {
                 Code::Ok => Status::internal(format!("{path}: the answer has no message")),
                 _ => status,
             });
         }
-        let mut data = BytesMut::new();
-        while let Some(chunk) = body.data().await {
-            let chunk = chunk.map_err(|e| status_of(&e))?;
-            let _ = body.flow_control().release_capacity(chunk.len());
-            if data.len() + chunk.len() > MAX_RESPONSE + 5 {
-                return Err(Status::resource_exhausted(format!(
-                    "{path}: the answer is larger than {MAX_RESPONSE} bytes"
-                )));
-            }
-            data.extend_from_slice(&chunk);
-        }
-        let trailers = body.trailers().await.map_err(|e| status_of(&e))?;
-        match trailers.as_ref().and_then(status_in) {
+        match status_in(&answer.trailers) {
             Some(status) if status.code() != Code::Ok => return Err(status),
             Some(_) => {}
             None => {
@@ -176,20 +169,14 @@ impl UnaryChannel {
                 )));
             }
         }
-        unframe(data.freeze())
+        unframe(Bytes::from(answer.data))
             .ok_or_else(|| Status::internal(format!("{path}: the answer is not one gRPC message")))
     }
 }
 
-async fn handshake<T>(io: T) -> io::Result<SendRequest<Bytes>>
-where
-    T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
-    let (sender, connection) = h2::client::handshake(io).await.map_err(io::Error::other)?;
-    tokio::spawn(async move {
-        let _ = connection.await;
-    });
-    Ok(sender)
+/// The value of the first field named `name`.
+fn value<'a>(fields: &'a HeaderList, name: &str) -> Option<&'a [u8]> {
+    fields.get(name.as_bytes())
 }
 
 /// A message with gRPC's prefix: not compressed, then its length.
@@ -234,14 +221,12 @@ fn grpc_timeout(limit: Duration) -> String {
 
 /// The status in `grpc-status`, `grpc-message` (percent-decoded) and
 /// `grpc-status-details-bin` (base64; dropped when it is not).
-fn status_in(headers: &HeaderMap) -> Option<Status> {
-    let code = Code::from_bytes(headers.get("grpc-status")?.as_bytes());
-    let message = headers
-        .get("grpc-message")
-        .map(|m| percent_decode(m.as_bytes()))
+fn status_in(fields: &HeaderList) -> Option<Status> {
+    let code = Code::from_bytes(value(fields, "grpc-status")?);
+    let message = value(fields, "grpc-message")
+        .map(percent_decode)
         .unwrap_or_default();
-    let details = headers
-        .get("grpc-status-details-bin")
+    let details = value(fields, "grpc-status-details-bin")
         .and_then(base64_decode)
         .unwrap_or_default();
     Some(Status::with_details(code, message, details.into()))
@@ -271,7 +256,7 @@ fn percent_decode(bytes: &[u8]) -> String {
 }
 
 /// Standard base64, padded or not (gRPC senders differ).
-fn base64_decode(value: &HeaderValue) -> Option<Vec<u8>> {
+fn base64_decode(text: &[u8]) -> Option<Vec<u8>> {
     let digit = |c: u8| match c {
         b'A'..=b'Z' => Some(c - b'A'),
         b'a'..=b'z' => Some(c - b'a' + 26),
@@ -280,7 +265,6 @@ fn base64_decode(value: &HeaderValue) -> Option<Vec<u8>> {
         b'/' => Some(63),
         _ => None,
     };
-    let text = value.as_bytes();
     let text = text
         .strip_suffix(b"==")
         .or(text.strip_suffix(b"="))
@@ -311,16 +295,17 @@ fn status_of_http(status: StatusCode) -> Status {
     Status::new(code, format!("the server answered HTTP {status}"))
 }
 
-/// gRPC's code for an HTTP/2 error (its HTTP/2 mapping); a broken
+/// gRPC's code for an HTTP/2 failure (its HTTP/2 mapping); a broken
 /// connection is UNAVAILABLE, as a CO retries it.
-fn status_of(e: &h2::Error) -> Status {
-    let code = match e.reason() {
-        Some(h2::Reason::REFUSED_STREAM) => Code::Unavailable,
-        Some(h2::Reason::CANCEL) => Code::Cancelled,
-        Some(h2::Reason::ENHANCE_YOUR_CALM) => Code::ResourceExhausted,
-        Some(h2::Reason::INADEQUATE_SECURITY) => Code::PermissionDenied,
-        Some(_) if !e.is_go_away() => Code::Internal,
-        _ => Code::Unavailable,
+fn status_of(e: &CallError) -> Status {
+    let code = match e {
+        CallError::Unavailable(_) => Code::Unavailable,
+        CallError::Reset(Reason::REFUSED_STREAM) => Code::Unavailable,
+        CallError::Reset(Reason::CANCEL) => Code::Cancelled,
+        CallError::Reset(Reason::ENHANCE_YOUR_CALM) => Code::ResourceExhausted,
+        CallError::Reset(Reason::INADEQUATE_SECURITY) => Code::PermissionDenied,
+        CallError::Reset(_) | CallError::Protocol(_) => Code::Internal,
+        CallError::TooLarge(_) => Code::ResourceExhausted,
     };
     Status::new(code, format!("HTTP/2: {e}"))
 }
@@ -328,6 +313,7 @@ fn status_of(e: &h2::Error) -> Status {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use h2_unary::hpack;
 
     #[test]
     fn a_message_round_trips_through_its_frame() {
@@ -363,24 +349,31 @@ mod tests {
 
     #[test]
     fn a_status_is_read_from_grpc_headers() {
-        let mut headers = HeaderMap::new();
-        headers.insert("grpc-status", HeaderValue::from_static("5"));
-        headers.insert(
-            "grpc-message",
-            HeaderValue::from_static("volume %22v1%22 not found %E2%9C%93 100%"),
-        );
-        headers.insert(
-            "grpc-status-details-bin",
-            HeaderValue::from_static("AAEC/w"),
-        );
-        let status = status_in(&headers).unwrap();
+        // Fields as a server's header block carries them.
+        let fields = |list: &[(&str, &str)]| {
+            let mut block = Vec::new();
+            for (name, value) in list {
+                hpack::encode_literal(name.as_bytes(), value.as_bytes(), false, &mut block);
+            }
+            let mut fields = HeaderList::new();
+            hpack::Decoder::default()
+                .decode(&block, &mut fields)
+                .unwrap();
+            fields
+        };
+        let mut headers = vec![
+            ("grpc-status", "5"),
+            ("grpc-message", "volume %22v1%22 not found %E2%9C%93 100%"),
+            ("grpc-status-details-bin", "AAEC/w"),
+        ];
+        let status = status_in(&fields(&headers)).unwrap();
         assert_eq!(status.code(), Code::NotFound);
         assert_eq!(status.message(), "volume \"v1\" not found ✓ 100%");
         assert_eq!(status.details(), &[0, 1, 2, 255]);
         // Details that are not base64 are dropped, not a panic.
-        headers.insert("grpc-status-details-bin", HeaderValue::from_static("!!"));
-        assert!(status_in(&headers).unwrap().details().is_empty());
-        assert!(status_in(&HeaderMap::new()).is_none());
+        headers[2] = ("grpc-status-details-bin", "!!");
+        assert!(status_in(&fields(&headers)).unwrap().details().is_empty());
+        assert!(status_in(&HeaderList::new()).is_none());
     }
 
     #[test]
@@ -397,13 +390,15 @@ mod tests {
             status_of_http(StatusCode::IM_A_TEAPOT).code(),
             Code::Unknown
         );
-        let refused = h2::Error::from(h2::Reason::REFUSED_STREAM);
+        let refused = CallError::Reset(Reason::REFUSED_STREAM);
         assert_eq!(status_of(&refused).code(), Code::Unavailable);
         assert_eq!(
-            status_of(&h2::Error::from(h2::Reason::CANCEL)).code(),
+            status_of(&CallError::Reset(Reason::CANCEL)).code(),
             Code::Cancelled
         );
-        let protocol = h2::Error::from(h2::Reason::PROTOCOL_ERROR);
+        let protocol = CallError::Protocol("bad frame".into());
         assert_eq!(status_of(&protocol).code(), Code::Internal);
+        let gone = CallError::Unavailable("closed".into());
+        assert_eq!(status_of(&gone).code(), Code::Unavailable);
     }
 }

@@ -18,10 +18,8 @@ use std::task::{Poll, Waker};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf};
 
 use crate::frame::{self, Frame, FrameError, Head, Reason, flag, kind, setting};
-use crate::hpack::{self, Decoder, Field, HpackError};
+use crate::hpack::{self, Decoder, HeaderList, HpackError};
 
-/// The header table size this end announces (the default).
-const TABLE_LIMIT: usize = 4096;
 /// The largest header list this end accepts in one block.
 const LIST_LIMIT: usize = 1 << 20;
 /// Consumed bytes after which the connection window is topped up.
@@ -68,12 +66,12 @@ pub struct Request<'a> {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Response {
     /// The first header block (`:status` and the rest).
-    pub head: Vec<Field>,
+    pub head: HeaderList,
     /// The DATA, padding removed.
     pub data: Vec<u8>,
     /// The trailers; empty for a trailers-only answer, whose status is in
     /// `head`.
-    pub trailers: Vec<Field>,
+    pub trailers: HeaderList,
 }
 
 /// A connection to one server; clones share it.
@@ -287,23 +285,17 @@ impl Connection {
         };
 
         let mut block = Vec::with_capacity(128);
-        hpack::encode_indexed(
-            hpack::static_index(":method", "POST").unwrap_or(3),
-            &mut block,
-        );
-        hpack::encode_indexed(
-            hpack::static_index(":scheme", "http").unwrap_or(6),
-            &mut block,
-        );
-        hpack::encode_literal(":path", request.path.as_bytes(), false, &mut block);
+        hpack::encode_indexed(hpack::METHOD_POST, &mut block);
+        hpack::encode_indexed(hpack::SCHEME_HTTP, &mut block);
+        hpack::encode_literal(b":path", request.path.as_bytes(), false, &mut block);
         hpack::encode_literal(
-            ":authority",
+            b":authority",
             request.authority.as_bytes(),
             false,
             &mut block,
         );
         for (name, value) in request.headers {
-            hpack::encode_literal(name, value, false, &mut block);
+            hpack::encode_literal(name.as_bytes(), value, false, &mut block);
         }
         let max_frame = self.shared.lock().max_frame;
         let mut out = Vec::with_capacity(block.len() + request.body.len() + 32);
@@ -366,7 +358,7 @@ impl Connection {
 /// Reads frames until the connection ends, then fails every unanswered call.
 async fn read_loop<T: AsyncRead>(shared: Arc<Shared>, mut reader: ReadHalf<T>) {
     let mut connection = Reading {
-        decoder: Decoder::new(TABLE_LIMIT),
+        decoder: Decoder::new(hpack::DEFAULT_TABLE_SIZE, LIST_LIMIT),
         block: None,
         consumed: 0,
     };
@@ -589,8 +581,9 @@ impl Reading {
     ) -> Result<(), FrameError> {
         // Decoded even for a stream no call waits for: the table must
         // follow the server's encoder.
-        let fields = match self.decoder.decode(block, LIST_LIMIT) {
-            Ok(fields) => Ok(fields),
+        let mut list = HeaderList::new();
+        let fields = match self.decoder.decode(block, &mut list) {
+            Ok(()) => Ok(list),
             Err(HpackError::ListTooLarge(limit)) => Err(limit),
             Err(_) => {
                 return Err(FrameError {

@@ -7,7 +7,9 @@
 //! "Session 19", measures both). This crate holds the parts of HTTP/2
 //! (RFC 7540) that unary gRPC calls use, with nothing else on their path.
 //!
-//! So far: [`hpack`], header compression (RFC 7541).
+//! [`hpack`] is header compression (RFC 7541), [`frame`] the frames, and
+//! [`client`] a connection for unary calls, which csi-client uses. A server
+//! connection for csi-server is still to come.
 
 pub mod client;
 pub mod frame;

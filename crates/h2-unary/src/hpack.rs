@@ -1,6 +1,6 @@
-//! HPACK (RFC 7541), as much as the authority rewriter and its raw client
-//! need: a decoder that keeps the peer encoder's dynamic table, and an
-//! encoder of literals that never adds to the receiver's table.
+//! HPACK (RFC 7541): a decoder that keeps the peer encoder's dynamic
+//! table, and an encoder of static indexes and literals that never adds to
+//! the receiver's table, so it keeps no state of its own.
 //!
 //! One file over 700 lines: the decoder, the encoder and the Huffman code
 //! of RFC 7541 Appendix B share private tables and helpers.
@@ -46,7 +46,7 @@ pub enum HpackError {
 }
 
 /// The static table (RFC 7541 Appendix A), index 1 first.
-pub(crate) const STATIC_TABLE: [(&[u8], &[u8]); 61] = [
+pub const STATIC_TABLE: [(&[u8], &[u8]); 61] = [
     (b":authority", b""),
     (b":method", b"GET"),
     (b":method", b"POST"),
@@ -120,7 +120,7 @@ struct Field {
 
 /// A decoded header block, reused across blocks so decoding does not
 /// allocate once its buffers have grown.
-#[derive(Debug, Default, Clone)]
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct HeaderList {
     bytes: Vec<u8>,
     fields: Vec<Field>,
@@ -404,6 +404,45 @@ pub fn encode_literal(name: &[u8], value: &[u8], never_indexed: bool, out: &mut 
     encode_string(value, out);
 }
 
+/// Appends the field at `index` of the static table (RFC 7541 §6.1), e.g.
+/// [`METHOD_POST`].
+pub fn encode_indexed(index: usize, out: &mut Vec<u8>) {
+    encode_integer(index, 7, 0x80, out);
+}
+
+/// `:method: POST` in the static table.
+pub const METHOD_POST: usize = 3;
+/// `:scheme: http` in the static table.
+pub const SCHEME_HTTP: usize = 6;
+
+/// Appends `s` Huffman-coded (RFC 7541 §5.2) without its length prefix:
+/// for encoders that want shorter strings, and for tests that need coded
+/// input.
+pub fn huffman_encode(s: &[u8], out: &mut Vec<u8>) {
+    let mut code_of = [(0u32, 0u32); 257];
+    for len in 1..=30usize {
+        for k in 0..CANONICAL.count[len] {
+            let sym = CANONICAL.symbols[(CANONICAL.offset[len] + k) as usize];
+            code_of[sym as usize] = (CANONICAL.first[len] + k, len as u32);
+        }
+    }
+    let mut acc = 0u64;
+    let mut bits = 0u32;
+    for &b in s {
+        let (code, len) = code_of[b as usize];
+        acc = (acc << len) | u64::from(code);
+        bits += len;
+        while bits >= 8 {
+            out.push((acc >> (bits - 8)) as u8);
+            bits -= 8;
+        }
+    }
+    if bits > 0 {
+        let pad = 8 - bits;
+        out.push(((acc << pad) | ((1 << pad) - 1)) as u8);
+    }
+}
+
 /// Appends a dynamic table size update.
 pub fn encode_size_update(size: usize, out: &mut Vec<u8>) {
     encode_integer(size, 5, 0x20, out);
@@ -580,33 +619,19 @@ fn huffman_decode(data: &[u8], out: &mut Vec<u8>) -> Result<(), HpackError> {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
 
-    /// A Huffman encoder, only to build test input.
-    pub(crate) fn huffman_encode(s: &[u8], out: &mut Vec<u8>) {
-        let mut code_of = [(0u32, 0u32); 257];
-        for len in 1..=30usize {
-            for k in 0..CANONICAL.count[len] {
-                let sym = CANONICAL.symbols[(CANONICAL.offset[len] + k) as usize];
-                code_of[sym as usize] = (CANONICAL.first[len] + k, len as u32);
-            }
-        }
-        let mut acc = 0u64;
-        let mut bits = 0u32;
-        for &b in s {
-            let (code, len) = code_of[b as usize];
-            acc = (acc << len) | u64::from(code);
-            bits += len;
-            while bits >= 8 {
-                out.push((acc >> (bits - 8)) as u8);
-                bits -= 8;
-            }
-        }
-        if bits > 0 {
-            let pad = 8 - bits;
-            out.push(((acc << pad) | ((1 << pad) - 1)) as u8);
-        }
+    #[test]
+    fn the_named_static_entries_are_the_tables() {
+        assert_eq!(
+            STATIC_TABLE[METHOD_POST - 1],
+            (&b":method"[..], &b"POST"[..])
+        );
+        assert_eq!(
+            STATIC_TABLE[SCHEME_HTTP - 1],
+            (&b":scheme"[..], &b"http"[..])
+        );
     }
 
     fn hex(s: &str) -> Vec<u8> {
