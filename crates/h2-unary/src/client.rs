@@ -8,6 +8,13 @@
 //! announces are the largest there are, so the server never waits for a
 //! WINDOW_UPDATE; the server's windows, frame size and stream limit are
 //! honoured.
+//!
+//! Frames are queued and written under one lock, and a stream's id is
+//! taken when its HEADERS are queued, so ids reach the server in order
+//! (RFC 7540 §5.1.1). Bytes leave the queue only once written: a call
+//! dropped in the middle of a write leaves the rest queued, and a task
+//! finishes the write and resets the stream, so no frame is ever cut.
+//! The reading task ends when the last handle to the connection is dropped.
 
 use std::collections::HashMap;
 use std::future::poll_fn;
@@ -74,10 +81,21 @@ pub struct Response {
     pub trailers: HeaderList,
 }
 
-/// A connection to one server; clones share it.
+/// A connection to one server; clones share it, and dropping the last
+/// one closes it.
 #[derive(Clone)]
 pub struct Connection {
     shared: Arc<Shared>,
+    _alive: Arc<Alive>,
+}
+
+/// Tells the reading task to stop when the last [`Connection`] goes.
+struct Alive(Arc<Shared>);
+
+impl Drop for Alive {
+    fn drop(&mut self) {
+        self.0.closed.notify_one();
+    }
 }
 
 impl std::fmt::Debug for Connection {
@@ -92,7 +110,15 @@ type Writer = Box<dyn AsyncWrite + Send + Unpin>;
 
 struct Shared {
     state: Mutex<State>,
-    writer: tokio::sync::Mutex<Writer>,
+    outbox: tokio::sync::Mutex<Outbox>,
+    /// Notified when the last [`Connection`] is dropped.
+    closed: tokio::sync::Notify,
+}
+
+/// The write half and the frames queued for it, in order.
+struct Outbox {
+    writer: Writer,
+    queued: Vec<u8>,
 }
 
 struct State {
@@ -181,10 +207,17 @@ where
             ended: None,
             waiting: Vec::new(),
         }),
-        writer: tokio::sync::Mutex::new(Box::new(writer) as Writer),
+        outbox: tokio::sync::Mutex::new(Outbox {
+            writer: Box::new(writer),
+            queued: Vec::new(),
+        }),
+        closed: tokio::sync::Notify::new(),
     });
     tokio::spawn(read_loop(shared.clone(), reader));
-    Ok(Connection { shared })
+    Ok(Connection {
+        _alive: Arc::new(Alive(shared.clone())),
+        shared,
+    })
 }
 
 impl Shared {
@@ -192,48 +225,71 @@ impl Shared {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    async fn write(&self, bytes: &[u8]) -> Result<(), CallError> {
-        let mut writer = self.writer.lock().await;
+    /// Queues what `queue` appends (it runs under the state lock, after
+    /// every frame queued before it), then writes the queue out.
+    async fn send<R>(
+        &self,
+        queue: impl FnOnce(&mut State, &mut Vec<u8>) -> R,
+    ) -> Result<R, CallError> {
+        let mut outbox = self.outbox.lock().await;
+        let queued = queue(&mut self.lock(), &mut outbox.queued);
+        let outbox = &mut *outbox;
         let written = async {
-            writer.write_all(bytes).await?;
-            writer.flush().await
+            while !outbox.queued.is_empty() {
+                // Cancel-safe: a write either happened and is drained here,
+                // or did not happen.
+                let n = outbox.writer.write(&outbox.queued).await?;
+                if n == 0 {
+                    return Err(io::ErrorKind::WriteZero.into());
+                }
+                outbox.queued.drain(..n);
+            }
+            outbox.writer.flush().await
         };
-        written.await.map_err(|e| {
+        written.await.map_err(|e: io::Error| {
             let why = CallError::Unavailable(format!("writing: {e}"));
             self.lock().end(why.clone());
             why
-        })
+        })?;
+        Ok(queued)
     }
 }
 
-/// Removes a call's stream when the call ends; a call dropped before its
-/// answer resets the stream, so the server stops working on it.
+/// Removes a call's stream when the call ends. A call dropped before its
+/// answer leaves a task to write what it queued and reset the stream, so
+/// the server stops working on it.
 struct StreamGuard {
     shared: Arc<Shared>,
-    stream: u32,
+    stream: Option<u32>,
     answered: bool,
 }
 
 impl Drop for StreamGuard {
     fn drop(&mut self) {
         let mut state = self.shared.lock();
-        let unfinished = state
-            .streams
-            .remove(&self.stream)
-            .is_some_and(|slot| !slot.done && slot.failed.is_none());
+        let unfinished = self.stream.is_some_and(|stream| {
+            state
+                .streams
+                .remove(&stream)
+                .is_some_and(|slot| !slot.done && slot.failed.is_none())
+        });
         state.wake_waiting();
         let open = state.ended.is_none();
         drop(state);
-        if unfinished && !self.answered && open {
-            let mut out = Vec::new();
-            let code = Reason::CANCEL.0.to_be_bytes();
-            frame::write_frame(&mut out, kind::RST_STREAM, 0, self.stream, &code);
-            let shared = self.shared.clone();
-            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                runtime.spawn(async move {
-                    let _ = shared.write(&out).await;
-                });
-            }
+        if self.answered || !open {
+            return;
+        }
+        let (shared, stream) = (self.shared.clone(), self.stream);
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let _ = shared
+                    .send(|_, out| {
+                        if let (Some(stream), true) = (stream, unfinished) {
+                            reset(out, stream, Reason::CANCEL);
+                        }
+                    })
+                    .await;
+            });
         }
     }
 }
@@ -246,44 +302,6 @@ impl Connection {
 
     /// Makes one unary call and waits for its whole answer.
     pub async fn call(&self, request: &Request<'_>) -> Result<Response, CallError> {
-        let stream = poll_fn(|cx| {
-            let mut state = self.shared.lock();
-            if let Some(why) = &state.ended {
-                return Poll::Ready(Err(CallError::Unavailable(why.clone())));
-            }
-            if state.streams.len() >= state.max_streams {
-                state.waiting.push(cx.waker().clone());
-                return Poll::Pending;
-            }
-            let stream = state.next_stream;
-            if stream > LAST_STREAM_ID {
-                let why = CallError::Unavailable("stream ids are used up".into());
-                state.end(why.clone());
-                return Poll::Ready(Err(why));
-            }
-            state.next_stream += 2;
-            let window = state.initial_window;
-            state.streams.insert(
-                stream,
-                Slot {
-                    answer: Response::default(),
-                    headed: false,
-                    done: false,
-                    failed: None,
-                    window,
-                    waker: None,
-                    max_response: request.max_response,
-                },
-            );
-            Poll::Ready(Ok(stream))
-        })
-        .await?;
-        let mut guard = StreamGuard {
-            shared: self.shared.clone(),
-            stream,
-            answered: false,
-        };
-
         let mut block = Vec::with_capacity(128);
         hpack::encode_indexed(hpack::METHOD_POST, &mut block);
         hpack::encode_indexed(hpack::SCHEME_HTTP, &mut block);
@@ -297,42 +315,62 @@ impl Connection {
         for (name, value) in request.headers {
             hpack::encode_literal(name.as_bytes(), value, false, &mut block);
         }
-        let max_frame = self.shared.lock().max_frame;
-        let mut out = Vec::with_capacity(block.len() + request.body.len() + 32);
-        frame::write_headers(&mut out, stream, &block, false, max_frame);
-
-        // The body, as far as the server's windows allow at a time.
+        let mut guard = StreamGuard {
+            shared: self.shared.clone(),
+            stream: None,
+            answered: false,
+        };
         let body = request.body;
         let mut sent = 0;
-        loop {
-            let (n, max_frame) = poll_fn(|cx| {
-                let mut state = self.shared.lock();
-                let state = &mut *state;
-                let Some(slot) = state.streams.get_mut(&stream) else {
-                    return Poll::Ready(Err(CallError::Unavailable("the stream is gone".into())));
-                };
-                if let Some(why) = &slot.failed {
-                    return Poll::Ready(Err(why.clone()));
-                }
-                let left = (body.len() - sent) as i64;
-                let n = left.min(state.window).min(slot.window).max(0);
-                if left > 0 && n == 0 {
-                    state.waiting.push(cx.waker().clone());
-                    return Poll::Pending;
-                }
-                state.window -= n;
-                slot.window -= n;
-                Poll::Ready(Ok((n as usize, state.max_frame)))
-            })
-            .await?;
-            let end = sent + n == body.len();
-            frame::write_data(&mut out, stream, &body[sent..sent + n], end, max_frame);
-            sent += n;
-            self.shared.write(&out).await?;
-            out.clear();
-            if end {
-                break;
+        // The stream is opened with the first frames: HEADERS, and as much
+        // of the body as the server's windows allow.
+        let stream = loop {
+            self.stream_room().await?;
+            let opened = self
+                .shared
+                .send(|state, out| {
+                    if let Some(why) = &state.ended {
+                        return Err(CallError::Unavailable(why.clone()));
+                    }
+                    if state.streams.len() >= state.max_streams {
+                        return Ok(None);
+                    }
+                    let stream = state.next_stream;
+                    if stream > LAST_STREAM_ID {
+                        let why = CallError::Unavailable("stream ids are used up".into());
+                        state.end(why.clone());
+                        return Err(why);
+                    }
+                    state.next_stream += 2;
+                    let window = state.initial_window;
+                    state.streams.insert(
+                        stream,
+                        Slot {
+                            answer: Response::default(),
+                            headed: false,
+                            done: false,
+                            failed: None,
+                            window,
+                            waker: None,
+                            max_response: request.max_response,
+                        },
+                    );
+                    guard.stream = Some(stream);
+                    frame::write_headers(out, stream, &block, false, state.max_frame);
+                    queue_data(state, out, stream, body, &mut sent);
+                    Ok(Some(stream))
+                })
+                .await??;
+            if let Some(stream) = opened {
+                break stream;
             }
+        };
+        // The rest of the body, as the windows open.
+        while sent < body.len() {
+            self.window_room(stream).await?;
+            self.shared
+                .send(|state, out| queue_data(state, out, stream, body, &mut sent))
+                .await?;
         }
 
         let answer = poll_fn(|cx| {
@@ -353,6 +391,62 @@ impl Connection {
         guard.answered = true;
         answer
     }
+}
+
+impl Connection {
+    /// Waits until the server's stream limit leaves room for one more.
+    async fn stream_room(&self) -> Result<(), CallError> {
+        poll_fn(|cx| {
+            let mut state = self.shared.lock();
+            if let Some(why) = &state.ended {
+                return Poll::Ready(Err(CallError::Unavailable(why.clone())));
+            }
+            if state.streams.len() >= state.max_streams {
+                state.waiting.push(cx.waker().clone());
+                return Poll::Pending;
+            }
+            Poll::Ready(Ok(()))
+        })
+        .await
+    }
+
+    /// Waits until both windows let `stream` send, or its call fails.
+    async fn window_room(&self, stream: u32) -> Result<(), CallError> {
+        poll_fn(|cx| {
+            let mut state = self.shared.lock();
+            let state = &mut *state;
+            let Some(slot) = state.streams.get(&stream) else {
+                return Poll::Ready(Err(CallError::Unavailable("the stream is gone".into())));
+            };
+            if let Some(why) = &slot.failed {
+                return Poll::Ready(Err(why.clone()));
+            }
+            if state.window > 0 && slot.window > 0 {
+                return Poll::Ready(Ok(()));
+            }
+            state.waiting.push(cx.waker().clone());
+            Poll::Pending
+        })
+        .await
+    }
+}
+
+/// Queues as much of `body` after `*sent` as both windows allow, the last
+/// frame ending the stream; an empty body is one empty DATA frame.
+fn queue_data(state: &mut State, out: &mut Vec<u8>, stream: u32, body: &[u8], sent: &mut usize) {
+    let Some(slot) = state.streams.get_mut(&stream) else {
+        return;
+    };
+    let left = (body.len() - *sent) as i64;
+    let n = left.min(state.window).min(slot.window).max(0) as usize;
+    if n == 0 && left > 0 {
+        return;
+    }
+    state.window -= n as i64;
+    slot.window -= n as i64;
+    let end = *sent + n == body.len();
+    frame::write_data(out, stream, &body[*sent..*sent + n], end, state.max_frame);
+    *sent += n;
 }
 
 /// Reads frames until the connection ends, then fails every unanswered call.
@@ -396,16 +490,29 @@ async fn read_loop<T: AsyncRead>(shared: Arc<Shared>, mut reader: ReadHalf<T>) {
             let mut payload = [0u8; 8];
             payload[4..].copy_from_slice(&e.reason.0.to_be_bytes());
             frame::write_frame(&mut goaway, kind::GOAWAY, 0, 0, &payload);
-            let _ = shared.write(&goaway).await;
+            let _ = shared
+                .send(|_, queue| queue.extend_from_slice(&goaway))
+                .await;
             break CallError::Protocol(e.to_string());
         }
-        if !out.is_empty() && shared.write(&out).await.is_err() {
+        if !out.is_empty()
+            && shared
+                .send(|_, queue| queue.extend_from_slice(&out))
+                .await
+                .is_err()
+        {
             break CallError::Unavailable("writing to the server failed".into());
         }
         if buf.capacity() - buf.len() < frame::HEAD_LEN {
             buf.reserve(frame::DEFAULT_MAX_FRAME);
         }
-        match reader.read_buf(&mut buf).await {
+        let read = tokio::select! {
+            read = reader.read_buf(&mut buf) => read,
+            () = shared.closed.notified() => {
+                break CallError::Unavailable("the connection was closed".into());
+            }
+        };
+        match read {
             Ok(0) => break CallError::Unavailable("the server closed the connection".into()),
             Ok(_) => {}
             Err(e) => break CallError::Unavailable(format!("reading: {e}")),

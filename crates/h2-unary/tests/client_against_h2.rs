@@ -303,3 +303,95 @@ async fn goaway_stops_new_calls() {
         Err(CallError::Unavailable(_))
     ));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn stream_ids_reach_the_server_in_order_from_many_threads() {
+    // A stream id lower than one already opened is a connection error
+    // (RFC 7540 §5.1.1): h2 would end the connection and fail every call.
+    let (connection, _, _) = pair(h2::server::Builder::new()).await;
+    let calls = (0..400u32).map(|i| {
+        let connection = connection.clone();
+        tokio::spawn(async move {
+            let body = i.to_be_bytes();
+            check_echo(
+                &connection.call(&request("/echo", &body)).await.unwrap(),
+                &body,
+            );
+        })
+    });
+    for call in calls.collect::<Vec<_>>() {
+        call.await.unwrap();
+    }
+    assert!(connection.is_open());
+}
+
+#[tokio::test]
+async fn a_call_dropped_in_the_middle_of_a_write_cuts_no_frame() {
+    // Large windows, so a 4 MiB request is written at once, and a server
+    // that stops reading for a while when it accepts "/pause": the big
+    // request's write blocks on the full socket and is dropped there.
+    let (ours, theirs) = UnixStream::pair().unwrap();
+    let (held, mut reports) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut builder = h2::server::Builder::new();
+        builder
+            .initial_window_size(8 << 20)
+            .initial_connection_window_size(8 << 20);
+        let mut connection = builder.handshake::<_, Bytes>(theirs).await.unwrap();
+        while let Some(Ok((request, respond))) = connection.accept().await {
+            let pause = request.uri().path() == "/pause";
+            tokio::spawn(answer(request, respond, held.clone()));
+            if pause {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        }
+    });
+    let connection = client::handshake(ours).await.unwrap();
+    check_echo(
+        &connection.call(&request("/echo", b"warm")).await.unwrap(),
+        b"warm",
+    );
+    let paused = {
+        let connection = connection.clone();
+        tokio::spawn(async move { connection.call(&request("/pause", b"p")).await })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let big = vec![7u8; 4 << 20];
+    let hold = request("/hold", &big);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(100), connection.call(&hold))
+            .await
+            .is_err()
+    );
+    // The rest of the dropped call's frames were written for it, then a
+    // reset: the server reads whole frames and sees the stream cancelled.
+    let reason = tokio::time::timeout(Duration::from_secs(5), reports.recv())
+        .await
+        .unwrap();
+    assert_eq!(reason, Some(h2::Reason::CANCEL));
+    check_echo(&paused.await.unwrap().unwrap(), b"p");
+    check_echo(
+        &connection.call(&request("/echo", b"after")).await.unwrap(),
+        b"after",
+    );
+    assert!(connection.is_open());
+}
+
+#[tokio::test]
+async fn dropping_the_last_handle_closes_the_connection() {
+    let (ours, theirs) = UnixStream::pair().unwrap();
+    let server = tokio::spawn(async move {
+        let mut connection = h2::server::handshake(theirs).await.unwrap();
+        // Ends when the client closes its end.
+        while let Some(Ok(_)) = connection.accept().await {}
+    });
+    let connection = client::handshake(ours).await.unwrap();
+    let clone = connection.clone();
+    drop(connection);
+    assert!(clone.is_open());
+    drop(clone);
+    tokio::time::timeout(Duration::from_secs(5), server)
+        .await
+        .expect("the server sees the connection close")
+        .unwrap();
+}
