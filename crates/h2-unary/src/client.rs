@@ -24,13 +24,10 @@ use std::task::{Poll, Waker};
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf};
 
+use crate::conn::{self, Block, Blocks, Outbox, Peer, Received};
 use crate::frame::{self, Frame, FrameError, Head, Reason, flag, kind, setting};
-use crate::hpack::{self, Decoder, HeaderList, HpackError};
+use crate::hpack::{self, HeaderList};
 
-/// The largest header list this end accepts in one block.
-const LIST_LIMIT: usize = 1 << 20;
-/// Consumed bytes after which the connection window is topped up.
-const REFILL_AT: u32 = 1 << 30;
 /// The largest client stream id.
 const LAST_STREAM_ID: u32 = (1 << 31) - 1;
 
@@ -106,8 +103,6 @@ impl std::fmt::Debug for Connection {
     }
 }
 
-type Writer = Box<dyn AsyncWrite + Send + Unpin>;
-
 struct Shared {
     state: Mutex<State>,
     outbox: tokio::sync::Mutex<Outbox>,
@@ -115,19 +110,10 @@ struct Shared {
     closed: tokio::sync::Notify,
 }
 
-/// The write half and the frames queued for it, in order.
-struct Outbox {
-    writer: Writer,
-    queued: Vec<u8>,
-}
-
 struct State {
     next_stream: u32,
     streams: HashMap<u32, Slot>,
-    /// The server's SETTINGS.
-    max_frame: usize,
-    initial_window: i64,
-    max_streams: usize,
+    peer: Peer,
     /// The connection's send window.
     window: i64,
     /// Why new calls fail: the connection ended or is ending.
@@ -155,24 +141,34 @@ impl State {
         }
     }
 
-    fn wake(slot: &mut Slot) {
-        if let Some(waker) = slot.waker.take() {
-            waker.wake();
-        }
-    }
-
     /// Ends the connection: every unanswered call fails with `why`.
     fn end(&mut self, why: CallError) {
         if self.ended.is_none() {
             self.ended = Some(why.to_string());
         }
         for slot in self.streams.values_mut() {
-            if !slot.done && slot.failed.is_none() {
-                slot.failed = Some(why.clone());
-            }
-            Self::wake(slot);
+            slot.fail(why.clone());
         }
         self.wake_waiting();
+    }
+}
+
+impl Slot {
+    fn wake(&mut self) {
+        if let Some(waker) = self.waker.take() {
+            waker.wake();
+        }
+    }
+
+    fn open(&self) -> bool {
+        !self.done && self.failed.is_none()
+    }
+
+    fn fail(&mut self, why: CallError) {
+        if self.open() {
+            self.failed = Some(why);
+        }
+        self.wake();
     }
 }
 
@@ -185,32 +181,25 @@ where
 {
     let (reader, mut writer) = tokio::io::split(io);
     let mut out = frame::PREFACE.to_vec();
-    frame::write_settings(
+    conn::write_opening(
         &mut out,
         &[
             (setting::ENABLE_PUSH, 0),
             (setting::INITIAL_WINDOW_SIZE, frame::MAX_WINDOW),
         ],
     );
-    let grow = frame::MAX_WINDOW - frame::DEFAULT_WINDOW;
-    frame::write_frame(&mut out, kind::WINDOW_UPDATE, 0, 0, &grow.to_be_bytes());
     writer.write_all(&out).await?;
     writer.flush().await?;
     let shared = Arc::new(Shared {
         state: Mutex::new(State {
             next_stream: 1,
             streams: HashMap::new(),
-            max_frame: frame::DEFAULT_MAX_FRAME,
-            initial_window: i64::from(frame::DEFAULT_WINDOW),
-            max_streams: usize::MAX,
+            peer: Peer::default(),
             window: i64::from(frame::DEFAULT_WINDOW),
             ended: None,
             waiting: Vec::new(),
         }),
-        outbox: tokio::sync::Mutex::new(Outbox {
-            writer: Box::new(writer),
-            queued: Vec::new(),
-        }),
+        outbox: tokio::sync::Mutex::new(Outbox::new(writer)),
         closed: tokio::sync::Notify::new(),
     });
     tokio::spawn(read_loop(shared.clone(), reader));
@@ -233,20 +222,7 @@ impl Shared {
     ) -> Result<R, CallError> {
         let mut outbox = self.outbox.lock().await;
         let queued = queue(&mut self.lock(), &mut outbox.queued);
-        let outbox = &mut *outbox;
-        let written = async {
-            while !outbox.queued.is_empty() {
-                // Cancel-safe: a write either happened and is drained here,
-                // or did not happen.
-                let n = outbox.writer.write(&outbox.queued).await?;
-                if n == 0 {
-                    return Err(io::ErrorKind::WriteZero.into());
-                }
-                outbox.queued.drain(..n);
-            }
-            outbox.writer.flush().await
-        };
-        written.await.map_err(|e: io::Error| {
+        outbox.flush().await.map_err(|e| {
             let why = CallError::Unavailable(format!("writing: {e}"));
             self.lock().end(why.clone());
             why
@@ -271,7 +247,7 @@ impl Drop for StreamGuard {
             state
                 .streams
                 .remove(&stream)
-                .is_some_and(|slot| !slot.done && slot.failed.is_none())
+                .is_some_and(|slot| slot.open())
         });
         state.wake_waiting();
         let open = state.ended.is_none();
@@ -285,7 +261,7 @@ impl Drop for StreamGuard {
                 let _ = shared
                     .send(|_, out| {
                         if let (Some(stream), true) = (stream, unfinished) {
-                            reset(out, stream, Reason::CANCEL);
+                            conn::write_reset(out, stream, Reason::CANCEL);
                         }
                     })
                     .await;
@@ -332,7 +308,7 @@ impl Connection {
                     if let Some(why) = &state.ended {
                         return Err(CallError::Unavailable(why.clone()));
                     }
-                    if state.streams.len() >= state.max_streams {
+                    if state.streams.len() >= state.peer.max_streams {
                         return Ok(None);
                     }
                     let stream = state.next_stream;
@@ -342,7 +318,7 @@ impl Connection {
                         return Err(why);
                     }
                     state.next_stream += 2;
-                    let window = state.initial_window;
+                    let window = state.peer.initial_window;
                     state.streams.insert(
                         stream,
                         Slot {
@@ -356,7 +332,7 @@ impl Connection {
                         },
                     );
                     guard.stream = Some(stream);
-                    frame::write_headers(out, stream, &block, false, state.max_frame);
+                    frame::write_headers(out, stream, &block, false, state.peer.max_frame);
                     queue_data(state, out, stream, body, &mut sent);
                     Ok(Some(stream))
                 })
@@ -391,9 +367,7 @@ impl Connection {
         guard.answered = true;
         answer
     }
-}
 
-impl Connection {
     /// Waits until the server's stream limit leaves room for one more.
     async fn stream_room(&self) -> Result<(), CallError> {
         poll_fn(|cx| {
@@ -401,7 +375,7 @@ impl Connection {
             if let Some(why) = &state.ended {
                 return Poll::Ready(Err(CallError::Unavailable(why.clone())));
             }
-            if state.streams.len() >= state.max_streams {
+            if state.streams.len() >= state.peer.max_streams {
                 state.waiting.push(cx.waker().clone());
                 return Poll::Pending;
             }
@@ -437,61 +411,41 @@ fn queue_data(state: &mut State, out: &mut Vec<u8>, stream: u32, body: &[u8], se
     let Some(slot) = state.streams.get_mut(&stream) else {
         return;
     };
-    let left = (body.len() - *sent) as i64;
-    let n = left.min(state.window).min(slot.window).max(0) as usize;
+    let left = body.len() - *sent;
+    let n = conn::take_window(&mut state.window, &mut slot.window, left);
     if n == 0 && left > 0 {
         return;
     }
-    state.window -= n as i64;
-    slot.window -= n as i64;
     let end = *sent + n == body.len();
-    frame::write_data(out, stream, &body[*sent..*sent + n], end, state.max_frame);
+    frame::write_data(
+        out,
+        stream,
+        &body[*sent..*sent + n],
+        end,
+        state.peer.max_frame,
+    );
     *sent += n;
 }
 
 /// Reads frames until the connection ends, then fails every unanswered call.
 async fn read_loop<T: AsyncRead>(shared: Arc<Shared>, mut reader: ReadHalf<T>) {
-    let mut connection = Reading {
-        decoder: Decoder::new(hpack::DEFAULT_TABLE_SIZE, LIST_LIMIT),
-        block: None,
-        consumed: 0,
+    let mut reading = Reading {
+        blocks: Blocks::new(),
+        received: Received::default(),
     };
     let mut buf: Vec<u8> = Vec::with_capacity(frame::DEFAULT_MAX_FRAME + frame::HEAD_LEN);
     let why = loop {
         let mut out = Vec::new();
-        let mut at = 0;
-        let mut broken = None;
-        {
+        let (used, parsed) = {
             let mut state = shared.lock();
-            while buf.len() - at >= frame::HEAD_LEN {
-                let head = Head::parse(buf[at..at + frame::HEAD_LEN].try_into().unwrap_or(&[0; 9]));
-                if head.len > frame::DEFAULT_MAX_FRAME {
-                    broken = Some(FrameError {
-                        reason: Reason::FRAME_SIZE_ERROR,
-                        what: "a frame larger than SETTINGS_MAX_FRAME_SIZE",
-                    });
-                    break;
-                }
-                let end = at + frame::HEAD_LEN + head.len;
-                if buf.len() < end {
-                    break;
-                }
-                let payload = &buf[at + frame::HEAD_LEN..end];
-                at = end;
-                if let Err(e) = connection.on_frame(&mut state, head, payload, &mut out) {
-                    broken = Some(e);
-                    break;
-                }
-            }
-        }
-        buf.drain(..at);
-        if let Some(e) = broken {
-            let mut goaway = Vec::new();
-            let mut payload = [0u8; 8];
-            payload[4..].copy_from_slice(&e.reason.0.to_be_bytes());
-            frame::write_frame(&mut goaway, kind::GOAWAY, 0, 0, &payload);
+            conn::each_frame(&buf, |head, payload| {
+                reading.on_frame(&mut state, head, payload, &mut out)
+            })
+        };
+        buf.drain(..used);
+        if let Err(e) = parsed {
             let _ = shared
-                .send(|_, queue| queue.extend_from_slice(&goaway))
+                .send(|_, queue| conn::write_goaway(queue, 0, e.reason))
                 .await;
             break CallError::Protocol(e.to_string());
         }
@@ -523,12 +477,8 @@ async fn read_loop<T: AsyncRead>(shared: Arc<Shared>, mut reader: ReadHalf<T>) {
 
 /// The reading side's own state.
 struct Reading {
-    decoder: Decoder,
-    /// A header block still awaiting CONTINUATION: its stream, whether its
-    /// HEADERS ended the stream, and the fragments so far.
-    block: Option<(u32, bool, Vec<u8>)>,
-    /// DATA bytes received since the connection window was last topped up.
-    consumed: u32,
+    blocks: Blocks,
+    received: Received,
 }
 
 impl Reading {
@@ -540,100 +490,45 @@ impl Reading {
         out: &mut Vec<u8>,
     ) -> Result<(), FrameError> {
         let parsed = frame::parse(head, payload)?;
-        if self.block.is_some() && !matches!(parsed, Frame::Continuation { .. }) {
-            return Err(FrameError {
-                reason: Reason::PROTOCOL_ERROR,
-                what: "a frame between HEADERS and its CONTINUATION",
-            });
+        if let Some((stream, end_stream, block)) = self.blocks.take(&parsed, payload)? {
+            on_block(state, stream, end_stream, block, out);
+            return Ok(());
         }
         match parsed {
-            Frame::Headers {
-                stream,
-                block,
-                end_headers,
-                end_stream,
-            } => {
-                let fragment = payload[block].to_vec();
-                if end_headers {
-                    self.on_block(state, stream, end_stream, &fragment, out)?;
-                } else {
-                    self.block = Some((stream, end_stream, fragment));
-                }
-            }
-            Frame::Continuation {
-                stream,
-                block,
-                end_headers,
-            } => {
-                let Some((open, end_stream, mut fragments)) = self.block.take() else {
-                    return Err(FrameError {
-                        reason: Reason::PROTOCOL_ERROR,
-                        what: "CONTINUATION without HEADERS",
-                    });
-                };
-                if open != stream {
-                    return Err(FrameError {
-                        reason: Reason::PROTOCOL_ERROR,
-                        what: "CONTINUATION on another stream",
-                    });
-                }
-                fragments.extend_from_slice(&payload[block]);
-                if fragments.len() > LIST_LIMIT * 2 {
-                    return Err(FrameError {
-                        reason: Reason::ENHANCE_YOUR_CALM,
-                        what: "a header block without end",
-                    });
-                }
-                if end_headers {
-                    self.on_block(state, stream, end_stream, &fragments, out)?;
-                } else {
-                    self.block = Some((stream, end_stream, fragments));
-                }
-            }
+            Frame::Headers { .. } | Frame::Continuation { .. } => {}
             Frame::Data {
                 stream,
                 data,
                 end_stream,
             } => {
-                self.consumed += head.len as u32;
-                if self.consumed >= REFILL_AT {
-                    frame::write_frame(
-                        out,
-                        kind::WINDOW_UPDATE,
-                        0,
-                        0,
-                        &self.consumed.to_be_bytes(),
-                    );
-                    self.consumed = 0;
-                }
+                self.received.on_data(head.len, out);
                 if let Some(slot) = state.streams.get_mut(&stream)
-                    && !slot.done
-                    && slot.failed.is_none()
+                    && slot.open()
                 {
                     if slot.answer.data.len() + data.len() > slot.max_response {
-                        slot.failed = Some(CallError::TooLarge(slot.max_response));
-                        reset(out, stream, Reason::CANCEL);
+                        slot.fail(CallError::TooLarge(slot.max_response));
+                        conn::write_reset(out, stream, Reason::CANCEL);
                     } else {
                         slot.answer.data.extend_from_slice(&payload[data]);
                         slot.done = end_stream;
-                    }
-                    if slot.done || slot.failed.is_some() {
-                        State::wake(slot);
+                        if end_stream {
+                            slot.wake();
+                        }
                     }
                 }
             }
             Frame::Reset { stream, reason } => {
-                if let Some(slot) = state.streams.get_mut(&stream)
-                    && !slot.done
-                {
-                    slot.failed = Some(CallError::Reset(reason));
-                    State::wake(slot);
+                if let Some(slot) = state.streams.get_mut(&stream) {
+                    slot.fail(CallError::Reset(reason));
                 }
             }
             Frame::Settings { ack: true, .. } => {}
             Frame::Settings { ack: false, params } => {
                 for (id, value) in params {
-                    apply_setting(state, id, value)?;
+                    let delta = state.peer.apply(id, value)?;
+                    for slot in state.streams.values_mut() {
+                        slot.window += delta;
+                    }
                 }
                 frame::write_frame(out, kind::SETTINGS, flag::ACK, 0, &[]);
                 state.wake_waiting();
@@ -649,119 +544,54 @@ impl Reading {
                 let why = format!("the server sent GOAWAY ({reason})");
                 state.ended.get_or_insert(why.clone());
                 for (&id, slot) in state.streams.iter_mut() {
-                    if id > last_stream && !slot.done && slot.failed.is_none() {
-                        slot.failed = Some(CallError::Unavailable(why.clone()));
-                        State::wake(slot);
+                    if id > last_stream {
+                        slot.fail(CallError::Unavailable(why.clone()));
                     }
                 }
                 state.wake_waiting();
             }
             Frame::WindowUpdate { stream, increment } => {
-                let window = if stream == 0 {
-                    &mut state.window
+                if stream == 0 {
+                    conn::grow(&mut state.window, increment)?;
                 } else if let Some(slot) = state.streams.get_mut(&stream) {
-                    &mut slot.window
-                } else {
-                    return Ok(());
-                };
-                *window += i64::from(increment);
-                if *window > i64::from(frame::MAX_WINDOW) {
-                    return Err(FrameError {
-                        reason: Reason::FLOW_CONTROL_ERROR,
-                        what: "a window above 2^31 - 1",
-                    });
+                    conn::grow(&mut slot.window, increment)?;
                 }
                 state.wake_waiting();
             }
         }
         Ok(())
     }
-
-    /// A complete header block: the answer's head, or its trailers.
-    fn on_block(
-        &mut self,
-        state: &mut State,
-        stream: u32,
-        end_stream: bool,
-        block: &[u8],
-        out: &mut Vec<u8>,
-    ) -> Result<(), FrameError> {
-        // Decoded even for a stream no call waits for: the table must
-        // follow the server's encoder.
-        let mut list = HeaderList::new();
-        let fields = match self.decoder.decode(block, &mut list) {
-            Ok(()) => Ok(list),
-            Err(HpackError::ListTooLarge(limit)) => Err(limit),
-            Err(_) => {
-                return Err(FrameError {
-                    reason: Reason::COMPRESSION_ERROR,
-                    what: "a header block that does not decode",
-                });
-            }
-        };
-        let Some(slot) = state.streams.get_mut(&stream) else {
-            return Ok(());
-        };
-        if slot.done || slot.failed.is_some() {
-            return Ok(());
-        }
-        match fields {
-            Err(limit) => {
-                slot.failed = Some(CallError::TooLarge(limit));
-                reset(out, stream, Reason::CANCEL);
-            }
-            Ok(fields) if !slot.headed => {
-                slot.headed = true;
-                slot.answer.head = fields;
-                slot.done = end_stream;
-            }
-            Ok(fields) => {
-                slot.answer.trailers = fields;
-                slot.done = true;
-                if !end_stream {
-                    slot.failed = Some(CallError::Protocol("trailers without END_STREAM".into()));
-                }
-            }
-        }
-        if slot.done || slot.failed.is_some() {
-            State::wake(slot);
-        }
-        Ok(())
-    }
 }
 
-fn reset(out: &mut Vec<u8>, stream: u32, reason: Reason) {
-    frame::write_frame(out, kind::RST_STREAM, 0, stream, &reason.0.to_be_bytes());
-}
-
-fn apply_setting(state: &mut State, id: u16, value: u32) -> Result<(), FrameError> {
-    match id {
-        setting::MAX_FRAME_SIZE => {
-            if !(frame::DEFAULT_MAX_FRAME as u32..1 << 24).contains(&value) {
-                return Err(FrameError {
-                    reason: Reason::PROTOCOL_ERROR,
-                    what: "SETTINGS_MAX_FRAME_SIZE out of range",
-                });
-            }
-            state.max_frame = value as usize;
-        }
-        setting::INITIAL_WINDOW_SIZE => {
-            if value > frame::MAX_WINDOW {
-                return Err(FrameError {
-                    reason: Reason::FLOW_CONTROL_ERROR,
-                    what: "SETTINGS_INITIAL_WINDOW_SIZE above 2^31 - 1",
-                });
-            }
-            let delta = i64::from(value) - state.initial_window;
-            state.initial_window = i64::from(value);
-            for slot in state.streams.values_mut() {
-                slot.window += delta;
-            }
-        }
-        setting::MAX_CONCURRENT_STREAMS => state.max_streams = value as usize,
-        // No dynamic table is used to encode, so its size does not matter;
-        // the rest do not apply to a client.
-        _ => {}
+/// A complete header block: the answer's head, or its trailers.
+fn on_block(state: &mut State, stream: u32, end_stream: bool, block: Block, out: &mut Vec<u8>) {
+    let Some(slot) = state.streams.get_mut(&stream) else {
+        return;
+    };
+    if !slot.open() {
+        return;
     }
-    Ok(())
+    match block {
+        Block::TooLarge(limit) => {
+            slot.fail(CallError::TooLarge(limit));
+            conn::write_reset(out, stream, Reason::CANCEL);
+            return;
+        }
+        Block::Fields(fields) if !slot.headed => {
+            slot.headed = true;
+            slot.answer.head = fields;
+            slot.done = end_stream;
+        }
+        Block::Fields(fields) => {
+            slot.answer.trailers = fields;
+            if !end_stream {
+                slot.fail(CallError::Protocol("trailers without END_STREAM".into()));
+                return;
+            }
+            slot.done = true;
+        }
+    }
+    if slot.done {
+        slot.wake();
+    }
 }

@@ -414,6 +414,8 @@ pub fn encode_indexed(index: usize, out: &mut Vec<u8>) {
 pub const METHOD_POST: usize = 3;
 /// `:scheme: http` in the static table.
 pub const SCHEME_HTTP: usize = 6;
+/// `:status: 200` in the static table.
+pub const STATUS_200: usize = 8;
 
 /// Appends `s` Huffman-coded (RFC 7541 §5.2) without its length prefix:
 /// for encoders that want shorter strings, and for tests that need coded

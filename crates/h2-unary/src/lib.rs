@@ -7,10 +7,12 @@
 //! "Session 19", measures both). This crate holds the parts of HTTP/2
 //! (RFC 7540) that unary gRPC calls use, with nothing else on their path.
 //!
-//! [`hpack`] is header compression (RFC 7541), [`frame`] the frames, and
-//! [`client`] a connection for unary calls, which csi-client uses. A server
-//! connection for csi-server is still to come.
+//! [`hpack`] is header compression (RFC 7541), [`frame`] the frames,
+//! [`client`] a connection making unary calls (csi-client's) and [`server`]
+//! one serving them (not yet csi-server's).
 
 pub mod client;
+mod conn;
 pub mod frame;
 pub mod hpack;
+pub mod server;
