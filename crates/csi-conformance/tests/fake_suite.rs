@@ -308,7 +308,7 @@ const CAUGHT: &[Caught] = &[
     Caught {
         fault: Fault::StrictAuthority,
         by: "general.any_authority",
-        says: &["PROTOCOL_ERROR", "grpc-java"],
+        says: &["grpc-status Some(13)", "grpc-java"],
         also: &[],
         only: true,
     },

@@ -16,8 +16,10 @@
 //! - [`dispatch`]: tonic's service traits to the stack, and the stack to the
 //!   driver ([`DriverService`]), generated from csi.proto's method table.
 //! - [`socket`]: creating the unix socket (0600, stale sockets replaced,
-//!   anything else refused), and [`authority`]: serving clients other than
-//!   grpc-go and grpc-js, which name the socket's path as `:authority`.
+//!   anything else refused); each connection on it is served by h2-unary's
+//!   HTTP/2, which accepts any `:authority` (gRPC C-core and grpc-java name
+//!   the socket's path there). [`authority`] is the adapter that lets an
+//!   h2-based server do the same.
 //!
 //! What a driver implements (traits, [`CsiError`], [`Capabilities`], the
 //! spec's rules and helpers) is re-exported from csi-driver, so a driver
@@ -58,8 +60,9 @@
 //! server.serve().await?; // until SIGTERM/SIGINT
 //! # Ok(()) }
 //! ```
-/// The HTTP/2 `:authority` adapter (the any-authority crate): a workaround
-/// for hyperium/h2#442, dropped once h2 serves such clients itself.
+/// The HTTP/2 `:authority` adapter (the any-authority crate) for servers
+/// built on h2 (hyperium/h2#442); csi-server's own connections do not need
+/// it. Its raw client checks which `:authority` a server takes.
 pub use any_authority as authority;
 pub mod dispatch;
 #[cfg(feature = "flags")]
@@ -69,6 +72,7 @@ mod logging;
 mod serve_ready;
 pub mod server;
 pub mod socket;
+mod transport;
 
 pub use csi_client::endpoint;
 pub use csi_client::{CSI_ENDPOINT_ENV, Endpoint, EndpointError};

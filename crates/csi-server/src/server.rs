@@ -10,12 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use csi_proto::v1::plugin_capability::service::Type as PluginService;
-use futures::{FutureExt, TryStreamExt};
-use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
 use tonic::service::Routes;
 use tower::Layer;
 
-use crate::authority::AnyAuthority;
 use crate::capabilities::{Capabilities, PluginInfo};
 use crate::dispatch::{Dispatch, DriverService, Drivers};
 use crate::driver::{
@@ -93,9 +90,6 @@ pub enum ServerError {
         #[source]
         source: std::io::Error,
     },
-    /// The gRPC transport failed.
-    #[error(transparent)]
-    Transport(#[from] tonic::transport::Error),
     /// Installing the signal handlers failed.
     #[error("cannot install signal handlers: {0}")]
     Signal(std::io::Error),
@@ -284,10 +278,11 @@ impl ServerBuilder {
         self
     }
 
-    /// Whether connections on a unix socket go through
-    /// [`AnyAuthority`] (default on), so clients that send the socket path
-    /// as `:authority` (gRPC C-core, grpc-java) are served. Off only to test
-    /// that a client or suite notices a server without it.
+    /// Whether any `:authority` is served (default on), as clients that
+    /// send the socket path there (gRPC C-core, grpc-java) need. Off, a
+    /// `:authority` that is not a valid URI authority is answered INTERNAL,
+    /// as a strict HTTP/2 server rejects it; only to test that a client or
+    /// suite notices such a server.
     pub fn any_authority(mut self, on: bool) -> Self {
         self.any_authority = on;
         self
@@ -684,7 +679,10 @@ impl Server {
             ),
             None => None,
         };
-        let router = tonic::transport::Server::builder().add_routes(self.routes);
+        let calls = crate::transport::Calls {
+            routes: self.routes,
+            strict_authority: !self.any_authority,
+        };
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let stop = async move {
             let _ = stop_rx.await;
@@ -703,17 +701,9 @@ impl Server {
                     self.readiness.set_ready();
                 }
                 tracing::info!(endpoint = %self.endpoint, "serving");
-                let incoming = UnixListenerStream::new(listener);
-                // The two streams differ in type; the server future is boxed
-                // once per serve, not per connection.
-                let serving = if self.any_authority {
-                    // Any :authority on the socket (see crate::authority).
-                    let incoming = incoming.map_ok(AnyAuthority::new);
-                    router.serve_with_incoming_shutdown(incoming, stop).boxed()
-                } else {
-                    router.serve_with_incoming_shutdown(incoming, stop).boxed()
-                };
-                let result = drain(
+                let accept = || async { listener.accept().await.map(|(stream, _)| stream) };
+                let serving = crate::transport::serve(accept, calls, stop);
+                drain(
                     serving,
                     shutdown,
                     stop_tx,
@@ -722,7 +712,7 @@ impl Server {
                 )
                 .await;
                 file.remove();
-                result
+                Ok(())
             }
             Endpoint::Tcp(addr) => {
                 let listener = tokio::net::TcpListener::bind(addr)
@@ -735,8 +725,12 @@ impl Server {
                     self.readiness.set_ready();
                 }
                 tracing::info!(endpoint = %self.endpoint, "serving");
-                let serving =
-                    router.serve_with_incoming_shutdown(TcpListenerStream::new(listener), stop);
+                let accept = || async {
+                    let (stream, _) = listener.accept().await?;
+                    stream.set_nodelay(true)?;
+                    Ok(stream)
+                };
+                let serving = crate::transport::serve(accept, calls, stop);
                 drain(
                     serving,
                     shutdown,
@@ -744,7 +738,8 @@ impl Server {
                     self.grace_period,
                     &self.lock_map,
                 )
-                .await
+                .await;
+                Ok(())
             }
         }
     }
@@ -759,28 +754,24 @@ async fn drain<S, F>(
     stop: tokio::sync::oneshot::Sender<()>,
     grace: Duration,
     locks: &LockMap,
-) -> Result<(), ServerError>
-where
-    S: Future<Output = Result<(), tonic::transport::Error>>,
+) where
+    S: Future<Output = ()>,
     F: Future<Output = ()>,
 {
     tokio::pin!(serving);
     tokio::select! {
-        result = &mut serving => return result.map_err(ServerError::from),
+        () = &mut serving => return,
         () = shutdown => {}
     }
     let _ = stop.send(());
     let deadline = tokio::time::Instant::now() + grace;
-    let result = match tokio::time::timeout_at(deadline, serving).await {
-        Ok(result) => result.map_err(ServerError::from),
-        Err(_) => {
-            tracing::warn!(
-                ?grace,
-                "in-flight calls did not finish within the grace period"
-            );
-            return Ok(());
-        }
-    };
+    if tokio::time::timeout_at(deadline, serving).await.is_err() {
+        tracing::warn!(
+            ?grace,
+            "in-flight calls did not finish within the grace period"
+        );
+        return;
+    }
     if tokio::time::timeout_at(deadline, locks.idle())
         .await
         .is_err()
@@ -790,7 +781,6 @@ where
             "operations whose callers went away did not finish within the grace period"
         );
     }
-    result
 }
 
 /// The answer for a method this server does not serve: UNIMPLEMENTED with a

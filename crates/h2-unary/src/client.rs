@@ -25,7 +25,7 @@ use std::task::{Poll, Waker};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf};
 
 use crate::conn::{self, Block, Blocks, Outbox, Peer, Received};
-use crate::frame::{self, Frame, FrameError, Head, Reason, flag, kind, setting};
+use crate::frame::{self, Frame, FrameError, Head, Reason, setting};
 use crate::hpack::{self, HeaderList};
 
 /// The largest client stream id.
@@ -494,6 +494,12 @@ impl Reading {
             on_block(state, stream, end_stream, block, out);
             return Ok(());
         }
+        let windows = state.streams.values_mut().map(|slot| &mut slot.window);
+        if conn::on_settings_or_ping(&mut state.peer, windows, &parsed, out)? {
+            // New settings may have opened windows.
+            state.wake_waiting();
+            return Ok(());
+        }
         match parsed {
             Frame::Headers { .. } | Frame::Continuation { .. } => {}
             Frame::Data {
@@ -522,21 +528,7 @@ impl Reading {
                     slot.fail(CallError::Reset(reason));
                 }
             }
-            Frame::Settings { ack: true, .. } => {}
-            Frame::Settings { ack: false, params } => {
-                for (id, value) in params {
-                    let delta = state.peer.apply(id, value)?;
-                    for slot in state.streams.values_mut() {
-                        slot.window += delta;
-                    }
-                }
-                frame::write_frame(out, kind::SETTINGS, flag::ACK, 0, &[]);
-                state.wake_waiting();
-            }
-            Frame::Ping { ack: false, data } => {
-                frame::write_frame(out, kind::PING, flag::ACK, 0, &data);
-            }
-            Frame::Ping { ack: true, .. } | Frame::Ignored => {}
+            Frame::Settings { .. } | Frame::Ping { .. } | Frame::Ignored => {}
             Frame::GoAway {
                 last_stream,
                 reason,

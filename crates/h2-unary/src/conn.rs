@@ -6,7 +6,7 @@ use std::io;
 
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
-use crate::frame::{self, Frame, FrameError, Head, Reason, kind, setting};
+use crate::frame::{self, Frame, FrameError, Head, Reason, flag, kind, setting};
 use crate::hpack::{Decoder, HeaderList, HpackError};
 
 /// The largest header list this end accepts in one block.
@@ -239,6 +239,38 @@ impl Peer {
         }
         Ok(0)
     }
+}
+
+/// SETTINGS and PING, which both ends handle alike: the peer's settings
+/// applied (a new initial window size moves every stream's send window,
+/// §6.9.2) and acknowledged, a PING answered. Returns whether `frame` was
+/// one of them.
+pub(crate) fn on_settings_or_ping<'a>(
+    peer: &mut Peer,
+    windows: impl Iterator<Item = &'a mut i64>,
+    frame: &Frame,
+    out: &mut Vec<u8>,
+) -> Result<bool, FrameError> {
+    match frame {
+        Frame::Settings { ack: false, params } => {
+            let mut delta = 0;
+            for &(id, value) in params {
+                delta += peer.apply(id, value)?;
+            }
+            if delta != 0 {
+                for window in windows {
+                    *window += delta;
+                }
+            }
+            frame::write_frame(out, kind::SETTINGS, flag::ACK, 0, &[]);
+        }
+        Frame::Ping { ack: false, data } => {
+            frame::write_frame(out, kind::PING, flag::ACK, 0, data);
+        }
+        Frame::Settings { ack: true, .. } | Frame::Ping { ack: true, .. } => {}
+        _ => return Ok(false),
+    }
+    Ok(true)
 }
 
 /// A window grown by a WINDOW_UPDATE; above 2^31 - 1 is an error (§6.9.1).

@@ -9,7 +9,7 @@
 //!
 //! [`hpack`] is header compression (RFC 7541), [`frame`] the frames,
 //! [`client`] a connection making unary calls (csi-client's) and [`server`]
-//! one serving them (not yet csi-server's).
+//! one serving them (csi-server's).
 
 pub mod client;
 mod conn;

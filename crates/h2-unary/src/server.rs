@@ -23,7 +23,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadHalf};
 use tokio::task::AbortHandle;
 
 use crate::conn::{self, Block, Blocks, Outbox, Peer, Received};
-use crate::frame::{self, Frame, FrameError, Head, Reason, flag, kind, setting};
+use crate::frame::{self, Frame, FrameError, Head, Reason, setting};
 use crate::hpack::{self, HeaderList};
 
 /// What the server takes from each connection.
@@ -390,6 +390,12 @@ impl Reading {
         if let Some((stream, end_stream, block)) = self.blocks.take(&parsed, payload)? {
             return self.on_block(state, stream, end_stream, block, out);
         }
+        let windows = state.streams.values_mut().map(|s| &mut s.window);
+        if conn::on_settings_or_ping(&mut state.peer, windows, &parsed, out)? {
+            // New settings may have opened windows.
+            state.wake_waiting();
+            return Ok(());
+        }
         match parsed {
             Frame::Headers { .. } | Frame::Continuation { .. } => {}
             Frame::Data {
@@ -427,23 +433,10 @@ impl Reading {
                 }
                 state.wake_waiting();
             }
-            Frame::Settings { ack: true, .. } => {}
-            Frame::Settings { ack: false, params } => {
-                for (id, value) in params {
-                    let delta = state.peer.apply(id, value)?;
-                    for s in state.streams.values_mut() {
-                        s.window += delta;
-                    }
-                }
-                frame::write_frame(out, kind::SETTINGS, flag::ACK, 0, &[]);
-                state.wake_waiting();
-            }
-            Frame::Ping { ack: false, data } => {
-                frame::write_frame(out, kind::PING, flag::ACK, 0, &data);
-            }
             // A client's GOAWAY: it opens no more streams; those open are
             // still answered.
-            Frame::Ping { ack: true, .. } | Frame::GoAway { .. } | Frame::Ignored => {}
+            Frame::Settings { .. } | Frame::Ping { .. } | Frame::GoAway { .. } | Frame::Ignored => {
+            }
             Frame::WindowUpdate { stream, increment } => {
                 if stream == 0 {
                     conn::grow(&mut state.window, increment)?;

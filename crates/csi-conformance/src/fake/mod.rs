@@ -87,8 +87,9 @@ pub enum Fault {
     RequiresSnapshotIds,
     /// ControllerPublishVolume ignores the max_volumes_per_node it reports.
     NoAttachLimit,
-    /// Served by tonic as it comes, which resets requests whose
-    /// `:authority` is the socket path (what gRPC C-core and grpc-java send).
+    /// Refuses a `:authority` that is not a valid URI authority, such as
+    /// the socket path gRPC C-core and grpc-java send, as a server built on
+    /// h2 does (csi-server's `any_authority(false)`).
     StrictAuthority,
     /// CreateVolume and CreateSnapshot reject names longer than
     /// [`SHORT_NAME_LIMIT`] bytes, below the spec's 128 (as a driver that
