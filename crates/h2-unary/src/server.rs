@@ -247,8 +247,15 @@ where
         outbox: tokio::sync::Mutex::new(Outbox::new(writer)),
     });
     let handler = Arc::new(handler);
+    let mut shutdown = pin!(shutdown);
     let mut preface = [0u8; 24];
-    reader.read_exact(&mut preface).await?;
+    // A client that connects and sends nothing must not hold up shutdown.
+    tokio::select! {
+        read = reader.read_exact(&mut preface) => {
+            read?;
+        }
+        () = &mut shutdown => return Ok(()),
+    }
     if &preface != frame::PREFACE {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
@@ -266,7 +273,7 @@ where
             );
         })
         .await?;
-    let result = read_loop(&shared, &mut reader, limits, &handler, shutdown).await;
+    let result = read_loop(&shared, &mut reader, limits, &handler, &mut shutdown).await;
     let mut state = shared.lock();
     state.ended = true;
     for stream in state.streams.values_mut() {

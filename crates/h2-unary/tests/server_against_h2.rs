@@ -268,3 +268,24 @@ async fn a_connection_without_the_preface_is_refused() {
         .unwrap();
     assert_eq!(result.unwrap_err().kind(), std::io::ErrorKind::InvalidData);
 }
+
+#[tokio::test]
+async fn a_client_that_sends_nothing_does_not_hold_up_shutdown() {
+    let (ours, _silent) = UnixStream::pair().unwrap();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let server = tokio::spawn(server::serve(
+        ours,
+        Limits::default(),
+        |_| async { Response::default() },
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    stop.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(5), server)
+        .await
+        .expect("serve returns at shutdown")
+        .unwrap()
+        .unwrap();
+}
