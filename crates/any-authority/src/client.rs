@@ -8,17 +8,9 @@ use std::io;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::hpack::{self, Decoder, HeaderList, HpackError};
-use super::{
-    CONTINUATION, END_HEADERS, END_STREAM, FrameHead, HEADERS, MAX_FRAME, PADDED, PREFACE,
-    PRIORITY, write_frame as frame,
-};
-
-const DATA: u8 = 0x0;
-const RST_STREAM: u8 = 0x3;
-const SETTINGS: u8 = 0x4;
-const PING: u8 = 0x6;
-const GOAWAY: u8 = 0x7;
-const ACK: u8 = 0x1;
+use h2_unary::frame::flag::{ACK, END_HEADERS, END_STREAM, PADDED, PRIORITY};
+use h2_unary::frame::kind::{CONTINUATION, DATA, GOAWAY, HEADERS, PING, RST_STREAM, SETTINGS};
+use h2_unary::frame::{DEFAULT_MAX_FRAME, Head, PREFACE, write_frame as frame};
 
 /// What the server answered on the call's stream.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -83,7 +75,7 @@ where
     ] {
         hpack::encode_literal(name, value, false, &mut block);
     }
-    if block.len() > MAX_FRAME {
+    if block.len() > DEFAULT_MAX_FRAME {
         return Err(RawCallError::Framing("request headers over 16 KiB"));
     }
     frame(&mut w, HEADERS, END_HEADERS, 1, &block);
@@ -91,7 +83,7 @@ where
     body.push(0);
     body.extend_from_slice(&(request.len() as u32).to_be_bytes());
     body.extend_from_slice(request);
-    let mut chunks = body.chunks(MAX_FRAME).peekable();
+    let mut chunks = body.chunks(DEFAULT_MAX_FRAME).peekable();
     while let Some(chunk) = chunks.next() {
         let flags = if chunks.peek().is_none() {
             END_STREAM
@@ -112,8 +104,8 @@ where
     loop {
         let mut raw = [0u8; 9];
         io.read_exact(&mut raw).await.map_err(eof_is_closed)?;
-        let f = FrameHead::parse(&raw);
-        if f.len > MAX_FRAME {
+        let f = Head::parse(&raw);
+        if f.len > DEFAULT_MAX_FRAME {
             // We announced the default SETTINGS_MAX_FRAME_SIZE.
             return Err(RawCallError::Framing("frame over 16 KiB"));
         }

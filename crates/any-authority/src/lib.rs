@@ -56,20 +56,13 @@ use tonic::transport::server::Connected;
 pub use client::{RawCallError, RawReply, unary_with_authority};
 use hpack::{Decoder, HeaderList, HpackError};
 
-/// The HTTP/2 client connection preface.
-const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-const HEADERS: u8 = 0x1;
-const PUSH_PROMISE: u8 = 0x5;
-const CONTINUATION: u8 = 0x9;
-const END_STREAM: u8 = 0x1;
-const END_HEADERS: u8 = 0x4;
-const PADDED: u8 = 0x8;
-const PRIORITY: u8 = 0x20;
+use h2_unary::frame::flag::{END_HEADERS, END_STREAM, PADDED, PRIORITY};
+use h2_unary::frame::kind::{CONTINUATION, HEADERS, PUSH_PROMISE};
+use h2_unary::frame::{DEFAULT_MAX_FRAME, Head, PREFACE, write_head};
+
 /// The largest header block held before stepping aside (h2's own limit on
 /// the decoded list is 16 KiB by default).
 const MAX_BLOCK: usize = 1 << 20;
-/// Frames written are at most this long: the minimum any peer accepts.
-const MAX_FRAME: usize = 16_384;
 /// What replaces an authority h2 rejects.
 const REPLACEMENT: &[u8] = b"localhost";
 
@@ -94,46 +87,6 @@ impl From<RewriteError> for io::Error {
     fn from(e: RewriteError) -> Self {
         io::Error::new(io::ErrorKind::InvalidData, e)
     }
-}
-
-/// A frame header.
-#[derive(Debug, Clone, Copy, Default)]
-struct FrameHead {
-    len: usize,
-    kind: u8,
-    flags: u8,
-    stream: u32,
-}
-
-impl FrameHead {
-    fn parse(b: &[u8; 9]) -> Self {
-        Self {
-            len: usize::from(b[0]) << 16 | usize::from(b[1]) << 8 | usize::from(b[2]),
-            kind: b[3],
-            flags: b[4],
-            stream: u32::from_be_bytes([b[5] & 0x7f, b[6], b[7], b[8]]),
-        }
-    }
-
-    fn write(&self, out: &mut Vec<u8>) {
-        let len = (self.len as u32).to_be_bytes();
-        out.extend_from_slice(&len[1..]);
-        out.push(self.kind);
-        out.push(self.flags);
-        out.extend_from_slice(&self.stream.to_be_bytes());
-    }
-}
-
-/// Appends a whole frame.
-fn write_frame(out: &mut Vec<u8>, kind: u8, flags: u8, stream: u32, payload: &[u8]) {
-    FrameHead {
-        len: payload.len(),
-        kind,
-        flags,
-        stream,
-    }
-    .write(out);
-    out.extend_from_slice(payload);
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -165,7 +118,7 @@ pub struct Rewriter {
     state: State,
     head: [u8; 9],
     head_len: usize,
-    current: FrameHead,
+    current: Head,
     /// Raw bytes of the block being collected, frame headers included: what
     /// goes out when the block needs no change.
     held: Vec<u8>,
@@ -192,7 +145,7 @@ impl Rewriter {
             state: State::Preface(0),
             head: [0; 9],
             head_len: 0,
-            current: FrameHead::default(),
+            current: Head::default(),
             held: Vec::new(),
             payload_start: 0,
             block: Vec::new(),
@@ -293,7 +246,7 @@ impl Rewriter {
 
     fn on_head(&mut self, out: &mut Vec<u8>) -> Result<(), RewriteError> {
         let raw = self.head;
-        let f = FrameHead::parse(&raw);
+        let f = Head::parse(&raw);
         let collect = match (self.open, f.kind) {
             (Some(open), CONTINUATION) if f.stream == open.stream => true,
             (Some(_), _) => return self.step_aside(out, &raw, "frame inside a header block"),
@@ -444,32 +397,21 @@ impl Rewriter {
 /// Writes a re-encoded block as HEADERS (+ CONTINUATION) frames.
 fn write_block(open: OpenBlock, block: &[u8], out: &mut Vec<u8>) {
     let prio_len = if open.priority.is_some() { 5 } else { 0 };
-    let first_len = block.len().min(MAX_FRAME - prio_len);
+    let first_len = block.len().min(DEFAULT_MAX_FRAME - prio_len);
     let (first, mut rest) = block.split_at(first_len);
     let mut flags = open.flags & (END_STREAM | PRIORITY);
     if rest.is_empty() {
         flags |= END_HEADERS;
     }
-    FrameHead {
-        len: prio_len + first.len(),
-        kind: HEADERS,
-        flags,
-        stream: open.stream,
-    }
-    .write(out);
+    write_head(out, prio_len + first.len(), HEADERS, flags, open.stream);
     if let Some(prio) = open.priority {
         out.extend_from_slice(&prio);
     }
     out.extend_from_slice(first);
     while !rest.is_empty() {
-        let (chunk, tail) = rest.split_at(rest.len().min(MAX_FRAME));
-        FrameHead {
-            len: chunk.len(),
-            kind: CONTINUATION,
-            flags: if tail.is_empty() { END_HEADERS } else { 0 },
-            stream: open.stream,
-        }
-        .write(out);
+        let (chunk, tail) = rest.split_at(rest.len().min(DEFAULT_MAX_FRAME));
+        let flags = if tail.is_empty() { END_HEADERS } else { 0 };
+        write_head(out, chunk.len(), CONTINUATION, flags, open.stream);
         out.extend_from_slice(chunk);
         rest = tail;
     }

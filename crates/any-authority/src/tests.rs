@@ -9,8 +9,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::hpack::huffman_encode;
 use super::hpack::{self, STATIC_TABLE, encode_integer};
-use super::write_frame as frame;
 use super::*;
+use h2_unary::frame::write_frame as frame;
 
 /// xorshift64*: deterministic per seed, no dependency.
 struct Rng(u64);
@@ -320,7 +320,7 @@ fn frames(mut bytes: &[u8]) -> Vec<(u8, u8, u32, Vec<u8>)> {
     let mut out = Vec::new();
     while !bytes.is_empty() {
         let head: [u8; 9] = bytes[..9].try_into().unwrap();
-        let f = FrameHead::parse(&head);
+        let f = Head::parse(&head);
         out.push((f.kind, f.flags, f.stream, bytes[9..9 + f.len].to_vec()));
         bytes = &bytes[9 + f.len..];
     }
@@ -435,7 +435,7 @@ async fn random_streams_reach_h2_with_only_rejected_authorities_replaced() {
                 fin.iter().filter(keep).eq(fout.iter().filter(keep)),
                 "seed {seed}"
             );
-            assert!(fout.iter().all(|f| f.3.len() <= MAX_FRAME));
+            assert!(fout.iter().all(|f| f.3.len() <= DEFAULT_MAX_FRAME));
         } else {
             assert_eq!(
                 one_shot, input,

@@ -123,7 +123,7 @@ fn size(what: &'static str) -> FrameError {
 }
 
 /// A frame's head (§4.1).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Head {
     /// The payload's length.
     pub len: usize,
