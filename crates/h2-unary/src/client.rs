@@ -24,7 +24,7 @@ use std::task::{Poll, Waker};
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf};
 
-use crate::conn::{self, Block, Blocks, Outbox, Peer, Received};
+use crate::conn::{self, Block, Incoming, Outbox, Peer, Reader};
 use crate::frame::{self, Frame, FrameError, Head, Reason, setting};
 use crate::hpack::{self, HeaderList};
 
@@ -429,17 +429,14 @@ fn queue_data(state: &mut State, out: &mut Vec<u8>, stream: u32, body: &[u8], se
 
 /// Reads frames until the connection ends, then fails every unanswered call.
 async fn read_loop<T: AsyncRead>(shared: Arc<Shared>, mut reader: ReadHalf<T>) {
-    let mut reading = Reading {
-        blocks: Blocks::new(),
-        received: Received::default(),
-    };
+    let mut reading = Reader::new();
     let mut buf: Vec<u8> = Vec::with_capacity(frame::DEFAULT_MAX_FRAME + frame::HEAD_LEN);
     let why = loop {
         let mut out = Vec::new();
         let (used, parsed) = {
             let mut state = shared.lock();
             conn::each_frame(&buf, |head, payload| {
-                reading.on_frame(&mut state, head, payload, &mut out)
+                on_frame(&mut reading, &mut state, head, payload, &mut out)
             })
         };
         buf.drain(..used);
@@ -475,84 +472,81 @@ async fn read_loop<T: AsyncRead>(shared: Arc<Shared>, mut reader: ReadHalf<T>) {
     shared.lock().end(why);
 }
 
-/// The reading side's own state.
-struct Reading {
-    blocks: Blocks,
-    received: Received,
-}
-
-impl Reading {
-    fn on_frame(
-        &mut self,
-        state: &mut State,
-        head: Head,
-        payload: &[u8],
-        out: &mut Vec<u8>,
-    ) -> Result<(), FrameError> {
-        let parsed = frame::parse(head, payload)?;
-        if let Some((stream, end_stream, block)) = self.blocks.take(&parsed, payload)? {
+/// Applies one frame to the calls it concerns.
+fn on_frame(
+    reader: &mut Reader,
+    state: &mut State,
+    head: Head,
+    payload: &[u8],
+    out: &mut Vec<u8>,
+) -> Result<(), FrameError> {
+    let windows = state.streams.values_mut().map(|slot| &mut slot.window);
+    let parsed = match reader.read(head, payload, &mut state.peer, windows, out)? {
+        Incoming::Block {
+            stream,
+            end_stream,
+            block,
+        } => {
             on_block(state, stream, end_stream, block, out);
             return Ok(());
         }
-        let windows = state.streams.values_mut().map(|slot| &mut slot.window);
-        if conn::on_settings_or_ping(&mut state.peer, windows, &parsed, out)? {
-            // New settings may have opened windows.
+        Incoming::Settled => {
             state.wake_waiting();
             return Ok(());
         }
-        match parsed {
-            Frame::Headers { .. } | Frame::Continuation { .. } => {}
-            Frame::Data {
-                stream,
-                data,
-                end_stream,
-            } => {
-                self.received.on_data(head.len, out);
-                if let Some(slot) = state.streams.get_mut(&stream)
-                    && slot.open()
-                {
-                    if slot.answer.data.len() + data.len() > slot.max_response {
-                        slot.fail(CallError::TooLarge(slot.max_response));
-                        conn::write_reset(out, stream, Reason::CANCEL);
-                    } else {
-                        slot.answer.data.extend_from_slice(&payload[data]);
-                        slot.done = end_stream;
-                        if end_stream {
-                            slot.wake();
-                        }
+        Incoming::Frame(parsed) => parsed,
+    };
+    match parsed {
+        Frame::Headers { .. } | Frame::Continuation { .. } => {}
+        Frame::Data {
+            stream,
+            data,
+            end_stream,
+        } => {
+            if let Some(slot) = state.streams.get_mut(&stream)
+                && slot.open()
+            {
+                if slot.answer.data.len() + data.len() > slot.max_response {
+                    slot.fail(CallError::TooLarge(slot.max_response));
+                    conn::write_reset(out, stream, Reason::CANCEL);
+                } else {
+                    slot.answer.data.extend_from_slice(&payload[data]);
+                    slot.done = end_stream;
+                    if end_stream {
+                        slot.wake();
                     }
                 }
-            }
-            Frame::Reset { stream, reason } => {
-                if let Some(slot) = state.streams.get_mut(&stream) {
-                    slot.fail(CallError::Reset(reason));
-                }
-            }
-            Frame::Settings { .. } | Frame::Ping { .. } | Frame::Ignored => {}
-            Frame::GoAway {
-                last_stream,
-                reason,
-            } => {
-                let why = format!("the server sent GOAWAY ({reason})");
-                state.ended.get_or_insert(why.clone());
-                for (&id, slot) in state.streams.iter_mut() {
-                    if id > last_stream {
-                        slot.fail(CallError::Unavailable(why.clone()));
-                    }
-                }
-                state.wake_waiting();
-            }
-            Frame::WindowUpdate { stream, increment } => {
-                if stream == 0 {
-                    conn::grow(&mut state.window, increment)?;
-                } else if let Some(slot) = state.streams.get_mut(&stream) {
-                    conn::grow(&mut slot.window, increment)?;
-                }
-                state.wake_waiting();
             }
         }
-        Ok(())
+        Frame::Reset { stream, reason } => {
+            if let Some(slot) = state.streams.get_mut(&stream) {
+                slot.fail(CallError::Reset(reason));
+            }
+        }
+        Frame::Settings { .. } | Frame::Ping { .. } | Frame::Ignored => {}
+        Frame::GoAway {
+            last_stream,
+            reason,
+        } => {
+            let why = format!("the server sent GOAWAY ({reason})");
+            state.ended.get_or_insert(why.clone());
+            for (&id, slot) in state.streams.iter_mut() {
+                if id > last_stream {
+                    slot.fail(CallError::Unavailable(why.clone()));
+                }
+            }
+            state.wake_waiting();
+        }
+        Frame::WindowUpdate { stream, increment } => {
+            if stream == 0 {
+                conn::grow(&mut state.window, increment)?;
+            } else if let Some(slot) = state.streams.get_mut(&stream) {
+                conn::grow(&mut slot.window, increment)?;
+            }
+            state.wake_waiting();
+        }
     }
+    Ok(())
 }
 
 /// A complete header block: the answer's head, or its trailers.

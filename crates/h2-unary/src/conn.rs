@@ -104,7 +104,7 @@ pub(crate) enum Block {
 
 /// Header blocks as they arrive in HEADERS and CONTINUATION frames, and
 /// the decoder that follows the peer's dynamic table.
-pub(crate) struct Blocks {
+struct Blocks {
     decoder: Decoder,
     /// A block awaiting CONTINUATION: its stream, whether its HEADERS ended
     /// the stream, and the fragments so far.
@@ -119,7 +119,7 @@ fn protocol(what: &'static str) -> FrameError {
 }
 
 impl Blocks {
-    pub(crate) fn new() -> Self {
+    fn new() -> Self {
         Self {
             decoder: Decoder::new(crate::hpack::DEFAULT_TABLE_SIZE, LIST_LIMIT),
             open: None,
@@ -130,7 +130,7 @@ impl Blocks {
     /// `Some` with the stream, whether it ended, and the block once the
     /// block is complete. Any other frame while a block is open is an
     /// error (§6.10).
-    pub(crate) fn take(
+    fn take(
         &mut self,
         frame: &Frame,
         payload: &[u8],
@@ -241,11 +241,69 @@ impl Peer {
     }
 }
 
+/// What a frame read means once the part both ends handle alike is done.
+pub(crate) enum Incoming {
+    /// A header block is complete.
+    Block {
+        stream: u32,
+        end_stream: bool,
+        block: Block,
+    },
+    /// SETTINGS or PING, handled; new settings may have opened windows.
+    Settled,
+    /// Any other frame; DATA is already counted against the connection
+    /// window.
+    Frame(Frame),
+}
+
+/// The reading side of a connection: frames parsed, header blocks joined
+/// and decoded, SETTINGS and PING answered, received DATA counted.
+pub(crate) struct Reader {
+    blocks: Blocks,
+    received: Received,
+}
+
+impl Reader {
+    pub(crate) fn new() -> Self {
+        Self {
+            blocks: Blocks::new(),
+            received: Received::default(),
+        }
+    }
+
+    /// Reads one frame; `windows` are the streams' send windows, which a
+    /// new initial window size moves.
+    pub(crate) fn read<'a>(
+        &mut self,
+        head: Head,
+        payload: &[u8],
+        peer: &mut Peer,
+        windows: impl Iterator<Item = &'a mut i64>,
+        out: &mut Vec<u8>,
+    ) -> Result<Incoming, FrameError> {
+        let parsed = frame::parse(head, payload)?;
+        if let Some((stream, end_stream, block)) = self.blocks.take(&parsed, payload)? {
+            return Ok(Incoming::Block {
+                stream,
+                end_stream,
+                block,
+            });
+        }
+        if on_settings_or_ping(peer, windows, &parsed, out)? {
+            return Ok(Incoming::Settled);
+        }
+        if let Frame::Data { .. } = parsed {
+            self.received.on_data(head.len, out);
+        }
+        Ok(Incoming::Frame(parsed))
+    }
+}
+
 /// SETTINGS and PING, which both ends handle alike: the peer's settings
 /// applied (a new initial window size moves every stream's send window,
 /// §6.9.2) and acknowledged, a PING answered. Returns whether `frame` was
 /// one of them.
-pub(crate) fn on_settings_or_ping<'a>(
+fn on_settings_or_ping<'a>(
     peer: &mut Peer,
     windows: impl Iterator<Item = &'a mut i64>,
     frame: &Frame,
@@ -296,10 +354,10 @@ pub(crate) fn take_window(connection: &mut i64, stream: &mut i64, left: usize) -
 /// Counts the DATA received and tops the connection window up long before
 /// it runs out.
 #[derive(Default)]
-pub(crate) struct Received(u32);
+struct Received(u32);
 
 impl Received {
-    pub(crate) fn on_data(&mut self, len: usize, out: &mut Vec<u8>) {
+    fn on_data(&mut self, len: usize, out: &mut Vec<u8>) {
         self.0 += len as u32;
         if self.0 >= REFILL_AT {
             frame::write_frame(out, kind::WINDOW_UPDATE, 0, 0, &self.0.to_be_bytes());

@@ -22,7 +22,7 @@ use std::task::{Poll, Waker};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadHalf};
 use tokio::task::AbortHandle;
 
-use crate::conn::{self, Block, Blocks, Outbox, Peer, Received};
+use crate::conn::{self, Block, Incoming, Outbox, Peer, Reader};
 use crate::frame::{self, Frame, FrameError, Head, Reason, setting};
 use crate::hpack::{self, HeaderList};
 
@@ -105,10 +105,10 @@ struct State {
 }
 
 struct Stream {
+    /// The request's header block, until the request is whole and handed
+    /// to the handler.
     head: Option<HeaderList>,
     body: Vec<u8>,
-    /// The request is whole and its handler runs (or ran).
-    dispatched: bool,
     window: i64,
     task: Option<AbortHandle>,
 }
@@ -300,8 +300,7 @@ where
     let mut shutdown = pin!(shutdown);
     let mut shutting_down = false;
     let mut reading = Reading {
-        blocks: Blocks::new(),
-        received: Received::default(),
+        reader: Reader::new(),
         limits,
         ready: Vec::new(),
     };
@@ -378,8 +377,7 @@ where
 
 /// The reading side's own state.
 struct Reading {
-    blocks: Blocks,
-    received: Received,
+    reader: Reader,
     limits: Limits,
     /// Requests made whole by the frames just read.
     ready: Vec<(u32, Request)>,
@@ -393,16 +391,22 @@ impl Reading {
         payload: &[u8],
         out: &mut Vec<u8>,
     ) -> Result<(), FrameError> {
-        let parsed = frame::parse(head, payload)?;
-        if let Some((stream, end_stream, block)) = self.blocks.take(&parsed, payload)? {
-            return self.on_block(state, stream, end_stream, block, out);
-        }
         let windows = state.streams.values_mut().map(|s| &mut s.window);
-        if conn::on_settings_or_ping(&mut state.peer, windows, &parsed, out)? {
-            // New settings may have opened windows.
-            state.wake_waiting();
-            return Ok(());
-        }
+        let parsed = match self
+            .reader
+            .read(head, payload, &mut state.peer, windows, out)?
+        {
+            Incoming::Block {
+                stream,
+                end_stream,
+                block,
+            } => return self.on_block(state, stream, end_stream, block, out),
+            Incoming::Settled => {
+                state.wake_waiting();
+                return Ok(());
+            }
+            Incoming::Frame(parsed) => parsed,
+        };
         match parsed {
             Frame::Headers { .. } | Frame::Continuation { .. } => {}
             Frame::Data {
@@ -410,7 +414,6 @@ impl Reading {
                 data,
                 end_stream,
             } => {
-                self.received.on_data(head.len, out);
                 let Some(s) = state.streams.get_mut(&stream) else {
                     if stream > state.last_stream {
                         return Err(FrameError {
@@ -420,7 +423,7 @@ impl Reading {
                     }
                     return Ok(());
                 };
-                if s.dispatched {
+                if s.head.is_none() {
                     return Ok(());
                 }
                 if s.body.len() + data.len() > self.limits.request_body {
@@ -466,7 +469,7 @@ impl Reading {
     ) -> Result<(), FrameError> {
         if let Some(s) = state.streams.get_mut(&stream) {
             // Trailers of a request: they end it.
-            if !s.dispatched && end_stream {
+            if s.head.is_some() && end_stream {
                 self.dispatch(state, stream);
             }
             return Ok(());
@@ -496,7 +499,6 @@ impl Reading {
             Stream {
                 head: Some(head),
                 body: Vec::new(),
-                dispatched: false,
                 window: state.peer.initial_window,
                 task: None,
             },
@@ -511,9 +513,11 @@ impl Reading {
         let Some(s) = state.streams.get_mut(&stream) else {
             return;
         };
-        s.dispatched = true;
+        let Some(head) = s.head.take() else {
+            return;
+        };
         let request = Request {
-            head: s.head.take().unwrap_or_default(),
+            head,
             body: std::mem::take(&mut s.body),
         };
         self.ready.push((stream, request));

@@ -2,34 +2,26 @@
 //! its dynamic table, evictions, never-indexed fields) decodes to the
 //! fields it was given, and what this crate encodes h2's server reads back.
 
+use h2_unary::frame::flag::{ACK, END_HEADERS, END_STREAM};
+use h2_unary::frame::kind::{CONTINUATION, HEADERS, SETTINGS};
+use h2_unary::frame::{HEAD_LEN, Head, PREFACE, write_frame};
 use h2_unary::hpack::{self, Decoder, HeaderList};
 use http::{HeaderName, HeaderValue, Request};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
 
-const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-const HEADERS: u8 = 1;
-const SETTINGS: u8 = 4;
-const CONTINUATION: u8 = 9;
-const END_STREAM: u8 = 1;
-const END_HEADERS: u8 = 4;
-const ACK: u8 = 1;
-
 fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
-    let n = payload.len();
-    let mut out = vec![(n >> 16) as u8, (n >> 8) as u8, n as u8, kind, flags];
-    out.extend_from_slice(&stream.to_be_bytes());
-    out.extend_from_slice(payload);
+    let mut out = Vec::new();
+    write_frame(&mut out, kind, flags, stream, payload);
     out
 }
 
 async fn read_frame(io: &mut DuplexStream) -> (u8, u8, u32, Vec<u8>) {
-    let mut head = [0u8; 9];
+    let mut head = [0u8; HEAD_LEN];
     io.read_exact(&mut head).await.unwrap();
-    let n = (usize::from(head[0]) << 16) | (usize::from(head[1]) << 8) | usize::from(head[2]);
-    let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
-    let mut payload = vec![0; n];
+    let head = Head::parse(&head);
+    let mut payload = vec![0; head.len];
     io.read_exact(&mut payload).await.unwrap();
-    (head[3], head[4], stream, payload)
+    (head.kind, head.flags, head.stream, payload)
 }
 
 /// A small deterministic generator, so a failure can be replayed.
@@ -114,7 +106,7 @@ async fn what_h2_encodes_decodes_to_its_fields() {
     });
     let mut preface = [0u8; 24];
     server_io.read_exact(&mut preface).await.unwrap();
-    assert_eq!(preface, PREFACE);
+    assert_eq!(&preface, PREFACE);
     server_io
         .write_all(&frame(SETTINGS, 0, 0, &[]))
         .await
