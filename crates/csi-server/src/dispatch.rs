@@ -1,18 +1,20 @@
-//! From tonic to the driver, generated from the method table: the tonic
-//! service impls turn each RPC into a [`CsiCall`] sent through the layer
-//! stack, and [`DriverService`] at the bottom of the stack hands it to the
-//! driver trait method.
+//! From a call's method and message to the driver, generated from the
+//! method table: each RPC's request is decoded and sent through the layer
+//! stack as a [`CsiCall`], [`DriverService`] at the bottom of the stack
+//! hands it to the driver trait method, and the answer comes back as gRPC
+//! messages and a status for the transport to write.
 
 use std::panic::AssertUnwindSafe;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
-use csi_proto::methods::RpcRequest;
+use csi_proto::methods::{Method, RpcRequest};
 use csi_proto::v1 as csi;
+use futures::future::BoxFuture;
 use futures::{Stream, StreamExt};
-use tonic::{Request, Response, Status};
+use tonic::Status;
 use tower::Service;
 
 use crate::driver::{
@@ -82,35 +84,31 @@ macro_rules! dispatch {
             }
         )*)*
 
-        $(
-            #[tonic::async_trait]
-            impl csi::$smod::$strait for Dispatch {
-                $(
-                    async fn $fn(&self, request: Request<csi::$req>) -> Result<Response<csi::$resp>, Status> {
-                        self.unary(request).await
-                    }
-                )*
-                $(
-                    type $stream = StatusStream<csi::$sresp>;
-
-                    async fn $sfn(&self, request: Request<csi::$sreq>) -> Result<Response<Self::$stream>, Status> {
-                        let stream = self.call(request).await?;
-                        Ok(Response::new(into_status_stream(stream.0)))
-                    }
-                )*
+        impl Drivers {
+            /// Whether a driver for `service` is present.
+            pub(crate) fn serves(&self, service: csi_proto::methods::Service) -> bool {
+                match service {
+                    $(csi_proto::methods::Service::$svc => self.$srust.is_some(),)*
+                }
             }
-        )*
+        }
 
         impl Dispatch {
-            /// The tonic routes of the services present in `drivers`.
-            pub(crate) fn routes(self: &Arc<Self>, drivers: &Drivers) -> tonic::service::RoutesBuilder {
-                let mut routes = tonic::service::RoutesBuilder::default();
-                $(
-                    if drivers.$srust.is_some() {
-                        routes.add_service(csi::$smod::$server::from_arc(self.clone()));
-                    }
-                )*
-                routes
+            /// The answer to a call of `method` whose request message (without
+            /// gRPC's prefix) is `message`.
+            pub(crate) fn answer(
+                self: &Arc<Self>,
+                method: Method,
+                message: &[u8],
+                timeout: Option<Duration>,
+            ) -> BoxFuture<'static, Answer> {
+                match method {
+                    $($(
+                        Method::$m => self.unary::<csi::$req>(message, timeout),
+                    )* $(
+                        Method::$sm => self.server_streaming::<csi::$sreq, csi::$sresp>(message, timeout),
+                    )*)*
+                }
             }
         }
     };
@@ -147,7 +145,7 @@ impl<Req: Route> Service<CsiCall<Req>> for DriverService {
     }
 }
 
-/// What every tonic service shares: the stack, the declaration, the id counter.
+/// What every call shares: the stack, the declaration, the id counter.
 pub(crate) struct Dispatch {
     stack: BoxCsiService,
     declared: Arc<Declared>,
@@ -163,40 +161,129 @@ impl Dispatch {
         })
     }
 
-    async fn call<Req: Route>(&self, request: Request<Req>) -> Result<Req::Output, Status> {
+    async fn call<Req: Route>(
+        &self,
+        request: Req,
+        timeout: Option<Duration>,
+    ) -> Result<Req::Output, Status> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let timeout = (request.metadata().get("grpc-timeout"))
-            .and_then(|v| v.to_str().ok())
-            .and_then(csi_driver::clock::parse_grpc_timeout);
         let ctx = CallContext::new(id, Req::METHOD, self.declared.clone())
             .with_deadline(timeout.map(|t| std::time::Instant::now() + t));
         self.stack
-            .call_one(CsiCall::with_context(ctx, request.into_inner()))
+            .call_one(CsiCall::with_context(ctx, request))
             .await
             .map_err(Status::from)
     }
 
-    async fn unary<Req>(&self, request: Request<Req>) -> Result<Response<Req::Output>, Status>
+    fn unary<Req>(
+        self: &Arc<Self>,
+        message: &[u8],
+        timeout: Option<Duration>,
+    ) -> BoxFuture<'static, Answer>
     where
-        Req: Route + RpcRequest<Response = <Req as crate::request::CsiRequest>::Output>,
+        Req: Route + RpcRequest,
+        Req: crate::request::CsiRequest<Output = <Req as RpcRequest>::Response>,
     {
-        self.call(request).await.map(Response::new)
+        let request = match decode::<Req>(message) {
+            Ok(request) => request,
+            Err(status) => return Box::pin(futures::future::ready(Answer::failed(status))),
+        };
+        let this = self.clone();
+        Box::pin(async move {
+            match this.call(request, timeout).await {
+                Ok(response) => {
+                    let mut answer = Answer::default();
+                    answer.push(&response);
+                    answer
+                }
+                Err(status) => Answer::failed(status),
+            }
+        })
+    }
+
+    fn server_streaming<Req, T>(
+        self: &Arc<Self>,
+        message: &[u8],
+        timeout: Option<Duration>,
+    ) -> BoxFuture<'static, Answer>
+    where
+        Req: Route<Output = ResponseStream<T>> + RpcRequest,
+        T: prost::Message + Send + 'static,
+    {
+        let request = match decode::<Req>(message) {
+            Ok(request) => request,
+            Err(status) => return Box::pin(futures::future::ready(Answer::failed(status))),
+        };
+        let this = self.clone();
+        Box::pin(async move {
+            let mut items = match this.call(request, timeout).await {
+                Ok(stream) => into_status_stream(stream.0),
+                Err(status) => return Answer::failed(status),
+            };
+            let mut answer = Answer::default();
+            while let Some(item) = items.next().await {
+                match item {
+                    Ok(item) => answer.push(&item),
+                    Err(status) => {
+                        answer.status = Some(status);
+                        break;
+                    }
+                }
+            }
+            answer
+        })
     }
 }
 
-/// A gRPC response stream.
-pub(crate) type StatusStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+fn decode<Req: RpcRequest>(message: &[u8]) -> Result<Req, Status> {
+    Req::decode(message).map_err(|e| {
+        Status::internal(format!(
+            "the request is not a valid {} message: {e}",
+            Req::METHOD.info().request
+        ))
+    })
+}
+
+/// A call's answer before it is written: its messages, each with gRPC's
+/// 5-byte prefix, and its status unless OK.
+#[derive(Debug, Default)]
+pub(crate) struct Answer {
+    pub(crate) messages: Vec<u8>,
+    pub(crate) status: Option<Status>,
+}
+
+impl Answer {
+    fn failed(status: Status) -> Self {
+        Self {
+            messages: Vec::new(),
+            status: Some(status),
+        }
+    }
+
+    /// Appends one message: uncompressed, its length, its encoding.
+    fn push(&mut self, message: &impl prost::Message) {
+        let len = message.encoded_len();
+        self.messages.reserve(5 + len);
+        self.messages.push(0);
+        // A message over 4 GiB cannot be framed; prost could not have
+        // built one from a driver's answer anyway.
+        self.messages
+            .extend_from_slice(&u32::try_from(len).unwrap_or(u32::MAX).to_be_bytes());
+        // Encoding into a Vec only fails for want of capacity, reserved above.
+        let _ = message.encode(&mut self.messages);
+    }
+}
 
 /// Maps driver errors to statuses and a panic while producing an item to
 /// INTERNAL (which ends the stream).
-fn into_status_stream<T: Send + 'static>(stream: CsiStream<T>) -> StatusStream<T> {
-    Box::pin(
-        AssertUnwindSafe(stream)
-            .catch_unwind()
-            .map(|item| match item {
-                Ok(Ok(v)) => Ok(v),
-                Ok(Err(e)) => Err(Status::from(e)),
-                Err(_) => Err(Status::internal("internal error: the driver panicked")),
-            }),
-    )
+fn into_status_stream<T: Send + 'static>(
+    stream: CsiStream<T>,
+) -> impl Stream<Item = Result<T, Status>> + Send + Unpin {
+    AssertUnwindSafe(stream)
+        .catch_unwind()
+        .map(|item| match item {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(Status::from(e)),
+            Err(_) => Err(Status::internal("internal error: the driver panicked")),
+        })
 }

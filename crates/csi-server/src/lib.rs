@@ -13,8 +13,9 @@
 //!   outermost first: tracing, metrics (feature `metrics`, served by hyper),
 //!   panic guard, capability gating, validation, readiness, per-resource
 //!   locking (which covers the work, not just the request).
-//! - [`dispatch`]: tonic's service traits to the stack, and the stack to the
-//!   driver ([`DriverService`]), generated from csi.proto's method table.
+//! - [`dispatch`]: a call's method and message to the stack, and the stack
+//!   to the driver ([`DriverService`]), generated from csi.proto's method
+//!   table.
 //! - [`socket`]: creating the unix socket (0600, stale sockets replaced,
 //!   anything else refused); each connection on it is served by h2-unary's
 //!   HTTP/2, which accepts any `:authority` (gRPC C-core and grpc-java name

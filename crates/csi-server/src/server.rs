@@ -10,7 +10,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use csi_proto::v1::plugin_capability::service::Type as PluginService;
-use tonic::service::Routes;
 use tower::Layer;
 
 use crate::capabilities::{Capabilities, PluginInfo};
@@ -555,18 +554,16 @@ impl ServerBuilder {
                 capabilities,
             }),
         );
-        // tonic's fallback answers unknown paths with an empty message; the
-        // spec wants a human-readable one for every error.
-        let routes = dispatch
-            .routes(&drivers)
-            .routes()
-            .into_axum_router()
-            .fallback(|uri: tonic::codegen::http::Uri| async move { not_served(uri.path()) })
-            .into();
+        let served = csi_proto::methods::Service::ALL
+            .iter()
+            .copied()
+            .filter(|s| drivers.serves(*s))
+            .collect();
         Ok(Server {
             endpoint,
             any_authority: self.any_authority,
-            routes,
+            dispatch,
+            served,
             readiness,
             ready_on_listen,
             grace_period: self.grace_period,
@@ -581,7 +578,9 @@ impl ServerBuilder {
 pub struct Server {
     endpoint: Endpoint,
     any_authority: bool,
-    routes: Routes,
+    dispatch: Arc<Dispatch>,
+    /// The services with a driver.
+    served: Vec<csi_proto::methods::Service>,
     readiness: Readiness,
     ready_on_listen: bool,
     grace_period: Duration,
@@ -680,7 +679,8 @@ impl Server {
             None => None,
         };
         let calls = crate::transport::Calls {
-            routes: self.routes,
+            dispatch: self.dispatch,
+            served: self.served,
             strict_authority: !self.any_authority,
         };
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -781,20 +781,4 @@ async fn drain<S, F>(
             "operations whose callers went away did not finish within the grace period"
         );
     }
-}
-
-/// The answer for a method this server does not serve: UNIMPLEMENTED with a
-/// message naming the method (a service outside the mode, or a service the
-/// driver did not provide).
-fn not_served(path: &str) -> tonic::codegen::http::Response<tonic::body::Body> {
-    let method = path.trim_start_matches('/');
-    let message = if method.starts_with("csi.v1.") {
-        format!("{method} is not served by this plugin (not in its mode, or not provided)")
-    } else {
-        format!("{method} is not a CSI method")
-    };
-    let (parts, ()) = tonic::Status::unimplemented(message)
-        .into_http::<()>()
-        .into_parts();
-    tonic::codegen::http::Response::from_parts(parts, tonic::body::Body::empty())
 }

@@ -1,31 +1,36 @@
 //! Serving the routes over h2-unary's HTTP/2 server connections.
 //!
-//! Every CSI method is unary, so a connection needs only what h2-unary
-//! holds: each request is gathered whole, handed to the routes (the tower
-//! stack and the generated dispatch) as an `http::Request`, and the answer
-//! collected and written back in one write. A call to an idle plugin runs
-//! on cold caches and pays for each line of code on its path; h2, hyper
-//! and tonic's transport were most of those lines (docs/benchmarks.md,
-//! "Session 19"). Any `:authority` is accepted, as gRPC C-core and
-//! grpc-java name the socket's path there.
+//! Every CSI method is unary (or a stream the driver produces whole), so a
+//! connection needs only what h2-unary holds: each request is gathered
+//! whole, its method found from `:path` in the method table and its
+//! message handed to the generated dispatch (decoded, sent through the
+//! tower stack), and the answer written back in one write. A call to an
+//! idle plugin runs on cold caches and pays for each line of code on its
+//! path; h2, hyper, tonic's transport and its routing were most of those
+//! lines (docs/benchmarks.md, "Session 19", "Session 20"). Any `:authority`
+//! is accepted, as gRPC C-core and grpc-java name the socket's path there.
 
 use std::future::Future;
 use std::io;
 use std::pin::pin;
 use std::time::Duration;
 
-use bytes::Bytes;
-use h2_unary::server::{self as h2s, Limits};
-use http_body_util::{BodyExt, Full};
-use tokio::io::{AsyncRead, AsyncWrite};
-use tonic::codegen::http;
-use tonic::service::Routes;
-use tower::ServiceExt;
+use std::sync::Arc;
 
-/// How a connection's calls reach the routes.
+use csi_proto::methods::{Method, Service};
+use h2_unary::server::{self as h2s, Limits};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tonic::Status;
+use tonic::codegen::http;
+
+use crate::dispatch::Dispatch;
+
+/// How a connection's calls reach the drivers.
 #[derive(Clone)]
 pub(crate) struct Calls {
-    pub(crate) routes: Routes,
+    pub(crate) dispatch: Arc<Dispatch>,
+    /// The services with a driver; calls to others are UNIMPLEMENTED.
+    pub(crate) served: Vec<Service>,
     /// Answer a `:authority` that is not a valid URI authority (a socket
     /// path) with an error, as a strict HTTP/2 server does; only to test
     /// that a client or suite notices such a server.
@@ -75,95 +80,122 @@ where
     while connections.join_next().await.is_some() {}
 }
 
-/// One call: the request as tonic's routes take it, their answer as
-/// h2-unary writes it.
+/// One call: its method from `:path`, its message from gRPC's framing,
+/// its answer from the dispatch.
 async fn call(calls: Calls, request: h2s::Request) -> h2s::Response {
     let head = &request.head;
+    if calls.strict_authority {
+        let authority = head.get(b":authority").unwrap_or(b"");
+        if http::uri::Authority::try_from(authority).is_err() {
+            return failed(Status::internal("the :authority is not a valid authority"));
+        }
+    }
     let path = head.get(b":path").unwrap_or(b"/");
-    let authority = head.get(b":authority").unwrap_or(b"");
-    if calls.strict_authority && http::uri::Authority::try_from(authority).is_err() {
-        return status(
-            tonic::Code::Internal,
-            "the :authority is not a valid authority",
-        );
-    }
-    let Ok(uri) = http::Uri::try_from(path) else {
-        return status(tonic::Code::Internal, "the :path is not a valid path");
+    let method = std::str::from_utf8(path).ok().and_then(Method::from_path);
+    let Some(method) = method.filter(|m| calls.served.contains(&m.info().service)) else {
+        return failed(not_served(path));
     };
-    let mut builder = http::Request::builder()
-        .method(http::Method::POST)
-        .uri(uri)
-        .version(http::Version::HTTP_2);
-    let mut timeout = None;
-    for (name, value, _) in head.iter() {
-        if name.starts_with(b":") {
-            continue;
-        }
-        let (Ok(name), Ok(value)) = (
-            http::HeaderName::from_bytes(name),
-            http::HeaderValue::from_bytes(value),
-        ) else {
-            return status(tonic::Code::Internal, "a malformed header field");
-        };
-        if name == "grpc-timeout" {
-            timeout = value
-                .to_str()
-                .ok()
-                .and_then(csi_driver::clock::parse_grpc_timeout);
-        }
-        builder = builder.header(name, value);
-    }
-    let body = tonic::body::Body::new(Full::new(Bytes::from(request.body)));
-    let Ok(request) = builder.body(body) else {
-        return status(tonic::Code::Internal, "a malformed request");
+    let timeout = head
+        .get(b"grpc-timeout")
+        .and_then(|v| std::str::from_utf8(v).ok())
+        .and_then(csi_driver::clock::parse_grpc_timeout);
+    let message = match message(&request.body) {
+        Ok(message) => message,
+        Err(status) => return failed(status),
     };
-    let answer = calls.routes.oneshot(request);
+    let answer = calls.dispatch.answer(method, message, timeout);
     let answer = match timeout {
         // As tonic's server does: past the caller's deadline the call is
         // dropped and answered CANCELLED.
         Some(limit) => match tokio::time::timeout(limit, answer).await {
             Ok(answer) => answer,
-            Err(_) => return status(tonic::Code::Cancelled, "Timeout expired"),
+            Err(_) => return failed(Status::cancelled("Timeout expired")),
         },
         None => answer.await,
     };
-    let Ok(answer) = answer;
-    let (parts, body) = answer.into_parts();
-    let Ok(collected) = body.collect().await else {
-        return status(tonic::Code::Internal, "the answer's body failed");
-    };
-    let trailers = collected.trailers().map(fields).unwrap_or_default();
-    h2s::Response {
-        head: answer_head(&parts),
-        body: collected.to_bytes().to_vec(),
-        trailers,
+    match answer.status {
+        None => h2s::Response {
+            head: grpc_head(),
+            body: answer.messages,
+            trailers: vec![(b"grpc-status".to_vec(), b"0".to_vec())],
+        },
+        Some(status) if answer.messages.is_empty() => failed(status),
+        Some(status) => h2s::Response {
+            head: grpc_head(),
+            body: answer.messages,
+            trailers: status_fields(&status),
+        },
     }
 }
 
-/// `:status`, then the answer's header fields.
-fn answer_head(parts: &http::response::Parts) -> Vec<(Vec<u8>, Vec<u8>)> {
-    let mut head = vec![(
-        b":status".to_vec(),
-        parts.status.as_str().as_bytes().to_vec(),
-    )];
-    head.extend(fields(&parts.headers));
-    head
+/// The one message of a unary request's body: uncompressed (no
+/// `grpc-encoding` is accepted), its length as its prefix says.
+fn message(body: &[u8]) -> Result<&[u8], Status> {
+    let Some((prefix, message)) = body.split_first_chunk::<5>() else {
+        return Err(Status::internal("the request has no message"));
+    };
+    if prefix[0] != 0 {
+        return Err(Status::unimplemented(
+            "the request message is compressed; this server takes none",
+        ));
+    }
+    let len = u32::from_be_bytes([prefix[1], prefix[2], prefix[3], prefix[4]]);
+    if usize::try_from(len).ok() != Some(message.len()) {
+        return Err(Status::internal(
+            "the request body is not one message of the length its prefix gives",
+        ));
+    }
+    Ok(message)
 }
 
-fn fields(headers: &http::HeaderMap) -> Vec<(Vec<u8>, Vec<u8>)> {
-    headers
+/// UNIMPLEMENTED with a message naming the method: a service outside the
+/// server's mode or not provided, or no CSI method at all.
+fn not_served(path: &[u8]) -> Status {
+    let path = String::from_utf8_lossy(path);
+    let method = path.trim_start_matches('/');
+    if method.starts_with("csi.v1.") {
+        Status::unimplemented(format!(
+            "{method} is not served by this plugin (not in its mode, or not provided)"
+        ))
+    } else {
+        Status::unimplemented(format!("{method} is not a CSI method"))
+    }
+}
+
+/// `:status` and the content type of every gRPC answer.
+fn grpc_head() -> Vec<(Vec<u8>, Vec<u8>)> {
+    vec![
+        (b":status".to_vec(), b"200".to_vec()),
+        (b"content-type".to_vec(), b"application/grpc".to_vec()),
+    ]
+}
+
+/// `grpc-status`, `grpc-message` (percent-encoded) and any details, as
+/// tonic writes them.
+fn status_fields(status: &Status) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let mut fields = http::HeaderMap::new();
+    let written = match status.add_header(&mut fields) {
+        Ok(()) => fields,
+        // Details that cannot be a header value: the code and message.
+        Err(_) => {
+            let mut fields = http::HeaderMap::new();
+            let plain = Status::new(status.code(), status.message());
+            let _ = plain.add_header(&mut fields);
+            fields
+        }
+    };
+    written
         .iter()
         .map(|(name, value)| (name.as_str().as_bytes().to_vec(), value.as_bytes().to_vec()))
         .collect()
 }
 
-/// A trailers-only answer with `code` and `message`.
-fn status(code: tonic::Code, message: &str) -> h2s::Response {
-    let (parts, ()) = tonic::Status::new(code, message)
-        .into_http::<()>()
-        .into_parts();
+/// A trailers-only answer with `status`.
+fn failed(status: Status) -> h2s::Response {
+    let mut head = grpc_head();
+    head.extend(status_fields(&status));
     h2s::Response {
-        head: answer_head(&parts),
+        head,
         ..h2s::Response::default()
     }
 }
