@@ -140,26 +140,38 @@ impl Shared {
         Ok(queued)
     }
 
-    /// Writes `response` on `stream`, as the client's windows allow.
+    /// Writes `response` on `stream`, as the client's windows allow: in
+    /// one write when they take the whole body, so that the client reads
+    /// the answer, trailers included, in one wake-up.
     async fn respond(&self, stream: u32, response: Response) -> io::Result<()> {
         let mut block = Vec::with_capacity(128);
         for (name, value) in &response.head {
             encode_field(name, value, &mut block);
         }
         let alone = response.body.is_empty() && response.trailers.is_empty();
+        let mut trailers = Vec::with_capacity(64);
+        for (name, value) in &response.trailers {
+            encode_field(name, value, &mut trailers);
+        }
         let body = &response.body;
         let mut sent = 0;
-        self.send(|state, out| {
-            frame::write_headers(out, stream, &block, alone, state.peer.max_frame);
-            if !alone {
-                queue_body(state, out, stream, body, &mut sent);
+        // Queues what the windows take of the body and, once it is all
+        // queued, the trailers; says whether the answer is complete.
+        let mut rest = |state: &mut State, out: &mut Vec<u8>| {
+            queue_body(state, out, stream, body, &mut sent);
+            let complete = sent == body.len();
+            if complete {
+                frame::write_headers(out, stream, &trailers, true, state.peer.max_frame);
             }
-        })
-        .await?;
-        if alone {
-            return Ok(());
-        }
-        while sent < body.len() {
+            complete
+        };
+        let mut complete = self
+            .send(|state, out| {
+                frame::write_headers(out, stream, &block, alone, state.peer.max_frame);
+                alone || rest(state, out)
+            })
+            .await?;
+        while !complete {
             let room = poll_fn(|cx| {
                 let mut state = self.lock();
                 let state = &mut *state;
@@ -179,17 +191,9 @@ impl Shared {
             if !room {
                 return Ok(());
             }
-            self.send(|state, out| queue_body(state, out, stream, body, &mut sent))
-                .await?;
+            complete = self.send(&mut rest).await?;
         }
-        let mut trailers = Vec::with_capacity(64);
-        for (name, value) in &response.trailers {
-            encode_field(name, value, &mut trailers);
-        }
-        self.send(|state, out| {
-            frame::write_headers(out, stream, &trailers, true, state.peer.max_frame);
-        })
-        .await
+        Ok(())
     }
 }
 

@@ -289,3 +289,111 @@ async fn a_client_that_sends_nothing_does_not_hold_up_shutdown() {
         .unwrap()
         .unwrap();
 }
+
+/// Records what each write of the server carried.
+struct Recorded {
+    io: UnixStream,
+    writes: std::sync::Arc<std::sync::Mutex<Vec<Vec<u8>>>>,
+}
+
+impl tokio::io::AsyncRead for Recorded {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for Recorded {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let polled = std::pin::Pin::new(&mut self.io).poll_write(cx, buf);
+        if let std::task::Poll::Ready(Ok(n)) = polled {
+            self.writes.lock().unwrap().push(buf[..n].to_vec());
+        }
+        polled
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+/// The (type, stream) of each frame in `bytes`.
+fn frames(mut bytes: &[u8]) -> Vec<(u8, u32)> {
+    let mut found = Vec::new();
+    while bytes.len() >= 9 {
+        let len = u32::from_be_bytes([0, bytes[0], bytes[1], bytes[2]]) as usize;
+        let stream = u32::from_be_bytes([bytes[5], bytes[6], bytes[7], bytes[8]]) & 0x7fff_ffff;
+        found.push((bytes[3], stream));
+        bytes = &bytes[(9 + len).min(bytes.len())..];
+    }
+    found
+}
+
+/// A client wakes once for an answer written whole: HEADERS, DATA and the
+/// trailers leave in one write when the windows take the body.
+#[tokio::test]
+async fn a_small_answer_is_one_write_trailers_included() {
+    let (ours, theirs) = UnixStream::pair().unwrap();
+    let writes = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let recorded = Recorded {
+        io: ours,
+        writes: writes.clone(),
+    };
+    let (dropped, _reports) = mpsc::unbounded_channel();
+    tokio::spawn(server::serve(
+        recorded,
+        Limits::default(),
+        move |request| handler(request, dropped.clone()),
+        std::future::pending(),
+    ));
+    let connection = h2_unary::client::handshake(theirs).await.unwrap();
+    for body in [vec![], vec![7u8; 100]] {
+        writes.lock().unwrap().clear();
+        let answer = connection
+            .call(&h2_unary::client::Request {
+                path: "/echo",
+                authority: "localhost",
+                headers: &[("content-type", b"application/grpc")],
+                body: &body,
+                max_response: 1 << 20,
+            })
+            .await
+            .unwrap();
+        assert_eq!(answer.data, body);
+        let writes = writes.lock().unwrap();
+        let answer_writes: Vec<Vec<(u8, u32)>> = writes
+            .iter()
+            .map(|w| {
+                frames(w)
+                    .into_iter()
+                    .filter(|f| f.1 != 0)
+                    .collect::<Vec<_>>()
+            })
+            .filter(|f| !f.is_empty())
+            .collect();
+        let (headers, data) = (1, 0);
+        let stream = answer_writes[0][0].1;
+        let want = match body.is_empty() {
+            true => vec![(headers, stream), (headers, stream)],
+            false => vec![(headers, stream), (data, stream), (headers, stream)],
+        };
+        assert_eq!(answer_writes, [want], "{body:?}");
+    }
+}
