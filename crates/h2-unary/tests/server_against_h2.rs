@@ -219,29 +219,46 @@ async fn shutdown_answers_what_it_took_and_returns() {
     assert!(call(&served.client, "/echo", Vec::new()).await.is_err());
 }
 
-#[tokio::test]
-async fn this_crates_client_and_server_together() {
-    let (ours, theirs) = UnixStream::pair().unwrap();
-    let (dropped, _reports) = mpsc::unbounded_channel();
+/// This crate's server (the echoing handler) on `ours`, its client on `theirs`.
+async fn both_ours<T>(ours: T, theirs: UnixStream) -> h2_unary::client::Connection
+where
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
+{
+    // Reports of dropped handlers are not read here: no path holds.
+    let (dropped, _) = mpsc::unbounded_channel();
     tokio::spawn(server::serve(
         ours,
         Limits::default(),
         move |request| handler(request, dropped.clone()),
         std::future::pending(),
     ));
-    let connection = h2_unary::client::handshake(theirs).await.unwrap();
+    h2_unary::client::handshake(theirs).await.unwrap()
+}
+
+/// `body` echoed through this crate's client.
+async fn echo_ours(
+    connection: &h2_unary::client::Connection,
+    body: &[u8],
+) -> h2_unary::client::Response {
+    connection
+        .call(&h2_unary::client::Request {
+            path: "/echo",
+            authority: "localhost",
+            headers: &[("content-type", b"application/grpc")],
+            body,
+            max_response: 4 << 20,
+        })
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn this_crates_client_and_server_together() {
+    let (ours, theirs) = UnixStream::pair().unwrap();
+    let connection = both_ours(ours, theirs).await;
     for size in [0usize, 1, 70_000, 1 << 20] {
         let body = vec![3u8; size];
-        let answer = connection
-            .call(&h2_unary::client::Request {
-                path: "/echo",
-                authority: "localhost",
-                headers: &[("content-type", b"application/grpc")],
-                body: &body,
-                max_response: 4 << 20,
-            })
-            .await
-            .unwrap();
+        let answer = echo_ours(&connection, &body).await;
         assert_eq!(answer.head.get(b":status"), Some(&b"200"[..]));
         assert_eq!(answer.data, body);
         assert_eq!(answer.trailers.get(b"grpc-status"), Some(&b"0"[..]));
@@ -356,26 +373,10 @@ async fn a_small_answer_is_one_write_trailers_included() {
         io: ours,
         writes: writes.clone(),
     };
-    let (dropped, _reports) = mpsc::unbounded_channel();
-    tokio::spawn(server::serve(
-        recorded,
-        Limits::default(),
-        move |request| handler(request, dropped.clone()),
-        std::future::pending(),
-    ));
-    let connection = h2_unary::client::handshake(theirs).await.unwrap();
+    let connection = both_ours(recorded, theirs).await;
     for body in [vec![], vec![7u8; 100]] {
         writes.lock().unwrap().clear();
-        let answer = connection
-            .call(&h2_unary::client::Request {
-                path: "/echo",
-                authority: "localhost",
-                headers: &[("content-type", b"application/grpc")],
-                body: &body,
-                max_response: 1 << 20,
-            })
-            .await
-            .unwrap();
+        let answer = echo_ours(&connection, &body).await;
         assert_eq!(answer.data, body);
         let writes = writes.lock().unwrap();
         let answer_writes: Vec<Vec<(u8, u32)>> = writes
