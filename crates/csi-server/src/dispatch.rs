@@ -221,13 +221,12 @@ impl Dispatch {
                 Err(status) => return Answer::failed(status),
             };
             let mut answer = Answer::default();
-            while let Some(item) = items.next().await {
+            while answer.status.is_none()
+                && let Some(item) = items.next().await
+            {
                 match item {
                     Ok(item) => answer.push(&item),
-                    Err(status) => {
-                        answer.status = Some(status);
-                        break;
-                    }
+                    Err(status) => answer.status = Some(status),
                 }
             }
             answer
@@ -260,15 +259,19 @@ impl Answer {
         }
     }
 
-    /// Appends one message: uncompressed, its length, its encoding.
+    /// Appends one message: uncompressed, its length, its encoding. One
+    /// too large for gRPC's 4-byte length ends the answer instead.
     fn push(&mut self, message: &impl prost::Message) {
         let len = message.encoded_len();
+        let Ok(prefix) = u32::try_from(len) else {
+            self.status = Some(Status::resource_exhausted(format!(
+                "an answer message of {len} bytes does not fit gRPC's framing"
+            )));
+            return;
+        };
         self.messages.reserve(5 + len);
         self.messages.push(0);
-        // A message over 4 GiB cannot be framed; prost could not have
-        // built one from a driver's answer anyway.
-        self.messages
-            .extend_from_slice(&u32::try_from(len).unwrap_or(u32::MAX).to_be_bytes());
+        self.messages.extend_from_slice(&prefix.to_be_bytes());
         // Encoding into a Vec only fails for want of capacity, reserved above.
         let _ = message.encode(&mut self.messages);
     }
