@@ -142,8 +142,29 @@ impl BlockDevices for LinuxBlockDevices {
                 path: path.to_path_buf(),
             });
         }
-        let node = std::fs::canonicalize(path).map_err(|e| io("resolving", e))?;
-        let size = crate::block::device_size(&node).map_err(|e| io("reading the size of", e))?;
+        // One descriptor for the node the path leads to: its size, and its
+        // resolved name from the kernel (one readlink of the descriptor,
+        // not one per component of the path and of each link's target).
+        let device = match std::fs::File::open(path) {
+            Ok(f) => f,
+            // Detached since the look above.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io("opening", e)),
+        };
+        let opened = device.metadata().map_err(|e| io("inspecting", e))?;
+        if !opened.file_type().is_block_device() || opened.rdev() != meta.rdev() {
+            // Replaced between the two looks: look again next time.
+            return Ok(None);
+        }
+        let size =
+            crate::block::device_size_fd(&device).map_err(|e| io("reading the size of", e))?;
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&device);
+        let node =
+            std::fs::read_link(format!("/proc/self/fd/{fd}")).map_err(|e| io("resolving", e))?;
+        if node.as_os_str().as_encoded_bytes().ends_with(b" (deleted)") || !node.is_absolute() {
+            // The node was removed meanwhile (or the descriptor names no path).
+            return Ok(None);
+        }
         Ok(Some(BlockDeviceInfo {
             path: path.to_path_buf(),
             node,
