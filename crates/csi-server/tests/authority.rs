@@ -21,15 +21,15 @@ const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 async fn socket_path_authorities_get_real_answers() {
     let (_dir, _driver, s) = start_test_driver().await;
     for authority in [
-        &b"/var/lib/x.sock"[..],
-        b"%2Fvar%2Flib%2Fx.sock",
-        b"var%2Flib%2Fx.sock",
-        b"",
-        b"localhost",
+        "/var/lib/x.sock",
+        "%2Fvar%2Flib%2Fx.sock",
+        "var%2Flib%2Fx.sock",
+        "",
+        "localhost",
     ] {
-        let shown = String::from_utf8_lossy(authority);
-        let mut conn = UnixStream::connect(&s.path).await.unwrap();
-        let call = unary_with_authority(&mut conn, authority, "/csi.v1.Identity/Probe", &[]);
+        let shown = authority;
+        let conn = UnixStream::connect(&s.path).await.unwrap();
+        let call = unary_with_authority(conn, authority, "/csi.v1.Identity/Probe", &[]);
         let reply = tokio::time::timeout(Duration::from_secs(10), call)
             .await
             .expect("answered in time")
@@ -40,11 +40,10 @@ async fn socket_path_authorities_get_real_answers() {
         let probe = ProbeResponse::decode(&reply.message.expect("a message")[..]).unwrap();
         assert_eq!(probe.ready, Some(true));
 
-        let mut conn = UnixStream::connect(&s.path).await.unwrap();
-        let reply =
-            unary_with_authority(&mut conn, authority, "/csi.v1.Identity/GetPluginInfo", &[])
-                .await
-                .unwrap();
+        let conn = UnixStream::connect(&s.path).await.unwrap();
+        let reply = unary_with_authority(conn, authority, "/csi.v1.Identity/GetPluginInfo", &[])
+            .await
+            .unwrap();
         let info = GetPluginInfoResponse::decode(&reply.message.unwrap()[..]).unwrap();
         assert_eq!(info.name, "test.csi.example.com", "{shown}");
     }

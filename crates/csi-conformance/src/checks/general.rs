@@ -40,15 +40,10 @@ async fn probe_with_authorities(ctx: &Ctx, path: &std::path::Path) -> Outcome {
         (&encoded, "gRPC C-core (Python grpcio, C++)"),
     ] {
         let what = format!("Probe with :authority {authority:?}, as {client} sends it");
-        let mut conn = tokio::net::UnixStream::connect(path)
+        let conn = tokio::net::UnixStream::connect(path)
             .await
             .or_else(|e| fail(format!("cannot connect to {}: {e}", path.display())))?;
-        let call = unary_with_authority(
-            &mut conn,
-            authority.as_bytes(),
-            "/csi.v1.Identity/Probe",
-            &[],
-        );
+        let call = unary_with_authority(conn, authority, "/csi.v1.Identity/Probe", &[]);
         let reply = match tokio::time::timeout(ctx.config.timeouts.rpc, call).await {
             Err(_) => {
                 return fail(format!(
