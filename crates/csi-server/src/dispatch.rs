@@ -145,20 +145,33 @@ impl<Req: Route> Service<CsiCall<Req>> for DriverService {
     }
 }
 
-/// What every call shares: the stack, the declaration, the id counter.
+/// What every call shares: the stack, the declaration, the services with
+/// a driver, the id counter.
 pub(crate) struct Dispatch {
     stack: BoxCsiService,
     declared: Arc<Declared>,
+    served: Vec<csi_proto::methods::Service>,
     next_id: AtomicU64,
 }
 
 impl Dispatch {
-    pub(crate) fn new(stack: BoxCsiService, declared: Arc<Declared>) -> Arc<Self> {
+    pub(crate) fn new(
+        stack: BoxCsiService,
+        declared: Arc<Declared>,
+        drivers: &Drivers,
+    ) -> Arc<Self> {
+        let all = csi_proto::methods::Service::ALL.iter().copied();
         Arc::new(Self {
             stack,
             declared,
+            served: all.filter(|s| drivers.serves(*s)).collect(),
             next_id: AtomicU64::new(1),
         })
+    }
+
+    /// Whether `method`'s service has a driver here.
+    pub(crate) fn serves(&self, method: Method) -> bool {
+        self.served.contains(&method.info().service)
     }
 
     async fn call<Req: Route>(
@@ -184,20 +197,18 @@ impl Dispatch {
         Req: Route + RpcRequest,
         Req: crate::request::CsiRequest<Output = <Req as RpcRequest>::Response>,
     {
-        let request = match decode::<Req>(message) {
-            Ok(request) => request,
-            Err(status) => return Box::pin(futures::future::ready(Answer::failed(status))),
-        };
         let this = self.clone();
-        Box::pin(async move {
-            match this.call(request, timeout).await {
-                Ok(response) => {
-                    let mut answer = Answer::default();
-                    answer.push(&response);
-                    answer
+        decoded(message, move |request: Req| {
+            Box::pin(async move {
+                match this.call(request, timeout).await {
+                    Ok(response) => {
+                        let mut answer = Answer::default();
+                        answer.push(&response);
+                        answer
+                    }
+                    Err(status) => Answer::failed(status),
                 }
-                Err(status) => Answer::failed(status),
-            }
+            })
         })
     }
 
@@ -210,37 +221,43 @@ impl Dispatch {
         Req: Route<Output = ResponseStream<T>> + RpcRequest,
         T: prost::Message + Send + 'static,
     {
-        let request = match decode::<Req>(message) {
-            Ok(request) => request,
-            Err(status) => return Box::pin(futures::future::ready(Answer::failed(status))),
-        };
         let this = self.clone();
-        Box::pin(async move {
-            let mut items = match this.call(request, timeout).await {
-                Ok(stream) => into_status_stream(stream.0),
-                Err(status) => return Answer::failed(status),
-            };
-            let mut answer = Answer::default();
-            while answer.status.is_none()
-                && let Some(item) = items.next().await
-            {
-                match item {
-                    Ok(item) => answer.push(&item),
-                    Err(status) => answer.status = Some(status),
+        decoded(message, move |request: Req| {
+            Box::pin(async move {
+                let mut items = match this.call(request, timeout).await {
+                    Ok(stream) => into_status_stream(stream.0),
+                    Err(status) => return Answer::failed(status),
+                };
+                let mut answer = Answer::default();
+                while answer.status.is_none()
+                    && let Some(item) = items.next().await
+                {
+                    match item {
+                        Ok(item) => answer.push(&item),
+                        Err(status) => answer.status = Some(status),
+                    }
                 }
-            }
-            answer
+                answer
+            })
         })
     }
 }
 
-fn decode<Req: RpcRequest>(message: &[u8]) -> Result<Req, Status> {
-    Req::decode(message).map_err(|e| {
-        Status::internal(format!(
-            "the request is not a valid {} message: {e}",
-            Req::METHOD.info().request
-        ))
-    })
+/// `run` on the request decoded from `message`, or INTERNAL naming the
+/// message type when it does not decode.
+fn decoded<Req: RpcRequest>(
+    message: &[u8],
+    run: impl FnOnce(Req) -> BoxFuture<'static, Answer>,
+) -> BoxFuture<'static, Answer> {
+    match Req::decode(message) {
+        Ok(request) => run(request),
+        Err(e) => Box::pin(futures::future::ready(Answer::failed(Status::internal(
+            format!(
+                "the request is not a valid {} message: {e}",
+                Req::METHOD.info().request
+            ),
+        )))),
+    }
 }
 
 /// A call's answer before it is written: its messages, each with gRPC's

@@ -553,17 +553,12 @@ impl ServerBuilder {
                 info: self.info,
                 capabilities,
             }),
+            &drivers,
         );
-        let served = csi_proto::methods::Service::ALL
-            .iter()
-            .copied()
-            .filter(|s| drivers.serves(*s))
-            .collect();
         Ok(Server {
             endpoint,
             any_authority: self.any_authority,
             dispatch,
-            served,
             readiness,
             ready_on_listen,
             grace_period: self.grace_period,
@@ -579,8 +574,6 @@ pub struct Server {
     endpoint: Endpoint,
     any_authority: bool,
     dispatch: Arc<Dispatch>,
-    /// The services with a driver.
-    served: Vec<csi_proto::methods::Service>,
     readiness: Readiness,
     ready_on_listen: bool,
     grace_period: Duration,
@@ -680,7 +673,6 @@ impl Server {
         };
         let calls = crate::transport::Calls {
             dispatch: self.dispatch,
-            served: self.served,
             strict_authority: !self.any_authority,
         };
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();

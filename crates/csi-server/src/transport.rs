@@ -13,11 +13,10 @@
 use std::future::Future;
 use std::io;
 use std::pin::pin;
+use std::sync::Arc;
 use std::time::Duration;
 
-use std::sync::Arc;
-
-use csi_proto::methods::{Method, Service};
+use csi_proto::methods::Method;
 use h2_unary::server::{self as h2s, Limits};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tonic::Status;
@@ -28,9 +27,8 @@ use crate::dispatch::Dispatch;
 /// How a connection's calls reach the drivers.
 #[derive(Clone)]
 pub(crate) struct Calls {
+    /// The dispatch; calls to services without a driver are UNIMPLEMENTED.
     pub(crate) dispatch: Arc<Dispatch>,
-    /// The services with a driver; calls to others are UNIMPLEMENTED.
-    pub(crate) served: Vec<Service>,
     /// Answer a `:authority` that is not a valid URI authority (a socket
     /// path) with an error, as a strict HTTP/2 server does; only to test
     /// that a client or suite notices such a server.
@@ -92,7 +90,7 @@ async fn call(calls: Calls, request: h2s::Request) -> h2s::Response {
     }
     let path = head.get(b":path").unwrap_or(b"/");
     let method = std::str::from_utf8(path).ok().and_then(Method::from_path);
-    let Some(method) = method.filter(|m| calls.served.contains(&m.info().service)) else {
+    let Some(method) = method.filter(|m| calls.dispatch.serves(*m)) else {
         return failed(not_served(path));
     };
     let timeout = head
@@ -174,17 +172,10 @@ fn grpc_head() -> Vec<(Vec<u8>, Vec<u8>)> {
 /// tonic writes them.
 fn status_fields(status: &Status) -> Vec<(Vec<u8>, Vec<u8>)> {
     let mut fields = http::HeaderMap::new();
-    let written = match status.add_header(&mut fields) {
-        Ok(()) => fields,
-        // Details that cannot be a header value: the code and message.
-        Err(_) => {
-            let mut fields = http::HeaderMap::new();
-            let plain = Status::new(status.code(), status.message());
-            let _ = plain.add_header(&mut fields);
-            fields
-        }
-    };
-    written
+    // `grpc-status` goes in first; the message is percent-encoded and the
+    // details base64, so neither can be a bad header value.
+    let _ = status.add_header(&mut fields);
+    fields
         .iter()
         .map(|(name, value)| (name.as_str().as_bytes().to_vec(), value.as_bytes().to_vec()))
         .collect()
