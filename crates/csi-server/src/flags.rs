@@ -30,8 +30,12 @@ use std::process::ExitCode;
 
 use crate::{PluginInfo, Server, ServerBuilder};
 
+#[cfg(target_os = "linux")]
+mod huge_code;
 mod runtime;
 
+#[cfg(target_os = "linux")]
+pub use huge_code::{CodePages, HUGE_CODE_ENV, move_code_to_huge_pages};
 pub use runtime::{Allocator, BLOCKING_THREADS, driver_runtime, limit_malloc_arenas};
 
 /// `--endpoint`, `--nodeid`, `--drivername` and `--log`, with the
