@@ -84,6 +84,34 @@ pub fn in_private_mount_ns<T: Send + 'static>(
     }
 }
 
+/// [`in_private_mount_ns`] with a temporary directory for the mounts: `f`
+/// gets it, and it is removed once the namespace has ended. Removed inside
+/// the namespace, a directory still holding a mount (one `f` leaves, or one
+/// a failing assertion left) could not go, and would stay behind on the
+/// host empty.
+pub fn in_private_mount_ns_in_tempdir<T: Send>(
+    name: &str,
+    f: impl FnOnce(&tempfile::TempDir) -> T + Send,
+) -> T {
+    let tmp = tempfile::tempdir().expect("a temporary directory");
+    let result = std::thread::scope(|scope| {
+        let handle = std::thread::Builder::new()
+            .name(name.to_owned())
+            .spawn_scoped(scope, || {
+                enter_private_mount_ns();
+                f(&tmp)
+            })
+            .expect("spawn test thread");
+        handle.join()
+    });
+    // The namespace, and every mount in it, ended with its thread.
+    drop(tmp);
+    match result {
+        Ok(v) => v,
+        Err(panic) => std::panic::resume_unwind(panic),
+    }
+}
+
 /// Waits up to 5 s (detach on last close can lag) until no loop device is
 /// attached to `backing`; panics naming the devices otherwise.
 pub fn assert_no_loop_device_for(backing: &Path) {

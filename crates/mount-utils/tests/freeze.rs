@@ -8,7 +8,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use mount_utils::freeze::{FreezeError, FrozenFilesystem, same_filesystem, thaw};
-use mount_utils::testing::{ScratchFilesystem, have_program, in_private_mount_ns};
+use mount_utils::testing::{ScratchFilesystem, have_program, in_private_mount_ns_in_tempdir};
 
 fn main() {
     common::run_root_tests(&[
@@ -24,8 +24,7 @@ fn writes_wait_for_the_thaw() {
     if !have_program("writes_wait_for_the_thaw", "mkfs.ext4") {
         return;
     }
-    in_private_mount_ns("writes_wait_for_the_thaw", || {
-        let tmp = tempfile::tempdir().unwrap();
+    in_private_mount_ns_in_tempdir("writes_wait_for_the_thaw", |tmp| {
         let fs = ScratchFilesystem::new(tmp.path(), "scratch", 64 << 20, "ext4").unwrap();
         assert!(!same_filesystem(fs.path(), tmp.path()).unwrap());
         assert!(!thaw(fs.path()).unwrap(), "not frozen yet");

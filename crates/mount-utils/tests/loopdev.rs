@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{assert_no_loop_device_for, in_private_mount_ns, sparse_file};
+use common::{assert_no_loop_device_for, in_private_mount_ns_in_tempdir, sparse_file};
 use mount_utils::{LoopDevice, LoopOptions, block, loopdev};
 
 fn main() {
@@ -27,8 +27,7 @@ fn main() {
 const MIB: u64 = 1 << 20;
 
 fn loop_attach_find_grow_detach() {
-    in_private_mount_ns("loop_attach_find_grow_detach", || {
-        let tmp = tempfile::tempdir().unwrap();
+    in_private_mount_ns_in_tempdir("loop_attach_find_grow_detach", |tmp| {
         let backing = tmp.path().join("disk.img");
         sparse_file(&backing, 16 * MIB);
 
@@ -68,8 +67,7 @@ fn loop_attach_find_grow_detach() {
 }
 
 fn loop_read_only_and_direct_io() {
-    in_private_mount_ns("loop_read_only_and_direct_io", || {
-        let tmp = tempfile::tempdir().unwrap();
+    in_private_mount_ns_in_tempdir("loop_read_only_and_direct_io", |tmp| {
         let backing = tmp.path().join("ro.img");
         sparse_file(&backing, 8 * MIB);
         let opts = LoopOptions {
@@ -105,8 +103,7 @@ fn loop_read_only_and_direct_io() {
 }
 
 fn autoclear_detaches_a_kept_device_once_unused() {
-    in_private_mount_ns("autoclear_detaches_a_kept_device_once_unused", || {
-        let tmp = tempfile::tempdir().unwrap();
+    in_private_mount_ns_in_tempdir("autoclear_detaches_a_kept_device_once_unused", |tmp| {
         let backing = tmp.path().join("auto.img");
         sparse_file(&backing, 8 * MIB);
         let path = LoopDevice::attach(&backing, &LoopOptions::default())
@@ -136,8 +133,7 @@ fn autoclear_detaches_a_kept_device_once_unused() {
 }
 
 fn legacy_set_fd_path_attaches_with_autoclear() {
-    in_private_mount_ns("legacy_set_fd_path_attaches_with_autoclear", || {
-        let tmp = tempfile::tempdir().unwrap();
+    in_private_mount_ns_in_tempdir("legacy_set_fd_path_attaches_with_autoclear", |tmp| {
         let backing = tmp.path().join("legacy.img");
         sparse_file(&backing, 8 * MIB);
         let opts = LoopOptions {
@@ -168,8 +164,7 @@ fn legacy_set_fd_path_attaches_with_autoclear() {
 }
 
 fn parallel_attaches_survive_the_free_device_race() {
-    in_private_mount_ns("parallel_attaches_survive_the_free_device_race", || {
-        let tmp = tempfile::tempdir().unwrap();
+    in_private_mount_ns_in_tempdir("parallel_attaches_survive_the_free_device_race", |tmp| {
         let files: Vec<_> = (0..6)
             .map(|i| {
                 let p = tmp.path().join(format!("race{i}.img"));

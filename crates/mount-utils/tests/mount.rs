@@ -5,7 +5,7 @@ mod common;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use common::in_private_mount_ns;
+use common::{in_private_mount_ns, in_private_mount_ns_in_tempdir};
 use mount_utils::{Errno, LinuxMounter, MountInfo, Mounter, Sensitive};
 
 fn main() {
@@ -62,8 +62,7 @@ fn dir(base: &Path, name: &str) -> PathBuf {
 }
 
 fn tmpfs_mount_and_unmount() {
-    in_private_mount_ns("tmpfs_mount_and_unmount", || {
-        let tmp = tempfile::tempdir().unwrap();
+    in_private_mount_ns_in_tempdir("tmpfs_mount_and_unmount", |tmp| {
         let target = dir(tmp.path(), "t");
         let m = LinuxMounter::new();
         assert!(!m.is_mount_point(&target).unwrap());
@@ -91,8 +90,7 @@ fn tmpfs_mount_and_unmount() {
 }
 
 fn sensitive_options_reach_the_kernel_but_not_errors() {
-    in_private_mount_ns("sensitive_options_reach_the_kernel_but_not_errors", || {
-        let tmp = tempfile::tempdir().unwrap();
+    in_private_mount_ns_in_tempdir("sensitive_options_reach_the_kernel_but_not_errors", |tmp| {
         let target = dir(tmp.path(), "t");
         let m = LinuxMounter::new();
         m.mount_sensitive(
@@ -124,8 +122,7 @@ fn sensitive_options_reach_the_kernel_but_not_errors() {
 }
 
 fn bind_and_read_only_bind() {
-    in_private_mount_ns("bind_and_read_only_bind", || {
-        let tmp = tempfile::tempdir().unwrap();
+    in_private_mount_ns_in_tempdir("bind_and_read_only_bind", |tmp| {
         let src = dir(tmp.path(), "src");
         let rw = dir(tmp.path(), "rw");
         let ro = dir(tmp.path(), "ro");
@@ -175,8 +172,7 @@ fn bind_and_read_only_bind() {
 }
 
 fn same_filesystem_bind_is_a_mount_point() {
-    in_private_mount_ns("same_filesystem_bind_is_a_mount_point", || {
-        let tmp = tempfile::tempdir().unwrap();
+    in_private_mount_ns_in_tempdir("same_filesystem_bind_is_a_mount_point", |tmp| {
         let a = dir(tmp.path(), "a");
         let b = dir(tmp.path(), "b");
         let m = LinuxMounter::new();
@@ -208,8 +204,7 @@ fn same_filesystem_bind_is_a_mount_point() {
 }
 
 fn mount_refs_and_device_from_mount() {
-    in_private_mount_ns("mount_refs_and_device_from_mount", || {
-        let tmp = tempfile::tempdir().unwrap();
+    in_private_mount_ns_in_tempdir("mount_refs_and_device_from_mount", |tmp| {
         let staging = dir(tmp.path(), "staging");
         let p1 = dir(tmp.path(), "p1");
         let p2 = dir(tmp.path(), "p2");
@@ -243,8 +238,7 @@ fn mount_refs_and_device_from_mount() {
 }
 
 fn escaped_paths_round_trip_through_mountinfo() {
-    in_private_mount_ns("escaped_paths_round_trip_through_mountinfo", || {
-        let tmp = tempfile::tempdir().unwrap();
+    in_private_mount_ns_in_tempdir("escaped_paths_round_trip_through_mountinfo", |tmp| {
         let target = dir(tmp.path(), "with space\tand\\slash\nnewline");
         let m = LinuxMounter::new();
         m.mount("tmpfs", &target, "tmpfs", &["size=1m"]).unwrap();
@@ -258,8 +252,7 @@ fn escaped_paths_round_trip_through_mountinfo() {
 /// As when a child forked elsewhere in the program holds a copy of a
 /// descriptor inside the mount until it execs: the unmount waits for it.
 fn a_mount_busy_for_a_moment_is_unmounted() {
-    in_private_mount_ns("a_mount_busy_for_a_moment_is_unmounted", || {
-        let tmp = tempfile::tempdir().unwrap();
+    in_private_mount_ns_in_tempdir("a_mount_busy_for_a_moment_is_unmounted", |tmp| {
         let target = dir(tmp.path(), "busy");
         let m = LinuxMounter::new();
         m.mount("tmpfs", &target, "tmpfs", &["size=1m"]).unwrap();
@@ -275,8 +268,7 @@ fn a_mount_busy_for_a_moment_is_unmounted() {
 }
 
 fn cleanup_of_busy_stacked_and_absent_paths() {
-    in_private_mount_ns("cleanup_of_busy_stacked_and_absent_paths", || {
-        let tmp = tempfile::tempdir().unwrap();
+    in_private_mount_ns_in_tempdir("cleanup_of_busy_stacked_and_absent_paths", |tmp| {
         let target = dir(tmp.path(), "busy");
         let m = LinuxMounter::new();
         m.mount("tmpfs", &target, "tmpfs", &["size=1m"]).unwrap();
@@ -309,8 +301,7 @@ fn cleanup_of_busy_stacked_and_absent_paths() {
 }
 
 fn file_bind_mount_for_block_volumes() {
-    in_private_mount_ns("file_bind_mount_for_block_volumes", || {
-        let tmp = tempfile::tempdir().unwrap();
+    in_private_mount_ns_in_tempdir("file_bind_mount_for_block_volumes", |tmp| {
         let src = tmp.path().join("device-file");
         fs::write(&src, b"payload").unwrap();
         let target = tmp.path().join("publish-target");

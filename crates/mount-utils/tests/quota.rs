@@ -9,7 +9,7 @@ use std::io::Write;
 use std::path::Path;
 
 use mount_utils::quota;
-use mount_utils::testing::{ScratchFilesystem, have_program, in_private_mount_ns};
+use mount_utils::testing::{ScratchFilesystem, have_program, in_private_mount_ns_in_tempdir};
 
 fn main() {
     common::run_root_tests(&[
@@ -89,8 +89,7 @@ fn ext4_project_quota_limits_a_directory() {
     if !have_program(TEST, "mkfs.ext4") {
         return;
     }
-    in_private_mount_ns(TEST, || {
-        let tmp = tempfile::tempdir().unwrap();
+    in_private_mount_ns_in_tempdir(TEST, |tmp| {
         let plain = ScratchFilesystem::new(tmp.path(), "plain", 64 * MIB, "ext4").unwrap();
         assert!(
             !quota::supported(plain.path()),
@@ -113,8 +112,7 @@ fn xfs_project_quota_limits_a_directory() {
     if !have_program(TEST, "mkfs.xfs") {
         return;
     }
-    in_private_mount_ns(TEST, || {
-        let tmp = tempfile::tempdir().unwrap();
+    in_private_mount_ns_in_tempdir(TEST, |tmp| {
         if let Some(fs) = quota_fs(TEST, tmp.path(), "xfs", 320 * MIB, &[]) {
             exercise(&fs);
         }

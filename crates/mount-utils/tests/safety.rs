@@ -8,7 +8,9 @@ mod common;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use common::{assert_no_loop_device_for, have_program, in_private_mount_ns, sparse_file};
+use common::{
+    assert_no_loop_device_for, have_program, in_private_mount_ns_in_tempdir, sparse_file,
+};
 use mount_utils::{
     DeviceNumber, Errno, Exec, LinuxLoopDevices, LinuxMounter, LoopDevices, LoopOptions,
     MountCheck, MountError, MountSource, Mounter, SystemExec, same_device,
@@ -74,8 +76,7 @@ fn mounters() -> [LinuxMounter; 2] {
 }
 
 fn read_only_stays_read_only_whatever_the_flags_say() {
-    in_private_mount_ns("read_only_stays_read_only_whatever_the_flags_say", || {
-        let tmp = tempfile::tempdir().unwrap();
+    in_private_mount_ns_in_tempdir("read_only_stays_read_only_whatever_the_flags_say", |tmp| {
         let src = dir(tmp.path(), "src");
         let m = LinuxMounter::new();
         m.mount("tmpfs", &src, "tmpfs", &["size=1m", "nosuid", "nodev"])
@@ -121,8 +122,7 @@ fn read_only_stays_read_only_whatever_the_flags_say() {
 }
 
 fn remount_changes_only_what_it_names() {
-    in_private_mount_ns("remount_changes_only_what_it_names", || {
-        let tmp = tempfile::tempdir().unwrap();
+    in_private_mount_ns_in_tempdir("remount_changes_only_what_it_names", |tmp| {
         let src = dir(tmp.path(), "src");
         let t = dir(tmp.path(), "t");
         let m = LinuxMounter::new();
@@ -156,8 +156,7 @@ fn remount_changes_only_what_it_names() {
 }
 
 fn symlinked_targets_are_refused_never_followed() {
-    in_private_mount_ns("symlinked_targets_are_refused_never_followed", || {
-        let tmp = tempfile::tempdir().unwrap();
+    in_private_mount_ns_in_tempdir("symlinked_targets_are_refused_never_followed", |tmp| {
         let src = dir(tmp.path(), "src");
         let victim = dir(tmp.path(), "victim");
         let pods = dir(tmp.path(), "pods");
@@ -202,8 +201,7 @@ fn symlinked_targets_are_refused_never_followed() {
 }
 
 fn only_our_own_mounts_are_unmounted_or_removed() {
-    in_private_mount_ns("only_our_own_mounts_are_unmounted_or_removed", || {
-        let tmp = tempfile::tempdir().unwrap();
+    in_private_mount_ns_in_tempdir("only_our_own_mounts_are_unmounted_or_removed", |tmp| {
         let staging = dir(tmp.path(), "staging");
         let target = dir(tmp.path(), "target");
         let m = LinuxMounter::new();
@@ -276,8 +274,7 @@ fn only_our_own_mounts_are_unmounted_or_removed() {
 }
 
 fn fs_usage_matches_what_was_written() {
-    in_private_mount_ns("fs_usage_matches_what_was_written", || {
-        let tmp = tempfile::tempdir().unwrap();
+    in_private_mount_ns_in_tempdir("fs_usage_matches_what_was_written", |tmp| {
         let t = dir(tmp.path(), "t");
         let m = LinuxMounter::new();
         m.mount("tmpfs", &t, "tmpfs", &["size=4m", "nr_inodes=100"])
@@ -295,96 +292,98 @@ fn fs_usage_matches_what_was_written() {
 }
 
 fn loop_devices_through_the_trait_and_device_identity() {
-    in_private_mount_ns("loop_devices_through_the_trait_and_device_identity", || {
-        let tmp = tempfile::tempdir().unwrap();
-        let (a, b) = (tmp.path().join("a.img"), tmp.path().join("b.img"));
-        sparse_file(&a, 16 * MIB);
-        sparse_file(&b, 8 * MIB);
-        let loops = LinuxLoopDevices::new();
-        let m = LinuxMounter::new();
-        {
-            let dev_a = loops.attach(&a, &LoopOptions::default()).unwrap();
-            let dev_b = loops.attach(&b, &LoopOptions::default()).unwrap();
-            let info = dev_a.info().clone();
-            assert_eq!(info.backing_file, a.canonicalize().unwrap());
-            assert_eq!(info.size, 16 * MIB);
-            assert!(info.autoclear && !info.read_only);
-            assert_eq!(
-                info.device,
-                DeviceNumber::of_block_device(&info.path).unwrap()
-            );
-            assert_eq!(loops.info(&info.path).unwrap(), Some(info.clone()));
+    in_private_mount_ns_in_tempdir(
+        "loop_devices_through_the_trait_and_device_identity",
+        |tmp| {
+            let (a, b) = (tmp.path().join("a.img"), tmp.path().join("b.img"));
+            sparse_file(&a, 16 * MIB);
+            sparse_file(&b, 8 * MIB);
+            let loops = LinuxLoopDevices::new();
+            let m = LinuxMounter::new();
+            {
+                let dev_a = loops.attach(&a, &LoopOptions::default()).unwrap();
+                let dev_b = loops.attach(&b, &LoopOptions::default()).unwrap();
+                let info = dev_a.info().clone();
+                assert_eq!(info.backing_file, a.canonicalize().unwrap());
+                assert_eq!(info.size, 16 * MIB);
+                assert!(info.autoclear && !info.read_only);
+                assert_eq!(
+                    info.device,
+                    DeviceNumber::of_block_device(&info.path).unwrap()
+                );
+                assert_eq!(loops.info(&info.path).unwrap(), Some(info.clone()));
+                assert_eq!(
+                    loops.find_by_backing_file(&a).unwrap(),
+                    vec![info.path.clone()]
+                );
+
+                // Raw block publish: the device node bound onto a file.
+                let target = tmp.path().join("publish");
+                fs::File::create(&target).unwrap();
+                let expected = m.bind_source(&info.path).unwrap();
+                assert_eq!(expected, MountSource::DeviceNode(info.device));
+                m.bind_mount(&info.path, &target, false).unwrap();
+                assert_eq!(m.block_device_at(&target).unwrap(), Some(info.device));
+                assert!(same_device(&target, &info.path).unwrap());
+                assert!(!same_device(&target, dev_b.path()).unwrap());
+                assert!(m.check_mounted(&target, &expected).unwrap().is_ours());
+                let other = MountSource::DeviceNode(dev_b.info().device);
+                assert!(!m.check_mounted(&target, &other).unwrap().is_ours());
+                m.cleanup_mount_point_owned(&target, &expected).unwrap();
+                assert!(!target.exists());
+
+                // Growth through the trait.
+                fs::File::options()
+                    .write(true)
+                    .open(&a)
+                    .unwrap()
+                    .set_len(32 * MIB)
+                    .unwrap();
+                assert_eq!(loops.set_capacity(&info.path).unwrap(), 32 * MIB);
+
+                // A filesystem on the device is `Device(rdev)` at the staging path.
+                if have_program("loop_devices_through_the_trait", "mkfs.ext4") {
+                    let dev = info.path.to_str().unwrap();
+                    let out = SystemExec::new().run("mkfs.ext4", &["-q", dev]).unwrap();
+                    assert!(out.success(), "{}", out.stderr);
+                    let staging = dir(tmp.path(), "staging");
+                    m.mount(dev, &staging, "ext4", &["ro", "rw"]).unwrap();
+                    assert_erofs(&staging);
+                    let staged = MountSource::Device(info.device);
+                    assert!(m.check_mounted(&staging, &staged).unwrap().is_ours());
+                    let wrong = MountSource::Device(dev_b.info().device);
+                    assert!(m.unmount_if_source(&staging, &wrong).is_err());
+                    assert!(m.unmount_if_source(&staging, &staged).unwrap());
+                }
+                dev_b.detach().unwrap();
+                // Dropping dev_a's handle detaches it.
+            }
+            assert_no_loop_device_for(&a);
+            assert_no_loop_device_for(&b);
+
+            // Kept devices stay until detached; info of a detached one is None.
+            let kept = loops
+                .attach(
+                    &a,
+                    &LoopOptions {
+                        autoclear: false,
+                        ..LoopOptions::default()
+                    },
+                )
+                .unwrap()
+                .keep();
+            let guard = DetachGuard(kept.path.clone());
             assert_eq!(
                 loops.find_by_backing_file(&a).unwrap(),
-                vec![info.path.clone()]
+                vec![kept.path.clone()]
             );
-
-            // Raw block publish: the device node bound onto a file.
-            let target = tmp.path().join("publish");
-            fs::File::create(&target).unwrap();
-            let expected = m.bind_source(&info.path).unwrap();
-            assert_eq!(expected, MountSource::DeviceNode(info.device));
-            m.bind_mount(&info.path, &target, false).unwrap();
-            assert_eq!(m.block_device_at(&target).unwrap(), Some(info.device));
-            assert!(same_device(&target, &info.path).unwrap());
-            assert!(!same_device(&target, dev_b.path()).unwrap());
-            assert!(m.check_mounted(&target, &expected).unwrap().is_ours());
-            let other = MountSource::DeviceNode(dev_b.info().device);
-            assert!(!m.check_mounted(&target, &other).unwrap().is_ours());
-            m.cleanup_mount_point_owned(&target, &expected).unwrap();
-            assert!(!target.exists());
-
-            // Growth through the trait.
-            fs::File::options()
-                .write(true)
-                .open(&a)
-                .unwrap()
-                .set_len(32 * MIB)
-                .unwrap();
-            assert_eq!(loops.set_capacity(&info.path).unwrap(), 32 * MIB);
-
-            // A filesystem on the device is `Device(rdev)` at the staging path.
-            if have_program("loop_devices_through_the_trait", "mkfs.ext4") {
-                let dev = info.path.to_str().unwrap();
-                let out = SystemExec::new().run("mkfs.ext4", &["-q", dev]).unwrap();
-                assert!(out.success(), "{}", out.stderr);
-                let staging = dir(tmp.path(), "staging");
-                m.mount(dev, &staging, "ext4", &["ro", "rw"]).unwrap();
-                assert_erofs(&staging);
-                let staged = MountSource::Device(info.device);
-                assert!(m.check_mounted(&staging, &staged).unwrap().is_ours());
-                let wrong = MountSource::Device(dev_b.info().device);
-                assert!(m.unmount_if_source(&staging, &wrong).is_err());
-                assert!(m.unmount_if_source(&staging, &staged).unwrap());
-            }
-            dev_b.detach().unwrap();
-            // Dropping dev_a's handle detaches it.
-        }
-        assert_no_loop_device_for(&a);
-        assert_no_loop_device_for(&b);
-
-        // Kept devices stay until detached; info of a detached one is None.
-        let kept = loops
-            .attach(
-                &a,
-                &LoopOptions {
-                    autoclear: false,
-                    ..LoopOptions::default()
-                },
-            )
-            .unwrap()
-            .keep();
-        let guard = DetachGuard(kept.path.clone());
-        assert_eq!(
-            loops.find_by_backing_file(&a).unwrap(),
-            vec![kept.path.clone()]
-        );
-        loops.detach(&kept.path).unwrap();
-        loops.detach(&kept.path).unwrap();
-        assert_no_loop_device_for(&a);
-        assert_eq!(loops.info(&kept.path).unwrap(), None);
-        drop(guard);
-    });
+            loops.detach(&kept.path).unwrap();
+            loops.detach(&kept.path).unwrap();
+            assert_no_loop_device_for(&a);
+            assert_eq!(loops.info(&kept.path).unwrap(), None);
+            drop(guard);
+        },
+    );
 }
 
 /// Detaches a non-autoclear device even if the test fails before it does.
@@ -418,8 +417,7 @@ fn dead_fuse_mounts_are_recognised_and_cleaned_up_only_if_ours() {
         );
         return;
     }
-    in_private_mount_ns("dead_fuse_mounts", || {
-        let tmp = tempfile::tempdir().unwrap();
+    in_private_mount_ns_in_tempdir("dead_fuse_mounts", |tmp| {
         let m = LinuxMounter::new();
         let ours = dir(tmp.path(), "ours");
         dead_fuse_mount(&m, &ours, "fuse-ours");

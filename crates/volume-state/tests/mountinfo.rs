@@ -8,7 +8,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use mount_utils::testing::in_private_mount_ns;
+use mount_utils::testing::in_private_mount_ns_in_tempdir;
 use mount_utils::{LinuxMounter, Mounter};
 use volume_state::VolumeSpec;
 use volume_state::journal::{FakeJournalStore, Journal, PublishIntent};
@@ -23,8 +23,7 @@ fn tmpfs(mounter: &LinuxMounter, at: &Path) {
 #[test]
 fn a_different_filesystem_at_the_same_paths_is_not_the_volume() {
     mount_utils::require_root!("a_different_filesystem_at_the_same_paths_is_not_the_volume");
-    in_private_mount_ns("vs-mountinfo", || {
-        let dir = tempfile::tempdir().unwrap();
+    in_private_mount_ns_in_tempdir("vs-mountinfo", |dir| {
         let staging = dir.path().join("staging");
         let target = dir.path().join("pods/a/vol");
         let mounter = LinuxMounter::new();

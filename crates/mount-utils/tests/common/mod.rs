@@ -4,7 +4,9 @@
 
 use std::path::Path;
 
-pub use mount_utils::testing::{assert_no_loop_device_for, have_program, in_private_mount_ns};
+pub use mount_utils::testing::{
+    assert_no_loop_device_for, have_program, in_private_mount_ns, in_private_mount_ns_in_tempdir,
+};
 
 /// Creates a sparse file of `size` bytes.
 pub fn sparse_file(path: &Path, size: u64) {
