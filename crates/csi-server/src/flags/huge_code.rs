@@ -2,9 +2,10 @@
 //!
 //! A node plugin or controller is called once in a while, after its caches
 //! and TLB entries have gone to other work. In a VM each TLB miss is a
-//! two-level page walk, and a call walks hundreds of 4 KiB code pages:
-//! cloud-block's create-to-published overhead fell by about 0.025 of its
-//! ratio with the code on 2 MiB pages (docs/benchmarks.md, "Session 21").
+//! two-level page walk, and a call walks hundreds of 4 KiB code pages: with
+//! the code on 2 MiB pages, cloud-block's create-to-published overhead fell
+//! by 0.016–0.035 of its ratio while the machine was slow, and by nothing
+//! measurable while it was quiet (docs/benchmarks.md, "Session 21").
 //! The kernel maps an executable's code from the page cache in 4 KiB pages,
 //! so at start the code is copied to anonymous memory that asks for huge
 //! pages and moved over the original mapping with one `mremap(2)`: the
