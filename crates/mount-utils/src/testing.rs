@@ -67,18 +67,18 @@ pub fn enter_private_mount_ns() {
 /// host. When the thread ends the namespace and every mount in it go away,
 /// however `f` ended. Loop devices are not namespaced: attach them with
 /// autoclear or detach them in a guard.
-pub fn in_private_mount_ns<T: Send + 'static>(
-    name: &str,
-    f: impl FnOnce() -> T + Send + 'static,
-) -> T {
-    let handle = std::thread::Builder::new()
-        .name(name.to_owned())
-        .spawn(move || {
-            enter_private_mount_ns();
-            f()
-        })
-        .expect("spawn test thread");
-    match handle.join() {
+pub fn in_private_mount_ns<T: Send>(name: &str, f: impl FnOnce() -> T + Send) -> T {
+    let result = std::thread::scope(|scope| {
+        let handle = std::thread::Builder::new()
+            .name(name.to_owned())
+            .spawn_scoped(scope, || {
+                enter_private_mount_ns();
+                f()
+            })
+            .expect("spawn test thread");
+        handle.join()
+    });
+    match result {
         Ok(v) => v,
         Err(panic) => std::panic::resume_unwind(panic),
     }
@@ -94,22 +94,9 @@ pub fn in_private_mount_ns_in_tempdir<T: Send>(
     f: impl FnOnce(&tempfile::TempDir) -> T + Send,
 ) -> T {
     let tmp = tempfile::tempdir().expect("a temporary directory");
-    let result = std::thread::scope(|scope| {
-        let handle = std::thread::Builder::new()
-            .name(name.to_owned())
-            .spawn_scoped(scope, || {
-                enter_private_mount_ns();
-                f(&tmp)
-            })
-            .expect("spawn test thread");
-        handle.join()
-    });
-    // The namespace, and every mount in it, ended with its thread.
-    drop(tmp);
-    match result {
-        Ok(v) => v,
-        Err(panic) => std::panic::resume_unwind(panic),
-    }
+    // The namespace, and every mount in it, ends with its thread, before
+    // `tmp` is dropped.
+    in_private_mount_ns(name, || f(&tmp))
 }
 
 /// Waits up to 5 s (detach on last close can lag) until no loop device is
