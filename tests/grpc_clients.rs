@@ -118,6 +118,10 @@ fn node_grpc_js_with_default_settings_calls_both_drivers() {
     });
 }
 
+/// Keeps the JVM from creating `/tmp/hsperfdata_<user>`, which it leaves
+/// behind (empty) after it exits.
+const NO_PERF_DATA: &str = "-XX:-UsePerfData";
+
 /// Debian's jars grpc-java runs from (`/usr/share/java`).
 const JAVA_JARS: [&str; 18] = [
     "grpc-api",
@@ -167,7 +171,7 @@ fn java_missing() -> Option<String> {
     if !native.is_file() {
         return Some(format!("{} is missing ({setup})", native.display()));
     }
-    missing("java", &["-version"])
+    missing("java", &[NO_PERF_DATA, "-version"])
 }
 
 fn grpc_java_with_default_settings_calls_both_drivers() {
@@ -175,7 +179,8 @@ fn grpc_java_with_default_settings_calls_both_drivers() {
     run_against_both_drivers("grpc_java", |endpoint| {
         let socket = endpoint.strip_prefix("unix://").expect("a unix endpoint");
         let mut c = Command::new("java");
-        c.arg(format!("-Djava.library.path={}", java_native().display()))
+        c.arg(NO_PERF_DATA)
+            .arg(format!("-Djava.library.path={}", java_native().display()))
             .arg("-cp")
             .arg(java_class_path())
             .arg(scripts().join("JavaClient.java"))
