@@ -5,7 +5,7 @@ mod common;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use common::{in_private_mount_ns, in_private_mount_ns_in_tempdir};
+use common::in_private_mount_ns_in_tempdir;
 use mount_utils::{Errno, LinuxMounter, MountInfo, Mounter, Sensitive};
 
 fn main() {
@@ -319,9 +319,8 @@ fn file_bind_mount_for_block_volumes() {
 /// `mounts_at` (from statmount where the kernel has it) against the whole
 /// table, field for field, over the kinds of mount a node plugin makes.
 fn mounts_at_answers_what_the_table_says() {
-    in_private_mount_ns("mounts_at_answers_what_the_table_says", || {
+    in_private_mount_ns_in_tempdir("mounts_at_answers_what_the_table_says", |tmp| {
         use nix::mount::{MsFlags, mount};
-        let tmp = tempfile::tempdir().unwrap();
         let m = LinuxMounter::new();
         let flagged = dir(tmp.path(), "flagged");
         m.mount(

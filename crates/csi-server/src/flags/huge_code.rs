@@ -2,10 +2,9 @@
 //!
 //! A node plugin or controller is called once in a while, after its caches
 //! and TLB entries have gone to other work. In a VM each TLB miss is a
-//! two-level page walk, and a call walks hundreds of 4 KiB code pages: with
-//! the code on 2 MiB pages, cloud-block's create-to-published overhead fell
-//! by 0.016–0.035 of its ratio while the machine was slow, and by nothing
-//! measurable while it was quiet (docs/benchmarks.md, "Session 21").
+//! two-level page walk, and a call walks hundreds of 4 KiB code pages; on
+//! 2 MiB pages it walks a few. What that was worth to cloud-block, and when,
+//! is in docs/benchmarks.md ("Session 21").
 //! The kernel maps an executable's code from the page cache in 4 KiB pages,
 //! so at start the code is copied to anonymous memory that asks for huge
 //! pages and moved over the original mapping with one `mremap(2)`: the
@@ -17,9 +16,9 @@
 //! cloud-block's `build.rs` does). Otherwise, with transparent huge pages
 //! off, or when the kernel has no huge page free, nothing moves.
 //!
-//! The moved region stays resident as anonymous memory (4 MiB for
-//! cloud-block, where about 2.5 MiB of the file's code pages were), so the
-//! move is the driver's choice, made in its `main`.
+//! The moved region stays resident as anonymous memory, whole, where only
+//! the file's code pages in use were, so the move is the driver's choice,
+//! made in its `main`.
 
 use std::os::unix::fs::MetadataExt;
 
