@@ -88,6 +88,10 @@ impl Mounter for CountedMounter {
         self.0.mount_points()
     }
 
+    fn path_queries_read_whole_table(&self) -> bool {
+        self.0.path_queries_read_whole_table()
+    }
+
     fn mounts_at(&self, path: &Path) -> Result<Vec<MountInfo>, MountError> {
         self.0.mounts_at(path)
     }

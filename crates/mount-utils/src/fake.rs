@@ -663,9 +663,9 @@ fn next_id(st: &mut State) -> u32 {
 }
 
 fn parent_of(st: &State, target: &Path) -> u32 {
+    // `max_by_key` keeps the last of equal keys: in table order, the top.
     st.mounts
         .iter()
-        .rev()
         .filter(|m| m.mount_point != target && target.starts_with(&m.mount_point))
         .max_by_key(|m| m.mount_point.components().count())
         .map_or(1, |m| m.mount_id)

@@ -59,6 +59,7 @@ const BUSY_UNMOUNT_WAITS: [std::time::Duration; 5] = [
 pub struct LinuxMounter {
     mountinfo_path: PathBuf,
     legacy_mount_api: bool,
+    statmount: bool,
 }
 
 impl Default for LinuxMounter {
@@ -86,6 +87,7 @@ impl LinuxMounter {
         LinuxMounter {
             mountinfo_path: path.into(),
             legacy_mount_api: false,
+            statmount: true,
         }
     }
 
@@ -94,6 +96,14 @@ impl LinuxMounter {
     /// `move_mount`: the path older kernels take, selectable to test it.
     pub fn with_legacy_mount_api(mut self, legacy: bool) -> Self {
         self.legacy_mount_api = legacy;
+        self
+    }
+
+    /// With `false`, questions about one mount read the whole mount table
+    /// even where the kernel answers them with `statmount(2)`: the path
+    /// kernels before 6.8 take, selectable to test it.
+    pub fn with_statmount(mut self, statmount: bool) -> Self {
+        self.statmount = statmount;
         self
     }
 
@@ -265,6 +275,10 @@ impl Mounter for LinuxMounter {
 
     fn mount_points(&self) -> Result<Vec<MountInfo>, MountError> {
         Ok(parse_mountinfo(&self.read_mountinfo()?)?)
+    }
+
+    fn path_queries_read_whole_table(&self) -> bool {
+        !self.statmount_agrees()
     }
 
     fn mounts_at(&self, path: &Path) -> Result<Vec<MountInfo>, MountError> {

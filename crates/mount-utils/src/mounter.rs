@@ -178,6 +178,16 @@ pub trait Mounter: Send + Sync {
         Ok(crate::mountinfo::stacked_at(self.mount_points()?, &abs))
     }
 
+    /// Whether each [`mounts_at`](Mounter::mounts_at) and
+    /// [`containing_mount`](Mounter::containing_mount) reads the whole
+    /// table: the default implementations do, and Linux does on kernels
+    /// without `statmount(2)` (before 6.8). A caller with several questions
+    /// about paths then reads the table once ([`mount_points`](Mounter::mount_points))
+    /// and answers them from it.
+    fn path_queries_read_whole_table(&self) -> bool {
+        true
+    }
+
     /// The mount `path` is on: the topmost at the deepest mount point that
     /// is `path` or above it (compared as given, like
     /// [`mounts_at`](Mounter::mounts_at)); `None` if there is none. Linux

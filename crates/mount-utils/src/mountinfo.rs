@@ -220,9 +220,9 @@ pub fn parse_mountinfo(data: &[u8]) -> Result<Vec<MountInfo>, ParseError> {
 /// The mount whose mount point is the longest prefix of `abs` (the last
 /// such entry when mounts are stacked): the filesystem `abs` is on.
 pub(crate) fn containing_mount<'a>(mounts: &'a [MountInfo], abs: &Path) -> Option<&'a MountInfo> {
+    // `max_by_key` keeps the last of equal keys: in table order, the top.
     mounts
         .iter()
-        .rev()
         .filter(|m| abs.starts_with(&m.mount_point))
         .max_by_key(|m| m.mount_point.components().count())
 }
@@ -374,6 +374,21 @@ mod tests {
         assert_eq!(m.fs_type, "ext3");
         assert_eq!(m.source, "/dev/root");
         assert_eq!(m.super_options, vec!["rw", "errors=continue"]);
+    }
+
+    #[test]
+    fn the_containing_mount_is_the_top_of_the_deepest_stack() {
+        let table = [
+            parse("1 0 8:1 / / rw - ext4 /dev/sda1 rw"),
+            parse("2 1 0:40 / /data rw - tmpfs bottom rw"),
+            parse("3 2 0:41 / /data rw - tmpfs top rw"),
+            parse("4 1 0:42 / /other rw - tmpfs other rw"),
+        ];
+        let id = |path: &str| containing_mount(&table, Path::new(path)).map(|m| m.mount_id);
+        assert_eq!(id("/data/file"), Some(3));
+        assert_eq!(id("/data"), Some(3));
+        assert_eq!(id("/elsewhere"), Some(1));
+        assert_eq!(containing_mount(&table[1..], Path::new("/")), None);
     }
 
     /// Real-world lines and what must come out of them.

@@ -64,22 +64,24 @@ impl LinuxMounter {
         None // a stack deeper than this: the table says it all
     }
 
-    /// Whether statmount's entries equal this table's (checked once).
+    /// Whether statmount's entries equal this table's (checked once), and
+    /// this mounter uses them.
     pub(super) fn statmount_agrees(&self) -> bool {
-        statmount::agrees_with_table(
-            || {
-                unique_mount(Path::new("/"))
-                    .ok()
-                    .flatten()
-                    .map(|(id, _)| id)
-            },
-            // `/`'s mount comes first in a namespace's table: its line
-            // alone is read, not the whole table.
-            |id| {
-                let file = std::fs::File::open(&self.mountinfo_path).ok()?;
-                read_until_id(file, id).ok().flatten()
-            },
-        )
+        self.statmount
+            && statmount::agrees_with_table(
+                || {
+                    unique_mount(Path::new("/"))
+                        .ok()
+                        .flatten()
+                        .map(|(id, _)| id)
+                },
+                // `/`'s mount comes first in a namespace's table: its line
+                // alone is read, not the whole table.
+                |id| {
+                    let file = std::fs::File::open(&self.mountinfo_path).ok()?;
+                    read_until_id(file, id).ok().flatten()
+                },
+            )
     }
 
     /// The mount an open descriptor is on, from its mount id; `None` when
