@@ -139,11 +139,13 @@ impl Deref for FakeHost {
 /// ([`Mounter::mount_points`] and [`Mounter::mount_refs`]) and passes
 /// every call on to the one it wraps. The questions about one path
 /// (`mounts_at`, `containing_mount`) go to the wrapped mounter uncounted,
-/// as Linux answers them with `statmount(2)` without reading the table:
-/// a test asserts how often code under test reads the whole table.
+/// as Linux answers them with `statmount(2)` without reading the table,
+/// unless it is made [`without_statmount`](Self::without_statmount): a
+/// test asserts how often code under test reads the whole table.
 #[derive(Debug)]
 pub struct FakeCountingMounter<M: ?Sized = dyn Mounter> {
     table_reads: AtomicUsize,
+    statmount: bool,
     inner: Arc<M>,
 }
 
@@ -152,7 +154,17 @@ impl<M: Mounter + ?Sized> FakeCountingMounter<M> {
     pub fn new(inner: Arc<M>) -> Self {
         Self {
             table_reads: AtomicUsize::new(0),
+            statmount: true,
             inner,
+        }
+    }
+
+    /// As Linux before 6.8, without `statmount(2)`: each question about
+    /// one path reads the whole table, and counts as such a read.
+    pub fn without_statmount(inner: Arc<M>) -> Self {
+        Self {
+            statmount: false,
+            ..Self::new(inner)
         }
     }
 
@@ -186,10 +198,19 @@ impl<M: Mounter + ?Sized> Mounter for FakeCountingMounter<M> {
         self.counted();
         self.inner.mount_points()
     }
+    fn path_queries_read_whole_table(&self) -> bool {
+        !self.statmount
+    }
     fn mounts_at(&self, path: &Path) -> Result<Vec<MountInfo>, MountError> {
+        if !self.statmount {
+            self.counted();
+        }
         self.inner.mounts_at(path)
     }
     fn containing_mount(&self, path: &Path) -> Result<Option<MountInfo>, MountError> {
+        if !self.statmount {
+            self.counted();
+        }
         self.inner.containing_mount(path)
     }
     fn mounted_at(&self, path: &Path) -> Result<Option<MountInfo>, MountError> {

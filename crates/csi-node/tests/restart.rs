@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use csi_node::NodeVolumes;
 use csi_node::testing::{FakeCountingMounter, FakeHost};
+use csi_node::{NodeOutcome, NodeVolumes};
 use csi_proto::v1::volume_capability::access_mode::Mode;
 use csi_store::FakeStore;
 use mount_utils::{AttachedLoop, LoopDeviceInfo, LoopDevices, LoopError, LoopOptions, Mounter};
@@ -261,4 +261,45 @@ fn a_restart_that_finds_everything_in_place_asks_where_each_volume_is_once() {
     assert_eq!(report.healthy.len(), busy.volumes.len(), "{report:?}");
     // Its stage and its publication share what identifies its mounts.
     assert_eq!(asked.load(Ordering::SeqCst) - before, busy.volumes.len());
+}
+
+/// On a kernel without `statmount(2)` each question about a path reads the
+/// whole table, so a call reads it once before its effects and answers
+/// every question from that; only what it changed is asked again.
+#[test]
+fn without_statmount_each_call_reads_the_table_once_before_its_effects() {
+    let host = FakeHost::new();
+    let busy = Busy::new(&host);
+    let counting = Arc::new(FakeCountingMounter::without_statmount(host.mounter()));
+    let node = open(busy.dir.path(), counting.clone(), host.loops(), &busy.store);
+    let reads = |f: &dyn Fn()| {
+        let before = counting.table_reads();
+        f();
+        counting.table_reads() - before
+    };
+    const CHANGED: NodeOutcome = NodeOutcome::Changed;
+    for (i, (id, staging, target)) in busy.volumes.iter().enumerate() {
+        let block = i >= DIRECTORY_VOLUMES;
+        let cap = match block {
+            true => block_cap(),
+            false => mount_cap(Mode::SingleNodeWriter),
+        };
+        let publish = publish(id, Some(staging), target, cap.clone(), false);
+        let calls = [
+            reads(&|| assert!(!node.volume_condition(id, &s(target)).unwrap().abnormal)),
+            reads(&|| assert_eq!(node.unpublish(&unpublish(id, target)).unwrap(), CHANGED)),
+            reads(&|| assert_eq!(node.unstage(&unstage(id, staging)).unwrap(), CHANGED)),
+            reads(&|| {
+                assert_eq!(
+                    node.stage(&stage(id, staging, cap.clone())).unwrap(),
+                    CHANGED
+                )
+            }),
+            reads(&|| assert_eq!(node.publish(&publish).unwrap(), CHANGED)),
+        ];
+        // A mount made is checked after it (a raw block stage makes none):
+        // the mounts at that path are read again.
+        let stage_mounts = usize::from(!block);
+        assert_eq!(calls, [1, 1, 1, 1 + stage_mounts, 2], "{id}");
+    }
 }

@@ -30,6 +30,16 @@ impl Drop for LoopGuard {
     }
 }
 
+/// The mounters a lifecycle runs on: Linux asked about each path with
+/// `statmount(2)` where the kernel has it, and the whole table read as on
+/// kernels before 6.8 (each call then reads it once before its effects).
+fn mounters() -> [(&'static str, LinuxMounter); 2] {
+    [
+        ("statmount", LinuxMounter::new()),
+        ("mountinfo", LinuxMounter::new().with_statmount(false)),
+    ]
+}
+
 /// Runs `f(base)` as root in a private mount namespace over a fresh
 /// temporary directory with `data/`, `images/` and `pods/`.
 fn as_root(name: &str, f: impl FnOnce(&Path) + Send + 'static) {
@@ -43,7 +53,15 @@ fn as_root(name: &str, f: impl FnOnce(&Path) + Send + 'static) {
 }
 
 fn volumes<S: RecordStore + Clone + 'static>(base: &Path, store: &S) -> NodeVolumes {
-    let mounter: Arc<dyn Mounter> = Arc::new(LinuxMounter::new());
+    volumes_on(base, store, LinuxMounter::new())
+}
+
+fn volumes_on<S: RecordStore + Clone + 'static>(
+    base: &Path,
+    store: &S,
+    mounter: LinuxMounter,
+) -> NodeVolumes {
+    let mounter: Arc<dyn Mounter> = Arc::new(mounter);
     NodeVolumes::builder(mounter.clone(), Arc::new(store.clone()), locator(base))
         .loop_devices(Arc::new(LinuxLoopDevices::new()))
         .filesystem_mount(Arc::new(SafeFormatAndMount::new(
@@ -69,12 +87,12 @@ fn mounts_at(path: &Path) -> Vec<mount_utils::MountInfo> {
 #[test]
 #[ignore = "needs root: run by scripts/test.sh's root pass"]
 fn root_block_unstage_while_published_keeps_the_device() {
-    as_root(
-        "root_block_unstage_while_published_keeps_the_device",
-        |base| {
+    for (how, mounter) in mounters() {
+        let name = format!("root_block_unstage_while_published_keeps_the_device ({how})");
+        as_root(&name, move |base| {
             let img = image(base, "img-1", 8 << 20);
             let store = FakeStore::new();
-            let v = volumes(base, &store);
+            let v = volumes_on(base, &store, mounter);
             let (staging, target) = (base.join("staging"), base.join("pods/t"));
             v.stage(&stage("img-1", &staging, block_cap())).unwrap();
             v.publish(&publish(
@@ -118,8 +136,8 @@ fn root_block_unstage_while_published_keeps_the_device() {
                     .unwrap()
                     .starts_with(b"through the target")
             );
-        },
-    );
+        });
+    }
 }
 
 #[test]
@@ -372,48 +390,54 @@ fn root_restart_restores_and_never_reformats_a_damaged_volume() {
 #[test]
 #[ignore = "needs root: run by scripts/test.sh's root pass"]
 fn root_tmpfs_is_moved_to_its_staging_path_and_known_by_its_mount_id() {
-    as_root("root_tmpfs", |base| {
-        let mounter = shared_base(base);
-        let tmpfs = csi_node::FilesystemSource::new("tmpfs", "csi-kit-test").options(["size=1m"]);
-        let locator: Arc<dyn csi_node::VolumeLocator> =
-            Arc::new(move |_: &str| Some(csi_node::VolumeSource::Filesystem(tmpfs.clone())));
-        let store = FakeStore::new();
-        let v = NodeVolumes::builder(mounter.clone(), Arc::new(store), locator)
-            .private_mounts(base.join("private"))
-            .open()
-            .unwrap();
-        let cap = mount_cap(Mode::SingleNodeWriter);
-        let cap = csi_proto::v1::VolumeCapability {
-            access_type: Some(csi_proto::v1::volume_capability::AccessType::Mount(
-                Default::default(),
-            )),
-            ..cap
-        };
-        let (staging, target) = (base.join("staging"), base.join("pods/t"));
-        assert_eq!(
-            v.stage(&stage("fs-1", &staging, cap.clone())).unwrap(),
-            NodeOutcome::Changed
-        );
-        let here = mounts_at(&staging);
-        assert_eq!((here.len(), here[0].fs_type.as_str()), (1, "tmpfs"));
-        let saved = v.record("fs-1").unwrap().stage.unwrap().mount_id;
-        assert_eq!(saved, Some(here[0].mount_id), "MS_MOVE kept the id");
-        assert!(mounts_at(&base.join("private/fs-1")).is_empty());
-        std::fs::write(staging.join("file"), b"data").unwrap();
+    for (how, mounter) in mounters() {
+        as_root(&format!("root_tmpfs ({how})"), move |base| {
+            tmpfs_lifecycle(base, mounter)
+        });
+    }
+}
 
-        v.publish(&publish(
-            "fs-1",
-            Some(&staging),
-            &target,
-            cap.clone(),
-            false,
-        ))
+fn tmpfs_lifecycle(base: &Path, mounter: LinuxMounter) {
+    let mounter = shared_base_on(base, mounter);
+    let tmpfs = csi_node::FilesystemSource::new("tmpfs", "csi-kit-test").options(["size=1m"]);
+    let locator: Arc<dyn csi_node::VolumeLocator> =
+        Arc::new(move |_: &str| Some(csi_node::VolumeSource::Filesystem(tmpfs.clone())));
+    let store = FakeStore::new();
+    let v = NodeVolumes::builder(mounter.clone(), Arc::new(store), locator)
+        .private_mounts(base.join("private"))
+        .open()
         .unwrap();
-        assert_eq!(std::fs::read(target.join("file")).unwrap(), b"data");
-        v.unpublish(&unpublish("fs-1", &target)).unwrap();
-        v.unstage(&unstage("fs-1", &staging)).unwrap();
-        assert!(mounts_at(&staging).is_empty() && v.records().is_empty());
-    });
+    let cap = mount_cap(Mode::SingleNodeWriter);
+    let cap = csi_proto::v1::VolumeCapability {
+        access_type: Some(csi_proto::v1::volume_capability::AccessType::Mount(
+            Default::default(),
+        )),
+        ..cap
+    };
+    let (staging, target) = (base.join("staging"), base.join("pods/t"));
+    assert_eq!(
+        v.stage(&stage("fs-1", &staging, cap.clone())).unwrap(),
+        NodeOutcome::Changed
+    );
+    let here = mounts_at(&staging);
+    assert_eq!((here.len(), here[0].fs_type.as_str()), (1, "tmpfs"));
+    let saved = v.record("fs-1").unwrap().stage.unwrap().mount_id;
+    assert_eq!(saved, Some(here[0].mount_id), "MS_MOVE kept the id");
+    assert!(mounts_at(&base.join("private/fs-1")).is_empty());
+    std::fs::write(staging.join("file"), b"data").unwrap();
+
+    v.publish(&publish(
+        "fs-1",
+        Some(&staging),
+        &target,
+        cap.clone(),
+        false,
+    ))
+    .unwrap();
+    assert_eq!(std::fs::read(target.join("file")).unwrap(), b"data");
+    v.unpublish(&unpublish("fs-1", &target)).unwrap();
+    v.unstage(&unstage("fs-1", &staging)).unwrap();
+    assert!(mounts_at(&staging).is_empty() && v.records().is_empty());
 }
 
 /// A read-only FUSE filesystem of one file, `hello.txt`, naming its volume.
@@ -625,7 +649,11 @@ fn have_fuse(name: &str) -> bool {
 /// `/` is on most hosts: `MS_MOVE` refuses a mount under a shared parent,
 /// which the private directory's own private mount avoids.
 fn shared_base(base: &Path) -> Arc<dyn Mounter> {
-    let mounter: Arc<dyn Mounter> = Arc::new(LinuxMounter::new());
+    shared_base_on(base, LinuxMounter::new())
+}
+
+fn shared_base_on(base: &Path, mounter: LinuxMounter) -> Arc<dyn Mounter> {
+    let mounter: Arc<dyn Mounter> = Arc::new(mounter);
     if !mounter.is_mount_point(base).unwrap() {
         let b = base.to_string_lossy();
         mounter.mount(&b, base, "", &["bind", "shared"]).unwrap();
@@ -928,55 +956,61 @@ fn root_an_attached_disk_named_by_a_link_is_formatted_once_and_never_detached() 
     if !have_program(name, "mkfs.ext4") {
         return;
     }
-    as_root(name, |base| {
-        use mount_utils::{LinuxBlockDevices, LoopDevices, LoopOptions};
-        let img = image(base, "disk-1", 16 << 20);
-        let loops = LinuxLoopDevices::new();
-        // Left attached as a controller's attach leaves a disk (no autoclear).
-        let opts = LoopOptions {
-            autoclear: false,
-            ..LoopOptions::default()
-        };
-        let dev = loops.attach(&img, &opts).unwrap().keep();
-        let link = base.join("by-id/disk-1");
-        std::fs::create_dir(base.join("by-id")).unwrap();
-        std::os::unix::fs::symlink(&dev.path, &link).unwrap();
-        let source = link.clone();
-        let locator: Arc<dyn csi_node::VolumeLocator> =
-            Arc::new(move |_: &str| Some(csi_node::VolumeSource::Device(source.clone())));
-        let mounter: Arc<dyn Mounter> = Arc::new(LinuxMounter::new());
-        let formatter = SafeFormatAndMount::new(mounter.clone(), Arc::new(SystemExec::new()));
-        let v = NodeVolumes::builder(mounter, Arc::new(FakeStore::new()), locator)
-            .block_devices(Arc::new(LinuxBlockDevices))
-            .filesystem_mount(Arc::new(formatter))
-            .open()
-            .unwrap();
-        let staging = base.join("staging");
-        let req = stage("disk-1", &staging, mount_cap(Mode::SingleNodeWriter));
-        v.stage(&req).unwrap();
-        let here = mounts_at(&staging);
-        assert_eq!(here.len(), 1);
-        assert_eq!(
-            (here[0].major, here[0].minor),
-            (dev.device.major, dev.device.minor)
-        );
-        let recorded = v.record("disk-1").unwrap().stage.unwrap().device.unwrap();
-        assert_eq!(recorded.path, dev.path, "the node behind the link");
-        std::fs::write(staging.join("file"), b"kept").unwrap();
-        v.unstage(&unstage("disk-1", &staging)).unwrap();
-        assert!(mounts_at(&staging).is_empty());
-        assert!(
-            loops.info(&dev.path).unwrap().is_some(),
-            "never detached by the node"
-        );
+    for (how, mounter) in mounters() {
+        as_root(&format!("{name} ({how})"), move |base| {
+            attached_disk_lifecycle(base, mounter)
+        });
+    }
+}
 
-        v.stage(&req).unwrap();
-        assert_eq!(
-            std::fs::read(staging.join("file")).unwrap(),
-            b"kept",
-            "not reformatted"
-        );
-        v.unstage(&unstage("disk-1", &staging)).unwrap();
-        assert!(mounts_at(&staging).is_empty() && v.records().is_empty());
-    });
+fn attached_disk_lifecycle(base: &Path, mounter: LinuxMounter) {
+    use mount_utils::{LinuxBlockDevices, LoopDevices, LoopOptions};
+    let img = image(base, "disk-1", 16 << 20);
+    let loops = LinuxLoopDevices::new();
+    // Left attached as a controller's attach leaves a disk (no autoclear).
+    let opts = LoopOptions {
+        autoclear: false,
+        ..LoopOptions::default()
+    };
+    let dev = loops.attach(&img, &opts).unwrap().keep();
+    let link = base.join("by-id/disk-1");
+    std::fs::create_dir(base.join("by-id")).unwrap();
+    std::os::unix::fs::symlink(&dev.path, &link).unwrap();
+    let source = link.clone();
+    let locator: Arc<dyn csi_node::VolumeLocator> =
+        Arc::new(move |_: &str| Some(csi_node::VolumeSource::Device(source.clone())));
+    let mounter: Arc<dyn Mounter> = Arc::new(mounter);
+    let formatter = SafeFormatAndMount::new(mounter.clone(), Arc::new(SystemExec::new()));
+    let v = NodeVolumes::builder(mounter, Arc::new(FakeStore::new()), locator)
+        .block_devices(Arc::new(LinuxBlockDevices))
+        .filesystem_mount(Arc::new(formatter))
+        .open()
+        .unwrap();
+    let staging = base.join("staging");
+    let req = stage("disk-1", &staging, mount_cap(Mode::SingleNodeWriter));
+    v.stage(&req).unwrap();
+    let here = mounts_at(&staging);
+    assert_eq!(here.len(), 1);
+    assert_eq!(
+        (here[0].major, here[0].minor),
+        (dev.device.major, dev.device.minor)
+    );
+    let recorded = v.record("disk-1").unwrap().stage.unwrap().device.unwrap();
+    assert_eq!(recorded.path, dev.path, "the node behind the link");
+    std::fs::write(staging.join("file"), b"kept").unwrap();
+    v.unstage(&unstage("disk-1", &staging)).unwrap();
+    assert!(mounts_at(&staging).is_empty());
+    assert!(
+        loops.info(&dev.path).unwrap().is_some(),
+        "never detached by the node"
+    );
+
+    v.stage(&req).unwrap();
+    assert_eq!(
+        std::fs::read(staging.join("file")).unwrap(),
+        b"kept",
+        "not reformatted"
+    );
+    v.unstage(&unstage("disk-1", &staging)).unwrap();
+    assert!(mounts_at(&staging).is_empty() && v.records().is_empty());
 }

@@ -57,7 +57,8 @@ impl NodeVolumes {
         if let (Some(why), true) = (&abnormal, named || record.is_none()) {
             return Ok(abnormal_here(why.clone()));
         }
-        let view = View::Paths(self.inner.mounter.as_ref());
+        let table = self.table_for_call()?;
+        let view = View::of_call(self.inner.mounter.as_ref(), table.as_ref());
         let ids = self.identities(volume_id, record.as_ref(), &view)?;
         if !named {
             // A raw block volume is also wherever its device node is: the

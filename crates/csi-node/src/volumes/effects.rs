@@ -7,7 +7,7 @@ use mount_utils::{LoopOptions, MountInfo};
 
 use std::sync::Mutex;
 
-use super::{Claim, MAX_STACKED, NodeVolumes, Part, Table, Undo, View, restoring};
+use super::{Claim, MAX_STACKED, NodeVolumes, Part, Snapshot, Table, Undo, View, restoring};
 use crate::error::NodeError;
 use crate::observe::{Identities, filesystem_on, normalize};
 use crate::record::{Device, NodeVolumeRecord, VolumeSource};
@@ -125,6 +125,27 @@ impl NodeVolumes {
                 Ok(())
             }
             other => other,
+        }
+    }
+
+    /// The mount table read once for a call, when asking the mounter about
+    /// each path would read all of it every time (Linux before 6.8): a call
+    /// asks about several paths. `None` when the mounter answers each path
+    /// from its mounts alone. See [`View::of_call`].
+    pub(super) fn table_for_call(&self) -> Result<Option<Snapshot<'_>>, NodeError> {
+        let mounter = self.inner.mounter.as_ref();
+        if !mounter.path_queries_read_whole_table() {
+            return Ok(None);
+        }
+        Snapshot::read(mounter, self.inner.loops.as_ref()).map(Some)
+    }
+
+    /// Tells a view read once (a restore's, or a call's) that the mounts
+    /// at or below `path` are about to change: from then on it asks the
+    /// mounter about them.
+    pub(super) fn changing(&self, view: &View<'_>, path: &Path) {
+        if let View::Snapshot(snapshot) = view {
+            snapshot.changing(path);
         }
     }
 

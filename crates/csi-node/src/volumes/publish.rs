@@ -37,7 +37,8 @@ impl NodeVolumes {
         let options = mount_options(&cap, readonly)?;
         let vol = req.volume_id.as_str();
         let _claim = self.claim(vol, &[&target])?;
-        let view = View::Paths(self.inner.mounter.as_ref());
+        let table = self.table_for_call()?;
+        let view = View::of_call(self.inner.mounter.as_ref(), table.as_ref());
         let (record, claimed) = self.snapshot(vol, &target);
         let contexts = VolumeContexts::of(&req.volume_context, &req.publish_context);
         let located = match self.inner.locator.source_in(vol, &contexts) {
@@ -99,6 +100,7 @@ impl NodeVolumes {
         // mountinfo as this volume's, so after a crash before the save
         // below a retry completes it and NodeUnpublish removes it by that
         // evidence alone. The one save is the outcome.
+        self.changing(&view, &target);
         let mut undo = Undo::default();
         let result = self
             .bind(

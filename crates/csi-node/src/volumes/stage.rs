@@ -46,7 +46,8 @@ impl NodeVolumes {
             )));
         }
         let _claim = self.claim(vol, &[&path])?;
-        let view = View::Paths(self.inner.mounter.as_ref());
+        let table = self.table_for_call()?;
+        let view = View::of_call(self.inner.mounter.as_ref(), table.as_ref());
         let (record, claimed) = self.snapshot(vol, &path);
         let ids = self.identities(vol, record.as_ref(), &view)?;
         let (here, _) = view.facts(&path, &ids)?;
@@ -104,6 +105,10 @@ impl NodeVolumes {
             let device = (rec.stage.as_ref()).and_then(|s| probed_ahead(s, &ids, mounted));
             probed = self.save_intent(&rec, device)?;
             undo.recorded = true;
+        }
+        self.changing(&view, &path);
+        if let Some(private) = &self.inner.private_dir {
+            self.changing(&view, private);
         }
         let secrets = Some(&req.secrets);
         let how = (options.as_slice(), secrets, probed);

@@ -15,7 +15,8 @@ impl NodeVolumes {
         let target = absolute(&req.target_path, "target_path")?;
         let vol = req.volume_id.as_str();
         let _claim = self.claim(vol, &[&target])?;
-        let view = View::Paths(self.inner.mounter.as_ref());
+        let table = self.table_for_call()?;
+        let view = View::of_call(self.inner.mounter.as_ref(), table.as_ref());
         let (record, claimed) = self.snapshot(vol, &target);
         // A volume staged here is known, also to a driver that learns its
         // volumes only from the contexts of the request.
@@ -42,6 +43,7 @@ impl NodeVolumes {
         // the CO's retry of this call removes it; the bind mount is its own
         // evidence either way.
         if unmount {
+            self.changing(&view, &target);
             self.unmount_ours(vol, &target, &ids, mounts_here)?;
         }
         if remove {

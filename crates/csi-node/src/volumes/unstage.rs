@@ -19,7 +19,8 @@ impl NodeVolumes {
         let path = absolute(&req.staging_target_path, "staging_target_path")?;
         let vol = req.volume_id.as_str();
         let _claim = self.claim(vol, &[&path])?;
-        let view = View::Paths(self.inner.mounter.as_ref());
+        let table = self.table_for_call()?;
+        let view = View::of_call(self.inner.mounter.as_ref(), table.as_ref());
         let (record, claimed) = self.snapshot(vol, &path);
         let known = self.inner.locator.source(vol).is_some();
         let ids = self.identities(vol, record.as_ref(), &view)?;
@@ -38,10 +39,17 @@ impl NodeVolumes {
             && ids.attached.is_none()
             && ids.mount_ids.is_empty();
         if !bind_only {
-            let table = self.mount_table()?;
+            let read;
+            let table = match view.whole_table() {
+                Some(table) => table,
+                None => {
+                    read = self.mount_table()?;
+                    &read
+                }
+            };
             // A mount in the volume's private directory is this plugin's
             // half-made stage (a crash before the move), not a use.
-            for p in ids.uses(&table, &resolve(&path)) {
+            for p in ids.uses(table, &resolve(&path)) {
                 let half_made = private.as_deref().is_some_and(|d| p.starts_with(d));
                 if !half_made && !in_use.iter().any(|t| resolve(t) == p) {
                     in_use.push(p.to_path_buf());
@@ -68,6 +76,10 @@ impl NodeVolumes {
         if let Some(s) = rec.stage.as_mut().filter(|s| !is_bind(s)) {
             s.state = StageState::Unstaging;
             self.save_progress(&rec, Part::Stage)?;
+        }
+        self.changing(&view, &path);
+        if let Some(private) = &self.inner.private_dir {
+            self.changing(&view, private);
         }
         if unmount {
             self.unmount_ours(vol, &path, &ids, mounts_here)?;

@@ -101,6 +101,12 @@ impl<'a> Snapshot<'a> {
         changed.insert(resolve(path));
     }
 
+    /// Whether no mount was said to change since the table was read.
+    fn unchanged(&self) -> bool {
+        let changed = self.changed.lock().unwrap_or_else(|e| e.into_inner());
+        changed.is_empty()
+    }
+
     /// Whether `path` or a directory above it was changed.
     fn is_changed(&self, path: &Path) -> bool {
         let changed = self.changed.lock().unwrap_or_else(|e| e.into_inner());
@@ -182,6 +188,30 @@ impl MountIndex {
             .ancestors()
             .find_map(|p| self.by_point.get(p)?.last().copied())?;
         bind_within(&self.table[top], &path)
+    }
+}
+
+impl<'a> View<'a> {
+    /// A call's view: the mounter asked about each path, or, when each such
+    /// question would read the whole table (Linux before 6.8), `table`: the
+    /// table read once for the call ([`NodeVolumes::table_for_call`]).
+    ///
+    /// [`NodeVolumes::table_for_call`]: super::NodeVolumes::table_for_call
+    pub(super) fn of_call(mounter: &'a dyn Mounter, table: Option<&'a Snapshot<'a>>) -> Self {
+        match table {
+            Some(snapshot) => View::Snapshot(snapshot),
+            None => View::Paths(mounter),
+        }
+    }
+
+    /// The whole table as read, when the view holds one no call has
+    /// changed yet.
+    pub(super) fn whole_table(&self) -> Option<&[MountInfo]> {
+        match self {
+            View::Table(index) => Some(&index.table),
+            View::Snapshot(snapshot) if snapshot.unchanged() => Some(&snapshot.table.table),
+            View::Snapshot(_) | View::Paths(_) => None,
+        }
     }
 }
 
