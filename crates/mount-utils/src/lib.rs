@@ -157,7 +157,7 @@ pub use fake_loop::{FakeLoopAction, FakeLoopDevices, FakeLoopOp};
 pub use fake_resolver::FakeResolver;
 pub use format::{DEFAULT_FS_TYPE, DiskFormat, FormatError, SafeFormatAndMount, StartedProbe};
 pub use fuse::{DAEMON_FD, FUSE_DEVICE, FuseConnection, is_disconnected, is_fuse};
-pub use linux::LinuxMounter;
+pub use linux::{LinuxMounter, STATMOUNT_ENV};
 pub use loopdev::{
     AttachedLoop, LinuxLoopDevices, LoopDevice, LoopDeviceInfo, LoopDevices, LoopError, LoopOptions,
 };

@@ -62,6 +62,12 @@ pub struct LinuxMounter {
     statmount: bool,
 }
 
+/// Set to `off`, [`LinuxMounter::new`] reads the whole mount table for
+/// questions about one mount, as on kernels before 6.8, even where the
+/// kernel has `statmount(2)`: for a kernel whose `statmount` misbehaves, and
+/// to run a driver on the older kernels' path.
+pub const STATMOUNT_ENV: &str = "CSI_KIT_STATMOUNT";
+
 impl Default for LinuxMounter {
     fn default() -> Self {
         Self::new()
@@ -69,7 +75,9 @@ impl Default for LinuxMounter {
 }
 
 impl LinuxMounter {
-    /// A mounter reading the calling thread's mount table.
+    /// A mounter reading the calling thread's mount table (using
+    /// `statmount(2)` where the kernel has it, unless [`STATMOUNT_ENV`] is
+    /// `off`).
     pub fn new() -> Self {
         let thread = Path::new("/proc/thread-self/mountinfo");
         // thread-self exists since Linux 3.17.
@@ -78,7 +86,8 @@ impl LinuxMounter {
         } else {
             Path::new("/proc/self/mountinfo")
         };
-        Self::with_mountinfo_path(path)
+        let statmount = std::env::var_os(STATMOUNT_ENV).is_none_or(|v| v != "off");
+        Self::with_mountinfo_path(path).with_statmount(statmount)
     }
 
     /// A mounter reading the mount table from `path` (for example another
