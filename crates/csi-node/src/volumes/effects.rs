@@ -128,25 +128,18 @@ impl NodeVolumes {
         }
     }
 
-    /// The mount table read once for a call, when asking the mounter about
-    /// each path would read all of it every time (Linux before 6.8): a call
-    /// asks about several paths. `None` when the mounter answers each path
-    /// from its mounts alone. See [`View::of_call`].
+    /// The mount table read once for a call's questions before its
+    /// effects, when asking the mounter about each path would read all of
+    /// it every time (Linux before 6.8); the call drops it before its
+    /// effects, so it is not held through a mkfs or a flush. `None` when the
+    /// mounter answers each path from its mounts alone. See
+    /// [`View::of_call`].
     pub(super) fn table_for_call(&self) -> Result<Option<Snapshot<'_>>, NodeError> {
         let mounter = self.inner.mounter.as_ref();
         if !mounter.path_queries_read_whole_table() {
             return Ok(None);
         }
-        Snapshot::read(mounter, self.inner.loops.as_ref()).map(Some)
-    }
-
-    /// Tells a view read once (a restore's, or a call's) that the mounts
-    /// at or below `path` are about to change: from then on it asks the
-    /// mounter about them.
-    pub(super) fn changing(&self, view: &View<'_>, path: &Path) {
-        if let View::Snapshot(snapshot) = view {
-            snapshot.changing(path);
-        }
+        Snapshot::read_for_call(mounter, self.inner.loops.as_ref()).map(Some)
     }
 
     pub(super) fn mount_table(&self) -> Result<Vec<MountInfo>, NodeError> {

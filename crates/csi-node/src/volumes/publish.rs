@@ -100,7 +100,9 @@ impl NodeVolumes {
         // mountinfo as this volume's, so after a crash before the save
         // below a retry completes it and NodeUnpublish removes it by that
         // evidence alone. The one save is the outcome.
-        self.changing(&view, &target);
+        // The table read for the questions above is not kept through the
+        // effects: what they change, and what is asked after, the mounter answers.
+        drop(table);
         let mut undo = Undo::default();
         let result = self
             .bind(

@@ -218,4 +218,12 @@ impl NodeVolumes {
         tracing::info!(volume = %rec.volume_id, target = %p.target.display(), "restored publication");
         Ok(())
     }
+
+    /// Tells a snapshot view that this restore is about to change the
+    /// mounts at or below `path`.
+    pub(super) fn changing(&self, view: &View<'_>, path: &Path) {
+        if let View::Snapshot(snapshot) = view {
+            snapshot.changing(path);
+        }
+    }
 }

@@ -106,10 +106,10 @@ impl NodeVolumes {
             probed = self.save_intent(&rec, device)?;
             undo.recorded = true;
         }
-        self.changing(&view, &path);
-        if let Some(private) = &self.inner.private_dir {
-            self.changing(&view, private);
-        }
+        // The table read for the questions above is not kept through the
+        // effects: what they change, and what is asked after, the mounter answers.
+        let view = View::Paths(self.inner.mounter.as_ref());
+        drop(table);
         let secrets = Some(&req.secrets);
         let how = (options.as_slice(), secrets, probed);
         let result = self
@@ -269,7 +269,9 @@ impl NodeVolumes {
                 };
                 self.verify_with(&rec.volume_id, &mounted, &s.path, s.readonly)
             }
-            None => self.verify(&rec.volume_id, rec, view, &s.path, s.readonly),
+            // A bind of the directory: it changes nothing that identifies
+            // the volume (see NodePublish).
+            None => self.verify_with(&rec.volume_id, ids, &s.path, s.readonly),
         }
     }
 

@@ -42,8 +42,10 @@ impl NodeVolumes {
         // still says Published, so a restart binds the target again and
         // the CO's retry of this call removes it; the bind mount is its own
         // evidence either way.
+        // The table read for the questions above is not kept through the
+        // effects: what they change, and what is asked after, the mounter answers.
+        drop(table);
         if unmount {
-            self.changing(&view, &target);
             self.unmount_ours(vol, &target, &ids, mounts_here)?;
         }
         if remove {

@@ -77,10 +77,9 @@ impl NodeVolumes {
             s.state = StageState::Unstaging;
             self.save_progress(&rec, Part::Stage)?;
         }
-        self.changing(&view, &path);
-        if let Some(private) = &self.inner.private_dir {
-            self.changing(&view, private);
-        }
+        // The table read for the questions above is not kept through the
+        // effects: what they change, and what is asked after, the mounter answers.
+        drop(table);
         if unmount {
             self.unmount_ours(vol, &path, &ids, mounts_here)?;
         }

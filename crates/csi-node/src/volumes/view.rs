@@ -10,7 +10,6 @@ use crate::error::NodeError;
 use crate::observe::{
     Identities, PathFacts, bind_within, facts_of, normalize, resolve, resolve_dir, resolve_with,
 };
-#[cfg(doc)]
 use crate::observe::{bind_of, mounts_at};
 use crate::record::Device;
 
@@ -45,16 +44,34 @@ pub(super) struct Snapshot<'a> {
 }
 
 impl<'a> Snapshot<'a> {
-    /// Reads the table once.
+    /// Reads the table once, indexed by mount point for the many
+    /// questions of a restore.
     pub(super) fn read(
         mounter: &'a dyn Mounter,
         loops: &'a dyn LoopDevices,
+    ) -> Result<Self, NodeError> {
+        Self::read_as(mounter, loops, MountIndex::new)
+    }
+
+    /// Reads the table once for the few questions of one call: each is a
+    /// scan, cheaper than indexing thousands of mounts for them.
+    pub(super) fn read_for_call(
+        mounter: &'a dyn Mounter,
+        loops: &'a dyn LoopDevices,
+    ) -> Result<Self, NodeError> {
+        Self::read_as(mounter, loops, MountIndex::unindexed)
+    }
+
+    fn read_as(
+        mounter: &'a dyn Mounter,
+        loops: &'a dyn LoopDevices,
+        index: fn(Vec<MountInfo>) -> MountIndex,
     ) -> Result<Self, NodeError> {
         let table = mounter
             .mount_points()
             .map_err(|e| NodeError::mount("reading", Path::new("the mount table"), &e))?;
         Ok(Snapshot {
-            table: MountIndex::new(table),
+            table: index(table),
             mounter,
             changed: Mutex::default(),
             loops,
@@ -138,11 +155,13 @@ fn backing_key(image: &Path) -> PathBuf {
 
 /// The mount table by mount point: a restore asks it about every
 /// volume's paths, and a scan of the whole table per question made a
-/// restore quadratic in the number of mounts.
+/// restore quadratic in the number of mounts. A call's few questions scan
+/// it instead ([`unindexed`](Self::unindexed)).
 pub(super) struct MountIndex {
     table: Vec<MountInfo>,
-    /// Positions in `table`, in table order (bottom first), by mount point.
-    by_point: HashMap<PathBuf, Vec<usize>>,
+    /// Positions in `table`, in table order (bottom first), by mount point;
+    /// `None`: each question scans the table.
+    by_point: Option<HashMap<PathBuf, Vec<usize>>>,
     /// Directories resolved while asking (`resolve_dir`): a restore asks
     /// about thousands of paths in a few directories, and resolving each
     /// one's parent again cost an openat2 and a close per path. The table
@@ -158,7 +177,16 @@ impl MountIndex {
         }
         MountIndex {
             table,
-            by_point,
+            by_point: Some(by_point),
+            dirs: Mutex::default(),
+        }
+    }
+
+    /// The table as it is, each question a scan of it.
+    pub(super) fn unindexed(table: Vec<MountInfo>) -> Self {
+        MountIndex {
+            table,
+            by_point: None,
             dirs: Mutex::default(),
         }
     }
@@ -175,18 +203,24 @@ impl MountIndex {
 
     /// [`mounts_at`] of the whole table.
     fn at(&self, path: &Path) -> Vec<MountInfo> {
+        let Some(by_point) = &self.by_point else {
+            return mounts_at(&self.table, path).into_iter().cloned().collect();
+        };
         let resolved = self.resolve(path);
-        let found = self.by_point.get(&resolved).map_or(&[][..], Vec::as_slice);
+        let found = by_point.get(&resolved).map_or(&[][..], Vec::as_slice);
         found.iter().map(|&i| self.table[i].clone()).collect()
     }
 
     /// [`bind_of`] of the whole table: the deepest mount point at or
     /// above `path`, topmost there.
     fn bind_of(&self, path: &Path) -> Option<MountSource> {
+        let Some(by_point) = &self.by_point else {
+            return bind_of(&self.table, path);
+        };
         let path = normalize(path);
         let top = path
             .ancestors()
-            .find_map(|p| self.by_point.get(p)?.last().copied())?;
+            .find_map(|p| by_point.get(p)?.last().copied())?;
         bind_within(&self.table[top], &path)
     }
 }
@@ -256,7 +290,6 @@ impl View<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::observe::{bind_of, mounts_at};
 
     fn entry(id: u32, dev: (u32, u32), root: &str, at: &str) -> MountInfo {
         crate::observe::tests::entry(id, dev, root, at, "/dev/x")
@@ -273,6 +306,7 @@ mod tests {
             entry(6, (8, 3), "/vols/v2", "/mnt/t2"),
         ];
         let index = MountIndex::new(table.clone());
+        let scanned_index = MountIndex::unindexed(table.clone());
         let paths = [
             "/",
             "/var",
@@ -288,6 +322,8 @@ mod tests {
         for p in paths.map(Path::new) {
             let scanned: Vec<MountInfo> = mounts_at(&table, p).into_iter().cloned().collect();
             assert_eq!(index.at(p), scanned, "mounts at {}", p.display());
+            assert_eq!(scanned_index.at(p), scanned, "mounts at {}", p.display());
+            assert_eq!(scanned_index.bind_of(p), bind_of(&table, p));
             assert_eq!(
                 index.bind_of(p),
                 bind_of(&table, p),
