@@ -12,7 +12,7 @@ use nix::sys::statvfs::fstatvfs;
 use crate::block::DeviceNumber;
 use crate::error::{MountError, is_corrupted_mount_errno};
 use crate::mounter::{MAX_STACKED_UNMOUNTS, MountArgs, Mounter};
-use crate::mountinfo::{MountInfo, containing_mount, parse_mountinfo, stacked_at};
+use crate::mountinfo::{MountInfo, containing_mount, parse_mountinfo, stacked_at_in};
 use crate::nofollow::{self, PinnedPath, absolute, fd_path};
 use crate::options::{MountOptions, RedactedOptions};
 use crate::source::{FsUsage, MountSource};
@@ -295,7 +295,7 @@ impl Mounter for LinuxMounter {
         if let Some(found) = self.mounts_at_by_id(&abs) {
             return Ok(found);
         }
-        Ok(stacked_at(self.mount_points()?, &abs))
+        Ok(stacked_at_in(&self.read_mountinfo()?, &abs)?)
     }
 
     fn containing_mount(&self, path: &Path) -> Result<Option<MountInfo>, MountError> {

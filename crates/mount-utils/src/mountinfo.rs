@@ -8,7 +8,7 @@
 
 use std::ffi::OsString;
 use std::fmt;
-use std::os::unix::ffi::OsStringExt;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 
 use crate::options::split_options;
@@ -235,6 +235,29 @@ pub(crate) fn stacked_at(mounts: Vec<MountInfo>, abs: &Path) -> Vec<MountInfo> {
         .collect()
 }
 
+/// [`stacked_at`] from the table's text, building only the lines whose
+/// mount point is `abs`: every line is read, as on a kernel without
+/// statmount, but most are never parsed.
+pub(crate) fn stacked_at_in(data: &[u8], abs: &Path) -> Result<Vec<MountInfo>, ParseError> {
+    let want = abs.as_os_str().as_bytes();
+    let mut out = Vec::new();
+    for (i, line) in data.split(|&b| b == b'\n').enumerate() {
+        let Some(point) = line.split(|&b| b == b' ').nth(4) else {
+            continue;
+        };
+        let here = match point.contains(&b'\\') {
+            true => decode_octal_escapes(point) == want,
+            false => point == want,
+        };
+        if here {
+            let entry =
+                MountInfo::parse_line(line).map_err(|kind| ParseError { line: i + 1, kind })?;
+            out.push(entry);
+        }
+    }
+    Ok(out)
+}
+
 /// The entry with mount id `id`, parsing only that line.
 pub(crate) fn find_by_id(data: &[u8], id: u32) -> Result<Option<MountInfo>, ParseError> {
     let prefix = format!("{id} ");
@@ -374,6 +397,35 @@ mod tests {
         assert_eq!(m.fs_type, "ext3");
         assert_eq!(m.source, "/dev/root");
         assert_eq!(m.super_options, vec!["rw", "errors=continue"]);
+    }
+
+    #[test]
+    fn the_mounts_at_a_path_from_the_text_are_the_parsed_tables() {
+        let text = b"1 0 8:1 / / rw - ext4 /dev/sda1 rw\n\
+            2 1 0:40 / /data rw - tmpfs bottom rw\n\
+            3 2 0:41 / /data rw - tmpfs top rw\n\
+            4 1 0:42 / /with\\040space\\011tab rw - tmpfs odd rw\n\
+            5 1 0:43 / /data/sub rw - tmpfs sub rw\n";
+        let table = parse_mountinfo(text).unwrap();
+        for path in [
+            "/",
+            "/data",
+            "/data/sub",
+            "/with space\ttab",
+            "/with",
+            "/absent",
+            "/dat",
+        ] {
+            let path = Path::new(path);
+            let ids = |v: Vec<MountInfo>| v.iter().map(|m| m.mount_id).collect::<Vec<_>>();
+            assert_eq!(
+                ids(stacked_at_in(text, path).unwrap()),
+                ids(stacked_at(table.clone(), path)),
+                "{}",
+                path.display()
+            );
+        }
+        assert_eq!(stacked_at_in(text, Path::new("/data")).unwrap().len(), 2);
     }
 
     #[test]
