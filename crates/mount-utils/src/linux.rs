@@ -138,7 +138,7 @@ impl LinuxMounter {
     pub fn is_mount_point_by_scan(&self, path: &Path) -> Result<bool, MountError> {
         nofollow::open(path)?;
         let abs = absolute(path)?;
-        Ok(self.mount_points()?.iter().any(|m| m.mount_point == abs))
+        Ok(!stacked_at_in(&self.read_mountinfo()?, &abs)?.is_empty())
     }
 }
 
@@ -332,11 +332,7 @@ impl Mounter for LinuxMounter {
             }
         }
         let abs = absolute(path)?;
-        Ok(self
-            .mount_points()?
-            .into_iter()
-            .rev()
-            .find(|m| m.mount_point == abs))
+        Ok(stacked_at_in(&self.read_mountinfo()?, &abs)?.pop())
     }
 
     fn block_device_at(&self, path: &Path) -> Result<Option<DeviceNumber>, MountError> {
