@@ -7,6 +7,10 @@
 # Probe through the gRPC stacks; docs/benchmarks.md).
 #
 # Usage: bash scripts/bench-socket-floor.sh [pauses in µs, default "0 12000 40000"]
+# FLOOR_APART=1 pins the caller to CPU 0 and the echoing process to CPU 1: the
+# round trip when the scheduler has put the two on different CPUs (each
+# message then wakes a CPU that may have halted). Left alone, the scheduler
+# usually runs such a pair on one CPU.
 # Needs a C compiler (cc); builds into a temporary directory it removes.
 set -euo pipefail
 command -v cc >/dev/null || { echo "bench-socket-floor: needs cc" >&2; exit 1; }
@@ -14,6 +18,8 @@ work=$(mktemp -d /tmp/bench-socket-floor.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 
 cat >"$work/floor.c" <<'C'
+#define _GNU_SOURCE
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,12 +61,22 @@ static void roundtrip_read(int ep, int fd, char *buf) {
   }
 }
 
+/* Runs the calling process on `cpu` alone. */
+static void pin(int cpu) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  if (sched_setaffinity(0, sizeof set, &set) < 0) exit(1);
+}
+
 int main(int argc, char **argv) {
   long pause_us = argc > 1 ? atol(argv[1]) : 0;
+  int apart = argc > 2 && atoi(argv[2]);
   int sv[2];
   if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) < 0) return 1;
   pid_t echo = fork();
   if (echo == 0) {
+    if (apart) pin(1);
     close(sv[0]);
     int ep = waiter(sv[1]);
     char buf[LEN];
@@ -69,6 +85,7 @@ int main(int argc, char **argv) {
       if (write(sv[1], buf, LEN) != LEN) return 1;
     }
   }
+  if (apart) pin(0);
   close(sv[1]);
   int ep = waiter(sv[0]);
   char buf[LEN];
@@ -84,12 +101,12 @@ int main(int argc, char **argv) {
   close(sv[0]);
   waitpid(echo, NULL, 0);
   qsort(took, CALLS, sizeof took[0], by_value);
-  printf("pause %ld us: round trip p50 %.1f us, p90 %.1f us\n", pause_us, took[CALLS / 2],
-         took[CALLS * 9 / 10]);
+  printf("pause %ld us%s: round trip p50 %.1f us, p90 %.1f us\n", pause_us,
+         apart ? ", on two CPUs" : "", took[CALLS / 2], took[CALLS * 9 / 10]);
   return 0;
 }
 C
 cc -O2 -o "$work/floor" "$work/floor.c"
 for pause in ${1:-0 12000 40000}; do
-  "$work/floor" "$pause"
+  "$work/floor" "$pause" "${FLOOR_APART:-0}"
 done
