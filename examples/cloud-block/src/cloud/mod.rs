@@ -344,6 +344,10 @@ impl Cloud {
             e.body.node_id = Some(node.clone());
             return Err(e);
         }
-        Ok(self.volumes.remove(id).expect("looked up above"))
+        let volume = self.volumes.remove(id).expect("looked up above");
+        // Its actions go with it: none is running, nothing polls an ended one
+        // once the volume is gone, and every change saves the whole cloud.
+        self.actions.retain(|_, a| a.resource_id != id);
+        Ok(volume)
     }
 }

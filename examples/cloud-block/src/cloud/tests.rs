@@ -70,6 +70,29 @@ fn attach_rules_follow_a_cloud() {
 }
 
 #[test]
+fn a_deleted_volume_takes_its_actions_with_it() {
+    let mut cloud = Cloud::default();
+    create(&mut cloud, "a", 1).unwrap();
+    create(&mut cloud, "b", 2).unwrap();
+    let mut ended = Vec::new();
+    for kind in [ActionKind::Attach, ActionKind::Detach] {
+        let a = act(&mut cloud, 1, kind, "n1").unwrap();
+        cloud.finish_action(a.id, Ok(()), "t");
+        ended.push(a.id);
+    }
+    let kept = act(&mut cloud, 2, ActionKind::Attach, "n1").unwrap();
+    cloud.finish_action(kept.id, Ok(()), "t");
+    cloud.delete_volume(&id(1)).unwrap();
+    for gone in ended {
+        let e = cloud.action(gone).unwrap_err();
+        assert_eq!((e.status, e.body.id.as_str()), (404, error_id::NOT_FOUND));
+    }
+    assert_eq!(cloud.action(kept.id).unwrap().resource_id, id(2));
+    let (listed, _, total) = cloud.list_actions(&id(2), PageRequest::default()).unwrap();
+    assert_eq!((listed.len(), total), (1, 1));
+}
+
+#[test]
 fn attach_limit_counts_running_attaches() {
     let mut cloud = Cloud::default();
     let limits = Limits {
