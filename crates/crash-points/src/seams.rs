@@ -88,6 +88,13 @@ impl Mounter for CountedMounter {
         self.0.mount_points()
     }
 
+    fn mount_points_where(
+        &self,
+        keep: &dyn Fn(u32, DeviceNumber) -> bool,
+    ) -> Result<Vec<MountInfo>, MountError> {
+        self.0.mount_points_where(keep)
+    }
+
     fn path_queries_read_whole_table(&self) -> bool {
         self.0.path_queries_read_whole_table()
     }

@@ -120,6 +120,17 @@ impl Identities {
         self.mount_ids.contains(&entry.mount_id) || self.ids.iter().any(|s| s.matches(entry, None))
     }
 
+    /// Whether a mount with this id and device may show this volume: what
+    /// [`owns`](Self::owns) needs of an entry before the rest is parsed.
+    pub fn may_own(&self, mount_id: u32, device: DeviceNumber) -> bool {
+        self.mount_ids.contains(&mount_id)
+            || self.ids.iter().any(|s| match s {
+                MountSource::Device(d) | MountSource::Bind { device: d, .. } => *d == device,
+                // `owns` knows no device node, so this never matches there.
+                MountSource::DeviceNode(_) => false,
+            })
+    }
+
     /// Mount points in `table` that show this volume, other than `except`
     /// and the source directory itself: its uses.
     pub fn uses<'a>(&self, table: &'a [MountInfo], except: &Path) -> Vec<&'a Path> {
@@ -328,6 +339,18 @@ pub(crate) mod tests {
             volume.uses(&table, Path::new("/staging")),
             vec![Path::new("/pods/a")]
         );
+        // What the table is filtered with before parsing keeps every entry
+        // `owns` takes, and the mounts this plugin made by id.
+        let by_id = Identities {
+            mount_ids: vec![11],
+            ..volume.clone()
+        };
+        for e in [&ours, &spoof, &subdir] {
+            assert!(!volume.owns(e) || volume.may_own(e.mount_id, e.device()));
+            assert!(!by_id.owns(e) || by_id.may_own(e.mount_id, e.device()));
+        }
+        assert!(by_id.may_own(11, spoof.device()));
+        assert!(!volume.may_own(11, spoof.device()));
     }
 
     #[test]

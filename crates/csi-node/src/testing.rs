@@ -198,6 +198,13 @@ impl<M: Mounter + ?Sized> Mounter for FakeCountingMounter<M> {
         self.counted();
         self.inner.mount_points()
     }
+    fn mount_points_where(
+        &self,
+        keep: &dyn Fn(u32, DeviceNumber) -> bool,
+    ) -> Result<Vec<MountInfo>, MountError> {
+        self.counted();
+        self.inner.mount_points_where(keep)
+    }
     fn path_queries_read_whole_table(&self) -> bool {
         !self.statmount
     }

@@ -85,6 +85,13 @@ impl Mounter for SimMounter {
         self.mounter().mount_points()
     }
 
+    fn mount_points_where(
+        &self,
+        keep: &dyn Fn(u32, DeviceNumber) -> bool,
+    ) -> Result<Vec<MountInfo>, MountError> {
+        self.mounter().mount_points_where(keep)
+    }
+
     fn mounted_at(&self, path: &Path) -> Result<Option<MountInfo>, MountError> {
         self.mounter().mounted_at(path)
     }

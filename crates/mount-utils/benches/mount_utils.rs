@@ -1,4 +1,5 @@
-//! Benchmarks: mountinfo parsing of 10,000 entries, and `is_mount_point`
+//! Benchmarks: mountinfo parsing of 10,000 entries (whole, and only one
+//! volume's lines), and `is_mount_point`
 //! latency (statx vs mountinfo scan, and the symlink-refusing
 //! `Mounter::is_mount_point` and `mounted_at`) as the mount table grows to
 //! 10,000.
@@ -59,6 +60,31 @@ fn bench_parse(c: &mut Criterion) {
     g.throughput(criterion::Throughput::Elements(10_000));
     g.bench_function("10000_entries", |b| {
         b.iter(|| parse_mountinfo(black_box(&text)).unwrap())
+    });
+    g.finish();
+
+    // One volume's mounts (its staging mount and a pod's bind) among them,
+    // found by reading the table whole or by keeping its device's lines.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("mountinfo");
+    let mut table = text.clone();
+    table.extend_from_slice(b"20030 29 7:3 / /staging/vol rw,relatime - ext4 /dev/loop3 rw\n");
+    table.extend_from_slice(b"20031 29 7:3 / /pods/vol rw,relatime - ext4 /dev/loop3 rw\n");
+    std::fs::write(&path, table).unwrap();
+    let mounter = LinuxMounter::with_mountinfo_path(&path);
+    let loop3 = mount_utils::DeviceNumber::new(7, 3);
+    let keep = |_: u32, dev: mount_utils::DeviceNumber| dev == loop3;
+    assert_eq!(mounter.mount_points_where(&keep).unwrap().len(), 2);
+    let mut g = c.benchmark_group("one_volume_of_10002_mounts");
+    g.bench_function("whole_table", |b| {
+        b.iter(|| {
+            let mut all = mounter.mount_points().unwrap();
+            all.retain(|m| keep(m.mount_id, m.device()));
+            all
+        })
+    });
+    g.bench_function("device_lines_only", |b| {
+        b.iter(|| mounter.mount_points_where(black_box(&keep)).unwrap())
     });
     g.finish();
 }

@@ -286,6 +286,14 @@ impl Mounter for LinuxMounter {
         Ok(parse_mountinfo(&self.read_mountinfo()?)?)
     }
 
+    fn mount_points_where(
+        &self,
+        keep: &dyn Fn(u32, DeviceNumber) -> bool,
+    ) -> Result<Vec<MountInfo>, MountError> {
+        let data = self.read_mountinfo()?;
+        Ok(crate::mountinfo::parse_mountinfo_where(&data, keep)?)
+    }
+
     fn path_queries_read_whole_table(&self) -> bool {
         !self.statmount_agrees()
     }

@@ -168,6 +168,19 @@ pub trait Mounter: Send + Sync {
     /// The mount table of the caller's mount namespace.
     fn mount_points(&self) -> Result<Vec<MountInfo>, MountError>;
 
+    /// The entries of [`mount_points`](Mounter::mount_points) whose mount id
+    /// and device `keep` accepts, in table order. Linux parses only those
+    /// lines: on a node with thousands of mounts, finding a volume's few
+    /// costs little more than reading the table.
+    fn mount_points_where(
+        &self,
+        keep: &dyn Fn(u32, DeviceNumber) -> bool,
+    ) -> Result<Vec<MountInfo>, MountError> {
+        let mut mounts = self.mount_points()?;
+        mounts.retain(|m| keep(m.mount_id, m.device()));
+        Ok(mounts)
+    }
+
     /// Every mount stacked at `path`, bottom first (empty when nothing is
     /// mounted there). `path` is compared as given with the table's mount
     /// points, so it should be absolute with no symlinks. Linux answers

@@ -11,6 +11,7 @@ use std::fmt;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 
+use crate::block::DeviceNumber;
 use crate::options::split_options;
 
 /// One mount: a parsed line of `/proc/<pid>/mountinfo`.
@@ -65,13 +66,7 @@ impl MountInfo {
 
         let mount_id = parse_u32(next("mount id")?, "mount id")?;
         let parent_id = parse_u32(next("parent id")?, "parent id")?;
-        let dev = next("major:minor")?;
-        let colon = dev
-            .iter()
-            .position(|&b| b == b':')
-            .ok_or(ParseErrorKind::InvalidNumber("major:minor"))?;
-        let major = parse_u32(&dev[..colon], "major")?;
-        let minor = parse_u32(&dev[colon + 1..], "minor")?;
+        let (major, minor) = split_device(next("major:minor")?)?;
         let root = decode_path(next("root")?);
         let mount_point = decode_path(next("mount point")?);
         let mount_options = decode_list(next("mount options")?);
@@ -258,6 +253,43 @@ pub(crate) fn stacked_at_in(data: &[u8], abs: &Path) -> Result<Vec<MountInfo>, P
     Ok(out)
 }
 
+/// [`parse_mountinfo`] of the lines whose mount id and device `keep`
+/// accepts; the others are read only as far as their third field. A line
+/// whose first fields do not parse is parsed whole, to report the error.
+pub(crate) fn parse_mountinfo_where(
+    data: &[u8],
+    keep: &dyn Fn(u32, DeviceNumber) -> bool,
+) -> Result<Vec<MountInfo>, ParseError> {
+    let mut out = Vec::new();
+    for (i, line) in data.split(|&b| b == b'\n').enumerate() {
+        if line.is_empty() || id_and_device(line).is_some_and(|(id, dev)| !keep(id, dev)) {
+            continue;
+        }
+        out.push(MountInfo::parse_line(line).map_err(|kind| ParseError { line: i + 1, kind })?);
+    }
+    Ok(out)
+}
+
+/// A line's mount id and device, from its first three fields.
+fn id_and_device(line: &[u8]) -> Option<(u32, DeviceNumber)> {
+    let mut fields = line.split(|&b| b == b' ');
+    let id = parse_u32(fields.next()?, "mount id").ok()?;
+    let (major, minor) = split_device(fields.nth(1)?).ok()?;
+    Some((id, DeviceNumber::new(major, minor)))
+}
+
+/// `major:minor`.
+fn split_device(dev: &[u8]) -> Result<(u32, u32), ParseErrorKind> {
+    let colon = dev
+        .iter()
+        .position(|&b| b == b':')
+        .ok_or(ParseErrorKind::InvalidNumber("major:minor"))?;
+    Ok((
+        parse_u32(&dev[..colon], "major")?,
+        parse_u32(&dev[colon + 1..], "minor")?,
+    ))
+}
+
 /// The entry with mount id `id`, parsing only that line.
 pub(crate) fn find_by_id(data: &[u8], id: u32) -> Result<Option<MountInfo>, ParseError> {
     let prefix = format!("{id} ");
@@ -426,6 +458,37 @@ mod tests {
             );
         }
         assert_eq!(stacked_at_in(text, Path::new("/data")).unwrap().len(), 2);
+    }
+
+    #[test]
+    fn a_filtered_parse_builds_the_kept_lines_only() {
+        let text = b"1 0 8:1 / / rw - ext4 /dev/sda1 rw\n\
+            7 1 7:3 / /stage rw - ext4 /dev/loop3 rw\n\
+            8 1 7:3 /sub /pub rw shared:4 - ext4 /dev/loop3 rw\n\
+            9 1 0:40 / /t rw - tmpfs t rw\n";
+        let table = parse_mountinfo(text).unwrap();
+        let loop3 = DeviceNumber::new(7, 3);
+        let cases: [&dyn Fn(u32, DeviceNumber) -> bool; 4] = [
+            &|_, dev| dev == loop3,
+            &|id, _| id == 9,
+            &|_, _| true,
+            &|_, _| false,
+        ];
+        for keep in cases {
+            let want: Vec<_> = (table.iter())
+                .filter(|m| keep(m.mount_id, m.device()))
+                .cloned()
+                .collect();
+            assert_eq!(parse_mountinfo_where(text, keep).unwrap(), want);
+        }
+        // A line left out is not parsed past its device; one whose first
+        // fields do not parse is parsed whole, and fails with its number.
+        let torn = b"1 0 8:1 / / rw - ext4\n2 1 7:3 / /s rw - ext4 /dev/loop3 rw\n";
+        let kept = parse_mountinfo_where(torn, &|_, dev| dev == loop3).unwrap();
+        assert_eq!(kept.iter().map(|m| m.mount_id).collect::<Vec<_>>(), [2]);
+        assert!(parse_mountinfo_where(torn, &|_, _| true).is_err());
+        let e = parse_mountinfo_where(b"1 0 8:1 / / rw - ext4 a rw\nx 1 7:3 /\n", &|_, _| false);
+        assert_eq!(e.unwrap_err().line, 2);
     }
 
     #[test]

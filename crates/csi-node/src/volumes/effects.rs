@@ -142,10 +142,15 @@ impl NodeVolumes {
         Snapshot::read_for_call(mounter, self.inner.loops.as_ref()).map(Some)
     }
 
-    pub(super) fn mount_table(&self) -> Result<Vec<MountInfo>, NodeError> {
+    /// The table's entries that may show the volume `ids` describes (see
+    /// [`Identities::may_own`]); the other lines are not parsed.
+    pub(super) fn mounts_that_may_show(
+        &self,
+        ids: &Identities,
+    ) -> Result<Vec<MountInfo>, NodeError> {
         self.inner
             .mounter
-            .mount_points()
+            .mount_points_where(&|id, device| ids.may_own(id, device))
             .map_err(|e| NodeError::mount("reading", Path::new("the mount table"), &e))
     }
 

@@ -43,7 +43,7 @@ impl NodeVolumes {
             let table = match view.whole_table() {
                 Some(table) => table,
                 None => {
-                    read = self.mount_table()?;
+                    read = self.mounts_that_may_show(&ids)?;
                     &read
                 }
             };

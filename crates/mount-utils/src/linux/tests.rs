@@ -74,3 +74,25 @@ fn secret_buf_joins_plain_and_sensitive() {
     assert!(SecretBuf::build(&[], &[]).unwrap().as_cstr().is_none());
     assert!(SecretBuf::build(&["a\0b".into()], &[]).is_err());
 }
+
+#[test]
+fn the_filtered_table_is_the_table_filtered() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("mountinfo");
+    let text = "1 0 8:1 / / rw - ext4 /dev/sda1 rw\n\
+        2 1 8:16 / /staging rw - ext4 /dev/sdb rw\n\
+        3 1 0:40 / /t rw - tmpfs t rw\n\
+        4 1 8:16 /sub /pod/b rw - ext4 /dev/sdb rw\n";
+    std::fs::write(&path, text).unwrap();
+    let mounter = LinuxMounter::with_mountinfo_path(&path);
+    let sdb = DeviceNumber::new(8, 16);
+    let keep = |id: u32, dev: DeviceNumber| dev == sdb || id == 3;
+    let kept = mounter.mount_points_where(&keep).unwrap();
+    let mut all = mounter.mount_points().unwrap();
+    all.retain(|m| keep(m.mount_id, m.device()));
+    assert_eq!(kept, all);
+    assert_eq!(
+        kept.iter().map(|m| m.mount_id).collect::<Vec<_>>(),
+        [2, 3, 4]
+    );
+}
