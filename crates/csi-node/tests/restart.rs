@@ -175,6 +175,30 @@ fn a_restart_reads_the_mount_table_once_however_many_volumes_are_published() {
 }
 
 #[test]
+fn calls_on_an_image_volume_look_up_its_recorded_device_not_every_device() {
+    let host = FakeHost::new();
+    let busy = Busy::new(&host);
+    let (node, _, loops) = busy.restart(&host);
+    node.restore();
+    let scans = loops.scans();
+    let images = &busy.volumes[DIRECTORY_VOLUMES..];
+    for (id, staging, target) in &images[1..] {
+        node.unpublish(&unpublish(id, target)).unwrap();
+        node.unstage(&unstage(id, staging)).unwrap();
+    }
+    assert_eq!(loops.scans(), scans, "each record named its device");
+    // Its device detached behind the plugin's back: the record names none
+    // that holds the image, so every device is looked at.
+    let (id, staging, target) = &images[0];
+    node.unpublish(&unpublish(id, target)).unwrap();
+    let device = node.record(id).unwrap().stage.unwrap().device.unwrap();
+    host.loops().detach(&device.path).unwrap();
+    node.unstage(&unstage(id, staging)).unwrap();
+    assert_eq!(loops.scans(), scans + 1, "its devices looked for");
+    assert_eq!(host.attached(), 0);
+}
+
+#[test]
 fn a_reboot_mounts_everything_again_reading_the_table_once() {
     let busy = Busy::new(&FakeHost::new());
     // After a reboot: no mounts, no loop devices, the same records.

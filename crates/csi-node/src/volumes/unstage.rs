@@ -13,8 +13,9 @@ use crate::rules::{UnstageDecision, UnstageFacts, decide_unstage};
 impl NodeVolumes {
     /// NodeUnstageVolume: refuses while the volume is published anywhere;
     /// unmounts the staging path only where it shows this volume; detaches
-    /// the volume's devices, found by backing file (so also after a crash
-    /// that lost the record of the attach).
+    /// the volume's devices: the recorded one, or those found by backing
+    /// file when the record names none (a crash before it recorded the
+    /// attach).
     pub fn unstage(&self, req: &NodeUnstageVolumeRequest) -> Result<NodeOutcome, NodeError> {
         let path = absolute(&req.staging_target_path, "staging_target_path")?;
         let vol = req.volume_id.as_str();

@@ -149,7 +149,7 @@ impl<'a> Snapshot<'a> {
 type LoopIndex = HashMap<PathBuf, Vec<Device>>;
 
 /// How the kernel names a backing file: by its resolved path.
-fn backing_key(image: &Path) -> PathBuf {
+pub(super) fn backing_key(image: &Path) -> PathBuf {
     std::fs::canonicalize(image).unwrap_or_else(|_| normalize(image))
 }
 
