@@ -205,11 +205,22 @@ impl fmt::Display for ParseErrorKind {
 /// assert_eq!(mounts[0].shared_peer_group(), Some(12));
 /// ```
 pub fn parse_mountinfo(data: &[u8]) -> Result<Vec<MountInfo>, ParseError> {
-    data.split(|&b| b == b'\n')
-        .enumerate()
-        .filter(|(_, l)| !l.is_empty())
-        .map(|(i, l)| MountInfo::parse_line(l).map_err(|kind| ParseError { line: i + 1, kind }))
-        .collect()
+    parse_kept(data, |_| true)
+}
+
+/// The non-empty lines `keep` accepts, parsed; an error names its line.
+fn parse_kept(
+    data: &[u8],
+    mut keep: impl FnMut(&[u8]) -> bool,
+) -> Result<Vec<MountInfo>, ParseError> {
+    let mut out = Vec::new();
+    for (i, line) in data.split(|&b| b == b'\n').enumerate() {
+        if line.is_empty() || !keep(line) {
+            continue;
+        }
+        out.push(MountInfo::parse_line(line).map_err(|kind| ParseError { line: i + 1, kind })?);
+    }
+    Ok(out)
 }
 
 /// The mount whose mount point is the longest prefix of `abs` (the last
@@ -235,22 +246,14 @@ pub(crate) fn stacked_at(mounts: Vec<MountInfo>, abs: &Path) -> Vec<MountInfo> {
 /// statmount, but most are never parsed.
 pub(crate) fn stacked_at_in(data: &[u8], abs: &Path) -> Result<Vec<MountInfo>, ParseError> {
     let want = abs.as_os_str().as_bytes();
-    let mut out = Vec::new();
-    for (i, line) in data.split(|&b| b == b'\n').enumerate() {
-        let Some(point) = line.split(|&b| b == b' ').nth(4) else {
-            continue;
-        };
-        let here = match point.contains(&b'\\') {
-            true => decode_octal_escapes(point) == want,
-            false => point == want,
-        };
-        if here {
-            let entry =
-                MountInfo::parse_line(line).map_err(|kind| ParseError { line: i + 1, kind })?;
-            out.push(entry);
-        }
-    }
-    Ok(out)
+    parse_kept(data, |line| {
+        line.split(|&b| b == b' ')
+            .nth(4)
+            .is_some_and(|point| match point.contains(&b'\\') {
+                true => decode_octal_escapes(point) == want,
+                false => point == want,
+            })
+    })
 }
 
 /// [`parse_mountinfo`] of the lines whose mount id and device `keep`
@@ -260,14 +263,9 @@ pub(crate) fn parse_mountinfo_where(
     data: &[u8],
     keep: &dyn Fn(u32, DeviceNumber) -> bool,
 ) -> Result<Vec<MountInfo>, ParseError> {
-    let mut out = Vec::new();
-    for (i, line) in data.split(|&b| b == b'\n').enumerate() {
-        if line.is_empty() || id_and_device(line).is_some_and(|(id, dev)| !keep(id, dev)) {
-            continue;
-        }
-        out.push(MountInfo::parse_line(line).map_err(|kind| ParseError { line: i + 1, kind })?);
-    }
-    Ok(out)
+    parse_kept(data, |line| {
+        id_and_device(line).is_none_or(|(id, dev)| keep(id, dev))
+    })
 }
 
 /// A line's mount id and device, from its first three fields.
