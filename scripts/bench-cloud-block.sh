@@ -16,6 +16,10 @@
 # widely, and with fewer the ratio of medians moves from run to run; docs/benchmarks.md]
 # BENCH_BIN=DIR uses DIR/cloud-block, DIR/cloud-provider and DIR/examples/cloud-block-bench
 # instead of building, to compare builds run after run (copy each build's three aside).
+# BENCH_DRIVER=PATH runs PATH in the driver's place with the driver's flags, e.g.
+# target/dist/examples/cloud-block-floor (built here too), the floor of the figure: the
+# direct path's work served on csi-server with none of the library's rules (FLOOR_SAVES=1
+# adds its node's durable saves; docs/benchmarks.md, "Session 26").
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -31,7 +35,8 @@ if [ -z "${BENCH_CLOUD_BLOCK_IN_NS:-}" ]; then
     BENCH_BIN=$(cd "$BENCH_BIN" && pwd)
     export BENCH_BIN
   else
-    cargo build --quiet --profile dist -p cloud-block --bins --example cloud-block-bench
+    cargo build --quiet --profile dist -p cloud-block --bins --example cloud-block-bench \
+      --example cloud-block-floor
   fi
   # Mounts vanish with the namespace; the PID namespace takes the processes
   # with it if this script is killed outright.
@@ -40,6 +45,7 @@ if [ -z "${BENCH_CLOUD_BLOCK_IN_NS:-}" ]; then
 fi
 
 bin=${BENCH_BIN:-target/dist}
+driver=${BENCH_DRIVER:-$bin/cloud-block}
 work=$(mktemp -d /tmp/bench-cloud-block.XXXXXX)
 pids=()
 # shellcheck disable=SC2317 # run by the EXIT trap
@@ -77,11 +83,11 @@ coproc provider { exec "$bin/cloud-provider" --listen 127.0.0.1:0 --data-dir "$w
 pids+=("$provider_PID")
 read -r -t 30 line <&"${provider[0]}"
 url=${line#listening on }
-"$bin/cloud-block" --mode controller --endpoint "unix://$work/controller.sock" \
+"$driver" --mode controller --endpoint "unix://$work/controller.sock" \
   --provider-url "$url" --log warn 2>"$work/controller.log" &
 pids+=("$!")
 wait_socket "$work/controller.sock" "$!" controller
-env -u CLOUD_PROVIDER_TOKEN "$bin/cloud-block" --mode node --endpoint "unix://$work/node.sock" \
+env -u CLOUD_PROVIDER_TOKEN "$driver" --mode node --endpoint "unix://$work/node.sock" \
   --nodeid bench-node --device-dir "$work/by-id" --statedir "$work/node" \
   --max-volumes-per-node 64 --log warn 2>"$work/node.log" &
 pids+=("$!")

@@ -12,6 +12,9 @@ fn main() {
         println!("cargo:rustc-link-arg-tests={apart}");
         if release {
             println!("cargo:rustc-link-arg-bins={apart}");
+            // The floor driver of the bench (examples/cloud-block-floor.rs)
+            // moves its code as the driver does.
+            println!("cargo:rustc-link-arg-examples={apart}");
         }
     }
 }

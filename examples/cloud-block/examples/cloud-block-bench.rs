@@ -19,15 +19,16 @@
 //! and a stage of the already formatted device. Teardown is never timed.
 //! Root only.
 
+#[path = "support/as_the_driver.rs"]
+mod as_the_driver;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use cloud_block::api::{
-    self, Action, ActionKind, ActionStatus, PageRequest, VolumeFilter, device_link_name,
-};
+use cloud_block::api::{self, Action, ActionStatus, device_link_name};
 use cloud_block::client::{HttpProvider, ProviderClient, ProviderError};
 use cloud_block::token::{TOKEN_ENV, Token};
 use csi_client::CsiClient;
@@ -242,39 +243,14 @@ impl Bench {
     /// Polls a started action every millisecond until it completes.
     async fn until_done(&self, started: Result<Action, ProviderError>) {
         let id = started.expect("an action").id;
-        loop {
-            let action = self.provider.get_action(id).await.expect("GET action");
-            match action.status {
-                ActionStatus::Completed => return,
-                ActionStatus::Errored => panic!("action {id} errored: {:?}", action.error),
-                ActionStatus::InProgress => tokio::time::sleep(Duration::from_millis(1)).await,
-            }
-        }
-    }
-
-    /// Whether `volume` is attached to this node, as the driver's
-    /// controller asks: its actions first, then the volume (unless `read`,
-    /// the volume read just before). `None` while an attach runs.
-    async fn attachment(&self, volume: &str, read: Option<&api::Volume>) -> Option<bool> {
-        let actions = self
-            .provider
-            .list_volume_actions(volume, PageRequest::default());
-        let actions = actions.await.expect("GET actions");
-        let node = Some(self.args.node_id.as_str());
-        let running = actions.items.iter().any(|a| {
-            (a.kind, a.status) == (ActionKind::Attach, ActionStatus::InProgress)
-                && a.node_id.as_deref() == node
-        });
-        if running {
-            return None;
-        }
-        let attached = |v: &api::Volume| v.node_ids.iter().any(|n| n == &self.args.node_id);
-        match read {
-            Some(v) => Some(attached(v)),
-            None => Some(attached(
-                &self.provider.get_volume(volume).await.expect("GET volume"),
-            )),
-        }
+        let ended = as_the_driver::until_done(&self.provider, id).await;
+        let action = ended.expect("GET action");
+        assert_eq!(
+            action.status,
+            ActionStatus::Completed,
+            "action {id}: {:?}",
+            action.error
+        );
     }
 
     /// Creates and attaches a volume with the driver's requests: a lookup
@@ -287,27 +263,14 @@ impl Bench {
         steps: &mut Steps,
     ) -> api::Volume {
         let t = Instant::now();
-        let filter = VolumeFilter {
-            name: Some(req.name.clone()),
-            region: req.region.clone(),
-        };
-        let found = self.provider.list_volumes(&filter, PageRequest::default());
-        assert!(found.await.expect("GET volumes").items.is_empty());
-        let volume = self.provider.create_volume(req).await.expect("create");
+        let volume = as_the_driver::create(&self.provider, req).await;
+        let volume = volume.expect("create");
         steps.create = ms(t);
         let t = Instant::now();
-        let read = self.provider.get_volume(&volume.id).await;
-        let read = read.expect("GET volume");
-        assert_eq!(self.attachment(&volume.id, Some(&read)).await, Some(false));
         let node = &self.args.node_id;
-        let started = self.provider.attach(&volume.id, node).await;
-        if started.expect("attach").status == ActionStatus::InProgress {
-            let mut backoff = self.retry.initial;
-            while self.attachment(&volume.id, None).await != Some(true) {
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(self.retry.max);
-            }
-        }
+        let schedule = (self.retry.initial, self.retry.max);
+        let attached = as_the_driver::attach(&self.provider, &volume.id, node, schedule).await;
+        attached.expect("attach");
         steps.attach = ms(t);
         volume
     }
