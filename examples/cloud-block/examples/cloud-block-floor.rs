@@ -27,6 +27,7 @@ use cloud_block::api::{self, device_link_name};
 use cloud_block::client::{HttpProvider, ProviderClient, ProviderError};
 use cloud_block::driver::{DEVICE_KEY, DRIVER_NAME, Flags, controller_config};
 use cloud_block::token::{TOKEN_ENV, Token};
+use csi_controller::RetryPolicy;
 use csi_driver::v1::*;
 use csi_driver::{
     CallContext, Capabilities, Controller, ControllerRpc, CsiError, CsiResult, Node, NodeRpc,
@@ -53,8 +54,7 @@ struct FloorController {
     provider: HttpProvider,
     region: String,
     /// The driver's poll schedule.
-    initial: Duration,
-    max: Duration,
+    retry: RetryPolicy,
 }
 
 #[csi_driver::async_trait]
@@ -97,7 +97,7 @@ impl Controller for FloorController {
         req: ControllerPublishVolumeRequest,
     ) -> CsiResult<ControllerPublishVolumeResponse> {
         let (volume, node) = (req.volume_id.as_str(), req.node_id.as_str());
-        let schedule = (self.initial, self.max);
+        let schedule = (self.retry.initial, self.retry.max);
         let attached = as_the_driver::attach(&self.provider, volume, node, schedule).await;
         attached.map_err(provider_error)?;
         let context = HashMap::from([(DEVICE_KEY.to_owned(), device_link_name(volume))]);
@@ -144,11 +144,6 @@ fn forget(store: &Option<Arc<FileStore>>, key: &str) -> CsiResult<()> {
     Ok(())
 }
 
-/// A store key for `path` (keys are file names).
-fn key(path: &str) -> String {
-    path.trim_start_matches('/').replace('/', "_")
-}
-
 fn mount(source: &Path, target: &str, fs: Option<&str>, flags: MsFlags) -> CsiResult<()> {
     let mounted = nix::mount::mount(Some(source), target, fs, flags, None::<&str>);
     mounted.map_err(|e| failed("mount(2)", e))
@@ -187,8 +182,8 @@ impl Node for FloorNode {
             let device = std::fs::canonicalize(&link)?;
             let device_name = device.to_string_lossy();
             let probe = storage.start_probe(&device_name);
-            let staging = key(&req.staging_target_path);
-            save(&saves, &staging)?;
+            let staging = req.staging_target_path.as_str();
+            save(&saves, staging)?;
             let found = probe.finish().map_err(|e| failed("blkid", e))?;
             if found == DiskFormat::Unformatted {
                 let formatted = storage.format(&device_name, "ext4", &[]);
@@ -200,7 +195,7 @@ impl Node for FloorNode {
                 Some("ext4"),
                 MsFlags::empty(),
             )?;
-            save(&saves, &staging)?;
+            save(&saves, staging)?;
             Ok(NodeStageVolumeResponse {})
         })
         .await
@@ -214,7 +209,7 @@ impl Node for FloorNode {
         let saves = self.saves.clone();
         blocking(move || {
             unmount(&req.staging_target_path)?;
-            forget(&saves, &key(&req.staging_target_path))?;
+            forget(&saves, &req.staging_target_path)?;
             Ok(NodeUnstageVolumeResponse {})
         })
         .await
@@ -230,7 +225,7 @@ impl Node for FloorNode {
             std::fs::create_dir(&req.target_path)?;
             let staging = Path::new(&req.staging_target_path);
             mount(staging, &req.target_path, None, MsFlags::MS_BIND)?;
-            save(&saves, &key(&req.target_path))?;
+            save(&saves, &req.target_path)?;
             Ok(NodePublishVolumeResponse {})
         })
         .await
@@ -245,7 +240,7 @@ impl Node for FloorNode {
         blocking(move || {
             unmount(&req.target_path)?;
             std::fs::remove_dir(&req.target_path)?;
-            forget(&saves, &key(&req.target_path))?;
+            forget(&saves, &req.target_path)?;
             Ok(NodeUnpublishVolumeResponse {})
         })
         .await
@@ -262,12 +257,10 @@ async fn run(flags: Flags) -> Result<(), String> {
         let token = std::env::var(TOKEN_ENV).map_err(|_| TOKEN_ENV)?;
         let token = Token::new(&token, TOKEN_ENV).map_err(|e| e.to_string())?;
         let provider = HttpProvider::new(url, token).map_err(|e| e.to_string())?;
-        let retry = controller_config(&flags.region).retry;
         let controller = FloorController {
             provider,
             region: flags.region.clone(),
-            initial: retry.initial,
-            max: retry.max,
+            retry: controller_config(&flags.region).retry,
         };
         use ControllerRpc::*;
         caps = caps.controller([CreateDeleteVolume, PublishUnpublishVolume]);
